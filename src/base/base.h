@@ -1,0 +1,85 @@
+/* base.h - errors, memory, files: the small helpers every module uses. Any thread. */
+#ifndef KWK_BASE_H
+#define KWK_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kwker.h"
+
+#define KWK_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define KWK_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KWK_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#if defined(__GNUC__)
+#define KWK_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define KWK_PRINTF(f, a)
+#endif
+
+/* Fill err (which may be NULL) with code and a formatted message; returns code so callers can
+ * write `return kwk_err_set(err, KWK_EFORMAT, "%s: ...", path);`. pos is set to -1. */
+int kwk_err_set(struct kwk_err *err, int code, const char *fmt, ...) KWK_PRINTF(3, 4);
+/* Same, with a byte position (parsers). */
+int kwk_err_set_pos(struct kwk_err *err, int code, int64_t pos, const char *fmt, ...)
+    KWK_PRINTF(4, 5);
+void kwk_err_clear(struct kwk_err *err);
+
+/* Overflow-checked size arithmetic: return 0 and store the result, or -1 on overflow. */
+static inline int kwk_mul_size(size_t a, size_t b, size_t *out)
+{
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static inline int kwk_add_size(size_t a, size_t b, size_t *out)
+{
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+/* Allocation goes through these so tests can fail the Nth allocation (kwk_alloc_fail_after). */
+void *kwk_malloc(size_t n);
+void *kwk_calloc(size_t count, size_t size);
+void *kwk_realloc(void *p, size_t n);
+void kwk_free(void *p);
+char *kwk_strdup(const char *s);
+/* Memory for kernels: aligned to 64 bytes, freed with kwk_free_aligned. */
+void *kwk_malloc_aligned(size_t n);
+void kwk_free_aligned(void *p);
+/* Test hook: make the nth allocation from now fail (n >= 1), or never (n = 0). Not thread-safe. */
+void kwk_alloc_fail_after(long n);
+
+/* A read-only memory map of a whole file. */
+struct kwk_map {
+    const uint8_t *data;
+    size_t size;
+};
+
+/* Map path read-only. Returns 0 or a negative code with err naming the path. An empty file maps
+ * to data=NULL, size=0 (returned as success; callers decide if that is an error). */
+int kwk_map_file(struct kwk_map *m, const char *path, struct kwk_err *err);
+void kwk_unmap(struct kwk_map *m);
+
+/* Read a whole file into a NUL-terminated heap buffer of at most limit bytes. */
+int kwk_read_file(const char *path, size_t limit, char **out, size_t *n, struct kwk_err *err);
+
+int kwk_file_exists(const char *path);
+int kwk_dir_exists(const char *path);
+/* Join dir and name into out[cap]; KWK_ELIMIT when it does not fit. */
+int kwk_path_join(char *out, size_t cap, const char *dir, const char *name);
+
+/* bf16 / f16 to f32 (exact widening). */
+static inline float kwk_bf16_to_f32(uint16_t h)
+{
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+float kwk_f16_to_f32(uint16_t h);
+
+/* Logging to stderr, level from KWKER_LOG=error|warn|info|debug (default warn). Thread-safe. */
+enum { KWK_LOG_ERROR = 0, KWK_LOG_WARN = 1, KWK_LOG_INFO = 2, KWK_LOG_DEBUG = 3 };
+void kwk_log(int level, const char *fmt, ...) KWK_PRINTF(2, 3);
+
+/* Monotonic seconds. */
+double kwk_time_s(void);
+
+#endif

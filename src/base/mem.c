@@ -1,0 +1,68 @@
+/* mem.c - allocation wrappers (with a fail-the-Nth hook for tests). Any thread; the hook is for
+ * single-threaded tests only. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+
+static _Atomic long fail_countdown; /* 0: never fail */
+
+void kwk_alloc_fail_after(long n)
+{
+    atomic_store_explicit(&fail_countdown, n, memory_order_relaxed);
+}
+
+static int should_fail(void)
+{
+    long n = atomic_load_explicit(&fail_countdown, memory_order_relaxed);
+    if (n <= 0)
+        return 0;
+    atomic_store_explicit(&fail_countdown, n - 1, memory_order_relaxed);
+    return n == 1;
+}
+
+void *kwk_malloc(size_t n)
+{
+    return should_fail() ? NULL : malloc(n ? n : 1);
+}
+
+void *kwk_calloc(size_t count, size_t size)
+{
+    return should_fail() ? NULL : calloc(count ? count : 1, size ? size : 1);
+}
+
+void *kwk_realloc(void *p, size_t n)
+{
+    return should_fail() ? NULL : realloc(p, n ? n : 1);
+}
+
+void kwk_free(void *p)
+{
+    free(p);
+}
+
+char *kwk_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = kwk_malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+void *kwk_malloc_aligned(size_t n)
+{
+    if (should_fail())
+        return NULL;
+    /* aligned_alloc needs a size that is a multiple of the alignment */
+    size_t rounded = (n + 63) & ~(size_t)63;
+    if (rounded < n)
+        return NULL;
+    return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+void kwk_free_aligned(void *p)
+{
+    free(p);
+}

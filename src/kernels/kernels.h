@@ -1,0 +1,57 @@
+/* kernels.h - the compute kernels as a table of function pointers, one table per instruction set.
+ * ref.c is the specification (plain C); avx2.c and avx512.c must agree with it to float rounding.
+ * Kernels are pure functions of their arguments: any thread may call them concurrently. */
+#ifndef KWK_KERNELS_H
+#define KWK_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Element types of weights the kernels read. Values reach no file: internal only. */
+enum kwk_wtype {
+    KWK_W_F32 = 0,
+    KWK_W_F16 = 1,
+    KWK_W_BF16 = 2,
+    KWK_W_COUNT
+};
+
+/* A weight matrix: rows x cols, row-major ([rows][cols]), borrowed (mmapped or model-owned).
+ * y = W x computes one output per row. Rows are split across threads. */
+struct kwk_mat {
+    int wtype;      /* enum kwk_wtype */
+    int64_t rows;   /* d_out */
+    int64_t cols;   /* d_in */
+    const void *data; /* [rows][cols] of wtype */
+};
+
+struct kwk_kernels {
+    const char *name;
+    /* y[t*ldy + r] = sum_k w[r][k] * x[t*cols + k] for t in [0,n_tok), r in [r0,r1).
+     * Sums in float32. x is n_tok rows of cols floats (contiguous). */
+    void (*matmul)(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                   int64_t r0, int64_t r1);
+    /* out[cols] = float32 values of row r of w. */
+    void (*mat_row)(const struct kwk_mat *w, int64_t r, float *out);
+    /* sum_i a[i]*b[i] */
+    float (*dot)(const float *a, const float *b, long n);
+    /* y[i] += a * x[i] */
+    void (*axpy)(float *y, float a, const float *x, long n);
+    /* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]  (w may be NULL: no scale). y may equal x. */
+    void (*rmsnorm)(float *y, const float *x, const float *w, long n, float eps);
+    /* x[i] = exp(x[i] - max) / sum, in place */
+    void (*softmax)(float *x, long n);
+    /* g[i] = silu(g[i]) * u[i] */
+    void (*swiglu)(float *g, const float *u, long n);
+};
+
+/* The table for an ISA (enum kwk_isa); falls back to the best lower one compiled in. */
+const struct kwk_kernels *kwk_kernels_for(int isa);
+/* The table for kwk_isa(): detected once. */
+const struct kwk_kernels *kwk_kernels(void);
+
+/* Per-ISA tables (defined in ref.c, avx2.c, avx512.c). */
+extern const struct kwk_kernels kwk_kernels_ref;
+extern const struct kwk_kernels kwk_kernels_avx2;
+extern const struct kwk_kernels kwk_kernels_avx512;
+
+#endif

@@ -1,0 +1,186 @@
+/* model.h - checkpoints in memory: configuration, the tensors of a file, and the assembled model.
+ * Loading runs on the caller's thread; a loaded model is immutable and shared read-only. */
+#ifndef KWK_MODEL_H
+#define KWK_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+
+/* Tensor element types found in files. Internal (not in any file of ours): order is free. */
+enum kwk_dtype {
+    KWK_DT_F32 = 0,
+    KWK_DT_F16,
+    KWK_DT_BF16,
+    KWK_DT_Q8_0,
+    KWK_DT_Q4_0,
+    KWK_DT_Q4_1,
+    KWK_DT_Q5_0,
+    KWK_DT_Q5_1,
+    KWK_DT_Q4_K,
+    KWK_DT_Q5_K,
+    KWK_DT_Q6_K,
+    KWK_DT_COUNT
+};
+
+const char *kwk_dtype_name(int dtype);
+/* Elements per block and bytes per block (1 and the element size for plain types). */
+int kwk_dtype_block(int dtype);
+size_t kwk_dtype_block_bytes(int dtype);
+/* Bytes for a row of n elements; KWK_EFORMAT-worthy when n is not a multiple of the block:
+ * returns 0 then. */
+size_t kwk_dtype_row_bytes(int dtype, int64_t n);
+
+/* Dequantize (or widen) n elements of a row to float32. n must be a multiple of the block. */
+void kwk_dequant_row(int dtype, const void *src, float *dst, int64_t n);
+
+#define KWK_MAX_DIMS 4
+
+/* A tensor inside a mapped file. shape is outermost first, as PyTorch / safetensors write it
+ * (a GGUF tensor with ne = {cols, rows} has shape {rows, cols}). data is borrowed. */
+struct kwk_tensor_ref {
+    const char *name;     /* NUL-terminated, owned by the file object */
+    int dtype;            /* enum kwk_dtype */
+    int n_dims;
+    int64_t shape[KWK_MAX_DIMS];
+    const uint8_t *data;
+    size_t nbytes;
+};
+
+/* ---- safetensors ---------------------------------------------------------------------------*/
+
+struct kwk_st_file {
+    char *path;
+    struct kwk_map map;
+    int n_tensors;
+    struct kwk_tensor_ref *tensors; /* sorted by name? no: file order */
+    char *names;                    /* storage for tensor names */
+};
+
+/* Map and validate one .safetensors file: header length within the file, JSON header well
+ * formed, dtypes known (F32/F16/BF16; others KWK_EUNSUPPORTED), shapes consistent with offsets,
+ * offsets inside the data and not overlapping. Errors name the file. */
+int kwk_st_open(struct kwk_st_file *f, const char *path, struct kwk_err *err);
+/* Parse from memory (fuzzing and tests); label names the source in errors. Tensor data points
+ * into buf. */
+int kwk_st_parse(struct kwk_st_file *f, const uint8_t *buf, size_t size, const char *label,
+                 struct kwk_err *err);
+void kwk_st_close(struct kwk_st_file *f);
+
+/* ---- GGUF ----------------------------------------------------------------------------------*/
+
+enum kwk_gguf_type {
+    KWK_GGUF_UINT8 = 0, KWK_GGUF_INT8 = 1, KWK_GGUF_UINT16 = 2, KWK_GGUF_INT16 = 3,
+    KWK_GGUF_UINT32 = 4, KWK_GGUF_INT32 = 5, KWK_GGUF_FLOAT32 = 6, KWK_GGUF_BOOL = 7,
+    KWK_GGUF_STRING = 8, KWK_GGUF_ARRAY = 9, KWK_GGUF_UINT64 = 10, KWK_GGUF_INT64 = 11,
+    KWK_GGUF_FLOAT64 = 12,
+};
+
+/* One metadata entry. For arrays, arr_type/arr_len describe the items and val points at the
+ * first item's bytes in the file (strings are length-prefixed, so use kwk_gguf_arr_strings). */
+struct kwk_gguf_kv {
+    const char *key; /* NUL-terminated copy */
+    int type;        /* enum kwk_gguf_type */
+    int arr_type;
+    uint64_t arr_len;
+    const uint8_t *val;
+    size_t val_bytes; /* bytes of the whole value in the file */
+};
+
+struct kwk_gguf {
+    char *path;
+    struct kwk_map map;
+    uint32_t version;
+    int64_t n_kv;
+    struct kwk_gguf_kv *kv;
+    int n_tensors;
+    struct kwk_tensor_ref *tensors;
+    char *strings; /* storage for keys and names */
+    size_t alignment;
+};
+
+/* Map and validate a GGUF v2/v3 file: magic, version, counts bounded by the file size, every
+ * string and array inside the file, tensor types known, tensor data inside the data section and
+ * not overlapping. Errors name the file and the problem. */
+int kwk_gguf_open(struct kwk_gguf *g, const char *path, struct kwk_err *err);
+int kwk_gguf_parse(struct kwk_gguf *g, const uint8_t *buf, size_t size, const char *label,
+                   struct kwk_err *err);
+void kwk_gguf_close(struct kwk_gguf *g);
+
+const struct kwk_gguf_kv *kwk_gguf_find(const struct kwk_gguf *g, const char *key);
+/* Typed getters: 0 on success, KWK_ENOTFOUND when absent, KWK_EFORMAT on a type mismatch
+ * (integer types convert among themselves when the value fits). */
+int kwk_gguf_get_i64(const struct kwk_gguf *g, const char *key, int64_t *out);
+int kwk_gguf_get_f64(const struct kwk_gguf *g, const char *key, double *out);
+int kwk_gguf_get_bool(const struct kwk_gguf *g, const char *key, int *out);
+/* The string is not NUL-terminated in the file: pointer and length. */
+int kwk_gguf_get_str(const struct kwk_gguf *g, const char *key, const char **s, size_t *n);
+/* Fill ptrs[i], lens[i] for every string of an array of strings (arrays of kv->arr_len). */
+int kwk_gguf_arr_strings(const struct kwk_gguf_kv *kv, const char **ptrs, size_t *lens);
+/* Read item i of a numeric array as int64 / double. */
+int kwk_gguf_arr_i64(const struct kwk_gguf_kv *kv, uint64_t i, int64_t *out);
+int kwk_gguf_arr_f64(const struct kwk_gguf_kv *kv, uint64_t i, double *out);
+
+/* ---- configuration -------------------------------------------------------------------------*/
+
+enum kwk_rope_type { KWK_ROPE_DEFAULT = 0, KWK_ROPE_LLAMA3 = 1, KWK_ROPE_LINEAR = 2 };
+
+struct kwk_config {
+    int arch;               /* enum kwk_arch */
+    char arch_name[64];
+    int n_vocab, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, max_position;
+    float rms_eps;
+    float rope_theta;
+    int rope_type;          /* enum kwk_rope_type */
+    float rope_factor;      /* llama3 / linear */
+    float rope_low_freq_factor, rope_high_freq_factor;
+    int rope_orig_max_position;
+    int sliding_window;     /* 0 = none */
+    int tie_embeddings;
+    int qkv_bias;           /* Qwen2 */
+    int qk_norm;            /* Qwen3 */
+    int bos_id;             /* -1 unknown */
+    int n_eos;
+    int eos_ids[8];
+    char unsupported[256];  /* non-empty: why this model cannot run */
+};
+
+/* Read config.json (and generation_config.json beside it, for eos ids) of a model folder. A
+ * model Kwker cannot run is not an error here: cfg->unsupported says why. */
+int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err *err);
+/* The same from GGUF metadata (general.architecture, <arch>.*). */
+int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struct kwk_err *err);
+
+/* ---- the assembled model -------------------------------------------------------------------*/
+
+struct kwk_layer {
+    float *attn_norm;              /* [d_model] */
+    struct kwk_mat wq;             /* [n_heads*head_dim][d_model] */
+    struct kwk_mat wk, wv;         /* [n_kv_heads*head_dim][d_model] */
+    struct kwk_mat wo;             /* [d_model][n_heads*head_dim] */
+    float *bq, *bk, *bv;           /* [n_heads*head_dim], [n_kv*head_dim] x2; NULL without bias */
+    float *q_norm, *k_norm;        /* [head_dim]; NULL without qk norm */
+    float *ffn_norm;               /* [d_model] */
+    struct kwk_mat w_gate, w_up;   /* [d_ff][d_model] */
+    struct kwk_mat w_down;         /* [d_model][d_ff] */
+};
+
+struct kwk_model {
+    struct kwk_config cfg;
+    char *path;                    /* what was loaded: folder or .gguf */
+    struct kwk_mat tok_emb;        /* [n_vocab][d_model] */
+    struct kwk_mat lm_head;        /* [n_vocab][d_model]; == tok_emb when tied */
+    float *out_norm;               /* [d_model] */
+    struct kwk_layer *layers;      /* [n_layers] */
+    /* what backs the weights */
+    int n_st;
+    struct kwk_st_file *st;        /* [n_st] safetensors shards */
+    struct kwk_gguf *gguf;         /* or one GGUF file */
+    void **owned;                  /* buffers made at load (norms, dequantized tensors) */
+    int n_owned, cap_owned;
+    int64_t n_params;
+};
+
+#endif

@@ -1,0 +1,38 @@
+/* test.h - the tiny C test harness: T_EQ(a, b) prints both values on failure; main() reports
+ * "N passed, N failed". Include once per test executable. */
+#ifndef KWK_TEST_H
+#define KWK_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int t_passed, t_failed;
+
+#define T_CHECK(cond, fmt, ...)                                                                  \
+    do {                                                                                         \
+        if (cond) {                                                                              \
+            t_passed++;                                                                          \
+        } else {                                                                                 \
+            t_failed++;                                                                          \
+            fprintf(stderr, "%s:%d: FAIL " fmt "\n", __FILE__, __LINE__, __VA_ARGS__);            \
+        }                                                                                        \
+    } while (0)
+
+#define T_TRUE(c) T_CHECK((c), "%s", #c)
+#define T_EQ(a, b) T_CHECK((long long)(a) == (long long)(b), "%s == %s (%lld vs %lld)", #a, #b,     \
+                           (long long)(a), (long long)(b))
+#define T_STREQ(a, b) T_CHECK(strcmp((a), (b)) == 0, "%s == %s (\"%s\" vs \"%s\")", #a, #b, (a), (b))
+#define T_CONTAINS(hay, needle) T_CHECK(strstr((hay), (needle)) != NULL,                           \
+                                        "\"%s\" contains \"%s\"", (hay), (needle))
+#define T_NEAR(a, b, tol) T_CHECK(fabs((double)(a) - (double)(b)) <= (tol),                        \
+                                  "%s ~ %s (%.9g vs %.9g, tol %g)", #a, #b, (double)(a),          \
+                                  (double)(b), (double)(tol))
+
+static int t_report(const char *name)
+{
+    printf("%s: %d passed, %d failed\n", name, t_passed, t_failed);
+    return t_failed ? 1 : 0;
+}
+
+#endif

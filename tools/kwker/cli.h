@@ -1,0 +1,15 @@
+/* cli.h - the kwker command-line program: one function per subcommand, one file each. */
+#ifndef KWK_CLI_H
+#define KWK_CLI_H
+
+/* Each subcommand gets argv with argv[0] = subcommand name; returns the process exit code. */
+int cmd_generate(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_template(int argc, char **argv);
+
+/* Parse a comma-separated id list into ids[cap]; returns the count or -1 on a bad list. */
+int cli_parse_ids(const char *s, int *ids, int cap);
+
+#endif

@@ -1,0 +1,46 @@
+/* main.c - kwker: dispatch to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kwker.h"
+
+struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct command commands[] = {
+    {"generate", cmd_generate, "generate tokens greedily from a prompt"},
+    {"bench", cmd_bench, "measure prompt and generation tokens/s"},
+    {"check", cmd_check, "say whether a model can run, and why not"},
+    /* KWK_CLI_COMMANDS: subcommands from other modules are listed here */
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kwker <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\nkwker <command> --help for a command's options. KWKER_ISA=scalar|avx2|avx512 "
+               "forces a kernel path.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kwker %d.%d.%d\n", KWK_VERSION_MAJOR, KWK_VERSION_MINOR, KWK_VERSION_PATCH);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kwker: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
