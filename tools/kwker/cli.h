@@ -2,6 +2,8 @@
 #ifndef KWK_CLI_H
 #define KWK_CLI_H
 
+#include "kwker.h"
+
 /* Each subcommand gets argv with argv[0] = subcommand name; returns the process exit code. */
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
@@ -11,5 +13,10 @@ int cmd_template(int argc, char **argv);
 
 /* Parse a comma-separated id list into ids[cap]; returns the count or -1 on a bad list. */
 int cli_parse_ids(const char *s, int *ids, int cap);
+
+/* Parse an integer in [lo, hi]; -1 when s is not one. */
+int cli_parse_int(const char *s, int lo, int hi, int *out);
+/* enum kwk_precision for "preserve" | "balanced" | "int8" | "int4", or -1. */
+int cli_parse_precision(const char *s);
 
 #endif

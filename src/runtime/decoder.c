@@ -1,0 +1,228 @@
+/* decoder.c - the public decoder API: creating a KV cache and scratch, evaluating tokens, greedy
+ * generation. A decoder is used by one thread at a time. */
+#include <errno.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+
+/* Prompt chunks: big enough to keep matrix kernels compute-bound, small enough for scratch. */
+#define KWK_DEFAULT_BATCH 256
+
+void kwk_decoder_params_init(struct kwk_decoder_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->precision = KWK_PRECISION_PRESERVE;
+}
+
+static int alloc_floats(float **out, size_t a, size_t b)
+{
+    size_t n, bytes;
+    if (kwk_mul_size(a, b, &n) || kwk_mul_size(n, sizeof(float), &bytes))
+        return -1;
+    *out = kwk_malloc_aligned(bytes);
+    return *out ? 0 : -1;
+}
+
+void kwk_decoder_free(kwk_decoder *d)
+{
+    if (!d)
+        return;
+    kwk_pool_free(d->pool);
+    float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->x,    d->xn,     d->q,
+                     d->kx,      d->vx,      d->att,      d->gate, d->up,     d->scores,
+                     d->logits};
+    for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
+        kwk_free_aligned(bufs[i]);
+    kwk_free(d);
+}
+
+static int decoder_alloc(struct kwk_decoder *d)
+{
+    const struct kwk_config *c = d->c;
+    size_t nb = (size_t)d->n_batch;
+    size_t cache = (size_t)c->n_layers * (size_t)d->max_len;
+    size_t dff = (size_t)c->d_ff;
+    return alloc_floats(&d->k_cache, cache, (size_t)d->kv_dim) ||
+           alloc_floats(&d->v_cache, cache, (size_t)d->kv_dim) ||
+           alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
+           alloc_floats(&d->x, nb, (size_t)c->d_model) ||
+           alloc_floats(&d->xn, nb, (size_t)c->d_model) ||
+           alloc_floats(&d->q, nb, (size_t)KWK_MAX(d->q_dim, c->d_model)) ||
+           alloc_floats(&d->kx, nb, (size_t)d->kv_dim) ||
+           alloc_floats(&d->vx, nb, (size_t)d->kv_dim) ||
+           alloc_floats(&d->att, nb, (size_t)d->q_dim) || alloc_floats(&d->gate, nb, dff) ||
+           alloc_floats(&d->up, nb, dff) ||
+           alloc_floats(&d->scores, (size_t)d->n_threads, (size_t)d->max_len) ||
+           alloc_floats(&d->logits, (size_t)c->n_vocab, 1);
+}
+
+kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params *p,
+                             struct kwk_err *err)
+{
+    struct kwk_decoder_params defaults;
+    if (!p) {
+        kwk_decoder_params_init(&defaults);
+        p = &defaults;
+    }
+    if (!m) {
+        kwk_err_set(err, KWK_EARG, "no model");
+        return NULL;
+    }
+    const struct kwk_config *c = &m->cfg;
+    if (p->precision != KWK_PRECISION_PRESERVE) {
+        kwk_err_set(err, KWK_EUNSUPPORTED, "precision %d is not available yet (only preserve)",
+                    p->precision);
+        return NULL;
+    }
+    if (p->max_cache_len < 0 || p->max_cache_len > (1 << 24) || p->n_threads < 0 ||
+        p->n_threads > 1024) {
+        kwk_err_set(err, KWK_EARG, "max_cache_len %d or n_threads %d out of range",
+                    p->max_cache_len, p->n_threads);
+        return NULL;
+    }
+    struct kwk_decoder *d = kwk_calloc(1, sizeof *d);
+    if (!d)
+        goto out_nomem;
+    d->m = m;
+    d->c = c;
+    d->k = kwk_kernels();
+    d->n_threads = p->n_threads ? p->n_threads : kwk_default_threads();
+    d->max_len = p->max_cache_len;
+    if (d->max_len == 0)
+        d->max_len = c->max_position > 0 ? KWK_MIN(c->max_position, 4096) : 4096;
+    d->n_batch = KWK_MIN(d->max_len, KWK_DEFAULT_BATCH);
+    d->q_dim = c->n_heads * c->head_dim;
+    d->kv_dim = c->n_kv_heads * c->head_dim;
+    if (decoder_alloc(d))
+        goto out_nomem;
+    d->pool = kwk_pool_new(d->n_threads);
+    if (!d->pool)
+        goto out_nomem;
+    kwk_rope_freqs(c, d->inv_freq);
+    return d;
+out_nomem:
+    kwk_err_set(err, -ENOMEM, "out of memory for a decoder with %d cache positions",
+                p->max_cache_len);
+    kwk_decoder_free(d);
+    return NULL;
+}
+
+int kwk_decoder_pos(const kwk_decoder *d)
+{
+    return d->pos;
+}
+
+int kwk_decoder_truncate(kwk_decoder *d, int n)
+{
+    if (n < 0 || n > d->pos)
+        return KWK_ERANGE;
+    d->pos = n;
+    return 0;
+}
+
+const float *kwk_decoder_logits(const kwk_decoder *d)
+{
+    return d->logits;
+}
+
+/* Output norm and lm_head for n rows of d->x into y (row stride n_vocab). */
+struct head_task {
+    struct kwk_decoder *d;
+    const float *x;
+    int n;
+};
+
+static void head_norm_run(void *ctx, int ith, int nth)
+{
+    struct head_task *t = ctx;
+    int dm = t->d->c->d_model;
+    long lo, hi;
+    kwk_split_range(t->n, ith, nth, 1, &lo, &hi);
+    for (long i = lo; i < hi; i++)
+        t->d->k->rmsnorm(t->d->xn + i * dm, t->x + i * dm, t->d->m->out_norm, dm,
+                         t->d->c->rms_eps);
+}
+
+struct lm_task {
+    struct kwk_decoder *d;
+    int n;
+    float *y;
+};
+
+static void lm_run(void *ctx, int ith, int nth)
+{
+    struct lm_task *t = ctx;
+    const struct kwk_mat *w = &t->d->m->lm_head;
+    long lo, hi;
+    kwk_split_range((long)w->rows, ith, nth, 16, &lo, &hi);
+    if (lo < hi)
+        t->d->k->matmul(w, t->d->xn, t->n, t->y, (long)w->rows, lo, hi);
+}
+
+static void compute_logits(struct kwk_decoder *d, const float *x, int n, float *y)
+{
+    struct head_task ht = {.d = d, .x = x, .n = n};
+    kwk_pool_run(d->pool, head_norm_run, &ht);
+    struct lm_task lt = {.d = d, .n = n, .y = y};
+    kwk_pool_run(d->pool, lm_run, &lt);
+}
+
+int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logits, int mode)
+{
+    if (n_ids < 0 || (n_ids > 0 && !ids) || mode < KWK_LOGITS_NONE || mode > KWK_LOGITS_ALL)
+        return KWK_EARG;
+    if (n_ids > d->max_len - d->pos)
+        return KWK_ELIMIT;
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= d->c->n_vocab)
+            return KWK_ERANGE;
+    size_t nv = (size_t)d->c->n_vocab;
+    for (int done = 0; done < n_ids;) {
+        int n = KWK_MIN(d->n_batch, n_ids - done);
+        kwk_forward_chunk(d, ids + done, n);
+        if (mode == KWK_LOGITS_ALL && logits)
+            compute_logits(d, d->x, n, logits + (size_t)done * nv);
+        done += n;
+        if (done == n_ids && mode != KWK_LOGITS_NONE) {
+            const float *last_x = d->x + (size_t)(n - 1) * d->c->d_model;
+            if (mode == KWK_LOGITS_ALL && logits)
+                memcpy(d->logits, logits + (size_t)(n_ids - 1) * nv, nv * sizeof(float));
+            else
+                compute_logits(d, last_x, 1, d->logits);
+            if (mode == KWK_LOGITS_LAST && logits)
+                memcpy(logits, d->logits, nv * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+int kwk_decoder_generate_greedy(kwk_decoder *d, const int32_t *prompt, int n_prompt,
+                                int max_new, const int32_t *eos, int n_eos, int32_t *out,
+                                int *n_out)
+{
+    *n_out = 0;
+    if (n_prompt < 1 || max_new < 0)
+        return KWK_EARG;
+    d->pos = 0;
+    int rc = kwk_decoder_eval(d, prompt, n_prompt, NULL, KWK_LOGITS_LAST);
+    for (int i = 0; rc == 0 && i < max_new; i++) {
+        int32_t tok = argmax(d->logits, d->c->n_vocab);
+        out[(*n_out)++] = tok;
+        for (int e = 0; e < n_eos; e++)
+            if (tok == eos[e])
+                return 0;
+        if (i + 1 == max_new || d->pos >= d->max_len)
+            break; /* a full cache ends generation like max_new does */
+        rc = kwk_decoder_eval(d, &tok, 1, NULL, KWK_LOGITS_LAST);
+    }
+    return rc;
+}

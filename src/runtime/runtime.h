@@ -1,0 +1,48 @@
+/* runtime.h - the decoder: KV cache, scratch and the forward pass over a loaded model.
+ * A decoder is driven by one thread at a time; its pool runs the kernels. */
+#ifndef KWK_RUNTIME_H
+#define KWK_RUNTIME_H
+
+#include "base/pool.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+struct kwk_decoder {
+    const struct kwk_model *m;
+    const struct kwk_config *c;
+    const struct kwk_kernels *k;
+    struct kwk_pool *pool;
+    int n_threads;
+    int max_len;  /* KV positions */
+    int pos;      /* positions filled */
+    int n_batch;  /* tokens per forward chunk (scratch rows) */
+    int q_dim;    /* n_heads * head_dim */
+    int kv_dim;   /* n_kv_heads * head_dim */
+
+    float *k_cache;  /* [n_layers][max_len][kv_dim] */
+    float *v_cache;  /* [n_layers][max_len][kv_dim] */
+    float *inv_freq; /* [head_dim/2] rotary frequencies, scaling applied */
+
+    /* scratch, n_batch rows each */
+    float *x;      /* [n_batch][d_model] residual stream */
+    float *xn;     /* [n_batch][d_model] normed input of a block */
+    float *q;      /* [n_batch][q_dim] */
+    float *kx;     /* [n_batch][kv_dim] */
+    float *vx;     /* [n_batch][kv_dim] */
+    float *att;    /* [n_batch][q_dim] attention output */
+    float *gate;   /* [n_batch][d_ff] */
+    float *up;     /* [n_batch][d_ff] */
+    float *scores; /* [n_threads][max_len] attention weights per thread */
+    float *logits; /* [n_vocab] last row of logits */
+};
+
+/* Rotary frequencies for the config (default, linear or llama3 scaling) into inv[head_dim/2]. */
+void kwk_rope_freqs(const struct kwk_config *c, float *inv);
+/* Rotate one head vector x[head_dim] at position pos (rotate-half layout, as transformers). */
+void kwk_rope_apply(float *x, int head_dim, const float *inv, int pos);
+
+/* Run n tokens (n <= n_batch) at positions d->pos .. d->pos+n-1 through every layer, leaving the
+ * final hidden states (before the output norm) in d->x, and append their K/V to the cache. */
+void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n);
+
+#endif

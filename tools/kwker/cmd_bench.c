@@ -1,0 +1,149 @@
+/* cmd_bench.c - kwker bench: prompt (pp) and generation (tg) tokens per second of one model,
+ * medians over repetitions, as text or one JSON object. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+struct bench_opts {
+    const char *model;
+    struct kwk_decoder_params params;
+    int n_prompt, n_gen, reps, json;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int parse(int argc, char **argv, struct bench_opts *o)
+{
+    kwk_decoder_params_init(&o->params);
+    o->n_prompt = 512;
+    o->n_gen = 128;
+    o->reps = 3;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (!v)
+            return -1;
+        if (!strcmp(a, "--model") || !strcmp(a, "-m"))
+            o->model = v;
+        else if (!strcmp(a, "-p"))
+            bad = cli_parse_int(v, 1, 1 << 20, &o->n_prompt);
+        else if (!strcmp(a, "-n"))
+            bad = cli_parse_int(v, 0, 1 << 20, &o->n_gen);
+        else if (!strcmp(a, "-r"))
+            bad = cli_parse_int(v, 1, 1000, &o->reps);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            bad = cli_parse_int(v, 1, 1024, &o->params.n_threads);
+        else if (!strcmp(a, "--precision"))
+            bad = (o->params.precision = cli_parse_precision(v)) < 0;
+        else
+            return -1;
+        if (bad)
+            return -1;
+        i++;
+    }
+    return o->model ? 0 : -1;
+}
+
+/* One repetition: a fresh cache, the prompt in one batched call, then n_gen single steps. */
+static int run_once(kwk_decoder *d, const int32_t *ids, const struct bench_opts *o,
+                    int n_vocab, double *pp_s, double *tg_s)
+{
+    kwk_decoder_truncate(d, 0);
+    double t0 = now_s();
+    int rc = kwk_decoder_eval(d, ids, o->n_prompt, NULL, KWK_LOGITS_LAST);
+    double t1 = now_s();
+    int32_t tok = ids[o->n_prompt - 1];
+    for (int i = 0; rc == 0 && i < o->n_gen; i++) {
+        tok = (tok * 7919 + 17) % n_vocab; /* fixed stream: speed does not depend on values */
+        rc = kwk_decoder_eval(d, &tok, 1, NULL, KWK_LOGITS_LAST);
+    }
+    double t2 = now_s();
+    *pp_s = t1 - t0;
+    *tg_s = t2 - t1;
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    struct bench_opts o = {0};
+    if (parse(argc, argv, &o) != 0) {
+        fprintf(stderr, "usage: kwker bench --model M [--precision P] [-p 512] [-n 128] [-t N] "
+                        "[-r 3] [--json]\n");
+        return 2;
+    }
+    o.params.max_cache_len = o.n_prompt + o.n_gen;
+    int rc = 1;
+    struct kwk_err err = {0};
+    kwk_decoder *d = NULL;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)o.n_prompt);
+    double *pp = calloc((size_t)o.reps, sizeof(double)), *tg = calloc((size_t)o.reps, sizeof(double));
+    double t_load = now_s();
+    kwk_model *m = kwk_model_load(o.model, &err);
+    t_load = now_s() - t_load;
+    if (!m || !ids || !pp || !tg) {
+        fprintf(stderr, "kwker bench: %s\n", m ? "out of memory" : err.msg);
+        goto out;
+    }
+    d = kwk_decoder_new(m, &o.params, &err);
+    if (!d) {
+        fprintf(stderr, "kwker bench: %s\n", err.msg);
+        goto out;
+    }
+    struct kwk_model_info info;
+    kwk_model_get_info(m, &info);
+    for (int i = 0; i < o.n_prompt; i++)
+        ids[i] = (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)info.n_vocab);
+    double warm_pp, warm_tg; /* one untimed pass pages the weights in */
+    if (run_once(d, ids, &o, info.n_vocab, &warm_pp, &warm_tg) != 0)
+        goto out;
+    for (int r = 0; r < o.reps; r++)
+        if (run_once(d, ids, &o, info.n_vocab, &pp[r], &tg[r]) != 0)
+            goto out;
+    double pp_tps = o.n_prompt / median(pp, o.reps);
+    double tg_tps = o.n_gen ? o.n_gen / median(tg, o.reps) : 0.0;
+    int threads = o.params.n_threads ? o.params.n_threads : kwk_default_threads();
+    const char *isa = kwk_isa_name(kwk_isa());
+    if (o.json)
+        printf("{\"model\": \"%s\", \"arch\": \"%s\", \"n_params\": %lld, \"precision\": %d, "
+               "\"isa\": \"%s\", \"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d, "
+               "\"load_s\": %.3f, \"pp_tps\": %.2f, \"tg_tps\": %.2f}\n",
+               o.model, info.arch_name, (long long)info.n_params, o.params.precision, isa,
+               threads, o.n_prompt, o.n_gen, o.reps, t_load, pp_tps, tg_tps);
+    else
+        printf("model %s (%s, %.1fM params), isa %s, %d threads, load %.2f s\n"
+               "pp%d: %.2f tokens/s\ntg%d: %.2f tokens/s   (medians of %d)\n",
+               o.model, info.arch_name, info.n_params / 1e6, isa, threads, t_load, o.n_prompt,
+               pp_tps, o.n_gen, tg_tps, o.reps);
+    rc = 0;
+out:
+    kwk_decoder_free(d);
+    kwk_model_free(m);
+    free(ids);
+    free(pp);
+    free(tg);
+    return rc;
+}
