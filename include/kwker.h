@@ -182,16 +182,253 @@ KWK_API int kwk_decoder_generate_greedy(kwk_decoder *d, const int32_t *prompt, i
 KWK_API const float *kwk_decoder_logits(const kwk_decoder *d);
 
 /* ---------------------------------------------------------------------------------------------
+ * Sampling (section owned by src/runtime/sample)
+ * ------------------------------------------------------------------------------------------- */
+
+/* A sampler turns one row of logits into the next token with Hugging Face transformers'
+ * semantics and order (model.generate's _get_logits_processor):
+ *
+ *   1. logit_bias        added (transformers' sequence_bias with one-token sequences, which it
+ *                        applies first; OpenAI's logit_bias)
+ *   2. repetition_penalty on every token seen in prompt + output, once per token: a logit < 0 is
+ *                        multiplied by the penalty, otherwise divided
+ *   3. min_new_tokens    eos ids set to -inf while fewer than min_new_tokens tokens were generated
+ *   4. presence/frequency (OpenAI) logit -= presence * [count > 0] + frequency * count, where
+ *                        count is how often the token was *generated* (prompt tokens do not count,
+ *                        as OpenAI and vLLM); placed where generate() puts a caller's processor
+ *   -- greedy (do_sample == 0 or temperature == 0) stops here: argmax, first index on ties --
+ *   5. temperature       logits / temperature (skipped when 1)
+ *   6. top_k             logits below the k-th largest set to -inf (ties with it are kept; 0 off)
+ *   7. top_p             ascending sort, cumulative softmax, entries with cum <= 1 - top_p set to
+ *                        -inf, the largest always kept (1 off). Among exactly equal logits
+ *                        straddling the cut, the lower index counts as more likely (transformers
+ *                        leaves that order to an unstable sort)
+ *   8. min_p             tokens with p < min_p * max p set to -inf (0 off), the top one kept
+ *
+ * Draws: the processed distribution is sampled by inverse CDF in token-index order with the
+ * uniform kwk_rng_u01(seed, 0, n) where n is the number of generated tokens accepted so far, so a
+ * token's draw depends only on the seed and its position in the output: never on threads,
+ * batching or how many candidate tokens a speculative step checked.
+ *
+ * logprobs are OpenAI's: the log-softmax of the raw (unprocessed) logits.
+ *
+ * A sampler owns all its scratch: kwk_sampler_process / _sample do not allocate. One thread at
+ * a time per sampler; distinct samplers are independent. */
+
+typedef struct kwk_sampler kwk_sampler;
+
+#define KWK_SAMPLER_TOP_MAX 20 /* most top_logprobs a call returns (OpenAI's limit) */
+
+struct kwk_sampler_params {
+    int do_sample;             /* 0: greedy (steps 1-4, then argmax) */
+    double temperature;        /* >= 0, finite; 0 means greedy (as OpenAI); 1 off */
+    int top_k;                 /* >= 0; 0 off */
+    double top_p;              /* (0, 1]; 1 off */
+    double min_p;              /* [0, 1]; 0 off */
+    double repetition_penalty; /* > 0, finite; 1 off */
+    double presence_penalty;   /* [-2, 2] (OpenAI's range); 0 off */
+    double frequency_penalty;  /* [-2, 2]; 0 off */
+    int min_new_tokens;        /* >= 0; needs kwk_sampler_set_eos to matter */
+    uint64_t seed;             /* any value; the whole stream of draws follows from it */
+};
+
+/* Defaults of transformers' generate(): greedy, temperature 1, top_k 50 (note: OpenAI has no
+ * top-k, so an OpenAI route sets top_k = 0), top_p 1, min_p 0, penalties off, seed 0. */
+KWK_API void kwk_sampler_params_init(struct kwk_sampler_params *p);
+
+/* Check params; 0 or KWK_EARG with err naming the field and the allowed range. Thread-safe. */
+KWK_API int kwk_sampler_params_check(const struct kwk_sampler_params *p, struct kwk_err *err);
+
+/* A sampler for rows of n_vocab logits. Returns NULL with err (KWK_EARG for bad params or
+ * n_vocab < 1, -ENOMEM). p is copied. */
+KWK_API kwk_sampler *kwk_sampler_new(int n_vocab, const struct kwk_sampler_params *p,
+                                     struct kwk_err *err);
+KWK_API void kwk_sampler_free(kwk_sampler *s);
+
+/* Replace the logit bias with biases[i] for ids[i] (n = 0 clears it). A repeated id: the last
+ * value wins. Returns 0, KWK_ERANGE for an id outside [0, n_vocab), KWK_EARG for a bias outside
+ * [-100, 100] (OpenAI's range) or not finite, -ENOMEM; on error the old bias is kept. */
+KWK_API int kwk_sampler_set_logit_bias(kwk_sampler *s, const int32_t *ids, const float *biases,
+                                       int n, struct kwk_err *err);
+
+/* Set the eos ids that min_new_tokens suppresses (replaces the previous list; n = 0 clears).
+ * Returns 0, KWK_ERANGE, -ENOMEM. */
+KWK_API int kwk_sampler_set_eos(kwk_sampler *s, const int32_t *ids, int n);
+
+/* Record a token of the history: every prompt token with is_prompt = 1, then each token
+ * generated with is_prompt = 0 (these advance the draw counter and count for min_new_tokens
+ * and presence/frequency). Returns 0 or KWK_ERANGE. */
+KWK_API int kwk_sampler_accept(kwk_sampler *s, int32_t token, int is_prompt);
+
+/* Undo the most recent kwk_sampler_accept of this token with the same is_prompt (speculation
+ * rolling back rejected tokens). Returns 0, KWK_ERANGE, or KWK_EARG when it was not accepted. */
+KWK_API int kwk_sampler_unaccept(kwk_sampler *s, int32_t token, int is_prompt);
+
+/* Forget the history (prompt and output); params, bias and eos ids stay. */
+KWK_API void kwk_sampler_reset(kwk_sampler *s);
+
+/* Generated tokens accepted so far: the index of the next draw. */
+KWK_API int64_t kwk_sampler_n_generated(const kwk_sampler *s);
+
+/* The distribution the next token is drawn from, into probs[n_vocab] (may be NULL to only
+ * validate): steps 1-8 then softmax; for greedy a one-hot at the argmax. logits[n_vocab] is not
+ * modified. Returns 0; KWK_EARG when a logit is NaN or +inf; KWK_ERUNTIME when every token ends
+ * at -inf (nothing can be chosen). */
+KWK_API int kwk_sampler_process(kwk_sampler *s, const float *logits, float *probs);
+
+/* Choose the next token from logits[n_vocab] into *token. Optional outputs (NULL / 0 to skip):
+ * *logprob of the token and the n_top (<= KWK_SAMPLER_TOP_MAX) most likely tokens with their
+ * logprobs in top_ids/top_lps, most likely first, lower id first on ties. Logprobs are of the
+ * raw logits. Does not record the token: call kwk_sampler_accept(s, token, 0) once it is kept.
+ * Returns as kwk_sampler_process, or KWK_EARG for n_top out of range. */
+KWK_API int kwk_sampler_sample(kwk_sampler *s, const float *logits, int32_t *token,
+                               float *logprob, int32_t *top_ids, float *top_lps, int n_top);
+
+/* Index drawn from probs[n] (non-negative, any positive total) by inverse CDF in index order
+ * with u in [0, 1): the first i whose running sum exceeds u * total. -1 when the total is not
+ * positive. Thread-safe; for speculative sampling's residual draws. */
+KWK_API int kwk_sample_draw(const float *probs, int n, double u);
+
+/* Philox4x32-10 (Salmon et al. 2011), counter-based: the four 32-bit words of block
+ * (stream, counter) under key seed. Pure, thread-safe. */
+KWK_API void kwk_rng_block(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]);
+/* A uniform double in [0, 1) with 53 random bits from the block (stream, counter). */
+KWK_API double kwk_rng_u01(uint64_t seed, uint64_t stream, uint64_t counter);
+
+/* ---------------------------------------------------------------------------------------------
  * Tokenizers (section owned by src/text/tokenizer)
  * ------------------------------------------------------------------------------------------- */
 
-/* KWK_TOKENIZER_API */
+typedef struct kwk_tokenizer kwk_tokenizer;
+
+/* Load a tokenizer from: a folder with tokenizer.json (plus tokenizer_config.json,
+ * special_tokens_map.json, generation_config.json, chat_template.jinja beside it), a legacy
+ * folder (vocab.json + merges.txt: byte-level BPE; vocab.txt: WordPiece), a tokenizer.json
+ * file, a .gguf file (tokenizer.ggml.*), or a Hugging Face id found in the local cache.
+ * Returns NULL with err filled on failure; a malformed tokenizer.json gives KWK_EFORMAT with
+ * err->pos / line / col of the JSON error. The tokenizer is immutable after load: every
+ * function below may be called from several threads at once on one tokenizer. */
+KWK_API kwk_tokenizer *kwk_tokenizer_load(const char *path_or_id, struct kwk_err *err);
+/* The same from tokenizer.json text in memory (no files beside it). */
+KWK_API kwk_tokenizer *kwk_tokenizer_load_json(const char *json, size_t len,
+                                               struct kwk_err *err);
+KWK_API void kwk_tokenizer_free(kwk_tokenizer *t);
+
+/* Encode text[len] (UTF-8; invalid bytes are replaced by U+FFFD first, as Python's
+ * bytes.decode("utf-8", errors="replace") does before Hugging Face sees the text). Added and
+ * special tokens written in the text are always recognized; add_special adds the
+ * post-processor's tokens (e.g. BOS). Writes up to cap ids and the full count to *n; returns 0,
+ * or KWK_ELIMIT when cap < *n (ids then holds the first cap ids), or another negative code. */
+KWK_API int kwk_tokenizer_encode(const kwk_tokenizer *t, const char *text, size_t len,
+                                 int add_special, int32_t *ids, size_t cap, size_t *n);
+/* The same into a buffer allocated by the library (*ids, freed with kwk_tokenizer_mem_free). */
+KWK_API int kwk_tokenizer_encode_alloc(const kwk_tokenizer *t, const char *text, size_t len,
+                                       int add_special, int32_t **ids, size_t *n);
+KWK_API void kwk_tokenizer_mem_free(void *p);
+
+/* Decode ids[n] to UTF-8 text exactly as Hugging Face's decode does (skip_special drops
+ * special added tokens). Writes a NUL-terminated string to buf[cap] and its length to *len;
+ * returns 0, KWK_ELIMIT when cap <= *len (nothing useful in buf; *len is the length needed),
+ * KWK_ERANGE for an id outside [0, n_vocab). */
+KWK_API int kwk_tokenizer_decode(const kwk_tokenizer *t, const int32_t *ids, size_t n,
+                                 int skip_special, char *buf, size_t cap, size_t *len);
+/* The same into a NUL-terminated buffer allocated by the library (kwk_tokenizer_mem_free). */
+KWK_API int kwk_tokenizer_decode_alloc(const kwk_tokenizer *t, const int32_t *ids, size_t n,
+                                       int skip_special, char **text, size_t *len);
+
+/* Ids are in [0, n_vocab); some ids may have no piece (holes), which decode skips. */
+KWK_API int kwk_tokenizer_n_vocab(const kwk_tokenizer *t);
+/* The vocabulary string of id (as stored, e.g. "Ġthe" or "▁the"), NUL-terminated and owned by
+ * the tokenizer; NULL when id is out of range or a hole. */
+KWK_API const char *kwk_tokenizer_id_to_piece(const kwk_tokenizer *t, int32_t id, size_t *len);
+/* The id of a vocabulary string (model vocabulary or added token), or -1. */
+KWK_API int32_t kwk_tokenizer_piece_to_id(const kwk_tokenizer *t, const char *piece,
+                                          size_t len);
+/* 1 when id is a special added token (skipped by skip_special), 0 otherwise. */
+KWK_API int kwk_tokenizer_is_special(const kwk_tokenizer *t, int32_t id);
+
+/* Special ids (-1 when unknown). eos ids: from generation_config.json when it lists them,
+ * else the eos token; returns their count and copies up to cap into ids. */
+KWK_API int32_t kwk_tokenizer_bos_id(const kwk_tokenizer *t);
+KWK_API int32_t kwk_tokenizer_pad_id(const kwk_tokenizer *t);
+KWK_API int32_t kwk_tokenizer_unk_id(const kwk_tokenizer *t);
+KWK_API int kwk_tokenizer_eos_ids(const kwk_tokenizer *t, int32_t *ids, int cap);
+/* bos/eos token strings (NULL when unknown), and the chat template found beside the tokenizer
+ * (tokenizer_config.json "chat_template" — the "default" one of a list —, chat_template.jinja,
+ * or GGUF tokenizer.chat_template), NULL when none. Owned by the tokenizer. */
+KWK_API const char *kwk_tokenizer_bos_token(const kwk_tokenizer *t);
+KWK_API const char *kwk_tokenizer_eos_token(const kwk_tokenizer *t);
+KWK_API const char *kwk_tokenizer_chat_template(const kwk_tokenizer *t);
+
+/* Incremental detokenizer for streaming: push ids one at a time; each call gives the new text
+ * (possibly empty), never a broken UTF-8 sequence; the pieces of every push plus the final
+ * flush concatenate to exactly kwk_tokenizer_decode(all ids). *piece stays valid until the
+ * next call on d. One detokenizer per stream (not thread-safe); the tokenizer must outlive it. */
+typedef struct kwk_detok kwk_detok;
+KWK_API kwk_detok *kwk_detok_new(const kwk_tokenizer *t, int skip_special);
+KWK_API int kwk_detok_push(kwk_detok *d, int32_t id, const char **piece, size_t *len);
+KWK_API int kwk_detok_flush(kwk_detok *d, const char **piece, size_t *len);
+KWK_API void kwk_detok_free(kwk_detok *d);
 
 /* ---------------------------------------------------------------------------------------------
  * Chat templates (section owned by src/text/template)
  * ------------------------------------------------------------------------------------------- */
 
-/* KWK_TEMPLATE_API */
+/* A compiled Jinja chat template, rendered the way transformers' apply_chat_template renders it
+ * (jinja2 with trim_blocks, lstrip_blocks, loop controls, raise_exception, strftime_now and HF's
+ * tojson). Templates are untrusted input: rendering is bounded by steps, depth, output and
+ * memory limits, and every failure comes back as an error, never a crash. */
+typedef struct kwk_template kwk_template;
+
+enum kwk_template_dialect {
+    KWK_TEMPLATE_JINJA2 = 0, /* Python jinja2 as transformers drives it (the default) */
+    KWK_TEMPLATE_HFJS = 1,   /* huggingface.js @huggingface/jinja printing: lowercase booleans,
+                                JSON-like lists and dicts, str + number concatenates */
+};
+
+struct kwk_template_opts {
+    int trim_blocks;   /* drop the first newline after a block tag (default 1) */
+    int lstrip_blocks; /* strip spaces before a block tag at line start (default 1) */
+    int dialect;       /* enum kwk_template_dialect */
+};
+
+/* Defaults: trim_blocks = lstrip_blocks = 1, dialect jinja2. Thread-safe. */
+KWK_API void kwk_template_opts_init(struct kwk_template_opts *o);
+
+struct kwk_render_opts {
+    int64_t now;         /* with have_now: the wall clock strftime_now reads, as seconds since
+                            1970-01-01 of its broken-down UTC fields (timegm of the local time) */
+    int have_now;        /* 0: strftime_now reads the system's local time */
+    uint64_t max_steps;  /* evaluation steps; 0 = 5,000,000 */
+    int max_depth;       /* macro calls and nested loops; 0 = 100 */
+    size_t max_output;   /* bytes of output and of any string built; 0 = 16 MiB */
+    size_t max_memory;   /* bytes of values one render may hold; 0 = 256 MiB */
+};
+
+/* All zero: the defaults above. Thread-safe. */
+KWK_API void kwk_render_opts_init(struct kwk_render_opts *o);
+
+/* Compile template text src[len] (UTF-8; opts may be NULL for transformers' defaults).
+ * Returns NULL on failure with err filled: KWK_ESYNTAX with line and column (err->line,
+ * err->col and the message), KWK_ELIMIT for an oversized or too deeply nested template.
+ * Thread-safe (independent calls). The template does not keep src. */
+KWK_API kwk_template *kwk_template_new(const char *src, size_t len,
+                                       const struct kwk_template_opts *opts, struct kwk_err *err);
+KWK_API void kwk_template_free(kwk_template *t);
+
+/* Render with a context given as a JSON object (messages, tools, add_generation_prompt,
+ * bos_token, ... : every key becomes a template variable; NULL or len 0 = no variables).
+ * On success returns 0 and *out holds the NUL-terminated text (out_len bytes, may contain NUL
+ * bytes from the context), freed with kwk_string_free. On failure *out is NULL and the code is
+ * KWK_ERUNTIME (raise_exception: err->msg is exactly its message; or an evaluation error such as
+ * an undefined attribute), KWK_ELIMIT (a limit in opts, named in the message), KWK_EFORMAT (bad
+ * JSON) or KWK_EARG. Thread-safe: several threads may render one template at once. */
+KWK_API int kwk_template_render(const kwk_template *t, const char *context_json, size_t len,
+                                const struct kwk_render_opts *opts, char **out, size_t *out_len,
+                                struct kwk_err *err);
+
+/* Free a string returned by the library (NULL is fine). */
+KWK_API void kwk_string_free(char *s);
 
 #ifdef __cplusplus
 }

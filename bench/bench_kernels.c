@@ -1,0 +1,102 @@
+/* bench_kernels.c - matmul speed per instruction set: GB/s of weights streamed for one token
+ * (decode) and GFLOP/s for 64 tokens (prompt), on 1 thread and on the whole pool. Prints; asserts
+ * nothing. Single-threaded driver. Usage: bench_kernels [rows cols] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "base/pool.h"
+#include "kernels/kernels.h"
+
+/* Weights are cycled through several copies larger together than the last-level cache, so that
+ * decode numbers are DRAM bandwidth as in a real model. */
+#define WORKING_SET (1024.0 * 1024 * 1024)
+
+struct job {
+    const struct kwk_kernels *k;
+    const struct kwk_mat *w;
+    const float *x;
+    float *y;
+    int n_tok;
+};
+
+static void job_run(void *ctx, int ith, int nth)
+{
+    struct job *j = ctx;
+    long lo, hi;
+    kwk_split_range((long)j->w->rows, ith, nth, 16, &lo, &hi);
+    j->k->matmul(j->w, j->x, j->n_tok, j->y, (long)j->w->rows, lo, hi);
+}
+
+/* Seconds per call over the n_mats matrices mats[]: repeat until about 0.5 s have passed (after
+ * one warm-up pass). */
+static double time_job(struct kwk_pool *p, struct job *j, const struct kwk_mat *mats, int n_mats)
+{
+    for (int i = 0; i < n_mats; i++) {
+        j->w = &mats[i];
+        kwk_pool_run(p, job_run, j);
+    }
+    long reps = 0;
+    double t0 = kwk_time_s(), t;
+    do {
+        j->w = &mats[reps % n_mats];
+        kwk_pool_run(p, job_run, j);
+        reps++;
+        t = kwk_time_s() - t0;
+    } while (t < 0.5 || reps < n_mats);
+    return t / (double)reps;
+}
+
+int main(int argc, char **argv)
+{
+    int64_t rows = argc > 2 ? atol(argv[1]) : 4096, cols = argc > 2 ? atol(argv[2]) : 4096;
+    int max_tok = 64;
+    size_t n_el = (size_t)(rows * cols);
+    int n_mats = (int)(WORKING_SET / ((double)n_el * 4)) + 1;
+    uint8_t *buf = kwk_malloc_aligned(n_el * 4 * (size_t)n_mats);
+    float *x = kwk_malloc_aligned((size_t)(max_tok * cols) * 4);
+    float *y = kwk_malloc_aligned((size_t)(max_tok * rows) * 4);
+    struct kwk_mat *mats = kwk_calloc((size_t)n_mats, sizeof *mats);
+    if (!buf || !x || !y || !mats)
+        return 1;
+    /* f32 values that also read as sane f16 / bf16 pairs: the timing does not depend on them. */
+    float *f = (float *)buf;
+    for (size_t i = 0; i < n_el * (size_t)n_mats; i++)
+        f[i] = 1.0f + (float)(i % 255) * (1.0f / 256);
+    for (int64_t i = 0; i < max_tok * cols; i++)
+        x[i] = (float)(i % 97) * 0.01f;
+    printf("matrix %lldx%lld, %d copies cycled\n", (long long)rows, (long long)cols, n_mats);
+    int n_threads[2] = {1, kwk_default_threads()};
+    for (int isa = 0; isa <= kwk_isa(); isa++) {
+        const struct kwk_kernels *k = kwk_kernels_for(isa);
+        for (int ti = 0; ti < 2; ti++) {
+            if (ti == 1 && n_threads[1] == 1)
+                break;
+            struct kwk_pool *p = kwk_pool_new(n_threads[ti]);
+            for (int wt = 0; wt < KWK_W_COUNT; wt++) {
+                size_t esz = wt == KWK_W_F32 ? 4 : 2;
+                for (int i = 0; i < n_mats; i++)
+                    mats[i] = (struct kwk_mat){wt, rows, cols, buf + (size_t)i * n_el * esz};
+                double bytes = (double)n_el * (double)esz;
+                struct job j = {k, &mats[0], x, y, 1};
+                double s1 = time_job(p, &j, mats, n_mats);
+                j.n_tok = max_tok;
+                double s64 = isa == KWK_ISA_SCALAR ? 0 : time_job(p, &j, mats, 1);
+                printf("%-7s %-5s threads=%d  n_tok=1: %7.2f GB/s (%.3f ms)", k->name,
+                       wt == KWK_W_F32 ? "f32" : wt == KWK_W_F16 ? "f16" : "bf16", n_threads[ti],
+                       bytes / s1 * 1e-9, s1 * 1e3);
+                if (s64 > 0)
+                    printf("  n_tok=%d: %7.1f GFLOP/s", max_tok,
+                           2.0 * rows * cols * max_tok / s64 * 1e-9);
+                printf("\n");
+            }
+            kwk_pool_free(p);
+        }
+    }
+    kwk_free_aligned(buf);
+    kwk_free(mats);
+    kwk_free_aligned(x);
+    kwk_free_aligned(y);
+    return 0;
+}

@@ -1,0 +1,121 @@
+/* cpu.c - instruction-set detection (CPUID + XGETBV), KWKER_ISA override, default thread count.
+ * Any thread: detection runs once under pthread_once and the result is immutable afterwards. */
+#include <cpuid.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/base.h"
+
+/* What the CPU and OS offer, filled once by detect(). */
+struct cpu_features {
+    int avx2;     /* AVX2 + FMA + F16C, with YMM state saved by the OS */
+    int avx512;   /* AVX-512 F/BW/VL/DQ, with ZMM/opmask state saved by the OS */
+    int bf16;     /* AVX512_BF16 (noted for later kernels) */
+    int vnni;     /* AVX512_VNNI (noted for later kernels) */
+};
+
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+static struct cpu_features cpu;
+static int isa_chosen = KWK_ISA_SCALAR;
+
+/* XCR0: which register states the OS saves on context switch. Only valid when OSXSAVE is set. */
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static void detect_features(struct cpu_features *f)
+{
+    unsigned a, b, c, d;
+    memset(f, 0, sizeof *f);
+    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d))
+        return;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx)
+        return;
+    uint64_t xcr0 = xgetbv0();
+    /* bits 1,2: SSE and YMM upper halves; bits 5,6,7: opmask, ZMM0-15 upper, ZMM16-31. */
+    int os_ymm = (xcr0 & 0x6) == 0x6;
+    int os_zmm = os_ymm && (xcr0 & 0xe0) == 0xe0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return;
+    int avx2 = (b >> 5) & 1;
+    int avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1, avx512bw = (b >> 30) & 1,
+        avx512vl = (b >> 31) & 1;
+    f->vnni = (c >> 11) & 1;
+    f->avx2 = avx2 && fma && f16c && os_ymm;
+    f->avx512 = f->avx2 && avx512f && avx512dq && avx512bw && avx512vl && os_zmm;
+    if (!f->avx512)
+        f->vnni = 0;
+    unsigned a1, b1, c1, d1;
+    if (f->avx512 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
+        f->bf16 = (a1 >> 5) & 1;
+}
+
+static int isa_from_name(const char *s)
+{
+    if (!strcmp(s, "scalar"))
+        return KWK_ISA_SCALAR;
+    if (!strcmp(s, "avx2"))
+        return KWK_ISA_AVX2;
+    if (!strcmp(s, "avx512"))
+        return KWK_ISA_AVX512;
+    return -1;
+}
+
+static void detect(void)
+{
+    detect_features(&cpu);
+    int best = cpu.avx512 ? KWK_ISA_AVX512 : cpu.avx2 ? KWK_ISA_AVX2 : KWK_ISA_SCALAR;
+    int isa = best;
+    const char *env = getenv("KWKER_ISA");
+    if (env && *env) {
+        int want = isa_from_name(env);
+        if (want < 0)
+            kwk_log(KWK_LOG_WARN, "KWKER_ISA=%s is not scalar|avx2|avx512; ignored", env);
+        else if (want > best)
+            kwk_log(KWK_LOG_WARN, "KWKER_ISA=%s is not supported here; using %s", env,
+                    kwk_isa_name(best));
+        else
+            isa = want;
+    }
+    isa_chosen = isa;
+    kwk_log(KWK_LOG_INFO, "kernels: %s (cpu: avx2=%d avx512=%d bf16=%d vnni=%d)",
+            kwk_isa_name(isa), cpu.avx2, cpu.avx512, cpu.bf16, cpu.vnni);
+}
+
+int kwk_isa(void)
+{
+    pthread_once(&isa_once, detect);
+    return isa_chosen;
+}
+
+const char *kwk_isa_name(int isa)
+{
+    switch (isa) {
+    case KWK_ISA_SCALAR: return "scalar";
+    case KWK_ISA_AVX2: return "avx2";
+    case KWK_ISA_AVX512: return "avx512";
+    default: return "unknown";
+    }
+}
+
+int kwk_default_threads(void)
+{
+    cpu_set_t set;
+    int n = 0;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    if (n < 1) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n = online > 0 ? (int)online : 1;
+    }
+    return n;
+}

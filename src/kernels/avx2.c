@@ -1,0 +1,412 @@
+/* avx2.c - the kernels with AVX2 + FMA + F16C (compiled with those flags only; chosen at run time
+ * by dispatch.c). Pure functions; any thread. Must agree with ref.c to float rounding. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Tile shape of the prompt path: 2 x 6 accumulators + 2 weight registers + 1 activation register
+ * = 15 of the 16 ymm registers. */
+#define ROWS 2
+#define TOKS 6
+/* Columns per pass: a 2-row slice of weights stays in L1 across the token tiles of a block. */
+#define KC 2048
+/* Tokens per pass: their KC-column slice of activations (TB * 8 KiB) stays in L2. */
+#define TB 48
+
+/* 8 weights from element idx of a row, widened exactly to float32 (wt folds after inlining). */
+INLINE __m256 ldw(const void *row, int64_t idx, int wt)
+{
+    switch (wt) {
+    case KWK_W_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + idx)));
+    case KWK_W_BF16: {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + idx));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    default:
+        return _mm256_loadu_ps((const float *)row + idx);
+    }
+}
+
+/* One weight, widened exactly (the scalar tails). */
+INLINE float ldw1(const void *row, int64_t idx, int wt)
+{
+    switch (wt) {
+    case KWK_W_F16:
+        return _cvtsh_ss(((const uint16_t *)row)[idx]);
+    case KWK_W_BF16:
+        return kwk_bf16_to_f32(((const uint16_t *)row)[idx]);
+    default:
+        return ((const float *)row)[idx];
+    }
+}
+
+INLINE const void *row_ptr(const struct kwk_mat *w, int64_t r, int wt)
+{
+    size_t esz = wt == KWK_W_F32 ? 4 : 2;
+    return (const uint8_t *)w->data + (size_t)r * (size_t)w->cols * esz;
+}
+
+INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- decode: one token, memory-bound. Four rows at a time, two accumulators each. */
+
+INLINE void gemv_rows4(const struct kwk_mat *w, const float *x, float *y, int64_t r, int wt)
+{
+    int64_t n = w->cols, k = 0;
+    const void *w0 = row_ptr(w, r, wt), *w1 = row_ptr(w, r + 1, wt), *w2 = row_ptr(w, r + 2, wt),
+               *w3 = row_ptr(w, r + 3, wt);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+           b3 = a0;
+    for (; k + 16 <= n; k += 16) {
+        __m256 xa = _mm256_loadu_ps(x + k), xb = _mm256_loadu_ps(x + k + 8);
+        a0 = _mm256_fmadd_ps(ldw(w0, k, wt), xa, a0);
+        a1 = _mm256_fmadd_ps(ldw(w1, k, wt), xa, a1);
+        a2 = _mm256_fmadd_ps(ldw(w2, k, wt), xa, a2);
+        a3 = _mm256_fmadd_ps(ldw(w3, k, wt), xa, a3);
+        b0 = _mm256_fmadd_ps(ldw(w0, k + 8, wt), xb, b0);
+        b1 = _mm256_fmadd_ps(ldw(w1, k + 8, wt), xb, b1);
+        b2 = _mm256_fmadd_ps(ldw(w2, k + 8, wt), xb, b2);
+        b3 = _mm256_fmadd_ps(ldw(w3, k + 8, wt), xb, b3);
+    }
+    for (; k + 8 <= n; k += 8) {
+        __m256 xa = _mm256_loadu_ps(x + k);
+        a0 = _mm256_fmadd_ps(ldw(w0, k, wt), xa, a0);
+        a1 = _mm256_fmadd_ps(ldw(w1, k, wt), xa, a1);
+        a2 = _mm256_fmadd_ps(ldw(w2, k, wt), xa, a2);
+        a3 = _mm256_fmadd_ps(ldw(w3, k, wt), xa, a3);
+    }
+    float s0 = hsum(_mm256_add_ps(a0, b0)), s1 = hsum(_mm256_add_ps(a1, b1)),
+          s2 = hsum(_mm256_add_ps(a2, b2)), s3 = hsum(_mm256_add_ps(a3, b3));
+    for (; k < n; k++) {
+        s0 = fmaf(ldw1(w0, k, wt), x[k], s0);
+        s1 = fmaf(ldw1(w1, k, wt), x[k], s1);
+        s2 = fmaf(ldw1(w2, k, wt), x[k], s2);
+        s3 = fmaf(ldw1(w3, k, wt), x[k], s3);
+    }
+    y[r] = s0;
+    y[r + 1] = s1;
+    y[r + 2] = s2;
+    y[r + 3] = s3;
+}
+
+INLINE float gemv_row1(const void *wr, const float *x, int64_t n, int wt)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t k = 0;
+    for (; k + 32 <= n; k += 32) {
+        a0 = _mm256_fmadd_ps(ldw(wr, k, wt), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(ldw(wr, k + 8, wt), _mm256_loadu_ps(x + k + 8), a1);
+        a2 = _mm256_fmadd_ps(ldw(wr, k + 16, wt), _mm256_loadu_ps(x + k + 16), a2);
+        a3 = _mm256_fmadd_ps(ldw(wr, k + 24, wt), _mm256_loadu_ps(x + k + 24), a3);
+    }
+    for (; k + 8 <= n; k += 8)
+        a0 = _mm256_fmadd_ps(ldw(wr, k, wt), _mm256_loadu_ps(x + k), a0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; k < n; k++)
+        s = fmaf(ldw1(wr, k, wt), x[k], s);
+    return s;
+}
+
+INLINE void gemv(const struct kwk_mat *w, const float *x, float *y, int64_t r0, int64_t r1,
+                 int wt)
+{
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+        gemv_rows4(w, x, y, r, wt);
+    for (; r < r1; r++)
+        y[r] = gemv_row1(row_ptr(w, r, wt), x, w->cols, wt);
+}
+
+/* ---- prompt: many tokens, compute-bound. An R x T register tile of dot products over columns
+ * [k0, k1); R and T are constants after inlining so the accumulators live in registers. */
+INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, int64_t r, int t,
+                 int64_t k0, int64_t k1, int first, int R, int T, int wt)
+{
+    const void *wr[ROWS];
+    const float *xt[TOKS];
+    __m256 acc[ROWS][TOKS];
+    int64_t cols = w->cols;
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        wr[i] = row_ptr(w, r + i, wt);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < T; j++)
+        xt[j] = x + (int64_t)(t + j) * cols;
+    int64_t k = k0;
+    for (; k + 8 <= k1; k += 8) {
+        __m256 wv[ROWS];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++)
+            wv[i] = ldw(wr[i], k, wt);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            __m256 xv = _mm256_loadu_ps(xt[j] + k);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++)
+                acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < T; j++) {
+        float *yt = y + (int64_t)(t + j) * ldy + r;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            float s = hsum(acc[i][j]);
+            for (int64_t kk = k; kk < k1; kk++)
+                s = fmaf(ldw1(wr[i], kk, wt), xt[j][kk], s);
+            yt[i] = first ? s : yt[i] + s;
+        }
+    }
+}
+
+#define TILE_FN(R, T, WT, NAME)                                                                  \
+    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,      \
+                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,     \
+                                        int first)                                               \
+    {                                                                                            \
+        tile(w, x, y, ldy, r, t, k0, k1, first, R, T, WT);                                       \
+    }
+
+typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int,
+                        int64_t, int64_t, int);
+
+#define TILES_FOR(WT, NAME)                                                                      \
+    TILE_FN(2, 1, WT, NAME) TILE_FN(2, 2, WT, NAME) TILE_FN(2, 3, WT, NAME)                      \
+    TILE_FN(2, 4, WT, NAME) TILE_FN(2, 5, WT, NAME) TILE_FN(2, 6, WT, NAME)                      \
+    TILE_FN(1, 1, WT, NAME) TILE_FN(1, 2, WT, NAME) TILE_FN(1, 3, WT, NAME)                      \
+    TILE_FN(1, 4, WT, NAME) TILE_FN(1, 5, WT, NAME) TILE_FN(1, 6, WT, NAME)                      \
+    static const tile_fn tiles_##NAME[2][TOKS + 1] = {                                           \
+        {NULL, tile_##NAME##_1_1, tile_##NAME##_1_2, tile_##NAME##_1_3, tile_##NAME##_1_4,       \
+         tile_##NAME##_1_5, tile_##NAME##_1_6},                                                  \
+        {NULL, tile_##NAME##_2_1, tile_##NAME##_2_2, tile_##NAME##_2_3, tile_##NAME##_2_4,       \
+         tile_##NAME##_2_5, tile_##NAME##_2_6},                                                  \
+    };
+
+TILES_FOR(KWK_W_F32, f32)
+TILES_FOR(KWK_W_F16, f16)
+TILES_FOR(KWK_W_BF16, bf16)
+
+/* Loop order: token blocks (activations slice in L2), column passes, then row groups (weights
+ * slice in L1 across the token tiles of the block). */
+static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                 int64_t r0, int64_t r1, const tile_fn tiles[2][TOKS + 1])
+{
+    int64_t cols = w->cols;
+    for (int tb = 0; tb < n_tok; tb += TB) {
+        int te = KWK_MIN(n_tok, tb + TB);
+        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+            int64_t k1 = KWK_MIN(cols, k0 + KC);
+            int first = k0 == 0;
+            for (int64_t r = r0; r < r1;) {
+                int R = r + ROWS <= r1 ? ROWS : 1;
+                for (int t = tb; t < te; t += TOKS) {
+                    int T = KWK_MIN(TOKS, te - t);
+                    tiles[R == ROWS][T](w, x, y, ldy, r, t, k0, k1, first);
+                }
+                r += R;
+            }
+        }
+    }
+}
+
+static void avx2_matmul(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                        int64_t r0, int64_t r1)
+{
+    if (r1 <= r0 || n_tok <= 0)
+        return;
+    if (w->cols <= 0) {
+        for (int t = 0; t < n_tok; t++)
+            for (int64_t r = r0; r < r1; r++)
+                y[(int64_t)t * ldy + r] = 0.0f;
+        return;
+    }
+    switch (w->wtype) {
+    case KWK_W_F16:
+        if (n_tok == 1)
+            gemv(w, x, y, r0, r1, KWK_W_F16);
+        else
+            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
+        break;
+    case KWK_W_BF16:
+        if (n_tok == 1)
+            gemv(w, x, y, r0, r1, KWK_W_BF16);
+        else
+            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);
+        break;
+    default:
+        if (n_tok == 1)
+            gemv(w, x, y, r0, r1, KWK_W_F32);
+        else
+            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f32);
+        break;
+    }
+}
+
+INLINE void widen_row(const void *row, int64_t n, float *out, int wt)
+{
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(out + k, ldw(row, k, wt));
+    for (; k < n; k++)
+        out[k] = ldw1(row, k, wt);
+}
+
+static void avx2_mat_row(const struct kwk_mat *w, int64_t r, float *out)
+{
+    switch (w->wtype) {
+    case KWK_W_F16:
+        widen_row(row_ptr(w, r, KWK_W_F16), w->cols, out, KWK_W_F16);
+        break;
+    case KWK_W_BF16:
+        widen_row(row_ptr(w, r, KWK_W_BF16), w->cols, out, KWK_W_BF16);
+        break;
+    default:
+        widen_row(row_ptr(w, r, KWK_W_F32), w->cols, out, KWK_W_F32);
+        break;
+    }
+}
+
+static float avx2_dot(const float *a, const float *b, long n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    long i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++)
+        s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+static void avx2_axpy(float *y, float a, const float *x, long n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
+}
+
+static void avx2_rmsnorm(float *y, const float *x, const float *w, long n, float eps)
+{
+    float ss = avx2_dot(x, x, n);
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    __m256 sv = _mm256_set1_ps(scale);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sv);
+        if (w)
+            v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+    for (; i < n; i++)
+        y[i] = w ? x[i] * scale * w[i] : x[i] * scale;
+}
+
+/* exp(x) to about 1 ulp: Cody-Waite reduction x = n ln2 + r, Cephes' degree-6 polynomial, and 2^n
+ * applied as two factors 2^(n/2) so that subnormal results, 0 and +inf come out right. The clamp
+ * keeps n in range and lets NaN through (max/min return their second operand on NaN). */
+INLINE __m256 exp256(__m256 x)
+{
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f);
+    const __m256 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+    x = _mm256_min_ps(_mm256_set1_ps(100.0f), _mm256_max_ps(_mm256_set1_ps(-110.0f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, ln2_hi, x);
+    r = _mm256_fnmadd_ps(n, ln2_lo, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1);
+    __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+
+static void avx2_softmax(float *x, long n)
+{
+    if (n <= 0)
+        return;
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float mx = _mm_cvtss_f32(m4);
+    for (long j = i; j < n; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    __m256 mxv = _mm256_set1_ps(mx), sv = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), mxv));
+        _mm256_storeu_ps(x + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum(sv);
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    __m256 sumv = _mm256_set1_ps(sum);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), sumv));
+    for (; i < n; i++)
+        x[i] /= sum;
+}
+
+static void avx2_swiglu(float *g, const float *u, long n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+const struct kwk_kernels kwk_kernels_avx2 = {
+    .name = "avx2",
+    .matmul = avx2_matmul,
+    .mat_row = avx2_mat_row,
+    .dot = avx2_dot,
+    .axpy = avx2_axpy,
+    .rmsnorm = avx2_rmsnorm,
+    .softmax = avx2_softmax,
+    .swiglu = avx2_swiglu,
+};

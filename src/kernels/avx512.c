@@ -1,0 +1,436 @@
+/* avx512.c - the kernels with AVX-512 F/BW/VL/DQ (compiled with those flags only; chosen at run
+ * time by dispatch.c). Pure functions; any thread. Must agree with ref.c to float rounding. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Tile shape of the prompt path: ROWS x TOKS accumulators (24 of the 32 zmm registers), plus one
+ * register per row of weights and one for activations. */
+#define ROWS 4
+#define TOKS 6
+/* Columns per pass of the prompt path: a 4-row slice of weights (8..16 KiB) stays in L1 while it
+ * is used for every token of the block. */
+#define KC 2048
+/* Tokens per pass: their KC-column slice of activations (TB * 8 KiB) stays in L2. */
+#define TB 96
+
+/* 16 weights from element idx of a row, widened exactly to float32. wt is a constant after
+ * inlining, so the switch folds away. */
+INLINE __m512 ldw(const void *row, int64_t idx, int wt)
+{
+    switch (wt) {
+    case KWK_W_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + idx)));
+    case KWK_W_BF16: {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + idx));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    default:
+        return _mm512_loadu_ps((const float *)row + idx);
+    }
+}
+
+/* The same for the last n < 16 elements; lanes past n are zero and nothing past n is read. */
+INLINE __m512 ldw_tail(const void *row, int64_t idx, __mmask16 m, int wt)
+{
+    switch (wt) {
+    case KWK_W_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + idx));
+    case KWK_W_BF16: {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + idx);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    default:
+        return _mm512_maskz_loadu_ps(m, (const float *)row + idx);
+    }
+}
+
+INLINE const void *row_ptr(const struct kwk_mat *w, int64_t r, int wt)
+{
+    size_t esz = wt == KWK_W_F32 ? 4 : 2;
+    return (const uint8_t *)w->data + (size_t)r * (size_t)w->cols * esz;
+}
+
+INLINE __mmask16 tail_mask(int64_t n)
+{
+    return (__mmask16)((1u << n) - 1u);
+}
+
+/* ---- decode: one token, memory-bound. Each row is streamed once; four rows at a time with two
+ * accumulators each keep eight FMA chains in flight. */
+
+INLINE void gemv_rows4(const struct kwk_mat *w, const float *x, float *y, int64_t r, int wt)
+{
+    int64_t n = w->cols, k = 0;
+    const void *w0 = row_ptr(w, r, wt), *w1 = row_ptr(w, r + 1, wt), *w2 = row_ptr(w, r + 2, wt),
+               *w3 = row_ptr(w, r + 3, wt);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+           b3 = a0;
+    for (; k + 32 <= n; k += 32) {
+        __m512 xa = _mm512_loadu_ps(x + k), xb = _mm512_loadu_ps(x + k + 16);
+        a0 = _mm512_fmadd_ps(ldw(w0, k, wt), xa, a0);
+        a1 = _mm512_fmadd_ps(ldw(w1, k, wt), xa, a1);
+        a2 = _mm512_fmadd_ps(ldw(w2, k, wt), xa, a2);
+        a3 = _mm512_fmadd_ps(ldw(w3, k, wt), xa, a3);
+        b0 = _mm512_fmadd_ps(ldw(w0, k + 16, wt), xb, b0);
+        b1 = _mm512_fmadd_ps(ldw(w1, k + 16, wt), xb, b1);
+        b2 = _mm512_fmadd_ps(ldw(w2, k + 16, wt), xb, b2);
+        b3 = _mm512_fmadd_ps(ldw(w3, k + 16, wt), xb, b3);
+    }
+    for (; k + 16 <= n; k += 16) {
+        __m512 xa = _mm512_loadu_ps(x + k);
+        a0 = _mm512_fmadd_ps(ldw(w0, k, wt), xa, a0);
+        a1 = _mm512_fmadd_ps(ldw(w1, k, wt), xa, a1);
+        a2 = _mm512_fmadd_ps(ldw(w2, k, wt), xa, a2);
+        a3 = _mm512_fmadd_ps(ldw(w3, k, wt), xa, a3);
+    }
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        __m512 xa = _mm512_maskz_loadu_ps(m, x + k);
+        a0 = _mm512_fmadd_ps(ldw_tail(w0, k, m, wt), xa, a0);
+        a1 = _mm512_fmadd_ps(ldw_tail(w1, k, m, wt), xa, a1);
+        a2 = _mm512_fmadd_ps(ldw_tail(w2, k, m, wt), xa, a2);
+        a3 = _mm512_fmadd_ps(ldw_tail(w3, k, m, wt), xa, a3);
+    }
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0));
+    y[r + 1] = _mm512_reduce_add_ps(_mm512_add_ps(a1, b1));
+    y[r + 2] = _mm512_reduce_add_ps(_mm512_add_ps(a2, b2));
+    y[r + 3] = _mm512_reduce_add_ps(_mm512_add_ps(a3, b3));
+}
+
+INLINE float gemv_row1(const void *wr, const float *x, int64_t n, int wt)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t k = 0;
+    for (; k + 64 <= n; k += 64) {
+        a0 = _mm512_fmadd_ps(ldw(wr, k, wt), _mm512_loadu_ps(x + k), a0);
+        a1 = _mm512_fmadd_ps(ldw(wr, k + 16, wt), _mm512_loadu_ps(x + k + 16), a1);
+        a2 = _mm512_fmadd_ps(ldw(wr, k + 32, wt), _mm512_loadu_ps(x + k + 32), a2);
+        a3 = _mm512_fmadd_ps(ldw(wr, k + 48, wt), _mm512_loadu_ps(x + k + 48), a3);
+    }
+    for (; k + 16 <= n; k += 16)
+        a0 = _mm512_fmadd_ps(ldw(wr, k, wt), _mm512_loadu_ps(x + k), a0);
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        a1 = _mm512_fmadd_ps(ldw_tail(wr, k, m, wt), _mm512_maskz_loadu_ps(m, x + k), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+INLINE void gemv(const struct kwk_mat *w, const float *x, float *y, int64_t r0, int64_t r1,
+                 int wt)
+{
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+        gemv_rows4(w, x, y, r, wt);
+    for (; r < r1; r++)
+        y[r] = gemv_row1(row_ptr(w, r, wt), x, w->cols, wt);
+}
+
+/* ---- prompt: many tokens, compute-bound. An R x T register tile of dot products over the
+ * columns [k0, k1): every weight load feeds T FMAs and every activation load feeds R. The tile's
+ * sums are stored (first column pass) or added (later passes) to y. R and T are constants after
+ * inlining, so the accumulator array lives in registers. */
+INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, int64_t r, int t,
+                 int64_t k0, int64_t k1, int first, int R, int T, int wt)
+{
+    const void *wr[ROWS];
+    const float *xt[TOKS];
+    __m512 acc[ROWS][TOKS];
+    int64_t cols = w->cols;
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        wr[i] = row_ptr(w, r + i, wt);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < T; j++)
+        xt[j] = x + (int64_t)(t + j) * cols;
+    int64_t k = k0;
+    for (; k + 16 <= k1; k += 16) {
+        __m512 wv[ROWS];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++)
+            wv[i] = ldw(wr[i], k, wt);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            __m512 xv = _mm512_loadu_ps(xt[j] + k);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++)
+                acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+        }
+    }
+    if (k < k1) {
+        __mmask16 m = tail_mask(k1 - k);
+        __m512 wv[ROWS];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++)
+            wv[i] = ldw_tail(wr[i], k, m, wt);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, xt[j] + k);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++)
+                acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < T; j++) {
+        float *yt = y + (int64_t)(t + j) * ldy + r;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            float s = _mm512_reduce_add_ps(acc[i][j]);
+            yt[i] = first ? s : yt[i] + s;
+        }
+    }
+}
+
+/* One instance per (R, T) used: full tiles, a partial token block, and single leftover rows. */
+#define TILE_FN(R, T, WT, NAME)                                                                  \
+    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,      \
+                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,     \
+                                        int first)                                               \
+    {                                                                                            \
+        tile(w, x, y, ldy, r, t, k0, k1, first, R, T, WT);                                       \
+    }
+
+typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int,
+                        int64_t, int64_t, int);
+
+#define TILES_FOR(WT, NAME)                                                                      \
+    TILE_FN(4, 1, WT, NAME) TILE_FN(4, 2, WT, NAME) TILE_FN(4, 3, WT, NAME)                      \
+    TILE_FN(4, 4, WT, NAME) TILE_FN(4, 5, WT, NAME) TILE_FN(4, 6, WT, NAME)                      \
+    TILE_FN(1, 1, WT, NAME) TILE_FN(1, 2, WT, NAME) TILE_FN(1, 3, WT, NAME)                      \
+    TILE_FN(1, 4, WT, NAME) TILE_FN(1, 5, WT, NAME) TILE_FN(1, 6, WT, NAME)                      \
+    static const tile_fn tiles_##NAME[2][TOKS + 1] = {                                           \
+        {NULL, tile_##NAME##_1_1, tile_##NAME##_1_2, tile_##NAME##_1_3, tile_##NAME##_1_4,       \
+         tile_##NAME##_1_5, tile_##NAME##_1_6},                                                  \
+        {NULL, tile_##NAME##_4_1, tile_##NAME##_4_2, tile_##NAME##_4_3, tile_##NAME##_4_4,       \
+         tile_##NAME##_4_5, tile_##NAME##_4_6},                                                  \
+    };
+
+TILES_FOR(KWK_W_F32, f32)
+TILES_FOR(KWK_W_F16, f16)
+TILES_FOR(KWK_W_BF16, bf16)
+
+/* Loop order: token blocks of TB (activations slice stays in L2), column passes of KC, then
+ * 4-row groups (weights slice stays in L1 across the token tiles of the block). */
+static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                 int64_t r0, int64_t r1, const tile_fn tiles[2][TOKS + 1])
+{
+    int64_t cols = w->cols;
+    for (int tb = 0; tb < n_tok; tb += TB) {
+        int te = KWK_MIN(n_tok, tb + TB);
+        for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+            int64_t k1 = KWK_MIN(cols, k0 + KC);
+            int first = k0 == 0;
+            for (int64_t r = r0; r < r1;) {
+                int R = r + ROWS <= r1 ? ROWS : 1;
+                for (int t = tb; t < te; t += TOKS) {
+                    int T = KWK_MIN(TOKS, te - t);
+                    tiles[R == ROWS][T](w, x, y, ldy, r, t, k0, k1, first);
+                }
+                r += R;
+            }
+        }
+    }
+}
+
+static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                          int64_t r0, int64_t r1)
+{
+    if (r1 <= r0 || n_tok <= 0)
+        return;
+    if (w->cols <= 0) {
+        for (int t = 0; t < n_tok; t++)
+            for (int64_t r = r0; r < r1; r++)
+                y[(int64_t)t * ldy + r] = 0.0f;
+        return;
+    }
+    switch (w->wtype) {
+    case KWK_W_F16:
+        if (n_tok == 1)
+            gemv(w, x, y, r0, r1, KWK_W_F16);
+        else
+            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
+        break;
+    case KWK_W_BF16:
+        if (n_tok == 1)
+            gemv(w, x, y, r0, r1, KWK_W_BF16);
+        else
+            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);
+        break;
+    default:
+        if (n_tok == 1)
+            gemv(w, x, y, r0, r1, KWK_W_F32);
+        else
+            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f32);
+        break;
+    }
+}
+
+static void avx512_mat_row(const struct kwk_mat *w, int64_t r, float *out)
+{
+    int64_t n = w->cols, k = 0;
+    int wt = w->wtype;
+    const void *row = row_ptr(w, r, wt);
+    for (; k + 16 <= n; k += 16) {
+        __m512 v = wt == KWK_W_F16 ? ldw(row, k, KWK_W_F16)
+                   : wt == KWK_W_BF16 ? ldw(row, k, KWK_W_BF16)
+                                      : ldw(row, k, KWK_W_F32);
+        _mm512_storeu_ps(out + k, v);
+    }
+    if (k < n) {
+        __mmask16 m = tail_mask(n - k);
+        __m512 v = wt == KWK_W_F16 ? ldw_tail(row, k, m, KWK_W_F16)
+                   : wt == KWK_W_BF16 ? ldw_tail(row, k, m, KWK_W_BF16)
+                                      : ldw_tail(row, k, m, KWK_W_F32);
+        _mm512_mask_storeu_ps(out + k, m, v);
+    }
+}
+
+static float avx512_dot(const float *a, const float *b, long n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    long i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static void avx512_axpy(float *y, float a, const float *x, long n)
+{
+    __m512 av = _mm512_set1_ps(a);
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i),
+                                   _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
+static void avx512_rmsnorm(float *y, const float *x, const float *w, long n, float eps)
+{
+    float ss = avx512_dot(x, x, n);
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    __m512 sv = _mm512_set1_ps(scale);
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sv);
+        if (w)
+            v = _mm512_mul_ps(v, _mm512_loadu_ps(w + i));
+        _mm512_storeu_ps(y + i, v);
+    }
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sv);
+        if (w)
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i));
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
+/* exp(x) to about 1 ulp: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, ln2 split in two), a
+ * degree-6 polynomial for exp(r) (Cephes' coefficients), and scalef for 2^n, which also gives
+ * the subnormal results, 0 below and +inf above the float range. NaN stays NaN. */
+INLINE __m512 exp512(__m512 x)
+{
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
+    const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+    x = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-110.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, ln2_hi, x);
+    r = _mm512_fnmadd_ps(n, ln2_lo, r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r2 = _mm512_mul_ps(r, r);
+    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static void avx512_softmax(float *x, long n)
+{
+    if (n <= 0)
+        return;
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+    float mx = _mm512_reduce_max_ps(mv);
+    for (long j = i; j < n; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    __m512 mxv = _mm512_set1_ps(mx), sv = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mxv));
+        _mm512_storeu_ps(x + i, e);
+        sv = _mm512_add_ps(sv, e);
+    }
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mxv));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(x + i, m, e);
+        sv = _mm512_add_ps(sv, e);
+    }
+    __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(sv));
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_div_ps(_mm512_loadu_ps(x + i), sum));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), sum));
+    }
+}
+
+INLINE __m512 swiglu16(__m512 g, __m512 u)
+{
+    __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+static void avx512_swiglu(float *g, const float *u, long n)
+{
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(g + i, swiglu16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = swiglu16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i));
+        _mm512_mask_storeu_ps(g + i, m, v);
+    }
+}
+
+const struct kwk_kernels kwk_kernels_avx512 = {
+    .name = "avx512",
+    .matmul = avx512_matmul,
+    .mat_row = avx512_mat_row,
+    .dot = avx512_dot,
+    .axpy = avx512_axpy,
+    .rmsnorm = avx512_rmsnorm,
+    .softmax = avx512_softmax,
+    .swiglu = avx512_swiglu,
+};

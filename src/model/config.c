@@ -1,0 +1,539 @@
+/* config.c - a model's hyperparameters from config.json (+ generation_config.json) or from GGUF
+ * metadata, with what Kwker cannot run recorded as a reason rather than an error. Any thread. */
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/model.h"
+
+#define CFG_JSON_MAX ((size_t)4 << 20)
+#define CFG_DIM_MAX (1 << 24)
+
+/* Keep the first reason: it is usually the root cause. */
+static void KWK_PRINTF(2, 3) cfg_unsupported(struct kwk_config *cfg, const char *fmt, ...)
+{
+    if (cfg->unsupported[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cfg->unsupported, sizeof cfg->unsupported, fmt, ap);
+    va_end(ap);
+}
+
+static void cfg_defaults(struct kwk_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->rms_eps = 1e-6f;
+    cfg->rope_theta = 10000.0f;
+    cfg->rope_factor = 1.0f;
+    cfg->bos_id = -1;
+}
+
+struct arch_name {
+    const char *hf, *model_type;
+    int arch;
+};
+
+static const struct arch_name archs[] = {
+    {"LlamaForCausalLM", "llama", KWK_ARCH_LLAMA},
+    {"MistralForCausalLM", "mistral", KWK_ARCH_MISTRAL},
+    {"Qwen2ForCausalLM", "qwen2", KWK_ARCH_QWEN2},
+    {"Qwen3ForCausalLM", "qwen3", KWK_ARCH_QWEN3},
+};
+
+/* Sanity-check the numbers every later size computation relies on. */
+static int cfg_validate(struct kwk_config *cfg, const char *label, struct kwk_err *err)
+{
+    struct { const char *name; int v; int max; } f[] = {
+        {"vocab size", cfg->n_vocab, CFG_DIM_MAX},
+        {"number of layers", cfg->n_layers, 4096},
+        {"hidden size", cfg->d_model, CFG_DIM_MAX},
+        {"number of attention heads", cfg->n_heads, 65536},
+        {"number of key/value heads", cfg->n_kv_heads, 65536},
+        {"head dim", cfg->head_dim, 65536},
+        {"intermediate size", cfg->d_ff, CFG_DIM_MAX},
+    };
+    for (size_t i = 0; i < KWK_ARRAY_LEN(f); i++)
+        if (f[i].v <= 0 || f[i].v > f[i].max)
+            return kwk_err_set(err, KWK_EFORMAT, "%s: %s is %d (must be in 1..%d)", label,
+                               f[i].name, f[i].v, f[i].max);
+    if ((int64_t)cfg->n_heads * cfg->head_dim > CFG_DIM_MAX)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: heads x head dim too large", label);
+    if (cfg->n_heads % cfg->n_kv_heads != 0)
+        cfg_unsupported(cfg, "num_attention_heads (%d) is not a multiple of "
+                        "num_key_value_heads (%d)", cfg->n_heads, cfg->n_kv_heads);
+    if (cfg->head_dim % 2 != 0)
+        cfg_unsupported(cfg, "head dim %d is odd (rotary embeddings need pairs)", cfg->head_dim);
+    if (!(cfg->rms_eps > 0.0f) || !(cfg->rope_theta > 0.0f))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: rms_norm_eps and rope_theta must be positive",
+                           label);
+    if (cfg->max_position < 0)
+        cfg->max_position = 0;
+    return 0;
+}
+
+/* ---- config.json ---------------------------------------------------------------------------*/
+
+/* An integer field: 1 when present (stored in *out), 0 when absent or null, negative (error
+ * set) when present with the wrong type. */
+static int json_get_int(const json_t *o, const char *key, int *out, const char *label,
+                        struct kwk_err *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return 0;
+    double d = json_is_number(v) ? json_number_value(v) : 0.5;
+    if (d != (double)(long long)d || d < -2147483648.0 || d > 2147483647.0)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: \"%s\" must be an integer", label, key);
+    *out = (int)d;
+    return 1;
+}
+
+static int json_get_float(const json_t *o, const char *key, float *out, const char *label,
+                          struct kwk_err *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: \"%s\" must be a number", label, key);
+    *out = (float)json_number_value(v);
+    return 1;
+}
+
+/* true/false; absent keeps *out. */
+static int json_get_bool(const json_t *o, const char *key, int *out, const char *label,
+                         struct kwk_err *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: \"%s\" must be true or false", label, key);
+    *out = json_is_true(v);
+    return 1;
+}
+
+/* eos_token_id: an integer or a list of integers. Returns 1 when found. */
+static int json_get_eos(const json_t *o, struct kwk_config *cfg, const char *label,
+                        struct kwk_err *err)
+{
+    const json_t *v = json_object_get(o, "eos_token_id");
+    if (!v || json_is_null(v))
+        return 0;
+    if (json_is_array(v)) {
+        cfg->n_eos = 0;
+        size_t i;
+        const json_t *it;
+        json_array_foreach(v, i, it) {
+            if (!json_is_integer(it) || json_integer_value(it) < 0 ||
+                json_integer_value(it) > INT32_MAX)
+                return kwk_err_set(err, KWK_EFORMAT, "%s: eos_token_id[%zu] is not a token id",
+                                   label, i);
+            if (cfg->n_eos < (int)KWK_ARRAY_LEN(cfg->eos_ids))
+                cfg->eos_ids[cfg->n_eos++] = (int)json_integer_value(it);
+        }
+        return 1;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: eos_token_id is not a token id", label);
+    cfg->n_eos = 1;
+    cfg->eos_ids[0] = (int)json_integer_value(v);
+    return 1;
+}
+
+/* rope_scaling (transformers 4) or rope_parameters (transformers 5). */
+static int json_rope(const json_t *root, struct kwk_config *cfg, const char *label,
+                     struct kwk_err *err)
+{
+    int rc;
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    const json_t *rs = json_object_get(root, "rope_scaling");
+    if (json_is_object(rp) && (rc = json_get_float(rp, "rope_theta", &cfg->rope_theta, label,
+                                                   err)) < 0)
+        return rc;
+    if ((rc = json_get_float(root, "rope_theta", &cfg->rope_theta, label, err)) < 0)
+        return rc;
+    const json_t *o = json_is_object(rs) ? rs : json_is_object(rp) ? rp : NULL;
+    if (!o) {
+        if (rs && !json_is_null(rs))
+            return kwk_err_set(err, KWK_EFORMAT, "%s: rope_scaling must be an object or null",
+                               label);
+        return 0;
+    }
+    const json_t *t = json_object_get(o, "rope_type");
+    if (!t)
+        t = json_object_get(o, "type");
+    const char *ts = json_is_string(t) ? json_string_value(t) : "default";
+    if (!strcmp(ts, "default"))
+        return 0;
+    if (!strcmp(ts, "linear")) {
+        cfg->rope_type = KWK_ROPE_LINEAR;
+        rc = json_get_float(o, "factor", &cfg->rope_factor, label, err);
+        return rc < 0 ? rc : 0;
+    }
+    if (!strcmp(ts, "llama3")) {
+        cfg->rope_type = KWK_ROPE_LLAMA3;
+        if (json_get_float(o, "factor", &cfg->rope_factor, label, err) < 0 ||
+            json_get_float(o, "low_freq_factor", &cfg->rope_low_freq_factor, label, err) < 0 ||
+            json_get_float(o, "high_freq_factor", &cfg->rope_high_freq_factor, label, err) < 0 ||
+            json_get_int(o, "original_max_position_embeddings", &cfg->rope_orig_max_position,
+                         label, err) < 0)
+            return KWK_EFORMAT;
+        if (!(cfg->rope_factor > 0.0f) || !(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor)
+            || cfg->rope_orig_max_position <= 0)
+            return kwk_err_set(err, KWK_EFORMAT, "%s: llama3 rope_scaling needs factor > 0, "
+                               "high_freq_factor > low_freq_factor and "
+                               "original_max_position_embeddings > 0", label);
+        return 0;
+    }
+    cfg_unsupported(cfg, "rope scaling type \"%.40s\" is not supported (supported: default, "
+                    "linear, llama3)", ts);
+    return 0;
+}
+
+static void json_arch(const json_t *root, struct kwk_config *cfg)
+{
+    const json_t *a = json_object_get(root, "architectures");
+    const char *name = NULL;
+    if (json_is_array(a) && json_array_size(a) > 0 && json_is_string(json_array_get(a, 0)))
+        name = json_string_value(json_array_get(a, 0));
+    const json_t *mt = json_object_get(root, "model_type");
+    for (size_t i = 0; i < KWK_ARRAY_LEN(archs); i++) {
+        if ((name && !strcmp(name, archs[i].hf)) ||
+            (!name && json_is_string(mt) && !strcmp(json_string_value(mt), archs[i].model_type))) {
+            cfg->arch = archs[i].arch;
+            snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", archs[i].hf);
+            return;
+        }
+    }
+    if (!name)
+        name = json_is_string(mt) ? json_string_value(mt) : "(none given)";
+    snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name);
+    cfg_unsupported(cfg, "architecture %.64s is not supported (supported: Llama, Mistral, Qwen2, "
+                    "Qwen3)", name);
+}
+
+/* The dimensions every architecture has; a config without them is not a model config. */
+static int json_dims(const json_t *root, struct kwk_config *cfg, const char *label,
+                     struct kwk_err *err)
+{
+    struct { const char *key; int *dst; } req[] = {
+        {"vocab_size", &cfg->n_vocab},
+        {"num_hidden_layers", &cfg->n_layers},
+        {"hidden_size", &cfg->d_model},
+        {"num_attention_heads", &cfg->n_heads},
+        {"intermediate_size", &cfg->d_ff},
+    };
+    for (size_t i = 0; i < KWK_ARRAY_LEN(req); i++) {
+        int rc = json_get_int(root, req[i].key, req[i].dst, label, err);
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            return kwk_err_set(err, KWK_EFORMAT, "%s: \"%s\" is missing", label, req[i].key);
+    }
+    cfg->n_kv_heads = cfg->n_heads;
+    cfg->head_dim = cfg->n_heads > 0 ? cfg->d_model / cfg->n_heads : 0;
+    int rc;
+    if ((rc = json_get_int(root, "num_key_value_heads", &cfg->n_kv_heads, label, err)) < 0 ||
+        (rc = json_get_int(root, "head_dim", &cfg->head_dim, label, err)) < 0 ||
+        (rc = json_get_int(root, "max_position_embeddings", &cfg->max_position, label, err)) < 0 ||
+        (rc = json_get_float(root, "rms_norm_eps", &cfg->rms_eps, label, err)) < 0 ||
+        (rc = json_get_bool(root, "tie_word_embeddings", &cfg->tie_embeddings, label, err)) < 0 ||
+        (rc = json_get_int(root, "bos_token_id", &cfg->bos_id, label, err)) < 0 ||
+        (rc = json_get_eos(root, cfg, label, err)) < 0)
+        return rc;
+    if (cfg->n_heads > 0 && cfg->head_dim * cfg->n_heads != cfg->d_model &&
+        !json_object_get(root, "head_dim"))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: hidden_size %d is not a multiple of "
+                           "num_attention_heads %d", label, cfg->d_model, cfg->n_heads);
+    return 0;
+}
+
+/* Options that change the computation in ways Kwker does not implement. */
+static int json_options(const json_t *root, struct kwk_config *cfg, const char *label,
+                        struct kwk_err *err)
+{
+    const json_t *act = json_object_get(root, "hidden_act");
+    if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "silu")))
+        cfg_unsupported(cfg, "hidden_act %.40s is not supported (only silu)",
+                        json_is_string(act) ? json_string_value(act) : "(not a string)");
+    int attn_bias = 0, mlp_bias = 0, use_sw = 0, rc;
+    if ((rc = json_get_bool(root, "attention_bias", &attn_bias, label, err)) < 0 ||
+        (rc = json_get_bool(root, "mlp_bias", &mlp_bias, label, err)) < 0 ||
+        (rc = json_get_bool(root, "use_sliding_window", &use_sw, label, err)) < 0)
+        return rc;
+    if (attn_bias)
+        cfg_unsupported(cfg, "attention_bias=true is not supported");
+    if (mlp_bias)
+        cfg_unsupported(cfg, "mlp_bias=true is not supported");
+    if (cfg->arch == KWK_ARCH_QWEN2)
+        cfg->qkv_bias = 1;
+    if (cfg->arch == KWK_ARCH_QWEN3)
+        cfg->qk_norm = 1;
+    /* Qwen configs carry a sliding_window that only applies when use_sliding_window is set. */
+    int is_qwen = cfg->arch == KWK_ARCH_QWEN2 || cfg->arch == KWK_ARCH_QWEN3;
+    if (!is_qwen || use_sw) {
+        if ((rc = json_get_int(root, "sliding_window", &cfg->sliding_window, label, err)) < 0)
+            return rc;
+        if (cfg->sliding_window < 0)
+            return kwk_err_set(err, KWK_EFORMAT, "%s: sliding_window is negative", label);
+    }
+    if (is_qwen && use_sw)
+        cfg_unsupported(cfg, "use_sliding_window=true (per-layer windows) is not supported");
+    return 0;
+}
+
+static json_t *load_json(const char *path, struct kwk_err *err)
+{
+    char *text = NULL;
+    size_t n = 0;
+    if (kwk_read_file(path, CFG_JSON_MAX, &text, &n, err))
+        return NULL;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, n, 0, &jerr);
+    kwk_free(text);
+    if (!root) {
+        kwk_err_set_pos(err, KWK_EFORMAT, jerr.position, "%s: invalid JSON at line %d column "
+                        "%d: %s", path, jerr.line, jerr.column, jerr.text);
+        if (err) {
+            err->line = jerr.line;
+            err->col = jerr.column;
+        }
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        kwk_err_set(err, KWK_EFORMAT, "%s: not a JSON object", path);
+        return NULL;
+    }
+    return root;
+}
+
+/* generation_config.json: its eos ids win over config.json's (that is what generate() uses). */
+static int load_generation_config(struct kwk_config *cfg, const char *dir, struct kwk_err *err)
+{
+    char path[4096];
+    if (kwk_path_join(path, sizeof path, dir, "generation_config.json"))
+        return kwk_err_set(err, KWK_ELIMIT, "%s: path too long", dir);
+    if (!kwk_file_exists(path))
+        return 0;
+    json_t *g = load_json(path, err);
+    if (!g)
+        return err ? err->code : KWK_EFORMAT;
+    int rc = json_get_eos(g, cfg, path, err);
+    if (rc >= 0 && cfg->bos_id < 0)
+        rc = json_get_int(g, "bos_token_id", &cfg->bos_id, path, err);
+    json_decref(g);
+    return rc < 0 ? rc : 0;
+}
+
+int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err *err)
+{
+    char path[4096];
+    cfg_defaults(cfg);
+    if (kwk_path_join(path, sizeof path, dir, "config.json"))
+        return kwk_err_set(err, KWK_ELIMIT, "%s: path too long", dir);
+    if (!kwk_file_exists(path))
+        return kwk_err_set(err, KWK_ENOTFOUND, "%s: no config.json (not a Hugging Face model "
+                           "folder)", dir);
+    json_t *root = load_json(path, err);
+    if (!root)
+        return err ? err->code : KWK_EFORMAT;
+    int rc = 0;
+    json_arch(root, cfg);
+    /* an architecture we do not know has fields we do not know: the reason is the answer */
+    if (cfg->arch == KWK_ARCH_UNKNOWN)
+        goto out;
+    /* transformers' defaults per architecture */
+    cfg->max_position = cfg->arch == KWK_ARCH_LLAMA ? 2048 : 32768;
+    if ((rc = json_dims(root, cfg, path, err)) < 0 || (rc = json_rope(root, cfg, path, err)) < 0 ||
+        (rc = json_options(root, cfg, path, err)) < 0)
+        goto out;
+    if (cfg->bos_id < -1)
+        cfg->bos_id = -1;
+    rc = load_generation_config(cfg, dir, err);
+    if (rc)
+        goto out;
+    rc = cfg_validate(cfg, path, err);
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* ---- GGUF metadata -------------------------------------------------------------------------*/
+
+/* The file's name for messages (a parsed buffer may have none). */
+static const char *gpath(const struct kwk_gguf *g)
+{
+    return g->path ? g->path : "<gguf>";
+}
+
+/* An integer <arch>.<key>: 1 when present, 0 absent, negative on a bad value. */
+static int gguf_int(const struct kwk_gguf *g, const char *arch, const char *key, int *out,
+                    struct kwk_err *err)
+{
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    int64_t v;
+    int rc = kwk_gguf_get_i64(g, k, &v);
+    if (rc == KWK_ENOTFOUND)
+        return 0;
+    if (rc || v < INT32_MIN || v > INT32_MAX)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: %s must be an integer", gpath(g), k);
+    *out = (int)v;
+    return 1;
+}
+
+static int gguf_float(const struct kwk_gguf *g, const char *arch, const char *key, float *out,
+                      struct kwk_err *err)
+{
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    double v;
+    int rc = kwk_gguf_get_f64(g, k, &v);
+    if (rc == KWK_ENOTFOUND)
+        return 0;
+    if (rc)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: %s must be a number", gpath(g), k);
+    *out = (float)v;
+    return 1;
+}
+
+static const struct kwk_tensor_ref *gguf_tensor(const struct kwk_gguf *g, const char *name)
+{
+    for (int i = 0; i < g->n_tensors; i++)
+        if (!strcmp(g->tensors[i].name, name))
+            return &g->tensors[i];
+    return NULL;
+}
+
+static int gguf_dims(struct kwk_config *cfg, const struct kwk_gguf *g, const char *a,
+                     struct kwk_err *err)
+{
+    struct { const char *key; int *dst; } req[] = {
+        {"block_count", &cfg->n_layers},
+        {"embedding_length", &cfg->d_model},
+        {"attention.head_count", &cfg->n_heads},
+        {"feed_forward_length", &cfg->d_ff},
+    };
+    for (size_t i = 0; i < KWK_ARRAY_LEN(req); i++) {
+        int rc = gguf_int(g, a, req[i].key, req[i].dst, err);
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            return kwk_err_set(err, KWK_EFORMAT, "%s: %s.%s is missing", gpath(g), a, req[i].key);
+    }
+    cfg->n_kv_heads = cfg->n_heads;
+    cfg->head_dim = cfg->n_heads > 0 ? cfg->d_model / cfg->n_heads : 0;
+    int rc;
+    if ((rc = gguf_int(g, a, "attention.head_count_kv", &cfg->n_kv_heads, err)) < 0 ||
+        (rc = gguf_int(g, a, "attention.key_length", &cfg->head_dim, err)) < 0 ||
+        (rc = gguf_int(g, a, "context_length", &cfg->max_position, err)) < 0 ||
+        (rc = gguf_float(g, a, "attention.layer_norm_rms_epsilon", &cfg->rms_eps, err)) < 0 ||
+        (rc = gguf_float(g, a, "rope.freq_base", &cfg->rope_theta, err)) < 0 ||
+        (rc = gguf_int(g, a, "attention.sliding_window", &cfg->sliding_window, err)) < 0)
+        return rc;
+    int vlen = cfg->head_dim;
+    if ((rc = gguf_int(g, a, "attention.value_length", &vlen, err)) < 0)
+        return rc;
+    if (vlen != cfg->head_dim)
+        cfg_unsupported(cfg, "key_length %d differs from value_length %d", cfg->head_dim, vlen);
+    return 0;
+}
+
+static int gguf_rope(struct kwk_config *cfg, const struct kwk_gguf *g, const char *a,
+                     struct kwk_err *err)
+{
+    char k[160];
+    const char *s;
+    size_t n;
+    snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+    if (kwk_gguf_get_str(g, k, &s, &n) == 0) {
+        if (n == 6 && !memcmp(s, "linear", 6)) {
+            cfg->rope_type = KWK_ROPE_LINEAR;
+            int rc = gguf_float(g, a, "rope.scaling.factor", &cfg->rope_factor, err);
+            if (rc < 0)
+                return rc;
+        } else if (!(n == 4 && !memcmp(s, "none", 4))) {
+            cfg_unsupported(cfg, "rope scaling type \"%.*s\" is not supported", (int)KWK_MIN(n, 40),
+                            s);
+        }
+    }
+    /* llama.cpp stores Llama 3 rope scaling as per-frequency factors, not as parameters. */
+    if (gguf_tensor(g, "rope_freqs.weight"))
+        cfg_unsupported(cfg, "rope_freqs.weight (Llama 3 rope scaling in GGUF) is not supported");
+    return 0;
+}
+
+static int gguf_token_ids(struct kwk_config *cfg, const struct kwk_gguf *g)
+{
+    int64_t v;
+    if (kwk_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &v) == 0 && v >= 0 && v <= INT32_MAX)
+        cfg->bos_id = (int)v;
+    static const char *const eos_keys[] = {"tokenizer.ggml.eos_token_id",
+                                           "tokenizer.ggml.eot_token_id",
+                                           "tokenizer.ggml.eom_token_id"};
+    for (size_t i = 0; i < KWK_ARRAY_LEN(eos_keys); i++) {
+        if (kwk_gguf_get_i64(g, eos_keys[i], &v) || v < 0 || v > INT32_MAX)
+            continue;
+        int dup = 0;
+        for (int j = 0; j < cfg->n_eos; j++)
+            dup |= cfg->eos_ids[j] == (int)v;
+        if (!dup && cfg->n_eos < (int)KWK_ARRAY_LEN(cfg->eos_ids))
+            cfg->eos_ids[cfg->n_eos++] = (int)v;
+    }
+    return 0;
+}
+
+static void gguf_vocab(struct kwk_config *cfg, const struct kwk_gguf *g, const char *a)
+{
+    const struct kwk_tensor_ref *t = gguf_tensor(g, "token_embd.weight");
+    if (t && t->n_dims == 2 && t->shape[0] <= INT32_MAX) {
+        cfg->n_vocab = (int)t->shape[0];
+        return;
+    }
+    const struct kwk_gguf_kv *kv = kwk_gguf_find(g, "tokenizer.ggml.tokens");
+    if (kv && kv->type == KWK_GGUF_ARRAY && kv->arr_len <= INT32_MAX) {
+        cfg->n_vocab = (int)kv->arr_len;
+        return;
+    }
+    gguf_int(g, a, "vocab_size", &cfg->n_vocab, NULL);
+}
+
+int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struct kwk_err *err)
+{
+    cfg_defaults(cfg);
+    const char *s;
+    size_t n;
+    if (kwk_gguf_get_str(g, "general.architecture", &s, &n))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: general.architecture is missing", gpath(g));
+    char a[64];
+    snprintf(a, sizeof a, "%.*s", (int)KWK_MIN(n, sizeof a - 1), s);
+    for (char *p = a; *p; p++)
+        if ((unsigned char)*p < 0x20)
+            *p = '?';
+    snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", a);
+    if (!strcmp(a, "llama"))
+        cfg->arch = KWK_ARCH_LLAMA;
+    else if (!strcmp(a, "qwen2"))
+        cfg->arch = KWK_ARCH_QWEN2, cfg->qkv_bias = 1;
+    else if (!strcmp(a, "qwen3"))
+        cfg->arch = KWK_ARCH_QWEN3, cfg->qk_norm = 1;
+    else {
+        cfg_unsupported(cfg, "GGUF architecture %s is not supported (supported: llama, qwen2, "
+                        "qwen3)", a);
+        return 0;
+    }
+    int rc;
+    if ((rc = gguf_dims(cfg, g, a, err)) < 0 || (rc = gguf_rope(cfg, g, a, err)) < 0)
+        return rc;
+    gguf_token_ids(cfg, g);
+    gguf_vocab(cfg, g, a);
+    cfg->tie_embeddings = gguf_tensor(g, "output.weight") == NULL;
+    if (cfg->sliding_window < 0)
+        cfg->sliding_window = 0;
+    return cfg_validate(cfg, gpath(g), err);
+}

@@ -1,0 +1,547 @@
+/* model.c - assembling a model from a folder of safetensors or one GGUF file: every expected
+ * tensor found, shape-checked and viewed (or widened / dequantized) as the runtime wants it.
+ * kwk_model_load runs on the caller's thread; a loaded model is read-only and shareable. */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "model/model.h"
+
+#define INDEX_JSON_MAX ((size_t)64 << 20)
+
+/* The state of one load: the model being filled and where errors go. */
+struct loader {
+    struct kwk_model *m;
+    int gguf;        /* tensor names in llama.cpp style */
+    int permute_qk;  /* undo llama.cpp's row permutation of attn_q / attn_k */
+    struct kwk_err *err;
+};
+
+static int model_own(struct kwk_model *m, void *p)
+{
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **n = kwk_realloc(m->owned, sizeof *n * (size_t)cap);
+        if (!n)
+            return -ENOMEM;
+        m->owned = n;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return 0;
+}
+
+/* An owned float buffer of n elements (freed with the model). */
+static float *own_floats(struct loader *ld, int64_t n)
+{
+    size_t bytes;
+    if (n < 0 || kwk_mul_size((size_t)n, sizeof(float), &bytes)) {
+        kwk_err_set(ld->err, KWK_ELIMIT, "%s: tensor too large", ld->m->path);
+        return NULL;
+    }
+    float *p = kwk_malloc_aligned(bytes);
+    if (!p || model_own(ld->m, p)) {
+        kwk_free_aligned(p);
+        kwk_err_set(ld->err, -ENOMEM, "%s: out of memory (%zu bytes)", ld->m->path, bytes);
+        return NULL;
+    }
+    return p;
+}
+
+/* Find a tensor by name in the shards or the GGUF file; *file names the file holding it. */
+static const struct kwk_tensor_ref *find_tensor(const struct kwk_model *m, const char *name,
+                                                const char **file)
+{
+    if (m->gguf) {
+        for (int i = 0; i < m->gguf->n_tensors; i++)
+            if (!strcmp(m->gguf->tensors[i].name, name)) {
+                *file = m->gguf->path;
+                return &m->gguf->tensors[i];
+            }
+        return NULL;
+    }
+    for (int s = 0; s < m->n_st; s++)
+        for (int i = 0; i < m->st[s].n_tensors; i++)
+            if (!strcmp(m->st[s].tensors[i].name, name)) {
+                *file = m->st[s].path;
+                return &m->st[s].tensors[i];
+            }
+    return NULL;
+}
+
+static void fmt_shape(char *buf, size_t cap, int n_dims, const int64_t *shape)
+{
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, cap - k, "[");
+    for (int i = 0; i < n_dims && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < cap)
+        snprintf(buf + k, cap - k, "]");
+}
+
+/* Look a tensor up and check its shape against what the config needs. */
+static const struct kwk_tensor_ref *want_tensor(struct loader *ld, const char *name, int n_dims,
+                                                int64_t d0, int64_t d1, int optional, int *rc)
+{
+    const char *file = NULL;
+    const struct kwk_tensor_ref *t = find_tensor(ld->m, name, &file);
+    *rc = 0;
+    if (!t) {
+        if (!optional)
+            *rc = kwk_err_set(ld->err, KWK_ENOTFOUND, "%s: %s is missing", ld->m->path, name);
+        return NULL;
+    }
+    int64_t want[2] = {d0, d1};
+    if (t->n_dims != n_dims || t->shape[0] != d0 || (n_dims == 2 && t->shape[1] != d1)) {
+        char have_s[96], want_s[96];
+        fmt_shape(have_s, sizeof have_s, t->n_dims, t->shape);
+        fmt_shape(want_s, sizeof want_s, n_dims, want);
+        *rc = kwk_err_set(ld->err, KWK_EFORMAT, "%s: %s: shape %s but config needs %s", file,
+                          name, have_s, want_s);
+        return NULL;
+    }
+    return t;
+}
+
+/* A 1-D tensor (norm weight, bias) as an owned float32 array; NULL when optional and absent. */
+static int get_vec(struct loader *ld, const char *name, int64_t n, int optional, float **out)
+{
+    int rc;
+    *out = NULL;
+    const struct kwk_tensor_ref *t = want_tensor(ld, name, 1, n, 0, optional, &rc);
+    if (!t)
+        return rc;
+    float *v = own_floats(ld, n);
+    if (!v)
+        return ld->err ? ld->err->code : -ENOMEM;
+    kwk_dequant_row(t->dtype, t->data, v, n);
+    *out = v;
+    return 0;
+}
+
+static int plain_wtype(int dtype)
+{
+    switch (dtype) {
+    case KWK_DT_F32: return KWK_W_F32;
+    case KWK_DT_F16: return KWK_W_F16;
+    case KWK_DT_BF16: return KWK_W_BF16;
+    default: return -1;
+    }
+}
+
+/* Dequantize a whole matrix to float32; with n_head > 0, rows come back in Hugging Face order:
+ * llama.cpp stored row (h, i, j) of head h what Hugging Face has at (h, j, i), i < head_dim/2,
+ * j in {0, 1}. */
+static int dequant_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t rows,
+                       int64_t cols, int n_head, struct kwk_mat *out)
+{
+    size_t total;
+    if (kwk_mul_size((size_t)rows, (size_t)cols, &total) || total > (size_t)INT64_MAX)
+        return kwk_err_set(ld->err, KWK_ELIMIT, "%s: %s too large", ld->m->path, t->name);
+    float *w = own_floats(ld, (int64_t)total);
+    if (!w)
+        return ld->err ? ld->err->code : -ENOMEM;
+    size_t rb = kwk_dtype_row_bytes(t->dtype, cols);
+    int64_t per_head = n_head > 0 ? rows / n_head : 0, half = per_head / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t dst = r;
+        if (n_head > 0) {
+            int64_t h = r / per_head, k = r % per_head;
+            dst = h * per_head + (k % 2) * half + k / 2;
+        }
+        kwk_dequant_row(t->dtype, t->data + (size_t)r * rb, w + (size_t)dst * (size_t)cols, cols);
+    }
+    out->wtype = KWK_W_F32;
+    out->rows = rows;
+    out->cols = cols;
+    out->data = w;
+    return 0;
+}
+
+/* A weight matrix [rows][cols]: borrowed from the mapping when the kernels can read it in place,
+ * otherwise float32 owned by the model. n_head > 0 asks to undo llama.cpp's q/k permutation. */
+static int get_mat(struct loader *ld, const char *name, int64_t rows, int64_t cols, int n_head,
+                   int optional, struct kwk_mat *out)
+{
+    int rc;
+    memset(out, 0, sizeof *out);
+    const struct kwk_tensor_ref *t = want_tensor(ld, name, 2, rows, cols, optional, &rc);
+    if (!t)
+        return rc;
+    if (n_head > 0 && (rows % n_head != 0 || (rows / n_head) % 2 != 0))
+        return kwk_err_set(ld->err, KWK_EFORMAT, "%s: %s: %lld rows do not split into %d heads "
+                           "of pairs", ld->m->path, name, (long long)rows, n_head);
+    int wt = plain_wtype(t->dtype);
+    size_t esize = wt >= 0 ? kwk_dtype_block_bytes(t->dtype) : 0;
+    /* Misaligned plain data (odd safetensors header lengths) is copied: kernels load whole
+     * elements. */
+    if (wt >= 0 && n_head == 0 && (uintptr_t)t->data % esize == 0) {
+        out->wtype = wt;
+        out->rows = rows;
+        out->cols = cols;
+        out->data = t->data;
+        return 0;
+    }
+    return dequant_mat(ld, t, rows, cols, n_head, out);
+}
+
+/* ---- the architecture's tensors ------------------------------------------------------------*/
+
+static int load_layer(struct loader *ld, int i, struct kwk_layer *L)
+{
+    const struct kwk_config *c = &ld->m->cfg;
+    int64_t d = c->d_model, q = (int64_t)c->n_heads * c->head_dim;
+    int64_t kv = (int64_t)c->n_kv_heads * c->head_dim, ff = c->d_ff;
+    int pq = ld->permute_qk ? c->n_heads : 0, pk = ld->permute_qk ? c->n_kv_heads : 0;
+    char n[14][96];
+    if (ld->gguf) {
+        static const char *const g[14] = {
+            "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+            "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
+            "attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight", "ffn_gate.weight",
+            "ffn_up.weight", "ffn_down.weight"};
+        for (int k = 0; k < 14; k++)
+            snprintf(n[k], sizeof n[k], "blk.%d.%s", i, g[k]);
+    } else {
+        static const char *const h[14] = {
+            "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_proj.bias",
+            "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+            "mlp.up_proj.weight", "mlp.down_proj.weight"};
+        for (int k = 0; k < 14; k++)
+            snprintf(n[k], sizeof n[k], "model.layers.%d.%s", i, h[k]);
+    }
+    int rc;
+    if ((rc = get_vec(ld, n[0], d, 0, &L->attn_norm)) || (rc = get_mat(ld, n[1], q, d, pq, 0, &L->wq)) ||
+        (rc = get_mat(ld, n[2], kv, d, pk, 0, &L->wk)) || (rc = get_mat(ld, n[3], kv, d, 0, 0, &L->wv)) ||
+        (rc = get_mat(ld, n[4], d, q, 0, 0, &L->wo)))
+        return rc;
+    if (c->qkv_bias && ((rc = get_vec(ld, n[5], q, 0, &L->bq)) ||
+                        (rc = get_vec(ld, n[6], kv, 0, &L->bk)) ||
+                        (rc = get_vec(ld, n[7], kv, 0, &L->bv))))
+        return rc;
+    if (c->qk_norm && ((rc = get_vec(ld, n[8], c->head_dim, 0, &L->q_norm)) ||
+                       (rc = get_vec(ld, n[9], c->head_dim, 0, &L->k_norm))))
+        return rc;
+    if ((rc = get_vec(ld, n[10], d, 0, &L->ffn_norm)) ||
+        (rc = get_mat(ld, n[11], ff, d, 0, 0, &L->w_gate)) ||
+        (rc = get_mat(ld, n[12], ff, d, 0, 0, &L->w_up)) ||
+        (rc = get_mat(ld, n[13], d, ff, 0, 0, &L->w_down)))
+        return rc;
+    if (ld->permute_qk && c->qkv_bias)
+        return kwk_err_set(ld->err, KWK_EUNSUPPORTED, "%s: biases with permuted q/k rows",
+                           ld->m->path);
+    return 0;
+}
+
+static int64_t mat_params(const struct kwk_mat *w)
+{
+    return w->data ? w->rows * w->cols : 0;
+}
+
+static void count_params(struct kwk_model *m)
+{
+    const struct kwk_config *c = &m->cfg;
+    int64_t n = mat_params(&m->tok_emb) + c->d_model;
+    if (m->lm_head.data != m->tok_emb.data)
+        n += mat_params(&m->lm_head);
+    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    for (int i = 0; i < c->n_layers; i++) {
+        const struct kwk_layer *L = &m->layers[i];
+        n += 2 * (int64_t)c->d_model + mat_params(&L->wq) + mat_params(&L->wk) +
+             mat_params(&L->wv) + mat_params(&L->wo) + mat_params(&L->w_gate) +
+             mat_params(&L->w_up) + mat_params(&L->w_down);
+        if (L->bq)
+            n += q + 2 * kv;
+        if (L->q_norm)
+            n += 2 * (int64_t)c->head_dim;
+    }
+    m->n_params = n;
+}
+
+static int assemble(struct loader *ld)
+{
+    struct kwk_model *m = ld->m;
+    const struct kwk_config *c = &m->cfg;
+    int rc;
+    m->layers = kwk_calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers)
+        return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory", m->path);
+    const char *emb = ld->gguf ? "token_embd.weight" : "model.embed_tokens.weight";
+    const char *norm = ld->gguf ? "output_norm.weight" : "model.norm.weight";
+    const char *head = ld->gguf ? "output.weight" : "lm_head.weight";
+    if ((rc = get_mat(ld, emb, c->n_vocab, c->d_model, 0, 0, &m->tok_emb)))
+        return rc;
+    for (int i = 0; i < c->n_layers; i++)
+        if ((rc = load_layer(ld, i, &m->layers[i])))
+            return rc;
+    if ((rc = get_vec(ld, norm, c->d_model, 0, &m->out_norm)))
+        return rc;
+    if (c->tie_embeddings) {
+        m->lm_head = m->tok_emb;
+    } else if ((rc = get_mat(ld, head, c->n_vocab, c->d_model, 0, 0, &m->lm_head))) {
+        if (rc == KWK_ENOTFOUND && ld->err)
+            kwk_err_set(ld->err, rc, "%s: %s is missing (and the embeddings are not tied)",
+                        m->path, head);
+        return rc;
+    }
+    count_params(m);
+    return 0;
+}
+
+/* ---- folders of safetensors ----------------------------------------------------------------*/
+
+static int add_shard(struct kwk_model *m, const char *dir, const char *file, struct kwk_err *err)
+{
+    char path[4096];
+    if (strstr(file, "..") || file[0] == '/')
+        return kwk_err_set(err, KWK_EFORMAT, "%s: shard name \"%s\" leaves the folder", dir, file);
+    if (kwk_path_join(path, sizeof path, dir, file))
+        return kwk_err_set(err, KWK_ELIMIT, "%s: path too long", dir);
+    for (int i = 0; i < m->n_st; i++)
+        if (!strcmp(m->st[i].path, path))
+            return 0;
+    struct kwk_st_file *n = kwk_realloc(m->st, sizeof *n * (size_t)(m->n_st + 1));
+    if (!n)
+        return kwk_err_set(err, -ENOMEM, "%s: out of memory", dir);
+    m->st = n;
+    int rc = kwk_st_open(&m->st[m->n_st], path, err);
+    if (rc == 0)
+        m->n_st++;
+    return rc;
+}
+
+/* The shards named by model.safetensors.index.json's weight_map. */
+static int shards_from_index(struct kwk_model *m, const char *dir, const char *index,
+                             struct kwk_err *err)
+{
+    char *text = NULL;
+    size_t n = 0;
+    int rc = kwk_read_file(index, INDEX_JSON_MAX, &text, &n, err);
+    if (rc)
+        return rc;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, n, 0, &jerr);
+    kwk_free(text);
+    if (!root)
+        return kwk_err_set_pos(err, KWK_EFORMAT, jerr.position, "%s: invalid JSON at line %d "
+                               "column %d: %s", index, jerr.line, jerr.column, jerr.text);
+    const json_t *wm = json_object_get(root, "weight_map");
+    if (!json_is_object(wm) || json_object_size(wm) == 0) {
+        rc = kwk_err_set(err, KWK_EFORMAT, "%s: no \"weight_map\" object", index);
+        goto out;
+    }
+    const char *key;
+    const json_t *val;
+    json_object_foreach((json_t *)wm, key, val) {
+        if (!json_is_string(val)) {
+            rc = kwk_err_set(err, KWK_EFORMAT, "%s: weight_map[\"%s\"] is not a file name", index,
+                             key);
+            goto out;
+        }
+        if ((rc = add_shard(m, dir, json_string_value(val), err)))
+            goto out;
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static int st_filter(const struct dirent *e)
+{
+    return e->d_name[0] != '.' && ends_with(e->d_name, ".safetensors");
+}
+
+static int open_shards(struct kwk_model *m, const char *dir, struct kwk_err *err)
+{
+    char path[4096];
+    if (kwk_path_join(path, sizeof path, dir, "model.safetensors.index.json"))
+        return kwk_err_set(err, KWK_ELIMIT, "%s: path too long", dir);
+    if (kwk_file_exists(path))
+        return shards_from_index(m, dir, path, err);
+    if (kwk_path_join(path, sizeof path, dir, "model.safetensors") == 0 && kwk_file_exists(path))
+        return add_shard(m, dir, "model.safetensors", err);
+    struct dirent **list = NULL;
+    int n = scandir(dir, &list, st_filter, alphasort), rc = 0;
+    if (n < 0)
+        return kwk_err_set(err, -errno, "%s: %s", dir, strerror(errno));
+    for (int i = 0; i < n; i++) {
+        if (rc == 0)
+            rc = add_shard(m, dir, list[i]->d_name, err);
+        free(list[i]);
+    }
+    free(list);
+    if (rc == 0 && m->n_st == 0)
+        rc = kwk_err_set(err, KWK_ENOTFOUND, "%s: no model.safetensors, "
+                         "model.safetensors.index.json or *.safetensors file", dir);
+    return rc;
+}
+
+static int load_folder(struct kwk_model *m, const char *dir, struct kwk_err *err)
+{
+    int rc = kwk_config_load_dir(&m->cfg, dir, err);
+    if (rc)
+        return rc;
+    if (m->cfg.unsupported[0])
+        return kwk_err_set(err, KWK_EUNSUPPORTED, "%s: %s", dir, m->cfg.unsupported);
+    if ((rc = open_shards(m, dir, err)))
+        return rc;
+    struct loader ld = {.m = m, .gguf = 0, .permute_qk = 0, .err = err};
+    return assemble(&ld);
+}
+
+static int load_gguf(struct kwk_model *m, const char *path, struct kwk_err *err)
+{
+    m->gguf = kwk_calloc(1, sizeof *m->gguf);
+    if (!m->gguf)
+        return kwk_err_set(err, -ENOMEM, "%s: out of memory", path);
+    int rc = kwk_gguf_open(m->gguf, path, err);
+    if (rc) {
+        kwk_free(m->gguf);
+        m->gguf = NULL;
+        return rc;
+    }
+    if ((rc = kwk_config_from_gguf(&m->cfg, m->gguf, err)))
+        return rc;
+    if (m->cfg.unsupported[0])
+        return kwk_err_set(err, KWK_EUNSUPPORTED, "%s: %s", path, m->cfg.unsupported);
+    struct loader ld = {.m = m, .gguf = 1, .permute_qk = m->cfg.arch == KWK_ARCH_LLAMA,
+                        .err = err};
+    return assemble(&ld);
+}
+
+/* A path to a safetensors shard or config.json stands for its folder. */
+static int folder_of_file(const char *path)
+{
+    return ends_with(path, ".safetensors") || ends_with(path, "/config.json") ||
+           !strcmp(path, "config.json");
+}
+
+kwk_model *kwk_model_load(const char *path_or_id, struct kwk_err *err)
+{
+    char path[4096];
+    kwk_err_clear(err);
+    if (!path_or_id)
+        return kwk_err_set(err, KWK_EARG, "kwk_model_load: path is NULL"), NULL;
+    if (kwk_hf_resolve(path_or_id, path, sizeof path, err))
+        return NULL;
+    struct kwk_model *m = kwk_calloc(1, sizeof *m);
+    if (!m || !(m->path = kwk_strdup(path))) {
+        kwk_err_set(err, -ENOMEM, "%s: out of memory", path);
+        goto out_free;
+    }
+    double t0 = kwk_time_s();
+    int rc;
+    if (kwk_dir_exists(path))
+        rc = load_folder(m, path, err);
+    else if (folder_of_file(path))
+        rc = kwk_err_set(err, KWK_EARG, "%s: pass the model folder (with config.json), not one "
+                         "of its files", path);
+    else
+        rc = load_gguf(m, path, err);
+    if (rc)
+        goto out_free;
+    kwk_log(KWK_LOG_INFO, "loaded %s (%s, %lld parameters) in %.2f s", path, m->cfg.arch_name,
+            (long long)m->n_params, kwk_time_s() - t0);
+    return m;
+out_free:
+    kwk_model_free(m);
+    return NULL;
+}
+
+void kwk_model_free(kwk_model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_owned; i++)
+        kwk_free_aligned(m->owned[i]);
+    kwk_free(m->owned);
+    kwk_free(m->layers);
+    for (int i = 0; i < m->n_st; i++)
+        kwk_st_close(&m->st[i]);
+    kwk_free(m->st);
+    if (m->gguf) {
+        kwk_gguf_close(m->gguf);
+        kwk_free(m->gguf);
+    }
+    kwk_free(m->path);
+    kwk_free(m);
+}
+
+void kwk_model_get_info(const kwk_model *m, struct kwk_model_info *info)
+{
+    memset(info, 0, sizeof *info);
+    if (!m)
+        return;
+    const struct kwk_config *c = &m->cfg;
+    info->arch = c->arch;
+    info->n_vocab = c->n_vocab;
+    info->n_layers = c->n_layers;
+    info->d_model = c->d_model;
+    info->n_heads = c->n_heads;
+    info->n_kv_heads = c->n_kv_heads;
+    info->head_dim = c->head_dim;
+    info->d_ff = c->d_ff;
+    info->max_position = c->max_position;
+    info->bos_id = c->bos_id;
+    info->n_eos = c->n_eos;
+    memcpy(info->eos_ids, c->eos_ids, sizeof info->eos_ids);
+    info->n_params = m->n_params;
+    snprintf(info->arch_name, sizeof info->arch_name, "%s", c->arch_name);
+}
+
+/* The configuration alone: a folder's config.json or a GGUF file's metadata. */
+static int check_config(const char *path, struct kwk_config *cfg, struct kwk_err *err)
+{
+    if (kwk_dir_exists(path))
+        return kwk_config_load_dir(cfg, path, err);
+    if (folder_of_file(path))
+        return kwk_err_set(err, KWK_EARG, "%s: pass the model folder (with config.json), not "
+                           "one of its files", path);
+    struct kwk_gguf g;
+    int rc = kwk_gguf_open(&g, path, err);
+    if (rc)
+        return rc;
+    rc = kwk_config_from_gguf(cfg, &g, err);
+    kwk_gguf_close(&g);
+    return rc;
+}
+
+int kwk_model_check(const char *path_or_id, int max_cache_len, char *reason, size_t cap)
+{
+    struct kwk_err err;
+    struct kwk_config cfg;
+    char path[4096];
+    kwk_err_clear(&err);
+    int rc = 0;
+    if (reason && cap)
+        reason[0] = '\0';
+    if (!path_or_id) {
+        rc = kwk_err_set(&err, KWK_EARG, "path is NULL");
+        goto out;
+    }
+    if (max_cache_len < 0) {
+        rc = kwk_err_set(&err, KWK_EARG, "max_cache_len %d is negative", max_cache_len);
+        goto out;
+    }
+    if ((rc = kwk_hf_resolve(path_or_id, path, sizeof path, &err)) ||
+        (rc = check_config(path, &cfg, &err)))
+        goto out;
+    if (cfg.unsupported[0])
+        rc = kwk_err_set(&err, KWK_EUNSUPPORTED, "%s", cfg.unsupported);
+out:
+    if (rc && reason && cap)
+        snprintf(reason, cap, "%s", err.msg);
+    return rc;
+}

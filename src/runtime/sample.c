@@ -1,0 +1,552 @@
+/* sample.c - the sampler: logits processors in transformers' order, greedy, seeded draws and
+ * OpenAI logprobs (contract and order in include/kwker.h). A sampler is used by one thread at a
+ * time; kwk_sample_draw and kwk_sampler_params_* are thread-safe. */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "base/base.h"
+
+struct kwk_sampler {
+    int n_vocab;
+    struct kwk_sampler_params p;
+
+    float *scores;    /* [n_vocab] the row being processed */
+    float *tmp;       /* [n_vocab] softmax output, selection copy, sampling probabilities */
+    int32_t *idx;     /* [n_vocab] heap of token ids (top_p) */
+    int32_t *n_seen;  /* [n_vocab] times each id was accepted, prompt and output */
+    int32_t *n_gen;   /* [n_vocab] times each id was generated */
+    int32_t *seen;    /* [n_seen_ids] distinct ids with n_seen > 0, in no particular order */
+    int n_seen_ids;
+    int64_t n_generated;
+
+    float *bias;      /* [n_vocab] logit bias, NULL until one is set */
+    int32_t *bias_ids; /* [n_bias] ids with a bias entry */
+    int n_bias;
+    int32_t *eos;     /* [n_eos] */
+    int n_eos;
+};
+
+void kwk_sampler_params_init(struct kwk_sampler_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->do_sample = 0;
+    p->temperature = 1.0;
+    p->top_k = 50;
+    p->top_p = 1.0;
+    p->min_p = 0.0;
+    p->repetition_penalty = 1.0;
+    p->seed = 0;
+}
+
+/* Written so that NaN fails every range check. */
+int kwk_sampler_params_check(const struct kwk_sampler_params *p, struct kwk_err *err)
+{
+    if (!p)
+        return kwk_err_set(err, KWK_EARG, "sampler params: NULL");
+    if (!(p->temperature >= 0.0 && isfinite(p->temperature)))
+        return kwk_err_set(err, KWK_EARG, "temperature must be a finite number >= 0 (got %g)",
+                           p->temperature);
+    if (p->top_k < 0)
+        return kwk_err_set(err, KWK_EARG, "top_k must be >= 0, 0 to disable (got %d)", p->top_k);
+    if (!(p->top_p > 0.0 && p->top_p <= 1.0))
+        return kwk_err_set(err, KWK_EARG, "top_p must be in (0, 1] (got %g)", p->top_p);
+    if (!(p->min_p >= 0.0 && p->min_p <= 1.0))
+        return kwk_err_set(err, KWK_EARG, "min_p must be in [0, 1] (got %g)", p->min_p);
+    if (!(p->repetition_penalty > 0.0 && isfinite(p->repetition_penalty)))
+        return kwk_err_set(err, KWK_EARG, "repetition_penalty must be a finite number > 0 (got %g)",
+                           p->repetition_penalty);
+    if (!(p->presence_penalty >= -2.0 && p->presence_penalty <= 2.0))
+        return kwk_err_set(err, KWK_EARG, "presence_penalty must be in [-2, 2] (got %g)",
+                           p->presence_penalty);
+    if (!(p->frequency_penalty >= -2.0 && p->frequency_penalty <= 2.0))
+        return kwk_err_set(err, KWK_EARG, "frequency_penalty must be in [-2, 2] (got %g)",
+                           p->frequency_penalty);
+    if (p->min_new_tokens < 0)
+        return kwk_err_set(err, KWK_EARG, "min_new_tokens must be >= 0 (got %d)",
+                           p->min_new_tokens);
+    return 0;
+}
+
+kwk_sampler *kwk_sampler_new(int n_vocab, const struct kwk_sampler_params *p,
+                             struct kwk_err *err)
+{
+    struct kwk_sampler *s = NULL;
+    size_t nb;
+
+    if (n_vocab < 1) {
+        kwk_err_set(err, KWK_EARG, "sampler: n_vocab must be >= 1 (got %d)", n_vocab);
+        goto out;
+    }
+    if (kwk_sampler_params_check(p, err) < 0)
+        goto out;
+    if (kwk_mul_size((size_t)n_vocab, sizeof(float), &nb) < 0) {
+        kwk_err_set(err, KWK_ELIMIT, "sampler: n_vocab %d too large", n_vocab);
+        goto out;
+    }
+    s = kwk_calloc(1, sizeof *s);
+    if (!s)
+        goto out_nomem;
+    s->n_vocab = n_vocab;
+    s->p = *p;
+    /* float and int32_t have the same size, so nb bytes fit every array. */
+    s->scores = kwk_malloc(nb);
+    s->tmp = kwk_malloc(nb);
+    s->idx = kwk_malloc(nb);
+    s->n_seen = kwk_calloc((size_t)n_vocab, sizeof(int32_t));
+    s->n_gen = kwk_calloc((size_t)n_vocab, sizeof(int32_t));
+    s->seen = kwk_malloc(nb);
+    if (!s->scores || !s->tmp || !s->idx || !s->n_seen || !s->n_gen || !s->seen)
+        goto out_free;
+    return s;
+
+out_free:
+    kwk_sampler_free(s);
+    s = NULL;
+out_nomem:
+    kwk_err_set(err, -ENOMEM, "sampler: out of memory for a vocabulary of %d", n_vocab);
+out:
+    return s;
+}
+
+void kwk_sampler_free(kwk_sampler *s)
+{
+    if (!s)
+        return;
+    kwk_free(s->scores);
+    kwk_free(s->tmp);
+    kwk_free(s->idx);
+    kwk_free(s->n_seen);
+    kwk_free(s->n_gen);
+    kwk_free(s->seen);
+    kwk_free(s->bias);
+    kwk_free(s->bias_ids);
+    kwk_free(s->eos);
+    kwk_free(s);
+}
+
+int kwk_sampler_set_logit_bias(kwk_sampler *s, const int32_t *ids, const float *biases, int n,
+                               struct kwk_err *err)
+{
+    int32_t *list = NULL;
+    int n_list = 0;
+
+    if (n < 0 || (n > 0 && (!ids || !biases)))
+        return kwk_err_set(err, KWK_EARG, "logit_bias: bad arguments (n = %d)", n);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= s->n_vocab)
+            return kwk_err_set(err, KWK_ERANGE, "logit_bias: token id %d outside [0, %d)",
+                               (int)ids[i], s->n_vocab);
+        if (!(biases[i] >= -100.0f && biases[i] <= 100.0f))
+            return kwk_err_set(err, KWK_EARG, "logit_bias: bias %g for token %d outside "
+                               "[-100, 100]", (double)biases[i], (int)ids[i]);
+    }
+    if (!s->bias && n > 0) {
+        s->bias = kwk_calloc((size_t)s->n_vocab, sizeof(float));
+        if (!s->bias)
+            return kwk_err_set(err, -ENOMEM, "logit_bias: out of memory");
+    }
+    if (n > 0) {
+        list = kwk_malloc((size_t)n * sizeof(int32_t));
+        if (!list)
+            return kwk_err_set(err, -ENOMEM, "logit_bias: out of memory");
+    }
+    for (int i = 0; i < s->n_bias; i++)
+        s->bias[s->bias_ids[i]] = 0.0f;
+    /* A dense row dedupes repeated ids (last wins, like a dict); the list keeps steps O(n). */
+    for (int i = 0; i < n; i++) {
+        int32_t id = ids[i];
+        int known = 0;
+        for (int j = 0; j < n_list && !known; j++)
+            known = list[j] == id;
+        if (!known)
+            list[n_list++] = id;
+        s->bias[id] = biases[i];
+    }
+    kwk_free(s->bias_ids);
+    s->bias_ids = list;
+    s->n_bias = n_list;
+    return 0;
+}
+
+int kwk_sampler_set_eos(kwk_sampler *s, const int32_t *ids, int n)
+{
+    int32_t *copy = NULL;
+
+    if (n < 0 || (n > 0 && !ids))
+        return KWK_EARG;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->n_vocab)
+            return KWK_ERANGE;
+    if (n > 0) {
+        copy = kwk_malloc((size_t)n * sizeof(int32_t));
+        if (!copy)
+            return -ENOMEM;
+        memcpy(copy, ids, (size_t)n * sizeof(int32_t));
+    }
+    kwk_free(s->eos);
+    s->eos = copy;
+    s->n_eos = n;
+    return 0;
+}
+
+int kwk_sampler_accept(kwk_sampler *s, int32_t token, int is_prompt)
+{
+    if (token < 0 || token >= s->n_vocab)
+        return KWK_ERANGE;
+    if (s->n_seen[token]++ == 0)
+        s->seen[s->n_seen_ids++] = token;
+    if (!is_prompt) {
+        s->n_gen[token]++;
+        s->n_generated++;
+    }
+    return 0;
+}
+
+int kwk_sampler_unaccept(kwk_sampler *s, int32_t token, int is_prompt)
+{
+    if (token < 0 || token >= s->n_vocab)
+        return KWK_ERANGE;
+    if (s->n_seen[token] == 0 || (!is_prompt && s->n_gen[token] == 0))
+        return KWK_EARG;
+    if (!is_prompt) {
+        s->n_gen[token]--;
+        s->n_generated--;
+    }
+    if (--s->n_seen[token] == 0) {
+        for (int i = 0; i < s->n_seen_ids; i++) {
+            if (s->seen[i] == token) {
+                s->seen[i] = s->seen[--s->n_seen_ids];
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+void kwk_sampler_reset(kwk_sampler *s)
+{
+    for (int i = 0; i < s->n_seen_ids; i++) {
+        s->n_seen[s->seen[i]] = 0;
+        s->n_gen[s->seen[i]] = 0;
+    }
+    s->n_seen_ids = 0;
+    s->n_generated = 0;
+}
+
+int64_t kwk_sampler_n_generated(const kwk_sampler *s)
+{
+    return s->n_generated;
+}
+
+/* ---- the processors, in order ---------------------------------------------------------------
+ * Scalars are narrowed to float before use, as torch does for a Python number applied to a
+ * float32 tensor, so thresholds land where transformers puts them. */
+
+static void apply_penalties(kwk_sampler *s, float *x)
+{
+    const struct kwk_sampler_params *p = &s->p;
+
+    for (int i = 0; i < s->n_bias; i++)
+        x[s->bias_ids[i]] += s->bias[s->bias_ids[i]];
+    if (p->repetition_penalty != 1.0) {
+        float pen = (float)p->repetition_penalty;
+        for (int i = 0; i < s->n_seen_ids; i++) {
+            float *v = &x[s->seen[i]];
+            *v = *v < 0.0f ? *v * pen : *v / pen;
+        }
+    }
+    if (s->n_generated < p->min_new_tokens)
+        for (int i = 0; i < s->n_eos; i++)
+            x[s->eos[i]] = -INFINITY;
+    if (p->presence_penalty != 0.0 || p->frequency_penalty != 0.0) {
+        for (int i = 0; i < s->n_seen_ids; i++) {
+            int32_t id = s->seen[i];
+            int32_t c = s->n_gen[id];
+            if (c > 0)
+                x[id] -= (float)(p->presence_penalty + p->frequency_penalty * c);
+        }
+    }
+}
+
+/* out[i] = softmax(x)[i] in float, sums in double. x has a finite maximum. Returns that max. */
+static float softmax(const float *x, int n, float *out)
+{
+    float m = -INFINITY;
+    double z = 0.0;
+
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    for (int i = 0; i < n; i++)
+        z += exp((double)x[i] - m);
+    for (int i = 0; i < n; i++)
+        out[i] = (float)(exp((double)x[i] - m) / z);
+    return m;
+}
+
+/* The k-th largest of a[n] (1 <= k <= n), reordering a. Three-way quickselect: logit rows hold
+ * long runs of equal values (-inf after masking), which a two-way partition would make
+ * quadratic. The pivot is the middle element, rows are not adversarial to that. */
+static float kth_largest(float *a, int n, int k)
+{
+    int lo = 0, hi = n; /* the answer is the (k-1)-th of a[lo..hi) in descending order */
+    int want = k - 1;
+
+    for (;;) {
+        float piv = a[lo + (hi - lo) / 2];
+        int lt = lo, i = lo, gt = hi;
+        /* a[lo..lt) > piv, a[lt..i) == piv, a[gt..hi) < piv */
+        while (i < gt) {
+            float v = a[i];
+            if (v > piv) {
+                a[i++] = a[lt];
+                a[lt++] = v;
+            } else if (v < piv) {
+                a[i] = a[--gt];
+                a[gt] = v;
+            } else {
+                i++;
+            }
+        }
+        if (want < lt)
+            hi = lt;
+        else if (want < gt)
+            return piv;
+        else
+            lo = gt;
+    }
+}
+
+static void apply_top_k(kwk_sampler *s, float *x)
+{
+    int n = s->n_vocab;
+    int k = s->p.top_k;
+
+    if (k <= 0 || k >= n)
+        return;
+    memcpy(s->tmp, x, (size_t)n * sizeof(float));
+    float kth = kth_largest(s->tmp, n, k);
+    /* transformers removes scores < the k-th value, so ties with it stay. */
+    for (int i = 0; i < n; i++)
+        if (x[i] < kth)
+            x[i] = -INFINITY;
+}
+
+/* Heap order for top_p: a before b when its logit is larger, or equal with a lower id. */
+static int heap_before(const float *x, int32_t a, int32_t b)
+{
+    return x[a] > x[b] || (x[a] == x[b] && a < b);
+}
+
+static void heap_sift(const float *x, int32_t *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, best = i;
+        if (l < n && heap_before(x, h[l], h[best]))
+            best = l;
+        if (r < n && heap_before(x, h[r], h[best]))
+            best = r;
+        if (best == i)
+            return;
+        int32_t t = h[i];
+        h[i] = h[best];
+        h[best] = t;
+        i = best;
+    }
+}
+
+/* transformers sorts ascending and drops entries whose cumulative probability is <= 1 - top_p.
+ * The same cut walked from the top: entry m (descending) has ascending cumsum total - S where S
+ * is the mass above it, so only the kept head needs ordering: a heap, O(n + kept log n). */
+static void apply_top_p(kwk_sampler *s, float *x)
+{
+    int n = s->n_vocab, h = 0;
+    float *p = s->tmp;
+    int32_t *heap = s->idx;
+    double total = 0.0, above = 0.0;
+    float thr;
+
+    if (s->p.top_p >= 1.0)
+        return;
+    thr = (float)(1.0 - s->p.top_p);
+    softmax(x, n, p);
+    for (int i = 0; i < n; i++) {
+        total += p[i];
+        if (x[i] != -INFINITY)
+            heap[h++] = i;
+    }
+    for (int i = h / 2 - 1; i >= 0; i--)
+        heap_sift(x, heap, h, i);
+    for (int kept = 0; h > 0; kept++) {
+        int32_t top = heap[0];
+        if (kept > 0 && (float)(total - above) <= thr)
+            break;
+        above += p[top];
+        heap[0] = heap[--h];
+        heap_sift(x, heap, h, 0);
+    }
+    for (int i = 0; i < h; i++)
+        x[heap[i]] = -INFINITY;
+}
+
+static void apply_min_p(kwk_sampler *s, float *x)
+{
+    int n = s->n_vocab;
+    float *p = s->tmp;
+    float pmax = 0.0f;
+
+    if (s->p.min_p <= 0.0)
+        return;
+    softmax(x, n, p);
+    for (int i = 0; i < n; i++)
+        pmax = p[i] > pmax ? p[i] : pmax;
+    float thr = (float)s->p.min_p * pmax;
+    /* The top token has p == pmax >= thr, so min_tokens_to_keep = 1 holds by itself. */
+    for (int i = 0; i < n; i++)
+        if (p[i] < thr)
+            x[i] = -INFINITY;
+}
+
+static int argmax_first(const float *x, int n)
+{
+    int best = 0;
+
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static int is_greedy(const kwk_sampler *s)
+{
+    return !s->p.do_sample || s->p.temperature == 0.0;
+}
+
+/* Steps 1-8 into s->scores; *greedy_id is the argmax for greedy samplers, else -1. */
+static int process_scores(kwk_sampler *s, const float *logits, int *greedy_id)
+{
+    int n = s->n_vocab;
+    float *x = s->scores;
+    float m = -INFINITY;
+
+    for (int i = 0; i < n; i++)
+        if (isnan(logits[i]) || logits[i] == INFINITY)
+            return KWK_EARG;
+    memcpy(x, logits, (size_t)n * sizeof(float));
+    apply_penalties(s, x);
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    /* -inf everywhere: no token can be chosen. +inf: a penalty or bias overflowed. */
+    if (m == -INFINITY || m == INFINITY)
+        return KWK_ERUNTIME;
+    *greedy_id = -1;
+    if (is_greedy(s)) {
+        *greedy_id = argmax_first(x, n);
+        return 0;
+    }
+    if (s->p.temperature != 1.0) {
+        float t = (float)s->p.temperature;
+        for (int i = 0; i < n; i++)
+            x[i] = x[i] / t;
+        m = x[argmax_first(x, n)];
+        if (m == INFINITY)
+            return KWK_ERUNTIME;
+    }
+    apply_top_k(s, x);
+    apply_top_p(s, x);
+    apply_min_p(s, x);
+    return 0;
+}
+
+int kwk_sampler_process(kwk_sampler *s, const float *logits, float *probs)
+{
+    int g = -1;
+    int rc = process_scores(s, logits, &g);
+
+    if (rc < 0 || !probs)
+        return rc;
+    if (g >= 0) {
+        memset(probs, 0, (size_t)s->n_vocab * sizeof(float));
+        probs[g] = 1.0f;
+    } else {
+        softmax(s->scores, s->n_vocab, probs);
+    }
+    return 0;
+}
+
+int kwk_sample_draw(const float *probs, int n, double u)
+{
+    double total = 0.0, target, run = 0.0;
+    int last = -1;
+
+    for (int i = 0; i < n; i++)
+        if (probs[i] > 0.0f)
+            total += probs[i];
+    if (!(total > 0.0))
+        return -1;
+    target = u * total;
+    for (int i = 0; i < n; i++) {
+        if (!(probs[i] > 0.0f))
+            continue;
+        run += probs[i];
+        last = i;
+        if (run > target)
+            return i;
+    }
+    /* Rounding left target at the very top: the last token with mass. */
+    return last;
+}
+
+/* Raw log-softmax of the chosen token and the n_top best, insertion into a short sorted list:
+ * O(n_vocab) for the usual case where few logits beat the current n_top-th. */
+static void raw_logprobs(const kwk_sampler *s, const float *x, int32_t token, float *logprob,
+                         int32_t *top_ids, float *top_lps, int n_top)
+{
+    int n = s->n_vocab, have = 0;
+    float m = -INFINITY;
+    double z = 0.0, lse;
+
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    for (int i = 0; i < n; i++)
+        z += exp((double)x[i] - m);
+    lse = m + log(z);
+    if (logprob)
+        *logprob = (float)((double)x[token] - lse);
+    for (int i = 0; i < n && n_top > 0; i++) {
+        /* strictly greater: an equal logit with a higher id stays behind */
+        if (have == n_top && !(x[i] > x[top_ids[have - 1]]))
+            continue;
+        int j = have < n_top ? have++ : have - 1;
+        while (j > 0 && x[i] > x[top_ids[j - 1]]) {
+            top_ids[j] = top_ids[j - 1];
+            j--;
+        }
+        top_ids[j] = i;
+    }
+    for (int j = 0; j < have; j++)
+        top_lps[j] = (float)((double)x[top_ids[j]] - lse);
+}
+
+int kwk_sampler_sample(kwk_sampler *s, const float *logits, int32_t *token, float *logprob,
+                       int32_t *top_ids, float *top_lps, int n_top)
+{
+    int g = -1, rc;
+
+    if (n_top < 0 || n_top > KWK_SAMPLER_TOP_MAX || n_top > s->n_vocab ||
+        (n_top > 0 && (!top_ids || !top_lps)) || !token)
+        return KWK_EARG;
+    rc = process_scores(s, logits, &g);
+    if (rc < 0)
+        return rc;
+    if (g < 0) {
+        softmax(s->scores, s->n_vocab, s->tmp);
+        g = kwk_sample_draw(s->tmp, s->n_vocab, kwk_rng_u01(s->p.seed, 0, (uint64_t)s->n_generated));
+        if (g < 0)
+            return KWK_ERUNTIME;
+    }
+    *token = g;
+    if (logprob || n_top > 0)
+        raw_logprobs(s, logits, g, logprob, top_ids, top_lps, n_top);
+    return 0;
+}

@@ -1,0 +1,425 @@
+/* test_kernels.c - ref.c against naive double-precision math, and every SIMD table this CPU runs
+ * against ref.c on odd sizes, all weight types, sub-ranges of rows and many token counts. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+#include "test.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* Uniform in [lo, hi). */
+static float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
+}
+
+/* Independent decoders for the double-precision check (not the library's own). */
+static double f16_value(uint16_t h)
+{
+    int s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return s ? -v : v;
+}
+
+static double bf16_value(uint16_t h)
+{
+    int s = h >> 15, e = (h >> 7) & 0xff, m = h & 0x7f;
+    double v = e == 0 ? ldexp(m, -133) : ldexp(128 + m, e - 134);
+    return s ? -v : v;
+}
+
+/* Random weights of magnitude about 2^-6..2^4; f16 includes some subnormals. */
+static void *make_weights(int wtype, size_t n)
+{
+    if (wtype == KWK_W_F32) {
+        float *w = malloc(n * sizeof *w);
+        for (size_t i = 0; i < n; i++)
+            w[i] = frand(-2.0f, 2.0f);
+        return w;
+    }
+    uint16_t *w = malloc(n * sizeof *w);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = rnd() & 1, r = rnd();
+        if (wtype == KWK_W_F16) {
+            uint32_t e = r % 16 == 0 ? 0 : 9 + r % 10;
+            w[i] = (uint16_t)(s << 15 | e << 10 | (rnd() & 0x3ff));
+        } else {
+            uint32_t e = 121 + r % 10;
+            w[i] = (uint16_t)(s << 15 | e << 7 | (rnd() & 0x7f));
+        }
+    }
+    return w;
+}
+
+static double weight_value(const struct kwk_mat *w, int64_t r, int64_t k)
+{
+    size_t i = (size_t)(r * w->cols + k);
+    switch (w->wtype) {
+    case KWK_W_F16: return f16_value(((const uint16_t *)w->data)[i]);
+    case KWK_W_BF16: return bf16_value(((const uint16_t *)w->data)[i]);
+    default: return ((const float *)w->data)[i];
+    }
+}
+
+static float *make_floats(size_t n, float lo, float hi)
+{
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = frand(lo, hi);
+    return x;
+}
+
+static const char *wname(int wt)
+{
+    return wt == KWK_W_F32 ? "f32" : wt == KWK_W_F16 ? "f16" : "bf16";
+}
+
+#define SENTINEL 12345.0f
+
+/* One matmul case: the kernel table k against ref (or, with k == NULL, ref against double).
+ * Rows outside [r0,r1) and the gap between rows and ldy must stay untouched. */
+static void check_matmul(const struct kwk_kernels *k, int wt, int64_t rows, int64_t cols,
+                         int n_tok, int64_t r0, int64_t r1)
+{
+    struct kwk_mat w = {wt, rows, cols, make_weights(wt, (size_t)(rows * cols))};
+    float *x = make_floats((size_t)(n_tok * cols), -1.0f, 1.0f);
+    long ldy = (long)rows + 3;
+    size_t ny = (size_t)n_tok * (size_t)ldy;
+    float *y = malloc(ny * sizeof *y), *yr = malloc(ny * sizeof *yr);
+    for (size_t i = 0; i < ny; i++)
+        y[i] = yr[i] = SENTINEL;
+    if (k)
+        k->matmul(&w, x, n_tok, y, ldy, r0, r1);
+    kwk_kernels_ref.matmul(&w, x, n_tok, yr, ldy, r0, r1);
+    long bad = 0, untouched = 0;
+    double worst = 0.0;
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < ldy; r++) {
+            size_t i = (size_t)t * (size_t)ldy + (size_t)r;
+            if (r < r0 || r >= r1) {
+                untouched += y[i] != SENTINEL || yr[i] != SENTINEL;
+                continue;
+            }
+            double exact = 0.0, mag = 0.0;
+            for (int64_t c = 0; c < cols; c++) {
+                double p = weight_value(&w, r, c) * (double)x[(size_t)(t * cols + c)];
+                exact += p;
+                mag += fabs(p);
+            }
+            /* Float32 sums in any order are within a few eps*sqrt(n) of the magnitude. */
+            double tol = 1e-5 * mag + 1e-30;
+            double want = k ? yr[i] : exact;
+            double got = k ? y[i] : yr[i];
+            double err = fabs(got - want);
+            if (!(err <= tol))
+                bad++;
+            if (mag > 0 && err / mag > worst)
+                worst = err / mag;
+        }
+    T_CHECK(bad == 0 && untouched == 0,
+            "%s matmul %s rows=%lld cols=%lld n_tok=%d [%lld,%lld): %ld wrong (worst %.3g), "
+            "%ld touched outside", k ? k->name : "ref-vs-double", wname(wt), (long long)rows,
+            (long long)cols, n_tok, (long long)r0, (long long)r1, bad, worst, untouched);
+    free((void *)w.data);
+    free(x);
+    free(y);
+    free(yr);
+}
+
+static void test_matmul(const struct kwk_kernels *k)
+{
+    static const int64_t cols_list[] = {1, 7, 15, 16, 17, 63, 65, 80, 577};
+    static const int64_t rows_list[] = {1, 3, 5, 17};
+    static const int toks_list[] = {1, 2, 3, 5, 9, 33};
+    for (int wt = 0; wt < KWK_W_COUNT; wt++)
+        for (size_t a = 0; a < KWK_ARRAY_LEN(cols_list); a++)
+            for (size_t b = 0; b < KWK_ARRAY_LEN(rows_list); b++)
+                for (size_t c = 0; c < KWK_ARRAY_LEN(toks_list); c++) {
+                    int64_t rows = rows_list[b];
+                    check_matmul(k, wt, rows, cols_list[a], toks_list[c], 0, rows);
+                    if (rows > 2)
+                        check_matmul(k, wt, rows, cols_list[a], toks_list[c], 1, rows - 1);
+                    if (rows == 17)
+                        check_matmul(k, wt, rows, cols_list[a], toks_list[c], 6, 11);
+                }
+    /* Column passes and token blocks of the prompt path (more than 2048 columns, more than
+     * 96 tokens), and decode rows longer than any unrolled step. */
+    for (int wt = 0; wt < KWK_W_COUNT; wt++) {
+        check_matmul(k, wt, 9, 4500, 7, 0, 9);
+        check_matmul(k, wt, 6, 2049, 101, 1, 6);
+        check_matmul(k, wt, 13, 4099, 1, 2, 13);
+    }
+}
+
+static int close_rel(double got, double want, double rel, double abs_tol)
+{
+    if (isnan(want))
+        return isnan(got);
+    if (isinf(want))
+        return got == want;
+    return fabs(got - want) <= rel * fabs(want) + abs_tol;
+}
+
+static const long vec_sizes[] = {1, 2, 7, 8, 15, 16, 17, 31, 33, 63, 65, 80, 577, 4099};
+
+static void test_vector_ops(const struct kwk_kernels *k)
+{
+    for (size_t s = 0; s < KWK_ARRAY_LEN(vec_sizes); s++) {
+        long n = vec_sizes[s];
+        float *a = make_floats((size_t)n, -2.0f, 2.0f), *b = make_floats((size_t)n, -2.0f, 2.0f);
+        float *w = make_floats((size_t)n, 0.5f, 1.5f);
+        float *y1 = malloc((size_t)n * sizeof *y1), *y2 = malloc((size_t)n * sizeof *y2);
+        long bad = 0;
+
+        double mag = 0.0;
+        for (long i = 0; i < n; i++)
+            mag += fabs((double)a[i] * b[i]);
+        float dk = k->dot(a, b, n), dr = kwk_kernels_ref.dot(a, b, n);
+        T_CHECK(fabs(dk - dr) <= 1e-5 * mag, "%s dot n=%ld: %.9g vs %.9g", k->name, n, dk, dr);
+
+        memcpy(y1, b, (size_t)n * sizeof *y1);
+        memcpy(y2, b, (size_t)n * sizeof *y2);
+        k->axpy(y1, 0.37f, a, n);
+        kwk_kernels_ref.axpy(y2, 0.37f, a, n);
+        for (long i = 0; i < n; i++)
+            bad += !(fabs(y1[i] - y2[i]) <= 1e-6 * (fabs(b[i]) + fabs(0.37 * a[i])));
+        T_CHECK(bad == 0, "%s axpy n=%ld: %ld wrong", k->name, n, bad);
+
+        for (int with_w = 0; with_w < 2; with_w++) {
+            bad = 0;
+            k->rmsnorm(y1, a, with_w ? w : NULL, n, 1e-6f);
+            kwk_kernels_ref.rmsnorm(y2, a, with_w ? w : NULL, n, 1e-6f);
+            for (long i = 0; i < n; i++)
+                bad += !close_rel(y1[i], y2[i], 1e-5, 1e-30);
+            /* in place */
+            memcpy(y1, a, (size_t)n * sizeof *y1);
+            k->rmsnorm(y1, y1, with_w ? w : NULL, n, 1e-6f);
+            for (long i = 0; i < n; i++)
+                bad += !close_rel(y1[i], y2[i], 1e-5, 1e-30);
+            T_CHECK(bad == 0, "%s rmsnorm n=%ld w=%d: %ld wrong", k->name, n, with_w, bad);
+        }
+
+        /* softmax over a wide range so that tiny and subnormal exps appear */
+        float *sx = make_floats((size_t)n, -60.0f, 60.0f);
+        memcpy(y1, sx, (size_t)n * sizeof *y1);
+        memcpy(y2, sx, (size_t)n * sizeof *y2);
+        k->softmax(y1, n);
+        kwk_kernels_ref.softmax(y2, n);
+        /* Against double precision from the same float32 differences x - max (their rounding
+         * is part of the algorithm, as in PyTorch): exp to ~1e-7 plus the float32 sum, whose
+         * rounding grows with n (ref.c's sequential sum included). */
+        double mx = -INFINITY, sum = 0.0, tol = 1e-6 + 1e-7 * sqrt((double)n), worst = 0.0;
+        for (long i = 0; i < n; i++)
+            mx = fmax(mx, sx[i]);
+        for (long i = 0; i < n; i++)
+            sum += exp((double)(sx[i] - (float)mx));
+        bad = 0;
+        for (long i = 0; i < n; i++) {
+            double want = exp((double)(sx[i] - (float)mx)) / sum;
+            bad += !close_rel(y1[i], want, tol, 1e-40) + !close_rel(y2[i], want, tol, 1e-40);
+            if (want > 1e-30)
+                worst = fmax(worst, fabs(y1[i] - want) / want);
+        }
+        T_CHECK(bad == 0, "%s softmax n=%ld: %ld wrong (worst rel %.3g)", k->name, n, bad, worst);
+
+        float *g = make_floats((size_t)n, -12.0f, 12.0f);
+        memcpy(y1, g, (size_t)n * sizeof *y1);
+        memcpy(y2, g, (size_t)n * sizeof *y2);
+        k->swiglu(y1, b, n);
+        kwk_kernels_ref.swiglu(y2, b, n);
+        bad = 0;
+        for (long i = 0; i < n; i++)
+            bad += !close_rel(y1[i], y2[i], 1e-6, 1e-37);
+        T_CHECK(bad == 0, "%s swiglu n=%ld: %ld wrong", k->name, n, bad);
+
+        free(a); free(b); free(w); free(y1); free(y2); free(sx); free(g);
+    }
+}
+
+/* The vectorized exp across the whole float range, through swiglu with u = 1: relative error
+ * against double-precision SiLU, plus the overflow / underflow / NaN edges. */
+static void test_exp_range(const struct kwk_kernels *k)
+{
+    enum { N = 40000 };
+    float *g = malloc(N * sizeof *g), *u = malloc(N * sizeof *u);
+    for (int i = 0; i < N; i++) {
+        g[i] = -100.0f + 200.0f * (float)i / N;
+        u[i] = 1.0f;
+    }
+    float *orig = malloc(N * sizeof *orig), *gr = malloc(N * sizeof *gr);
+    memcpy(orig, g, N * sizeof *g);
+    memcpy(gr, g, N * sizeof *g);
+    k->swiglu(g, u, N);
+    kwk_kernels_ref.swiglu(gr, u, N);
+    long bad = 0;
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double x = orig[i], want = x / (1.0 + exp(-x));
+        double rel = want != 0 ? fabs(g[i] - want) / fabs(want) : fabs(g[i]);
+        /* Below about -80 the result nears the subnormal range and, once exp(-x) overflows,
+         * becomes -0 in float32 (as in PyTorch): there the reference is ref.c, to a few ulps. */
+        if (x >= -80.0 && rel > 1e-6)
+            bad++;
+        if (!close_rel(g[i], gr[i], 1e-6, 3e-45))
+            bad++;
+        if (x >= -80.0 && rel > worst)
+            worst = rel;
+    }
+    T_CHECK(bad == 0, "%s silu over [-100,100]: %ld wrong, worst rel %.3g", k->name, bad, worst);
+
+    float edge[6] = {INFINITY, -INFINITY, NAN, 0.0f, 89.0f, -89.0f}, one[6] = {1, 1, 1, 1, 1, 1};
+    k->swiglu(edge, one, 6);
+    T_TRUE(edge[0] == INFINITY || isnan(edge[0])); /* inf/(1+0) = inf */
+    T_TRUE(isnan(edge[2]));
+    T_TRUE(edge[3] == 0.0f);
+    T_NEAR(edge[4], 89.0, 1e-4);
+    T_TRUE(fabsf(edge[5]) < 1e-30f);
+
+    float sm[4] = {-INFINITY, 0.0f, 0.0f, -1000.0f};
+    k->softmax(sm, 4);
+    T_TRUE(sm[0] == 0.0f && sm[3] == 0.0f);
+    T_NEAR(sm[1], 0.5, 1e-7);
+    free(g); free(u); free(orig); free(gr);
+}
+
+/* ref.c's own vector kernels against double precision. */
+static void test_ref_vs_double(void)
+{
+    const struct kwk_kernels *k = &kwk_kernels_ref;
+    long n = 577;
+    float *x = make_floats((size_t)n, -3.0f, 3.0f), *w = make_floats((size_t)n, 0.5f, 1.5f);
+    float *y = malloc((size_t)n * sizeof *y);
+    double ss = 0.0;
+    for (long i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    double scale = 1.0 / sqrt(ss / n + 1e-5);
+    k->rmsnorm(y, x, w, n, 1e-5f);
+    long bad = 0;
+    for (long i = 0; i < n; i++)
+        bad += !close_rel(y[i], x[i] * scale * w[i], 1e-5, 0);
+    T_EQ(bad, 0);
+
+    memcpy(y, x, (size_t)n * sizeof *y);
+    k->softmax(y, n);
+    double mx = -INFINITY, sum = 0.0;
+    for (long i = 0; i < n; i++)
+        mx = fmax(mx, x[i]);
+    for (long i = 0; i < n; i++)
+        sum += exp(x[i] - mx);
+    bad = 0;
+    for (long i = 0; i < n; i++)
+        bad += !close_rel(y[i], exp(x[i] - mx) / sum, 1e-5, 0);
+    T_EQ(bad, 0);
+
+    memcpy(y, x, (size_t)n * sizeof *y);
+    k->swiglu(y, w, n);
+    bad = 0;
+    for (long i = 0; i < n; i++)
+        bad += !close_rel(y[i], x[i] / (1.0 + exp(-(double)x[i])) * w[i], 1e-5, 1e-30);
+    T_EQ(bad, 0);
+
+    double d = 0.0, mag = 0.0;
+    for (long i = 0; i < n; i++) {
+        d += (double)x[i] * w[i];
+        mag += fabs((double)x[i] * w[i]);
+    }
+    T_NEAR(k->dot(x, w, n), d, 1e-5 * mag);
+    free(x); free(w); free(y);
+}
+
+static void test_mat_row(const struct kwk_kernels *k)
+{
+    for (int wt = 0; wt < KWK_W_COUNT; wt++) {
+        int64_t rows = 3, cols = 37;
+        struct kwk_mat w = {wt, rows, cols, make_weights(wt, (size_t)(rows * cols))};
+        float a[37], b[37];
+        long bad = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            k->mat_row(&w, r, a);
+            kwk_kernels_ref.mat_row(&w, r, b);
+            for (int64_t c = 0; c < cols; c++)
+                bad += a[c] != b[c] || (double)b[c] != weight_value(&w, r, c);
+        }
+        T_CHECK(bad == 0, "%s mat_row %s: %ld differ", k->name, wname(wt), bad);
+        free((void *)w.data);
+    }
+}
+
+/* kwk_isa() detects once per process, so each KWKER_ISA value is tried in a child process, which
+ * reports through its exit status: the ISA chosen, plus 10 if the table does not match it. */
+static int isa_with_env(const char *value)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (value)
+            setenv("KWKER_ISA", value, 1);
+        else
+            unsetenv("KWKER_ISA");
+        int isa = kwk_isa();
+        int ok = kwk_kernels() == kwk_kernels_for(isa) &&
+                 kwk_kernels_for(KWK_ISA_AVX512) == kwk_kernels_for(isa) &&
+                 !strcmp(kwk_kernels()->name, kwk_isa_name(isa));
+        _exit(isa + (ok ? 0 : 10));
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+        return -1;
+    return WEXITSTATUS(status);
+}
+
+static void test_isa_env(void)
+{
+    int best = isa_with_env(NULL);
+    T_TRUE(best >= KWK_ISA_SCALAR && best <= KWK_ISA_AVX512);
+    T_EQ(isa_with_env("scalar"), KWK_ISA_SCALAR);
+    T_EQ(isa_with_env("bogus"), best); /* unknown: warned about and ignored */
+    T_EQ(isa_with_env("avx512"), best); /* never raised above the CPU */
+    T_EQ(isa_with_env("avx2"), best >= KWK_ISA_AVX2 ? KWK_ISA_AVX2 : best);
+    T_STREQ(kwk_isa_name(KWK_ISA_AVX2), "avx2");
+    T_STREQ(kwk_isa_name(99), "unknown");
+}
+
+int main(void)
+{
+    /* before this process calls kwk_isa(), so the children detect afresh */
+    test_isa_env();
+    int isa = kwk_isa();
+    T_TRUE(kwk_kernels_for(KWK_ISA_SCALAR) == &kwk_kernels_ref);
+    T_TRUE(kwk_kernels() == kwk_kernels_for(isa));
+    T_STREQ(kwk_kernels()->name, kwk_isa_name(isa));
+
+    test_ref_vs_double();
+    for (int wt = 0; wt < KWK_W_COUNT; wt++) {
+        check_matmul(NULL, wt, 5, 577, 3, 0, 5);
+        check_matmul(NULL, wt, 3, 17, 2, 1, 3);
+    }
+    test_mat_row(&kwk_kernels_ref);
+
+    const struct kwk_kernels *tables[2];
+    int n_tables = 0;
+    if (isa >= KWK_ISA_AVX2)
+        tables[n_tables++] = &kwk_kernels_avx2;
+    if (isa >= KWK_ISA_AVX512)
+        tables[n_tables++] = &kwk_kernels_avx512;
+    printf("test_kernels: isa %s, %d SIMD table(s) checked\n", kwk_isa_name(isa), n_tables);
+    for (int i = 0; i < n_tables; i++) {
+        test_mat_row(tables[i]);
+        test_matmul(tables[i]);
+        test_vector_ops(tables[i]);
+        test_exp_range(tables[i]);
+    }
+    return t_report("test_kernels");
+}

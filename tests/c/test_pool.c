@@ -1,0 +1,140 @@
+/* test_pool.c - the thread pool: every thread runs each task exactly once, the barrier orders
+ * phases, the pool survives sleeping between tasks; kwk_split_range covers [0,n) exactly. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "base/pool.h"
+#include "test.h"
+
+#define MAX_THREADS 8
+
+struct run_ctx {
+    struct kwk_pool *pool;
+    long run;
+    int nth_seen[MAX_THREADS];
+    atomic_int hits[MAX_THREADS];
+    long slot[MAX_THREADS];    /* written in phase 1, read by everyone in phase 2 */
+    long slot2[MAX_THREADS];   /* written in phase 3 from what phase 2 saw */
+    atomic_int bad;
+};
+
+static void task(void *arg, int ith, int nth)
+{
+    struct run_ctx *c = arg;
+    if (ith < 0 || ith >= MAX_THREADS) {
+        atomic_fetch_add_explicit(&c->bad, 1, memory_order_relaxed);
+        return;
+    }
+    c->nth_seen[ith] = nth;
+    atomic_fetch_add_explicit(&c->hits[ith], 1, memory_order_relaxed);
+    c->slot[ith] = c->run;
+    kwk_pool_barrier(c->pool);
+    long sum = 0;
+    for (int j = 0; j < nth; j++) {
+        if (c->slot[j] != c->run)
+            atomic_fetch_add_explicit(&c->bad, 1, memory_order_relaxed);
+        sum += c->slot[j];
+    }
+    kwk_pool_barrier(c->pool);
+    /* After the second barrier nobody reads slot any more: overwrite it, then check that the
+     * third barrier publishes the new values. */
+    c->slot[ith] = -1;
+    c->slot2[ith] = sum;
+    kwk_pool_barrier(c->pool);
+    for (int j = 0; j < nth; j++)
+        if (c->slot2[j] != sum || c->slot[j] != -1)
+            atomic_fetch_add_explicit(&c->bad, 1, memory_order_relaxed);
+}
+
+static void test_runs(int n_threads, long n_runs)
+{
+    struct kwk_pool *p = kwk_pool_new(n_threads);
+    T_TRUE(p != NULL);
+    if (!p)
+        return;
+    T_EQ(kwk_pool_size(p), n_threads);
+    struct run_ctx *c = calloc(1, sizeof *c);
+    c->pool = p;
+    long wrong = 0;
+    for (long run = 0; run < n_runs; run++) {
+        c->run = run;
+        kwk_pool_run(p, task, c);
+        for (int i = 0; i < n_threads; i++)
+            if (atomic_load_explicit(&c->hits[i], memory_order_relaxed) != run + 1 ||
+                c->nth_seen[i] != n_threads)
+                wrong++;
+        /* A few long pauses send the workers to sleep: the wake-up path must work too. */
+        if (run % 2500 == 1) {
+            struct timespec ts = {0, 2 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    T_EQ(wrong, 0);
+    T_EQ(atomic_load(&c->bad), 0);
+    for (int i = n_threads; i < MAX_THREADS; i++)
+        T_EQ(atomic_load(&c->hits[i]), 0);
+    free(c);
+    kwk_pool_free(p);
+}
+
+static void test_split(void)
+{
+    static const long aligns[] = {1, 4, 16, 64};
+    long bad = 0;
+    for (long n = 0; n <= 300; n++)
+        for (int nth = 1; nth <= 9; nth++)
+            for (size_t a = 0; a < KWK_ARRAY_LEN(aligns); a++) {
+                long align = aligns[a], prev = 0;
+                long max_part = ((n / align + nth - 1) / nth) * align;
+                for (int i = 0; i < nth; i++) {
+                    long lo, hi;
+                    kwk_split_range(n, i, nth, align, &lo, &hi);
+                    if (lo != prev || hi < lo)
+                        bad++;
+                    if (i < nth - 1 && (hi % align != 0 || hi - lo > max_part))
+                        bad++;
+                    prev = hi;
+                }
+                if (prev != n)
+                    bad++;
+            }
+    T_EQ(bad, 0);
+    long lo, hi;
+    kwk_split_range(10, 0, 1, 4, &lo, &hi);
+    T_EQ(lo, 0);
+    T_EQ(hi, 10);
+    kwk_split_range(10, 0, 4, 0, &lo, &hi); /* align < 1 behaves as 1 */
+    T_EQ(lo, 0);
+    T_EQ(hi, 3);
+    kwk_split_range(100, 3, 4, 16, &lo, &hi); /* blocks 6: 2,2,1,1 -> last is [80,100) */
+    T_EQ(lo, 80);
+    T_EQ(hi, 100);
+}
+
+static void noop(void *ctx, int ith, int nth)
+{
+    (void)ctx;
+    (void)ith;
+    (void)nth;
+}
+
+int main(void)
+{
+    test_split();
+    test_runs(1, 10000);
+    test_runs(2, 10000);
+    test_runs(3, 10000);
+    test_runs(8, 10000);
+    struct kwk_pool *p = kwk_pool_new(0);
+    T_TRUE(p != NULL);
+    if (p) {
+        T_EQ(kwk_pool_size(p), kwk_default_threads());
+        kwk_pool_run(p, noop, NULL);
+    }
+    kwk_pool_free(p);
+    kwk_pool_free(NULL);
+    T_TRUE(kwk_default_threads() >= 1);
+    return t_report("test_pool");
+}

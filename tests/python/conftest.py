@@ -1,0 +1,161 @@
+"""pytest set-up for the Python tests: puts python/ (the kwker package) and this folder on
+sys.path, and provides the session fixtures of the decoder oracle tests.
+
+The kwker library picks its kernel instruction set once per process (KWKER_ISA is read at load),
+so every decoder run of the oracle tests happens in a child process with KWKER_ISA set: one
+child per (ISA, batch of cases), each case a model path, a prompt and the reference greedy
+continuation. The child (tiny_models.kwk_worker) writes logits and tokens to an .npz file that
+the tests compare with transformers' float32 results computed here, in this process.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+TEST_DIR = Path(__file__).resolve().parent
+REPO = TEST_DIR.parent.parent
+PY_DIR = REPO / "python"
+for _p in (str(PY_DIR), str(TEST_DIR)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+# Tolerance of the acceptance: max|kwker - ref| <= REL_TOL * (max(ref) - min(ref)).
+REL_TOL = 1e-5
+
+
+def supported_isas():
+    """Kernel paths this CPU supports, in KWKER_ISA spelling (scalar is always there)."""
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    isas = ["scalar"]
+    if {"avx2", "fma"} <= flags:
+        isas.append("avx2")
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        isas.append("avx512")
+    return isas
+
+
+def best_isa():
+    return supported_isas()[-1]
+
+
+def rel_err(got, ref):
+    """max|got - ref| / (max(ref) - min(ref)), the acceptance's error measure."""
+    import numpy as np
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, "shape %s != reference %s" % (got.shape, ref.shape)
+    span = float(ref.max() - ref.min())
+    return float(np.abs(got - ref).max()) / span
+
+
+def describe_diff(got, ref):
+    """A one-line account of where two logit arrays [n, V] differ most."""
+    import numpy as np
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    d = np.abs(got - ref)
+    pos, tok = np.unravel_index(int(d.argmax()), d.shape)
+    span = float(ref.max() - ref.min())
+    per_pos = d.max(axis=-1) / span
+    first_bad = int(np.argmax(per_pos > REL_TOL)) if (per_pos > REL_TOL).any() else -1
+    return ("max|diff| %.3g (rel %.3g of range %.3g) at position %d token %d "
+            "(kwker %.6g, ref %.6g); first position over tolerance: %d of %d; "
+            "per-position rel err: %s" % (
+                float(d.max()), float(d.max()) / span, span, pos, tok, float(got[pos, tok]),
+                float(ref[pos, tok]), first_bad, d.shape[0],
+                " ".join("%.1e" % e for e in per_pos)))
+
+
+def first_token_diff(got, ref):
+    for i, (a, b) in enumerate(zip(got, ref)):
+        if a != b:
+            return "first differing token at new-token index %d: kwker %d, transformers %d " \
+                   "(kwker %s, transformers %s)" % (i, a, b, list(got), list(ref))
+    if len(got) != len(ref):
+        return "lengths differ: kwker %d tokens %s, transformers %d tokens %s" % (
+            len(got), list(got), len(ref), list(ref))
+    return "identical"
+
+
+class KwkRunner:
+    """Runs decoder cases in child processes with KWKER_ISA set, memoized per (isa, batch)."""
+
+    def __init__(self, tmpdir):
+        self.tmpdir = Path(tmpdir)
+        self.memo = {}
+
+    def run(self, cases, isa=None, timeout=600):
+        """cases: list of dicts (key, model, prompt, gen_ref, max_cache_len, [n_threads]).
+        Returns key -> result dict: arrays and 'errors' (stage -> message), plus '_isa'."""
+        import numpy as np
+        memo_key = (isa, json.dumps(cases, sort_keys=True))
+        if memo_key in self.memo:
+            return self.memo[memo_key]
+        fd, job = tempfile.mkstemp(suffix=".json", dir=str(self.tmpdir))
+        os.close(fd)
+        out = job[:-5] + ".npz"
+        Path(job).write_text(json.dumps({"isa": isa, "cases": cases}))
+        env = dict(os.environ)
+        if isa is None:
+            env.pop("KWKER_ISA", None)
+        else:
+            env["KWKER_ISA"] = isa
+        code = ("import sys; sys.path[:0] = [%r, %r]; import tiny_models; "
+                "tiny_models.kwk_worker(%r, %r)" % (str(PY_DIR), str(TEST_DIR), job, out))
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise AssertionError(
+                "kwker worker (KWKER_ISA=%s) failed with exit code %d (a negative code is a "
+                "signal: the library crashed)\nstdout:\n%s\nstderr:\n%s" % (
+                    isa, proc.returncode, proc.stdout[-4000:], proc.stderr[-8000:]))
+        res = {}
+        with np.load(out, allow_pickle=False) as z:
+            meta = json.loads(str(z["__meta__"]))
+            for k in z.files:
+                if k == "__meta__":
+                    continue
+                case, stage = k.split("|", 1)
+                res.setdefault(case, {})[stage] = z[k]
+        for c in cases:
+            r = res.setdefault(c["key"], {})
+            r["errors"] = meta["errors"].get(c["key"], {})
+            r["_isa"] = meta["isa"]
+            r["_setup_error"] = meta.get("setup_error")
+        self.memo[memo_key] = res
+        return res
+
+
+@pytest.fixture(scope="session")
+def kwk_runner(tmp_path_factory):
+    return KwkRunner(tmp_path_factory.mktemp("kwk-runs"))
+
+
+@pytest.fixture(scope="session")
+def oracle_refs():
+    """name -> tiny_models.OracleCase, built (and transformers-run) once per session."""
+    import tiny_models
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = tiny_models.oracle_case(name)
+        return cache[name]
+    return get
+
+
+@pytest.fixture(scope="session")
+def isas():
+    return supported_isas()

@@ -1,0 +1,309 @@
+"""Writes a Hugging Face checkpoint folder as GGUF the way llama.cpp's convert_hf_to_gguf.py does,
+and reads such a file back into a Hugging Face state dict (the tests' dequantized reference).
+
+What the converter does, and so what this writer does (the behaviour, not its code):
+- Architecture: LlamaForCausalLM and MistralForCausalLM become "llama", Qwen2ForCausalLM
+  "qwen2", Qwen3ForCausalLM "qwen3". Mistral's sliding_window is not written (llama.cpp's llama
+  architecture has none), so only Mistral checkpoints whose window exceeds the test length are
+  exported.
+- "llama" permutes the rows of q_proj and k_proj (weights and biases) per head from Hugging
+  Face's split-half rotary layout to llama.cpp's interleaved one:
+  w.reshape(n_head, 2, rows // n_head // 2, *rest).swapaxes(1, 2).reshape(w.shape), with
+  n_head = num_attention_heads for q and num_key_value_heads for k. qwen2/qwen3: no permutation.
+- Tensor names: token_embd, output_norm, output (absent when embeddings are tied: transformers
+  does not save lm_head then), blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
+  attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}; ".weight" / ".bias" kept.
+- Llama 3 rope scaling ("rope_type": "llama3") is not metadata: the converter writes a 1-D
+  rope_freqs.weight tensor of per-frequency divisors (1, factor, or the smooth blend) computed
+  from rope_theta, head_dim, factor, low/high_freq_factor and original_max_position_embeddings.
+  linear / yarn scaling would be rope.scaling.* keys (none of the test models use them).
+- Tensor types: bf16 (and anything not f16/f32) is widened to f32 first. 1-D tensors, norms and
+  biases are always F32. Otherwise the file type decides: all F32, F16, or Q8_0 (a matrix whose
+  rows are not a multiple of 32 falls back to F16, as the converter's QuantError path does).
+- Metadata: <arch>.block_count, context_length (max_position_embeddings), embedding_length,
+  feed_forward_length, attention.head_count, attention.head_count_kv, rope.freq_base,
+  attention.layer_norm_rms_epsilon, attention.key_length / value_length when config.json has
+  head_dim, general.file_type; "llama" adds vocab_size and rope.dimension_count; then the
+  tokenizer.ggml.* keys and general.quantization_version = 2.
+- Tokenizer: a minimal SentencePiece-style ("llama") vocabulary of vocab_size pieces (<unk>,
+  <s>, </s> at 0/1/2 adjusted to the model's bos/eos, 256 byte pieces, then filler pieces) so
+  that a reader expecting tokenizer.ggml.* finds it.
+"""
+import glob
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+GGUF_ARCH = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_TOP_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def gguf_name(hf_name):
+    if hf_name in _TOP_NAMES:
+        return _TOP_NAMES[hf_name]
+    parts = hf_name.split(".")
+    if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
+        rest = ".".join(parts[3:])
+        if rest in _LAYER_NAMES:
+            return "blk.%s.%s" % (parts[2], _LAYER_NAMES[rest])
+    raise KeyError("no GGUF name for tensor %r" % hf_name)
+
+
+def hf_name(gguf_tensor_name):
+    inv_top = {v: k for k, v in _TOP_NAMES.items()}
+    if gguf_tensor_name in inv_top:
+        return inv_top[gguf_tensor_name]
+    inv_layer = {v: k for k, v in _LAYER_NAMES.items()}
+    parts = gguf_tensor_name.split(".", 2)
+    if parts[0] == "blk" and parts[2] in inv_layer:
+        return "model.layers.%s.%s" % (parts[1], inv_layer[parts[2]])
+    raise KeyError("no Hugging Face name for GGUF tensor %r" % gguf_tensor_name)
+
+
+def permute_qk(w, n_head):
+    """HF split-half rows -> llama.cpp interleaved rows, per head (weights [rows, cols] or bias)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def unpermute_qk(w, n_head):
+    """Inverse of permute_qk."""
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def read_config(folder):
+    return json.loads((Path(folder) / "config.json").read_text())
+
+
+def rope_params(cfg):
+    """The rope dict of either config style, with rope_theta in it."""
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    if "rope_theta" not in rope:
+        rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
+    if "type" in rope and "rope_type" not in rope:
+        rope["rope_type"] = rope["type"]
+    return rope
+
+
+def head_dim(cfg):
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def llama3_rope_factors(cfg):
+    """Per-frequency divisors of the llama3 rope type (what the converter puts in rope_freqs)."""
+    rope = rope_params(cfg)
+    base = rope["rope_theta"]
+    dim = head_dim(cfg)
+    factor = rope.get("factor", 8.0)
+    low = rope.get("low_freq_factor", 1.0)
+    high = rope.get("high_freq_factor", 4.0)
+    old_ctx = rope.get("original_max_position_embeddings",
+                       cfg.get("original_max_position_embeddings", 8192))
+    out = []
+    for i in range(0, dim, 2):
+        freq = 1.0 / (base ** (np.float32(i) / np.float32(dim)))
+        wavelen = 2 * math.pi / float(np.float32(freq))
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def read_hf_tensors(folder):
+    """name -> float32 or float16 numpy array (bf16 widened to float32), over all shards."""
+    import torch
+    from safetensors import safe_open
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(Path(p).name for p in glob.glob(str(folder / "model*.safetensors")))
+    out = {}
+    for f in files:
+        with safe_open(str(folder / f), framework="pt") as st:
+            for k in st.keys():
+                t = st.get_tensor(k)
+                if t.dtype not in (torch.float16, torch.float32):
+                    t = t.to(torch.float32)
+                out[k] = t.numpy()
+    return out
+
+
+def _vocab(n_vocab, bos, eos):
+    import gguf
+    tokens, scores, types = [], [], []
+    for i in range(n_vocab):
+        if i == bos:
+            tokens.append("<s>"), types.append(gguf.TokenType.CONTROL)
+        elif i == eos:
+            tokens.append("</s>"), types.append(gguf.TokenType.CONTROL)
+        elif i == 0:
+            tokens.append("<unk>"), types.append(gguf.TokenType.UNKNOWN)
+        elif 3 <= i < 3 + 256:
+            tokens.append("<0x%02X>" % (i - 3)), types.append(gguf.TokenType.BYTE)
+        else:
+            tokens.append("\u2581t%d" % i), types.append(gguf.TokenType.NORMAL)
+        scores.append(0.0 if types[-1] != gguf.TokenType.NORMAL else -float(i))
+    return tokens, scores, types
+
+
+def export(folder, out_path, ftype="f32"):
+    """Write the checkpoint in folder as a GGUF file at out_path. ftype: f32 | f16 | q8_0."""
+    import gguf
+    cfg = read_config(folder)
+    hf_arch = cfg["architectures"][0]
+    arch = GGUF_ARCH[hf_arch]
+    if hf_arch == "MistralForCausalLM" and (cfg.get("sliding_window") or 1 << 30) < 4096:
+        raise ValueError("a llama GGUF cannot carry Mistral's sliding window")
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[ftype]
+    qtype_for = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+                 "q8_0": gguf.GGMLQuantizationType.Q8_0}[ftype]
+    n_head = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_head)
+    rope = rope_params(cfg)
+
+    tensors = []  # (gguf name, numpy data) in the converter's order: extra tensors first
+    if rope.get("rope_type", "default").lower() == "llama3":
+        tensors.append(("rope_freqs.weight", llama3_rope_factors(cfg)))
+    for name, data in read_hf_tensors(folder).items():
+        if name.endswith((".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")):
+            continue
+        if arch == "llama":
+            if name.endswith(("q_proj.weight", "q_proj.bias")):
+                data = permute_qk(data, n_head)
+            elif name.endswith(("k_proj.weight", "k_proj.bias")):
+                data = permute_qk(data, n_kv)
+        tensors.append((gguf_name(name), data))
+
+    w = gguf.GGUFWriter(str(out_path), arch)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(Path(folder).name)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if cfg.get("head_dim") is not None:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    w.add_file_type(file_type)
+    if arch == "llama":
+        w.add_vocab_size(cfg["vocab_size"])
+        w.add_rope_dimension_count(head_dim(cfg))
+    bos = cfg.get("bos_token_id", 1)
+    eos = cfg.get("eos_token_id", 2)
+    eos = eos[0] if isinstance(eos, list) else eos
+    toks, scores, types = _vocab(cfg["vocab_size"], bos, eos)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    for name, data in tensors:
+        qtype = qtype_for
+        if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+            qtype = gguf.GGMLQuantizationType.F32
+        try:
+            q = gguf.quants.quantize(data, qtype)
+        except gguf.QuantError:
+            qtype = gguf.GGMLQuantizationType.F16
+            q = gguf.quants.quantize(data, qtype)
+        w.add_tensor(name, q, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out_path)
+
+
+def read_back(gguf_path, cfg):
+    """The GGUF's weights as a float32 Hugging Face state dict (dequantized, q/k un-permuted)."""
+    import gguf
+    import torch
+    r = gguf.GGUFReader(str(gguf_path))
+    arch = r.fields["general.architecture"].contents()
+    n_head = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_head)
+    sd = {}
+    for t in r.tensors:
+        if t.name == "rope_freqs.weight":
+            continue
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        data = data.reshape(shape)
+        if arch == "llama":
+            if t.name.endswith(("attn_q.weight", "attn_q.bias")):
+                data = unpermute_qk(data, n_head)
+            elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
+                data = unpermute_qk(data, n_kv)
+        sd[hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(data))
+    return sd
+
+
+def tensor_types(gguf_path):
+    """GGUF tensor name -> type name (e.g. 'Q8_0')."""
+    import gguf
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(gguf_path)).tensors}
+
+
+def build_gguf(folder, ftype="f32"):
+    """Path of the GGUF export of a tiny model folder, written once next to it."""
+    folder = Path(folder)
+    out = folder.parent / ("%s.%s.gguf" % (folder.name, ftype))
+    if not out.exists():
+        import os
+        import tempfile
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=str(folder.parent))
+        os.close(fd)
+        try:
+            export(folder, tmp, ftype)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out

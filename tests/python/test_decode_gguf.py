@@ -1,0 +1,174 @@
+"""The tiny random checkpoints written as GGUF (gguf_export.py: what llama.cpp's
+convert_hf_to_gguf.py writes, q/k rows permuted for the "llama" architecture) must decode to the
+same logits as their safetensors folders.
+
+- F32 GGUF of every model whose GGUF can say everything its config says (all but mistral_sw8:
+  llama.cpp's llama architecture has no sliding window), on every ISA: prompt logits and the
+  logits of the greedy sequence within 1e-5 of transformers' range on the folder, the same greedy
+  tokens, and within 1e-5 of Kwker's own logits on the folder.
+- F16 and Q8_0 exports of two models: the reference is transformers run on the weights read
+  back from the file (dequantized with gguf.quants, q/k un-permuted), so the numbers are the
+  file's own; same tolerance.
+- Without kwker: the export reads back bit-exactly, and transformers' own GGUF loader turns it
+  back into the same model (llama/mistral/qwen2: transformers cannot read qwen3's key_length
+  nor llama3's rope_freqs), which checks the permutation and the names.
+"""
+import numpy as np
+import pytest
+
+import gguf_export
+import tiny_models
+from conftest import REL_TOL, describe_diff, first_token_diff, rel_err, supported_isas
+from test_decode_oracle import check_logits, stage
+
+GGUF_MODELS = [m for m in tiny_models.SPECS if m != "mistral_sw8"]
+QUANT_VARIANTS = [("llama_tied", "f16"), ("llama_tied", "q8_0"), ("qwen3", "q8_0"),
+                  ("llama_odd", "q8_0")]
+ISAS = supported_isas()
+
+
+@pytest.fixture(scope="module")
+def gguf_refs(oracle_refs):
+    """key -> (OracleCase, gguf path). F32 keys reuse the folder's reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    out = {}
+    for name in GGUF_MODELS:
+        ref = oracle_refs(name)
+        out[name + ".f32"] = (ref, gguf_export.build_gguf(ref.path, "f32"))
+    for name, ftype in QUANT_VARIANTS:
+        folder = tiny_models.build(name)
+        path = gguf_export.build_gguf(folder, ftype)
+        cfg = gguf_export.read_config(folder)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+        sd = gguf_export.read_back(path, cfg)
+        if cfg.get("tie_word_embeddings"):
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+        out["%s.%s" % (name, ftype)] = (tiny_models.oracle_case(name, model=model, path=folder),
+                                        path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gguf_results(kwk_runner, gguf_refs):
+    def get(isa):
+        cases = [ref.case(key=k, model=path) for k, (ref, path) in sorted(gguf_refs.items())]
+        return kwk_runner.run(cases, isa)
+    return get
+
+
+@pytest.fixture(scope="module")
+def folder_results(kwk_runner, oracle_refs):
+    def get(isa):
+        return kwk_runner.run([oracle_refs(n).case() for n in tiny_models.SPECS], isa)
+    return get
+
+
+f32_params = [pytest.param(m, i, id="%s-%s" % (m, i)) for m in GGUF_MODELS for i in ISAS]
+quant_keys = ["%s.%s" % v for v in QUANT_VARIANTS]
+
+
+@pytest.mark.parametrize("model,isa", f32_params)
+def test_gguf_f32_matches_transformers(gguf_results, gguf_refs, model, isa):
+    key = model + ".f32"
+    ref, _ = gguf_refs[key]
+    res = gguf_results(isa)
+    check_logits(stage(res, key, isa, "fwd_prompt"), ref.prompt_logits,
+                 "%s GGUF [%s] prompt logits" % (model, isa))
+    check_logits(stage(res, key, isa, "fwd_full"), ref.full_logits,
+                 "%s GGUF [%s] logits of prompt + 16 greedy tokens" % (model, isa))
+    check_logits(stage(res, key, isa, "steps"), ref.full_logits[len(ref.prompt) - 1:-1],
+                 "%s GGUF [%s] one-token decode steps" % (model, isa))
+    got = [int(t) for t in stage(res, key, isa, "generate")][len(ref.prompt):]
+    assert got == ref.new_tokens, "%s GGUF [%s]: %s" % (model, isa, first_token_diff(
+        got, ref.new_tokens))
+
+
+@pytest.mark.parametrize("model,isa", f32_params)
+def test_gguf_f32_matches_folder(gguf_results, folder_results, model, isa):
+    """The same weights through both loaders give the same numbers inside Kwker."""
+    a = stage(gguf_results(isa), model + ".f32", isa, "fwd_full")
+    b = stage(folder_results(isa), model, isa, "fwd_full")
+    err = rel_err(a, b)
+    assert err <= REL_TOL, "%s [%s] GGUF vs folder: %s" % (model, isa, describe_diff(a, b))
+
+
+@pytest.mark.parametrize("key", quant_keys)
+@pytest.mark.parametrize("isa", ISAS)
+def test_gguf_quantized_matches_dequantized_reference(gguf_results, gguf_refs, key, isa):
+    ref, path = gguf_refs[key]
+    res = gguf_results(isa)
+    check_logits(stage(res, key, isa, "fwd_prompt"), ref.prompt_logits,
+                 "%s [%s] prompt logits" % (key, isa))
+    check_logits(stage(res, key, isa, "fwd_full"), ref.full_logits,
+                 "%s [%s] logits of prompt + 16 greedy tokens" % (key, isa))
+    check_logits(stage(res, key, isa, "steps"), ref.full_logits[len(ref.prompt) - 1:-1],
+                 "%s [%s] one-token decode steps" % (key, isa))
+    got = [int(t) for t in stage(res, key, isa, "generate")][len(ref.prompt):]
+    assert got == ref.new_tokens, "%s [%s]: %s" % (key, isa, first_token_diff(
+        got, ref.new_tokens))
+
+
+# ---- the exporter itself (no kwker) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", GGUF_MODELS)
+def test_export_reads_back_exactly(model):
+    import torch
+    folder = tiny_models.build(model)
+    path = gguf_export.build_gguf(folder, "f32")
+    sd = gguf_export.read_back(path, gguf_export.read_config(folder))
+    orig = gguf_export.read_hf_tensors(folder)
+    assert set(sd) == set(orig)
+    for k, v in orig.items():
+        assert torch.equal(sd[k], torch.from_numpy(v).float()), k
+    types = gguf_export.tensor_types(path)
+    assert set(types.values()) == {"F32"}
+    assert ("rope_freqs.weight" in types) == (model == "llama3")
+    assert ("output.weight" in types) == (not tiny_models.SPECS[model]["tie"])
+
+
+def test_export_quant_types():
+    t = gguf_export.tensor_types(gguf_export.build_gguf(tiny_models.build("llama_tied"), "q8_0"))
+    assert t["blk.0.attn_q.weight"] == "Q8_0" and t["token_embd.weight"] == "Q8_0"
+    assert t["blk.0.attn_norm.weight"] == "F32"
+    t = gguf_export.tensor_types(gguf_export.build_gguf(tiny_models.build("llama_odd"), "q8_0"))
+    # hidden 80 is not a multiple of Q8_0's 32-wide blocks: the converter falls back to F16
+    assert t["blk.0.attn_q.weight"] == "F16" and t["blk.0.ffn_down.weight"] == "F16"
+    t = gguf_export.tensor_types(gguf_export.build_gguf(tiny_models.build("llama_tied"), "f16"))
+    assert t["blk.0.ffn_up.weight"] == "F16" and t["output_norm.weight"] == "F32"
+
+
+def test_export_metadata_like_the_converter():
+    import gguf
+    r = gguf.GGUFReader(str(gguf_export.build_gguf(tiny_models.build("qwen3"), "f32")))
+    f = {k: v.contents() for k, v in r.fields.items()
+         if not k.startswith("tokenizer.ggml.") or k.endswith("_id")}
+    assert f["general.architecture"] == "qwen3"
+    assert f["qwen3.attention.key_length"] == 24 and f["qwen3.attention.value_length"] == 24
+    assert f["qwen3.attention.head_count"] == 4 and f["qwen3.attention.head_count_kv"] == 2
+    assert f["qwen3.embedding_length"] == 64 and f["qwen3.block_count"] == 2
+    assert abs(f["qwen3.rope.freq_base"] - 1e6) < 1
+    r = gguf.GGUFReader(str(gguf_export.build_gguf(tiny_models.build("llama_odd"), "f32")))
+    f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.ggml.t")}
+    assert f["general.architecture"] == "llama"
+    assert f["llama.rope.dimension_count"] == 16 and f["llama.vocab_size"] == 1003
+    assert "llama.attention.key_length" not in f  # legacy config.json: no head_dim
+    assert f["general.file_type"] == 0 and f["general.quantization_version"] == 2
+
+
+@pytest.mark.parametrize("model", ["llama_tied", "llama_odd", "mistral", "qwen2",
+                                   "llama_sharded", "llama_bf16", "qwen2_f16"])
+def test_export_loads_in_transformers(oracle_refs, model):
+    """transformers' GGUF loader (which undoes llama.cpp's q/k permutation itself) rebuilds
+    the same model from the export: the names, shapes and permutation are llama.cpp's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    ref = oracle_refs(model)
+    path = gguf_export.build_gguf(ref.path, "f32")
+    m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                             dtype=torch.float32).eval()
+    got = tiny_models.hf_logits(m, ref.prompt)
+    assert np.abs(got - ref.prompt_logits).max() <= 1e-6 * np.ptp(ref.prompt_logits)

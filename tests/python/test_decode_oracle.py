@@ -1,0 +1,172 @@
+"""Kwker's decoder against transformers' float32 forward on tiny random checkpoints, on every
+kernel path this CPU has (KWKER_ISA=scalar|avx2|avx512, each in its own child process).
+
+For each model of tiny_models.SPECS and each ISA:
+- logits at every prompt position (KwkDecoder.forward) within 1e-5 of the reference's logit
+  range (max|kwker - ref| <= 1e-5 * (max(ref) - min(ref)));
+- the greedy tokens of KwkDecoder.generate(prompt, 16) equal transformers'
+  model.generate(do_sample=False, max_new_tokens=16);
+- the logits of the whole greedy sequence, three ways: forward() on it, the C API's one-token
+  decode steps (kwk_decoder_eval with one id after the prompt), and batched steps at non-zero
+  positions (chunks of 5, 7 and the rest).
+
+eos: transformers runs with eos disabled (exactly 16 new tokens); each reference prompt is
+chosen so that its greedy run never produces the model's eos id, so Kwker's generate (which stops
+at eos) must return the same 16 tokens. test_reference_* check those premises without kwker.
+"""
+import re
+
+import numpy as np
+import pytest
+
+import tiny_models
+from conftest import REL_TOL, describe_diff, first_token_diff, rel_err, supported_isas
+
+MODELS = list(tiny_models.SPECS)
+ISAS = supported_isas()
+
+
+@pytest.fixture(scope="module")
+def kwk_results(kwk_runner, oracle_refs):
+    def get(isa):
+        return kwk_runner.run([oracle_refs(n).case() for n in MODELS], isa)
+    return get
+
+
+def _norm_isa(s):
+    return re.sub(r"[^a-z0-9]", "", (s or "").lower())
+
+
+def stage(results, model, isa, name):
+    """The array a stage produced, failing (never skipping) with kwker's own error when absent."""
+    r = results[model]
+    if r.get("_setup_error"):
+        pytest.fail("kwker could not be loaded (KWKER_ISA=%s):\n%s" % (isa, r["_setup_error"]))
+    assert _norm_isa(r["_isa"]) == _norm_isa(isa), \
+        "KWKER_ISA=%s but the library chose %r" % (isa, r["_isa"])
+    errs = r["errors"]
+    for e in ("load", "c_api", name):
+        if e in errs:
+            pytest.fail("%s [%s] stage %s failed:\n%s" % (model, isa, e, errs[e]))
+    assert name in r, "%s [%s]: no result for %s" % (model, isa, name)
+    return r[name]
+
+
+def check_logits(got, ref, what):
+    got = np.asarray(got)
+    assert got.dtype == np.float32, "%s: dtype %s, expected float32" % (what, got.dtype)
+    assert got.shape == ref.shape, "%s: shape %s, expected %s" % (what, got.shape, ref.shape)
+    assert np.isfinite(got).all(), "%s: non-finite logits" % what
+    err = rel_err(got, ref)
+    assert err <= REL_TOL, "%s: %s" % (what, describe_diff(got, ref))
+
+
+params = [pytest.param(m, i, id="%s-%s" % (m, i)) for m in MODELS for i in ISAS]
+
+
+@pytest.mark.parametrize("model,isa", params)
+def test_prompt_logits(kwk_results, oracle_refs, model, isa):
+    ref = oracle_refs(model)
+    got = stage(kwk_results(isa), model, isa, "fwd_prompt")
+    check_logits(got, ref.prompt_logits, "%s [%s] prompt logits (n=%d)" % (
+        model, isa, len(ref.prompt)))
+
+
+@pytest.mark.parametrize("model,isa", params)
+def test_greedy_tokens(kwk_results, oracle_refs, model, isa):
+    ref = oracle_refs(model)
+    got = [int(t) for t in stage(kwk_results(isa), model, isa, "generate")]
+    assert got[:len(ref.prompt)] == ref.prompt, "%s [%s]: generate() did not return the " \
+        "prompt first: %s" % (model, isa, got[:len(ref.prompt)])
+    new = got[len(ref.prompt):]
+    assert new == ref.new_tokens, "%s [%s]: %s" % (model, isa, first_token_diff(
+        new, ref.new_tokens))
+
+
+@pytest.mark.parametrize("model,isa", params)
+def test_generated_sequence_logits(kwk_results, oracle_refs, model, isa):
+    ref = oracle_refs(model)
+    got = stage(kwk_results(isa), model, isa, "fwd_full")
+    check_logits(got, ref.full_logits, "%s [%s] forward() on prompt + 16 greedy tokens" % (
+        model, isa))
+
+
+@pytest.mark.parametrize("model,isa", params)
+def test_decode_step_logits(kwk_results, oracle_refs, model, isa):
+    ref = oracle_refs(model)
+    got = stage(kwk_results(isa), model, isa, "steps")
+    want = ref.full_logits[len(ref.prompt) - 1:-1]
+    check_logits(got, want, "%s [%s] one-token decode steps (row 0 = last prompt position)" % (
+        model, isa))
+    # The greedy tokens follow from these logits: argmax must be the reference's token.
+    assert got.argmax(-1).tolist() == ref.new_tokens, "%s [%s]: %s" % (
+        model, isa, first_token_diff(got.argmax(-1).tolist(), ref.new_tokens))
+
+
+@pytest.mark.parametrize("model,isa", params)
+def test_chunked_prefill_logits(kwk_results, oracle_refs, model, isa):
+    ref = oracle_refs(model)
+    got = stage(kwk_results(isa), model, isa, "chunked")
+    check_logits(got, ref.full_logits, "%s [%s] batched eval in chunks 5+7+rest" % (
+        model, isa))
+
+
+# ---- premises of the oracle (transformers only) -------------------------------------------
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_reference_is_decisive(oracle_refs, model):
+    """Each greedy step of the reference is decided by far more than the tolerance, and its
+    16 tokens never include eos: a correct decoder cannot differ by rounding or by stopping."""
+    ref = oracle_refs(model)
+    _, eos = tiny_models.special_ids(tiny_models.SPECS[model])
+    assert len(ref.new_tokens) == 16 and eos not in ref.new_tokens
+    assert ref.margin >= 20 * REL_TOL, "reference margin %.2e too small" % ref.margin
+    assert 12 <= len(ref.prompt) <= 24
+    span = float(ref.prompt_logits.max() - ref.prompt_logits.min())
+    assert span > 1.0, "logits nearly constant (range %.3g): weights too small" % span
+
+
+def test_reference_sliding_window_is_exercised(oracle_refs):
+    """mistral_sw8's window (8) is shorter than its test sequence and changes the logits."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    ref = oracle_refs("mistral_sw8")
+    assert len(ref.gen) > 8 + 4
+    cfg = AutoConfig.from_pretrained(str(ref.path))
+    assert cfg.sliding_window == 8
+    cfg.sliding_window = None
+    wide = AutoModelForCausalLM.from_pretrained(str(ref.path), config=cfg,
+                                                dtype=torch.float32).eval()
+    full = tiny_models.hf_logits(wide, ref.gen)
+    d = np.abs(full - ref.full_logits).max(-1)
+    assert (d[:8] == 0).all() and (d[8:] > 0.1).all(), d
+
+
+def test_reference_checkpoints_have_the_advertised_layout(oracle_refs):
+    """The folders carry what the issue lists: shards + index, bf16 / f16 dtypes, tied and
+    untied heads, both config.json styles, generation_config.json."""
+    import json
+    from safetensors import safe_open
+    sharded = tiny_models.build("llama_sharded")
+    idx = json.loads((sharded / "model.safetensors.index.json").read_text())
+    files = sorted(set(idx["weight_map"].values()))
+    assert len(files) >= 3 and all(re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", f)
+                                   for f in files), files
+    for name, dt in (("llama_bf16", "BF16"), ("qwen2_f16", "F16"), ("llama_odd", "F32")):
+        with open(tiny_models.build(name) / "model.safetensors", "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            hdr = json.loads(f.read(n))
+        dts = {v["dtype"] for k, v in hdr.items() if k != "__metadata__"}
+        assert dts == {dt}, (name, dts)
+    for name in MODELS:
+        p = tiny_models.build(name)
+        cfg = json.loads((p / "config.json").read_text())
+        assert (p / "generation_config.json").exists()
+        keys = set()
+        for f in sorted(p.glob("*.safetensors")):
+            with safe_open(str(f), "np") as st:
+                keys.update(st.keys())
+        assert ("lm_head.weight" in keys) == (not tiny_models.SPECS[name]["tie"]), name
+        legacy = tiny_models.SPECS[name]["style"] == "legacy"
+        assert ("rope_theta" in cfg) == legacy and ("rope_parameters" in cfg) == (not legacy)

@@ -1,0 +1,174 @@
+"""Model loading errors through the C API (ctypes on libkwker): a tiny LlamaForCausalLM saved by
+transformers loads; corrupted copies of it (truncated safetensors, a broken header length, a
+missing tensor, a config.json shape that disagrees with the weights) fail with a message naming
+the file and the problem; a GPT-2 checkpoint gets a one-line "not supported" reason.
+
+The library must be built (build/libkwker.so or $KWKER_LIB): without it these tests fail.
+"""
+import ctypes
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kwker import _lib
+
+KWK_EFORMAT = -10001
+KWK_EUNSUPPORTED = -10002
+KWK_ENOTFOUND = -10008
+
+
+class KwkModelInfo(ctypes.Structure):
+    """struct kwk_model_info from include/kwker.h."""
+    _fields_ = [
+        ("arch", ctypes.c_int), ("n_vocab", ctypes.c_int), ("n_layers", ctypes.c_int),
+        ("d_model", ctypes.c_int), ("n_heads", ctypes.c_int), ("n_kv_heads", ctypes.c_int),
+        ("head_dim", ctypes.c_int), ("d_ff", ctypes.c_int), ("max_position", ctypes.c_int),
+        ("bos_id", ctypes.c_int), ("n_eos", ctypes.c_int), ("eos_ids", ctypes.c_int * 8),
+        ("n_params", ctypes.c_int64), ("arch_name", ctypes.c_char * 64),
+    ]
+
+
+def clib():
+    lib = _lib.lib()  # raises (the test fails) when the library is not built
+    lib.kwk_model_load.restype = ctypes.c_void_p
+    lib.kwk_model_load.argtypes = [ctypes.c_char_p, ctypes.POINTER(_lib.KwkErr)]
+    lib.kwk_model_free.restype = None
+    lib.kwk_model_free.argtypes = [ctypes.c_void_p]
+    lib.kwk_model_get_info.restype = None
+    lib.kwk_model_get_info.argtypes = [ctypes.c_void_p, ctypes.POINTER(KwkModelInfo)]
+    lib.kwk_model_check.restype = ctypes.c_int
+    lib.kwk_model_check.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                                    ctypes.c_size_t]
+    return lib
+
+
+def load(path):
+    """(info or None, err) for kwk_model_load(path)."""
+    lib = clib()
+    err = _lib.KwkErr()
+    m = lib.kwk_model_load(str(path).encode(), ctypes.byref(err))
+    if not m:
+        return None, err
+    info = KwkModelInfo()
+    lib.kwk_model_get_info(m, ctypes.byref(info))
+    lib.kwk_model_free(m)
+    return info, err
+
+
+def check(path, max_cache_len=0):
+    buf = ctypes.create_string_buffer(512)
+    rc = clib().kwk_model_check(str(path).encode(), max_cache_len, buf, len(buf))
+    return rc, buf.value.decode()
+
+
+def expect_error(path, code, *needles):
+    info, err = load(path)
+    assert info is None, "%s loaded but should not have" % path
+    msg = err.text()
+    assert err.code == code, "code %d (want %d): %s" % (err.code, code, msg)
+    for n in needles:
+        assert str(n) in msg, "%r not in %r" % (str(n), msg)
+    return msg
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=48, max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg)
+    path = tmp_path_factory.mktemp("tiny") / "llama"
+    model.save_pretrained(str(path), safe_serialization=True)
+    assert (path / "model.safetensors").exists()
+    return path, sum(p.numel() for p in model.parameters())
+
+
+def copy_of(src, tmp_path, name="m"):
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_tiny_llama_loads(tiny_llama):
+    path, n_params = tiny_llama
+    info, err = load(path)
+    assert info is not None, err.text()
+    assert info.arch == 1 and info.arch_name == b"LlamaForCausalLM"
+    assert (info.n_vocab, info.n_layers, info.d_model, info.d_ff) == (64, 2, 32, 48)
+    assert (info.n_heads, info.n_kv_heads, info.head_dim) == (4, 2, 8)
+    assert info.max_position == 128
+    assert info.n_params == n_params
+    assert check(path, 64) == (0, "")
+
+
+def test_truncated_safetensors(tiny_llama, tmp_path):
+    d = copy_of(tiny_llama[0], tmp_path)
+    st = d / "model.safetensors"
+    data = st.read_bytes()
+    st.write_bytes(data[: len(data) // 2])
+    expect_error(d, KWK_EFORMAT, st, "past the end of the data", "truncated")
+    st.write_bytes(data[:100])  # inside the JSON header
+    expect_error(d, KWK_EFORMAT, st, "header length")
+
+
+def test_bad_header_length(tiny_llama, tmp_path):
+    d = copy_of(tiny_llama[0], tmp_path)
+    st = d / "model.safetensors"
+    data = bytearray(st.read_bytes())
+    data[7] ^= 0x40
+    st.write_bytes(bytes(data))
+    expect_error(d, KWK_EFORMAT, st, "header length")
+    data[7] ^= 0x40
+    data[0] -= 3  # header ends early: the JSON is cut
+    st.write_bytes(bytes(data))
+    expect_error(d, KWK_EFORMAT, st, "header JSON is invalid at byte")
+
+
+def test_missing_tensor(tiny_llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+    d = copy_of(tiny_llama[0], tmp_path)
+    st = d / "model.safetensors"
+    tensors = load_file(str(st))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(st), metadata={"format": "pt"})
+    expect_error(d, KWK_ENOTFOUND, d, "model.layers.1.mlp.up_proj.weight is missing")
+
+
+def test_config_shape_mismatch(tiny_llama, tmp_path):
+    d = copy_of(tiny_llama[0], tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["intermediate_size"] = 40
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_error(d, KWK_EFORMAT, d / "model.safetensors",
+                 "model.layers.0.mlp.gate_proj.weight: shape [48, 32] but config needs [40, 32]")
+
+
+def test_bad_config_json(tiny_llama, tmp_path):
+    d = copy_of(tiny_llama[0], tmp_path)
+    (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],\n "vocab_size": }')
+    msg = expect_error(d, KWK_EFORMAT, d / "config.json", "invalid JSON at line 2")
+    rc, reason = check(d)
+    assert rc == KWK_EFORMAT and reason == msg
+
+
+def test_gpt2_unsupported(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    d = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64,
+                               n_positions=32)).save_pretrained(str(d))
+    rc, reason = check(d, 16)
+    assert rc == KWK_EUNSUPPORTED
+    assert "architecture GPT2LMHeadModel is not supported (supported: Llama, Mistral, Qwen2, " \
+           "Qwen3)" in reason
+    assert "\n" not in reason
+    expect_error(d, KWK_EUNSUPPORTED, d, "architecture GPT2LMHeadModel is not supported")
+
+
+def test_unknown_id_not_downloaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    expect_error("nobody/no-such-model", KWK_ENOTFOUND, "models--nobody--no-such-model",
+                 "never downloads")
