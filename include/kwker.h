@@ -157,6 +157,12 @@ KWK_API void kwk_decoder_free(kwk_decoder *d);
 KWK_API int kwk_decoder_pos(const kwk_decoder *d);
 /* Keep the first n positions of the KV cache (0 empties it). Returns 0 or KWK_ERANGE. */
 KWK_API int kwk_decoder_truncate(kwk_decoder *d, int n);
+/* The token ids held in the KV cache (kwk_decoder_pos of them), valid until the next call. */
+KWK_API const int32_t *kwk_decoder_tokens(const kwk_decoder *d);
+/* Prompt reuse: keep the longest prefix of the cache that equals ids[n] (at most n-1 tokens,
+ * so that the last prompt token is evaluated again and yields logits) and drop the rest.
+ * Returns the number of positions kept: the prompt tokens that need not be read again. */
+KWK_API int kwk_decoder_reuse_prefix(kwk_decoder *d, const int32_t *ids, int n);
 
 enum kwk_logits_mode {
     KWK_LOGITS_NONE = 0, /* compute nothing past the last layer */
@@ -369,6 +375,71 @@ KWK_API kwk_detok *kwk_detok_new(const kwk_tokenizer *t, int skip_special);
 KWK_API int kwk_detok_push(kwk_detok *d, int32_t id, const char **piece, size_t *len);
 KWK_API int kwk_detok_flush(kwk_detok *d, const char **piece, size_t *len);
 KWK_API void kwk_detok_free(kwk_detok *d);
+
+/* ---------------------------------------------------------------------------------------------
+ * Generation: sampling, stopping, prompt reuse and speculation over a decoder
+ * ------------------------------------------------------------------------------------------- */
+
+enum kwk_finish {
+    KWK_FINISH_NONE = 0,
+    KWK_FINISH_STOP = 1,     /* an eos id or a stop string */
+    KWK_FINISH_LENGTH = 2,   /* max_new_tokens, or the KV cache is full */
+    KWK_FINISH_CANCELED = 3, /* the token callback asked to stop */
+};
+
+/* Called after each accepted token with the text it adds (possibly empty: text that could still
+ * turn into a stop string, or half a UTF-8 character, is held back until it is settled). Return
+ * non-zero to cancel. text is valid during the call only. */
+typedef int (*kwk_token_fn)(void *user, int32_t token, const char *text, size_t len);
+
+struct kwk_gen_params {
+    int max_new_tokens;
+    struct kwk_sampler_params sampling;
+    const int32_t *logit_bias_ids; /* [n_logit_bias] */
+    const float *logit_bias;
+    int n_logit_bias;
+    const int32_t *eos_ids;        /* [n_eos]: generation stops after any of them */
+    int n_eos;
+    const char *const *stop;       /* [n_stop] stop strings, matched on the text; need tok */
+    int n_stop;
+    const kwk_tokenizer *tok;      /* for text, stop strings and the callback's text; may be NULL */
+    int prompt_cache;              /* 1: keep the cached prefix shared with this prompt */
+    int lookup;                    /* n-gram lookup: up to this many candidate tokens a step */
+    kwk_decoder *draft;            /* a smaller model with the same vocabulary, or NULL */
+    int n_draft;                   /* tokens the draft proposes a step */
+    kwk_token_fn on_token;
+    void *user;
+};
+
+/* Defaults: 16 new tokens, greedy, prompt cache on, lookup 8, no draft. */
+KWK_API void kwk_gen_params_init(struct kwk_gen_params *p);
+
+/* What a generation produced. The caller provides tokens[cap] (and logprobs[cap] or NULL);
+ * text is allocated by the library when a tokenizer was given (free with kwk_gen_output_clear). */
+struct kwk_gen_output {
+    int32_t *tokens;
+    float *logprobs;
+    int cap;
+    int n_tokens;
+    int finish_reason;   /* enum kwk_finish */
+    int n_prompt;
+    int prompt_reused;   /* prompt tokens found in the KV cache and not read again */
+    int n_proposed;      /* speculative candidates checked */
+    int n_accepted;      /* of which the model kept */
+    int n_steps;         /* forward passes after the prompt */
+    char *text;          /* the reply, ending before the first stop string */
+    size_t text_len;
+};
+
+KWK_API void kwk_gen_output_clear(struct kwk_gen_output *o);
+
+/* Generate from prompt[n_prompt] on decoder d. The tokens are exactly those of a fresh decoder
+ * without speculation: prompt reuse only skips work, and speculative candidates are checked
+ * against the token the model itself picks at that position (with the same seeded draw).
+ * Returns 0, or a negative code with err filled (the output holds what was made before). */
+KWK_API int kwk_generate(kwk_decoder *d, const int32_t *prompt, int n_prompt,
+                         const struct kwk_gen_params *p, struct kwk_gen_output *out,
+                         struct kwk_err *err);
 
 /* ---------------------------------------------------------------------------------------------
  * Chat templates (section owned by src/text/template)

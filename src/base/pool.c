@@ -1,6 +1,5 @@
 /* pool.c - the persistent compute thread pool (generation counter + futex) and its barrier.
  * A pool is driven by its owner thread only; kwk_pool_barrier is called from inside tasks. */
-#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>

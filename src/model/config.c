@@ -2,6 +2,7 @@
  * metadata, with what Kwker cannot run recorded as a reason rather than an error. Any thread. */
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -236,17 +237,20 @@ static int json_dims(const json_t *root, struct kwk_config *cfg, const char *lab
     }
     cfg->n_kv_heads = cfg->n_heads;
     cfg->head_dim = cfg->n_heads > 0 ? cfg->d_model / cfg->n_heads : 0;
-    int rc;
+    int rc, has_head_dim;
     if ((rc = json_get_int(root, "num_key_value_heads", &cfg->n_kv_heads, label, err)) < 0 ||
-        (rc = json_get_int(root, "head_dim", &cfg->head_dim, label, err)) < 0 ||
+        (rc = has_head_dim = json_get_int(root, "head_dim", &cfg->head_dim, label, err)) < 0 ||
         (rc = json_get_int(root, "max_position_embeddings", &cfg->max_position, label, err)) < 0 ||
         (rc = json_get_float(root, "rms_norm_eps", &cfg->rms_eps, label, err)) < 0 ||
         (rc = json_get_bool(root, "tie_word_embeddings", &cfg->tie_embeddings, label, err)) < 0 ||
-        (rc = json_get_int(root, "bos_token_id", &cfg->bos_id, label, err)) < 0 ||
         (rc = json_get_eos(root, cfg, label, err)) < 0)
         return rc;
-    if (cfg->n_heads > 0 && cfg->head_dim * cfg->n_heads != cfg->d_model &&
-        !json_object_get(root, "head_dim"))
+    /* bos only informs prompting: an odd value is ignored rather than refused */
+    const json_t *bos = json_object_get(root, "bos_token_id");
+    if (json_is_integer(bos) && json_integer_value(bos) >= 0 &&
+        json_integer_value(bos) <= INT32_MAX)
+        cfg->bos_id = (int)json_integer_value(bos);
+    if (cfg->n_heads > 0 && cfg->head_dim * cfg->n_heads != cfg->d_model && !has_head_dim)
         return kwk_err_set(err, KWK_EFORMAT, "%s: hidden_size %d is not a multiple of "
                            "num_attention_heads %d", label, cfg->d_model, cfg->n_heads);
     return 0;
@@ -324,8 +328,10 @@ static int load_generation_config(struct kwk_config *cfg, const char *dir, struc
     if (!g)
         return err ? err->code : KWK_EFORMAT;
     int rc = json_get_eos(g, cfg, path, err);
-    if (rc >= 0 && cfg->bos_id < 0)
-        rc = json_get_int(g, "bos_token_id", &cfg->bos_id, path, err);
+    const json_t *bos = json_object_get(g, "bos_token_id");
+    if (cfg->bos_id < 0 && json_is_integer(bos) && json_integer_value(bos) >= 0 &&
+        json_integer_value(bos) <= INT32_MAX)
+        cfg->bos_id = (int)json_integer_value(bos);
     json_decref(g);
     return rc < 0 ? rc : 0;
 }
@@ -352,8 +358,6 @@ int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err 
     if ((rc = json_dims(root, cfg, path, err)) < 0 || (rc = json_rope(root, cfg, path, err)) < 0 ||
         (rc = json_options(root, cfg, path, err)) < 0)
         goto out;
-    if (cfg->bos_id < -1)
-        cfg->bos_id = -1;
     rc = load_generation_config(cfg, dir, err);
     if (rc)
         goto out;
@@ -444,6 +448,125 @@ static int gguf_dims(struct kwk_config *cfg, const struct kwk_gguf *g, const cha
     return 0;
 }
 
+/* ---- Llama 3 rope scaling from llama.cpp's rope_freqs tensor ---------------------------------
+ * llama.cpp does not store the llama3 parameters but their effect: one divisor per frequency,
+ * 1 for short wavelengths w, `factor` for long ones, 1 / ((1 - s) / factor + s) between, with
+ * s = (old / w - low) / (high - low). Scaling old, low and high together changes nothing, so with
+ * low = 1 the blended divisors give old and high (two of them fix both; with fewer, any value
+ * between the neighbouring wavelengths reproduces the same divisors). The parameters found are
+ * checked by recomputing every divisor. */
+
+static double l3_divisor(double w, double factor, double old, double lo, double hi)
+{
+    if (w < old / hi)
+        return 1.0;
+    if (w > old / lo)
+        return factor;
+    double s = (old / w - lo) / (hi - lo);
+    return 1.0 / ((1.0 - s) / factor + s);
+}
+
+/* old and h = high - 1 (with low = 1) from the classified divisors; -1 when impossible. */
+static int l3_solve(const double *w, const double *f, int n, double factor, double *old,
+                    double *h)
+{
+    int first_s = -1, last_s = -1, last_one = -1, first_fac = -1;
+    for (int i = 0; i < n; i++) {
+        int one = fabs(f[i] - 1.0) <= 1e-6, fac = fabs(f[i] - factor) <= 1e-6 * factor;
+        if (one && (first_s >= 0 || first_fac >= 0))
+            return -1; /* divisors must go 1 ... blend ... factor as wavelengths grow */
+        if (one)
+            last_one = i;
+        else if (fac && first_fac < 0)
+            first_fac = i;
+        else if (!fac && first_fac >= 0)
+            return -1;
+        else if (!fac) {
+            if (first_s < 0)
+                first_s = i;
+            last_s = i;
+        }
+    }
+    double sa, sb;
+    if (first_s >= 0 && last_s > first_s) {
+        sa = (1.0 / f[first_s] - 1.0 / factor) / (1.0 - 1.0 / factor);
+        sb = (1.0 / f[last_s] - 1.0 / factor) / (1.0 - 1.0 / factor);
+        double det = sa / w[last_s] - sb / w[first_s];
+        if (det == 0.0)
+            return -1;
+        *old = (sa - sb) / det;
+        *h = (1.0 / w[first_s] - 1.0 / w[last_s]) / det;
+    } else if (first_s >= 0) {
+        sa = (1.0 / f[first_s] - 1.0 / factor) / (1.0 - 1.0 / factor);
+        *old = first_fac >= 0 ? sqrt(w[first_s] * w[first_fac]) : 2.0 * w[first_s];
+        *h = (*old / w[first_s] - 1.0) / sa;
+    } else {
+        if (first_fac < 0)
+            return -1;
+        *old = last_one >= 0 ? sqrt(w[last_one] * w[first_fac]) : w[first_fac] / 2.0;
+        double edge = last_one >= 0 ? sqrt(w[last_one] * *old) : *old / 2.0;
+        *h = *old / edge - 1.0;
+    }
+    return *old > 0.0 && *h > 0.0 && isfinite(*old) && isfinite(*h) ? 0 : -1;
+}
+
+static int gguf_llama3_rope(struct kwk_config *cfg, const struct kwk_tensor_ref *t,
+                            struct kwk_err *err)
+{
+    int n = cfg->head_dim / 2;
+    if (n <= 0 || n > 32768 || t->n_dims != 1 || t->shape[0] != n) {
+        cfg_unsupported(cfg, "rope_freqs.weight does not have head_dim/2 = %d values", n);
+        return 0;
+    }
+    float *f32 = kwk_malloc(sizeof(float) * (size_t)n);
+    double *f = kwk_malloc(sizeof(double) * (size_t)n), *w = kwk_malloc(sizeof(double) * (size_t)n);
+    int rc = 0;
+    if (!f32 || !f || !w) {
+        rc = kwk_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
+    kwk_dequant_row(t->dtype, t->data, f32, n);
+    double factor = 0.0;
+    for (int i = 0; i < n; i++) {
+        f[i] = f32[i];
+        /* the wavelengths as transformers computes them: float32 inverse frequencies */
+        float inv = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)cfg->head_dim);
+        w[i] = 2.0 * 3.14159265358979323846 / (double)inv;
+        factor = f[i] > factor ? f[i] : factor;
+    }
+    if (!(factor > 1.0 + 1e-6) || !isfinite(factor))
+        goto out; /* all ones: no scaling */
+    double old, h;
+    if (l3_solve(w, f, n, factor, &old, &h)) {
+        cfg_unsupported(cfg, "rope_freqs.weight is not Llama 3 rope scaling");
+        goto out;
+    }
+    /* the original context is an integer: rescale old, low and high together */
+    long n_old = old >= 1000.0 ? lround(old) : lround(old * 1000.0);
+    double k = (double)n_old / old;
+    if (n_old <= 0 || n_old > INT32_MAX) {
+        cfg_unsupported(cfg, "rope_freqs.weight is not Llama 3 rope scaling");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        double d = l3_divisor(w[i], factor, (double)n_old, k, k * (1.0 + h));
+        if (!(fabs(d - f[i]) <= 1e-4 * f[i])) { /* NaN fails too */
+            cfg_unsupported(cfg, "rope_freqs.weight is not Llama 3 rope scaling (divisor %d)", i);
+            goto out;
+        }
+    }
+    cfg->rope_type = KWK_ROPE_LLAMA3;
+    cfg->rope_factor = (float)factor;
+    cfg->rope_low_freq_factor = (float)k;
+    cfg->rope_high_freq_factor = (float)(k * (1.0 + h));
+    cfg->rope_orig_max_position = (int)n_old;
+out:
+    kwk_free(f32);
+    kwk_free(f);
+    kwk_free(w);
+    return rc;
+}
+
 static int gguf_rope(struct kwk_config *cfg, const struct kwk_gguf *g, const char *a,
                      struct kwk_err *err)
 {
@@ -462,10 +585,8 @@ static int gguf_rope(struct kwk_config *cfg, const struct kwk_gguf *g, const cha
                             s);
         }
     }
-    /* llama.cpp stores Llama 3 rope scaling as per-frequency factors, not as parameters. */
-    if (gguf_tensor(g, "rope_freqs.weight"))
-        cfg_unsupported(cfg, "rope_freqs.weight (Llama 3 rope scaling in GGUF) is not supported");
-    return 0;
+    const struct kwk_tensor_ref *t = gguf_tensor(g, "rope_freqs.weight");
+    return t ? gguf_llama3_rope(cfg, t, err) : 0;
 }
 
 static int gguf_token_ids(struct kwk_config *cfg, const struct kwk_gguf *g)

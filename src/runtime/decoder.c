@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "runtime/packed.h"
 #include "runtime/runtime.h"
 
 /* Prompt chunks: big enough to keep matrix kernels compute-bound, small enough for scratch. */
@@ -28,6 +29,8 @@ void kwk_decoder_free(kwk_decoder *d)
     if (!d)
         return;
     kwk_pool_free(d->pool);
+    kwk_packed_free(d->packed);
+    kwk_free(d->tokens);
     float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->x,    d->xn,     d->q,
                      d->kx,      d->vx,      d->att,      d->gate, d->up,     d->scores,
                      d->logits};
@@ -69,9 +72,8 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
         return NULL;
     }
     const struct kwk_config *c = &m->cfg;
-    if (p->precision != KWK_PRECISION_PRESERVE) {
-        kwk_err_set(err, KWK_EUNSUPPORTED, "precision %d is not available yet (only preserve)",
-                    p->precision);
+    if (p->precision < KWK_PRECISION_PRESERVE || p->precision > KWK_PRECISION_INT4) {
+        kwk_err_set(err, KWK_EARG, "unknown precision %d", p->precision);
         return NULL;
     }
     if (p->max_cache_len < 0 || p->max_cache_len > (1 << 24) || p->n_threads < 0 ||
@@ -93,16 +95,27 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
     d->n_batch = KWK_MIN(d->max_len, KWK_DEFAULT_BATCH);
     d->q_dim = c->n_heads * c->head_dim;
     d->kv_dim = c->n_kv_heads * c->head_dim;
-    if (decoder_alloc(d))
+    d->tokens = kwk_calloc((size_t)d->max_len, sizeof(int32_t));
+    if (!d->tokens || decoder_alloc(d))
         goto out_nomem;
     d->pool = kwk_pool_new(d->n_threads);
     if (!d->pool)
         goto out_nomem;
     kwk_rope_freqs(c, d->inv_freq);
+    d->layers = m->layers;
+    d->lm_head = &m->lm_head;
+    if (p->precision != KWK_PRECISION_PRESERVE) {
+        d->packed = kwk_packed_new(m, p->precision, d->pool, err);
+        if (!d->packed)
+            goto out_err;
+        d->layers = kwk_packed_layers(d->packed);
+        d->lm_head = kwk_packed_lm_head(d->packed);
+    }
     return d;
 out_nomem:
     kwk_err_set(err, -ENOMEM, "out of memory for a decoder with %d cache positions",
                 p->max_cache_len);
+out_err:
     kwk_decoder_free(d);
     return NULL;
 }
@@ -118,6 +131,20 @@ int kwk_decoder_truncate(kwk_decoder *d, int n)
         return KWK_ERANGE;
     d->pos = n;
     return 0;
+}
+
+const int32_t *kwk_decoder_tokens(const kwk_decoder *d)
+{
+    return d->tokens;
+}
+
+int kwk_decoder_reuse_prefix(kwk_decoder *d, const int32_t *ids, int n)
+{
+    int keep = 0, limit = KWK_MIN(d->pos, n - 1);
+    while (keep < limit && d->tokens[keep] == ids[keep])
+        keep++;
+    d->pos = keep;
+    return keep;
 }
 
 const float *kwk_decoder_logits(const kwk_decoder *d)
@@ -152,7 +179,7 @@ struct lm_task {
 static void lm_run(void *ctx, int ith, int nth)
 {
     struct lm_task *t = ctx;
-    const struct kwk_mat *w = &t->d->m->lm_head;
+    const struct kwk_mat *w = t->d->lm_head;
     long lo, hi;
     kwk_split_range((long)w->rows, ith, nth, 16, &lo, &hi);
     if (lo < hi)
@@ -179,6 +206,7 @@ int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logit
     size_t nv = (size_t)d->c->n_vocab;
     for (int done = 0; done < n_ids;) {
         int n = KWK_MIN(d->n_batch, n_ids - done);
+        memcpy(d->tokens + d->pos, ids + done, sizeof(int32_t) * (size_t)n);
         kwk_forward_chunk(d, ids + done, n);
         if (mode == KWK_LOGITS_ALL && logits)
             compute_logits(d, d->x, n, logits + (size_t)done * nv);

@@ -175,7 +175,7 @@ static void swiglu_run(void *ctx, int ith, int nth)
 
 static void layer_forward(struct kwk_decoder *d, int layer, int n, int pos, const float *next_norm)
 {
-    const struct kwk_layer *l = &d->m->layers[layer];
+    const struct kwk_layer *l = &d->layers[layer];
     struct mm_job qkv[3] = {
         {&l->wq, d->xn, d->q, d->q_dim},
         {&l->wk, d->xn, d->kx, d->kv_dim},
@@ -213,10 +213,10 @@ void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n)
     int dm = d->c->d_model;
     for (int i = 0; i < n; i++)
         d->k->mat_row(&m->tok_emb, ids[i], d->x + (size_t)i * dm);
-    struct rows_task rt = {.d = d, .n = n, .norm_w = m->layers[0].attn_norm, .add = NULL};
+    struct rows_task rt = {.d = d, .n = n, .norm_w = d->layers[0].attn_norm, .add = NULL};
     kwk_pool_run(d->pool, rows_run, &rt);
     for (int L = 0; L < d->c->n_layers; L++) {
-        const float *next = L + 1 < d->c->n_layers ? m->layers[L + 1].attn_norm : NULL;
+        const float *next = L + 1 < d->c->n_layers ? d->layers[L + 1].attn_norm : NULL;
         layer_forward(d, L, n, d->pos, next);
     }
     d->pos += n;

@@ -15,9 +15,13 @@ struct kwk_decoder {
     int n_threads;
     int max_len;  /* KV positions */
     int pos;      /* positions filled */
+    int32_t *tokens; /* [max_len] the ids whose K/V fill the cache, for prompt reuse */
     int n_batch;  /* tokens per forward chunk (scratch rows) */
     int q_dim;    /* n_heads * head_dim */
     int kv_dim;   /* n_kv_heads * head_dim */
+    const struct kwk_layer *layers; /* [n_layers]: the model's own, or repacked (packed) */
+    const struct kwk_mat *lm_head;  /* [n_vocab][d_model] */
+    struct kwk_packed *packed;      /* weights repacked for balanced / int4; NULL for preserve */
 
     float *k_cache;  /* [n_layers][max_len][kv_dim] */
     float *v_cache;  /* [n_layers][max_len][kv_dim] */

@@ -207,7 +207,7 @@ int kwk_sampler_unaccept(kwk_sampler *s, int32_t token, int is_prompt)
 {
     if (token < 0 || token >= s->n_vocab)
         return KWK_ERANGE;
-    if (s->n_seen[token] == 0 || (!is_prompt && s->n_gen[token] == 0))
+    if (is_prompt ? s->n_seen[token] - s->n_gen[token] == 0 : s->n_gen[token] == 0)
         return KWK_EARG;
     if (!is_prompt) {
         s->n_gen[token]--;
@@ -269,19 +269,22 @@ static void apply_penalties(kwk_sampler *s, float *x)
     }
 }
 
-/* out[i] = softmax(x)[i] in float, sums in double. x has a finite maximum. Returns that max. */
-static float softmax(const float *x, int n, float *out)
+/* out[i] = softmax(x)[i]: exp in float of x - max as torch does, the sum in double. x has a
+ * finite maximum. Masked entries (-inf) are common after top_k, so they skip the exp. */
+static void softmax(const float *x, int n, float *out)
 {
     float m = -INFINITY;
     double z = 0.0;
 
     for (int i = 0; i < n; i++)
         m = x[i] > m ? x[i] : m;
+    for (int i = 0; i < n; i++) {
+        float e = x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
+        out[i] = e;
+        z += e;
+    }
     for (int i = 0; i < n; i++)
-        z += exp((double)x[i] - m);
-    for (int i = 0; i < n; i++)
-        out[i] = (float)(exp((double)x[i] - m) / z);
-    return m;
+        out[i] = (float)(out[i] / z);
 }
 
 /* The k-th largest of a[n] (1 <= k <= n), reordering a. Three-way quickselect: logit rows hold
@@ -332,38 +335,47 @@ static void apply_top_k(kwk_sampler *s, float *x)
             x[i] = -INFINITY;
 }
 
-/* Heap order for top_p: a before b when its logit is larger, or equal with a lower id. */
-static int heap_before(const float *x, int32_t a, int32_t b)
+/* The top_p order: a ranks before b when its logit is larger, or equal with a lower id. */
+static int ranks_before(const float *x, int32_t a, int32_t b)
 {
     return x[a] > x[b] || (x[a] == x[b] && a < b);
 }
 
-static void heap_sift(const float *x, int32_t *h, int n, int i)
+/* Partition ids[lo..hi) around the middle element: ranked before it first, then it, then the
+ * rest. Returns its final position; *mass gets the probability of the part before it. */
+static int partition_rank(const float *x, const float *p, int32_t *ids, int lo, int hi,
+                          double *mass)
 {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, best = i;
-        if (l < n && heap_before(x, h[l], h[best]))
-            best = l;
-        if (r < n && heap_before(x, h[r], h[best]))
-            best = r;
-        if (best == i)
-            return;
-        int32_t t = h[i];
-        h[i] = h[best];
-        h[best] = t;
-        i = best;
+    int32_t t, piv = ids[lo + (hi - lo) / 2];
+    int st = lo;
+    double a = 0.0;
+
+    ids[lo + (hi - lo) / 2] = ids[hi - 1];
+    ids[hi - 1] = piv;
+    for (int i = lo; i < hi - 1; i++) {
+        if (ranks_before(x, ids[i], piv)) {
+            t = ids[i];
+            ids[i] = ids[st];
+            ids[st++] = t;
+            a += p[t];
+        }
     }
+    ids[hi - 1] = ids[st];
+    ids[st] = piv;
+    *mass = a;
+    return st;
 }
 
-/* transformers sorts ascending and drops entries whose cumulative probability is <= 1 - top_p.
- * The same cut walked from the top: entry m (descending) has ascending cumsum total - S where S
- * is the mass above it, so only the kept head needs ordering: a heap, O(n + kept log n). */
+/* transformers sorts ascending and drops the entries whose cumulative probability is
+ * <= 1 - top_p, keeping the largest. Seen from the top: with the m best entries holding mass S_m,
+ * the kept ones are the first M where M is the least m >= 1 with total - S_m <= 1 - top_p. M is
+ * found by quickselect on mass (expected O(n)), never sorting the whole vocabulary. */
 static void apply_top_p(kwk_sampler *s, float *x)
 {
-    int n = s->n_vocab, h = 0;
+    int n = s->n_vocab, h = 0, lo, hi;
     float *p = s->tmp;
-    int32_t *heap = s->idx;
-    double total = 0.0, above = 0.0;
+    int32_t *ids = s->idx;
+    double total = 0.0, above = 0.0, a;
     float thr;
 
     if (s->p.top_p >= 1.0)
@@ -373,20 +385,25 @@ static void apply_top_p(kwk_sampler *s, float *x)
     for (int i = 0; i < n; i++) {
         total += p[i];
         if (x[i] != -INFINITY)
-            heap[h++] = i;
+            ids[h++] = i;
     }
-    for (int i = h / 2 - 1; i >= 0; i--)
-        heap_sift(x, heap, h, i);
-    for (int kept = 0; h > 0; kept++) {
-        int32_t top = heap[0];
-        if (kept > 0 && (float)(total - above) <= thr)
-            break;
-        above += p[top];
-        heap[0] = heap[--h];
-        heap_sift(x, heap, h, 0);
+    /* ids[0..lo) rank first and their prefix does not reach the cut (mass: above); the prefix
+     * ids[0..hi) does, or hi == h. */
+    lo = 0;
+    hi = h;
+    while (lo < hi) {
+        int st = partition_rank(x, p, ids, lo, hi, &a);
+        if (st >= 1 && (float)(total - (above + a)) <= thr) {
+            hi = st;
+            continue;
+        }
+        above += a + p[ids[st]];
+        if ((float)(total - above) <= thr)
+            hi = st + 1;
+        lo = st + 1;
     }
-    for (int i = 0; i < h; i++)
-        x[heap[i]] = -INFINITY;
+    for (int i = hi; i < h; i++)
+        x[ids[i]] = -INFINITY;
 }
 
 static void apply_min_p(kwk_sampler *s, float *x)
@@ -509,7 +526,7 @@ static void raw_logprobs(const kwk_sampler *s, const float *x, int32_t token, fl
     for (int i = 0; i < n; i++)
         m = x[i] > m ? x[i] : m;
     for (int i = 0; i < n; i++)
-        z += exp((double)x[i] - m);
+        z += x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
     lse = m + log(z);
     if (logprob)
         *logprob = (float)((double)x[token] - lse);

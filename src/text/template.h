@@ -72,6 +72,7 @@ enum tv_kind {
 };
 
 #define TVF_TUPLE 1u
+#define TVF_SAFE 2u /* a string marked safe (jinja2 Markup): str operands of + get escaped */
 
 struct tlist;
 struct tdict;
@@ -401,6 +402,8 @@ int tpl_call_builtin(struct trender *r, const struct tnode *at, int id, const st
                      struct tv *out);
 /* Method id of a value's attribute, or -1. */
 int tpl_method_id(const struct tv *obj, const char *name, size_t n);
+/* HTML-escape s as markupsafe does (& < > " '). */
+int tpl_html_escape(struct trender *r, const struct tv *s, struct tv *out);
 /* Python "fmt % args". */
 int tpl_percent_format(struct trender *r, const struct tnode *at, const struct tv *fmt,
                        const struct tv *args, struct tv *out);

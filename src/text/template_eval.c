@@ -381,8 +381,18 @@ static int arith(struct trender *r, const struct tnode *at, int op, const struct
         case OP_MUL: *out = tv_float(fx * fy); return 0;
         }
     }
-    if (op == OP_ADD && a->k == TV_STR && b->k == TV_STR)
-        return concat(r, at, a, b, out);
+    if (op == OP_ADD && a->k == TV_STR && b->k == TV_STR) {
+        if (!((a->flag | b->flag) & TVF_SAFE))
+            return concat(r, at, a, b, out);
+        /* Markup + str escapes the plain side (markupsafe) and stays Markup. */
+        struct tv ea = *a, eb = *b;
+        if ((!(a->flag & TVF_SAFE) && (rc = tpl_html_escape(r, a, &ea))) ||
+            (!(b->flag & TVF_SAFE) && (rc = tpl_html_escape(r, b, &eb))) ||
+            (rc = concat(r, at, &ea, &eb, out)))
+            return rc;
+        out->flag |= TVF_SAFE;
+        return 0;
+    }
     if (op == OP_ADD && r->dialect == TD_HFJS && (a->k == TV_STR || b->k == TV_STR)) {
         struct tv sa, sb;
         if ((rc = tv_to_str(r, a, &sa)) || (rc = tv_to_str(r, b, &sb)))

@@ -96,7 +96,7 @@ int tpl_run_test(struct trender *r, const struct tnode *at, int id, const struct
                  const struct tv *args, size_t n_args, int *res)
 {
     const struct tv *a0 = n_args ? &args[0] : NULL;
-    int64_t x, y;
+    int64_t x = 0, y = 0;
     int rc, c;
     switch (id) {
     case T_DEFINED: *res = v->k != TV_UNDEF; return 0;
@@ -425,6 +425,9 @@ static int filter_select(struct trender *r, const struct tnode *at, const struct
     int rc;
     size_t first = 0;
     const struct tv *attr = NULL;
+    /* jinja2: "if value:" before iterating, so None or an empty value selects nothing */
+    if (!tv_truthy(in))
+        return tv_new_list(r, 0, out);
     if (with_attr) {
         if (!a->n_pos)
             return tpl_fail(r, KWK_ERUNTIME, at, "selectattr/rejectattr need an attribute");
@@ -469,6 +472,8 @@ static int filter_map(struct trender *r, const struct tnode *at, const struct tv
     int rc;
     const struct tv *attr = targ(a, SIZE_MAX, "attribute");
     const struct tv *dflt = targ(a, SIZE_MAX, "default");
+    if (!tv_truthy(in))
+        return tv_new_list(r, 0, out);
     if ((rc = tv_iter(r, at, in, &items)) || (rc = tv_new_list(r, items->n, out)))
         return rc;
     int fid = -1;
@@ -758,7 +763,7 @@ static int filter_title(struct trender *r, const struct tv *s, struct tv *out)
     return tv_from_buf(r, &b, out);
 }
 
-static int filter_escape(struct trender *r, const struct tv *s, struct tv *out)
+int tpl_html_escape(struct trender *r, const struct tv *s, struct tv *out)
 {
     struct tbuf b;
     tb_init(&b, r->max_output);
@@ -773,7 +778,10 @@ static int filter_escape(struct trender *r, const struct tv *s, struct tv *out)
         default: tb_putc(&b, c);
         }
     }
-    return tv_from_buf(r, &b, out);
+    int rc = tv_from_buf(r, &b, out);
+    if (!rc)
+        out->flag |= TVF_SAFE;
+    return rc;
 }
 
 static int filter_wordcount(const struct tv *s)
@@ -794,8 +802,24 @@ static int filter_wordcount(const struct tv *s)
     return count;
 }
 
+static int filter_run(struct trender *r, const struct tnode *at, int id, const struct tv *in,
+                      const struct targs *a, struct tv *out);
+
 int tpl_filter_run(struct trender *r, const struct tnode *at, int id, const struct tv *in,
                    const struct targs *a, struct tv *out)
+{
+    int safe = in->k == TV_STR && (in->flag & TVF_SAFE);
+    int rc = filter_run(r, at, id, in, a, out);
+    /* Markup stays Markup through jinja2's string filters. */
+    if (!rc && safe && out->k == TV_STR &&
+        (id == F_UPPER || id == F_LOWER || id == F_CAPITALIZE || id == F_TITLE || id == F_TRIM ||
+         id == F_REPLACE || id == F_STRING))
+        out->flag |= TVF_SAFE;
+    return rc;
+}
+
+static int filter_run(struct trender *r, const struct tnode *at, int id, const struct tv *in,
+                      const struct targs *a, struct tv *out)
 {
     const struct tv *a0 = targ(a, 0, NULL), *a1 = targ(a, 1, NULL);
     struct tv s;
@@ -803,7 +827,11 @@ int tpl_filter_run(struct trender *r, const struct tnode *at, int id, const stru
     int64_t n;
     int rc;
     switch (id) {
-    case F_SAFE: *out = *in; return 0;
+    case F_SAFE:
+        if ((rc = tv_to_str(r, in, out)))
+            return rc;
+        out->flag |= TVF_SAFE;
+        return 0;
     case F_STRING: return tv_to_str(r, in, out);
     case F_PPRINT: {
         struct tbuf b;
@@ -845,9 +873,13 @@ int tpl_filter_run(struct trender *r, const struct tnode *at, int id, const stru
     case F_E:
     case F_ESCAPE:
     case F_FORCEESCAPE:
+        if (in->k == TV_STR && (in->flag & TVF_SAFE) && id != F_FORCEESCAPE) {
+            *out = *in;
+            return 0;
+        }
         if ((rc = tv_to_str(r, in, &s)))
             return rc;
-        return filter_escape(r, &s, out);
+        return tpl_html_escape(r, &s, out);
     case F_REPLACE: {
         const struct tv *cnt = targ(a, 2, "count");
         struct tv o, nw;

@@ -911,7 +911,13 @@ int tpl_call_method(struct trender *r, const struct tnode *at, const struct tbou
         return 0;
     }
     case M_CYCLE: return tpl_loop_cycle(r, at, self, a, out);
-    default: return call_str_method(r, at, bm->method, self, a, out);
+    default:
+        if ((rc = call_str_method(r, at, bm->method, self, a, out)))
+            return rc;
+        if ((self->flag & TVF_SAFE) && out->k == TV_STR && bm->method != M_FORMAT &&
+            bm->method != M_JOIN)
+            out->flag |= TVF_SAFE;
+        return 0;
     }
 }
 
@@ -978,8 +984,48 @@ static int pct_one(struct trender *r, const struct tnode *at, struct tbuf *b, co
     return 0;
 }
 
+static int percent_format(struct trender *r, const struct tnode *at, const struct tv *fmt,
+                          const struct tv *args, struct tv *out);
+
+/* Markup % args escapes every argument's text. */
+static int escape_args(struct trender *r, const struct tv *args, struct tv *out)
+{
+    int rc;
+    if (args->k == TV_STR && !(args->flag & TVF_SAFE))
+        return tpl_html_escape(r, args, out);
+    if (args->k == TV_LIST && (args->flag & TVF_TUPLE)) {
+        if ((rc = tv_new_list(r, args->u.l->n, out)))
+            return rc;
+        out->flag = TVF_TUPLE;
+        for (size_t i = 0; i < args->u.l->n; i++) {
+            const struct tv *v = &args->u.l->v[i];
+            out->u.l->v[i] = *v;
+            if (v->k == TV_STR && !(v->flag & TVF_SAFE) &&
+                (rc = tpl_html_escape(r, v, &out->u.l->v[i])))
+                return rc;
+        }
+        out->u.l->n = args->u.l->n;
+        return 0;
+    }
+    *out = *args;
+    return 0;
+}
+
 int tpl_percent_format(struct trender *r, const struct tnode *at, const struct tv *fmt,
                        const struct tv *args, struct tv *out)
+{
+    int rc;
+    if (!(fmt->flag & TVF_SAFE))
+        return percent_format(r, at, fmt, args, out);
+    struct tv esc;
+    if ((rc = escape_args(r, args, &esc)) || (rc = percent_format(r, at, fmt, &esc, out)))
+        return rc;
+    out->flag |= TVF_SAFE;
+    return 0;
+}
+
+static int percent_format(struct trender *r, const struct tnode *at, const struct tv *fmt,
+                          const struct tv *args, struct tv *out)
 {
     const struct tv *items = args;
     size_t n_items = 1, next = 0;

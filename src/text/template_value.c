@@ -597,7 +597,7 @@ int tv_len(struct trender *r, const struct tnode *at, const struct tv *v, int64_
 
 int tv_iter(struct trender *r, const struct tnode *at, const struct tv *v, struct tlist **out)
 {
-    struct tv lv;
+    struct tv lv = {0};
     int rc;
     switch (v->k) {
     case TV_UNDEF:

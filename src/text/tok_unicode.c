@@ -165,9 +165,10 @@ int tok_is_control(uint32_t c)
 {
     if (c == '\t' || c == '\n' || c == '\r')
         return 0;
+    /* HF's is_other() (unicode_categories) does not count unassigned code points. */
     int k = cat(c);
     return k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CS ||
-           k == UTF8PROC_CATEGORY_CO || k == UTF8PROC_CATEGORY_CN;
+           k == UTF8PROC_CATEGORY_CO;
 }
 
 int tok_is_mn(uint32_t c)

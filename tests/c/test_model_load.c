@@ -585,6 +585,95 @@ static void test_gguf_model(void)
     T_EQ(kwk_model_check(path, 32, reason, sizeof reason), KWK_EFORMAT);
 }
 
+/* The divisors llama.cpp's converter writes for Llama 3 rope scaling. */
+static double l3_ref(int i, int head_dim, double theta, double factor, double lo, double hi,
+                     double old)
+{
+    double inv = 1.0 / pow(theta, (double)(2 * i) / head_dim), w = 2 * 3.14159265358979 / inv;
+    if (w < old / hi)
+        return 1.0;
+    if (w > old / lo)
+        return factor;
+    double s = (old / w - lo) / (hi - lo);
+    return 1.0 / ((1 - s) / factor + s);
+}
+
+/* Config of a GGUF with only metadata and rope_freqs.weight (head_dim 128, as Llama 3.2). */
+static int l3_config(struct kwk_config *cfg, double factor, double old, int hd, int break_one)
+{
+    struct gb b = {0};
+    int n = hd / 2;
+    gb_bytes(&b, "GGUF", 4);
+    gb_le(&b, 3, 4);
+    gb_le(&b, 1, 8);
+    gb_le(&b, 8, 8);
+    gb_str(&b, "general.architecture");
+    gb_le(&b, KWK_GGUF_STRING, 4);
+    gb_str(&b, "llama");
+    gb_kv_u32(&b, "llama.block_count", 1);
+    gb_kv_u32(&b, "llama.embedding_length", (uint32_t)hd * 4);
+    gb_kv_u32(&b, "llama.attention.head_count", 4);
+    gb_kv_u32(&b, "llama.feed_forward_length", 64);
+    gb_kv_u32(&b, "llama.vocab_size", 100);
+    gb_kv_f32(&b, "llama.rope.freq_base", 500000.0f);
+    gb_kv_u32(&b, "llama.attention.key_length", (uint32_t)hd);
+    gb_str(&b, "rope_freqs.weight");
+    gb_le(&b, 1, 4);
+    gb_le(&b, (uint64_t)n, 8);
+    gb_le(&b, 0, 4);
+    gb_le(&b, 0, 8);
+    while (b.n % 32)
+        gb_le(&b, 0, 1);
+    for (int i = 0; i < n; i++) {
+        float v = (float)l3_ref(i, hd, 500000.0, factor, 1.0, 4.0, old);
+        if (break_one && i == n / 2)
+            v = 1.5f;
+        gb_bytes(&b, &v, 4);
+    }
+    struct kwk_gguf g;
+    struct kwk_err err;
+    int rc = kwk_gguf_parse(&g, b.p, b.n, "l3.gguf", &err);
+    if (rc == 0) {
+        rc = kwk_config_from_gguf(cfg, &g, &err);
+        kwk_gguf_close(&g);
+    }
+    T_CHECK(rc == 0, "l3: %s", err.msg);
+    free(b.p);
+    return rc;
+}
+
+static void test_llama3_rope(void)
+{
+    struct kwk_config c;
+    /* enough blended divisors: the very parameters come back */
+    if (l3_config(&c, 32.0, 8192, 128, 0) == 0) {
+        T_STREQ(c.unsupported, "");
+        T_EQ(c.rope_type, KWK_ROPE_LLAMA3);
+        T_NEAR(c.rope_factor, 32.0, 1e-6);
+        T_EQ(c.rope_orig_max_position, 8192);
+        T_NEAR(c.rope_low_freq_factor, 1.0, 1e-4);
+        T_NEAR(c.rope_high_freq_factor, 4.0, 1e-3);
+    }
+    /* few frequencies: other parameters, the same divisors */
+    for (int hd = 4; hd <= 32; hd *= 2) {
+        if (l3_config(&c, 8.0, 64, hd, 0) != 0)
+            continue;
+        T_STREQ(c.unsupported, "");
+        int same = 1;
+        for (int i = 0; i < hd / 2; i++) {
+            double want = l3_ref(i, hd, 500000.0, 8.0, 1.0, 4.0, 64);
+            double got = l3_ref(i, hd, 500000.0, c.rope_factor, c.rope_low_freq_factor,
+                                c.rope_high_freq_factor, c.rope_orig_max_position);
+            same &= fabs(got - want) <= 1e-5 * want;
+        }
+        T_CHECK(same, "head_dim %d: factor %g low %g high %g orig %d", hd, c.rope_factor,
+                c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_orig_max_position);
+    }
+    /* divisors that are not llama3's: a reason, not a wrong rope */
+    if (l3_config(&c, 32.0, 8192, 128, 1) == 0)
+        T_CONTAINS(c.unsupported, "rope_freqs.weight is not Llama 3 rope scaling");
+}
+
 /* ---- Hugging Face cache lookup -------------------------------------------------------------*/
 
 static void test_hf_cache(void)
@@ -630,6 +719,7 @@ int main(void)
     test_broken();
     test_sharded();
     test_gguf_model();
+    test_llama3_rope();
     test_hf_cache();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);

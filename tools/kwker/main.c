@@ -15,6 +15,7 @@ static const struct command commands[] = {
     {"generate", cmd_generate, "generate tokens greedily from a prompt"},
     {"bench", cmd_bench, "measure prompt and generation tokens/s"},
     {"check", cmd_check, "say whether a model can run, and why not"},
+    {"template", cmd_template, "render a model's chat template over a conversation"},
     /* KWK_CLI_COMMANDS: subcommands from other modules are listed here */
 };
 

@@ -1,0 +1,345 @@
+/* generate.c - the generation loop: prompt reuse, sampling, eos and stop strings, streaming, and
+ * exact speculation (n-gram lookup or a draft model). Runs on the decoder's owner thread. */
+#include <errno.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+
+/* Candidates checked in one pass at most (lookup or draft). */
+#define MAX_SPEC 16
+/* Longest n-gram the lookup matches, shortest first tried last. */
+#define LOOKUP_NGRAM_MAX 3
+
+void kwk_gen_params_init(struct kwk_gen_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->max_new_tokens = 16;
+    kwk_sampler_params_init(&p->sampling);
+    p->prompt_cache = 1;
+    p->lookup = 8;
+    p->n_draft = 4;
+}
+
+void kwk_gen_output_clear(struct kwk_gen_output *o)
+{
+    if (!o)
+        return;
+    kwk_free(o->text);
+    o->text = NULL;
+    o->text_len = 0;
+}
+
+/* The state of one generation call. */
+struct gen {
+    kwk_decoder *d;
+    const struct kwk_gen_params *p;
+    struct kwk_gen_output *out;
+    kwk_sampler *sampler;
+    kwk_detok *detok;
+    float *rows;           /* [MAX_SPEC + 1][n_vocab] logits of a verification pass */
+    int32_t *seq;          /* [n_prompt + max_new] prompt then output: what lookup searches */
+    int n_seq;
+    size_t text_cap;
+    size_t emitted;        /* bytes of out->text already given to the callback */
+    size_t max_stop;       /* longest stop string */
+    int done;
+};
+
+static int text_append(struct gen *g, const char *s, size_t n)
+{
+    struct kwk_gen_output *o = g->out;
+    if (o->text_len + n + 1 > g->text_cap) {
+        size_t cap = KWK_MAX(g->text_cap * 2, o->text_len + n + 64);
+        char *t = kwk_realloc(o->text, cap);
+        if (!t)
+            return -ENOMEM;
+        o->text = t;
+        g->text_cap = cap;
+    }
+    memcpy(o->text + o->text_len, s, n);
+    o->text_len += n;
+    o->text[o->text_len] = '\0';
+    return 0;
+}
+
+/* Cut the text at the first stop string that ends in the new bytes; 1 when one was found. */
+static int find_stop(struct gen *g, size_t old_len)
+{
+    struct kwk_gen_output *o = g->out;
+    size_t best = (size_t)-1;
+    for (int i = 0; i < g->p->n_stop; i++) {
+        const char *st = g->p->stop[i];
+        size_t n = strlen(st);
+        if (n == 0 || n > o->text_len)
+            continue;
+        size_t from = old_len + 1 > n ? old_len + 1 - n : 0;
+        for (size_t at = from; at + n <= o->text_len; at++)
+            if (memcmp(o->text + at, st, n) == 0) {
+                if (at < best)
+                    best = at;
+                break;
+            }
+    }
+    if (best == (size_t)-1)
+        return 0;
+    o->text_len = best;
+    o->text[best] = '\0';
+    return 1;
+}
+
+/* Bytes of text that can no longer change: all of it once done, else all but what could still
+ * be the start of a stop string (held back whole UTF-8 characters). */
+static size_t settled_len(const struct gen *g)
+{
+    size_t n = g->out->text_len;
+    if (g->done || g->max_stop <= 1)
+        return n;
+    size_t hold = g->max_stop - 1;
+    size_t cut = n > hold ? n - hold : 0;
+    while (cut > 0 && ((unsigned char)g->out->text[cut] & 0xC0) == 0x80)
+        cut--;
+    return KWK_MAX(cut, g->emitted);
+}
+
+static int emit(struct gen *g, int32_t tok)
+{
+    if (!g->p->on_token)
+        return 0;
+    size_t upto = settled_len(g);
+    const char *s = g->out->text ? g->out->text + g->emitted : "";
+    int stop = g->p->on_token(g->p->user, tok, s, upto - g->emitted);
+    g->emitted = upto;
+    return stop;
+}
+
+/* Record one chosen token: output, sampler history, text, stop conditions, callback. */
+static int accept_token(struct gen *g, int32_t tok, float logprob)
+{
+    struct kwk_gen_output *o = g->out;
+    if (o->n_tokens < o->cap) {
+        o->tokens[o->n_tokens] = tok;
+        if (o->logprobs)
+            o->logprobs[o->n_tokens] = logprob;
+    }
+    o->n_tokens++;
+    g->seq[g->n_seq++] = tok;
+    kwk_sampler_accept(g->sampler, tok, 0);
+    for (int e = 0; e < g->p->n_eos; e++)
+        if (tok == g->p->eos_ids[e]) {
+            o->finish_reason = KWK_FINISH_STOP;
+            g->done = 1;
+        }
+    if (g->detok && !g->done) {
+        const char *piece;
+        size_t len, old = o->text_len;
+        int rc = kwk_detok_push(g->detok, tok, &piece, &len);
+        if (rc == 0 && len)
+            rc = text_append(g, piece, len);
+        if (rc < 0)
+            return rc;
+        if (g->p->n_stop && find_stop(g, old)) {
+            o->finish_reason = KWK_FINISH_STOP;
+            g->done = 1;
+        }
+    }
+    if (!g->done && o->n_tokens >= g->p->max_new_tokens) {
+        o->finish_reason = KWK_FINISH_LENGTH;
+        g->done = 1;
+    }
+    if (g->done && g->detok && o->finish_reason != KWK_FINISH_STOP) {
+        const char *piece;
+        size_t len;
+        if (kwk_detok_flush(g->detok, &piece, &len) == 0 && len && text_append(g, piece, len))
+            return -ENOMEM;
+    }
+    if (emit(g, tok)) {
+        o->finish_reason = KWK_FINISH_CANCELED;
+        g->done = 1;
+    }
+    return 0;
+}
+
+/* Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's last
+ * n-gram (longest n first). */
+static int lookup_candidates(const struct gen *g, int32_t *cand, int max)
+{
+    const int32_t *s = g->seq;
+    int n = g->n_seq;
+    for (int ng = LOOKUP_NGRAM_MAX; ng >= 1; ng--) {
+        if (n <= ng)
+            continue;
+        for (int i = n - ng - 1; i >= 0; i--) {
+            if (memcmp(s + i, s + n - ng, sizeof(int32_t) * (size_t)ng) != 0)
+                continue;
+            int k = 0;
+            while (k < max && i + ng + k < n)
+                cand[k] = s[i + ng + k], k++;
+            if (k > 0)
+                return k;
+        }
+    }
+    return 0;
+}
+
+/* A draft model's greedy proposals after the current sequence. */
+static int draft_candidates(struct gen *g, int32_t *cand, int max)
+{
+    kwk_decoder *dr = g->p->draft;
+    int keep = kwk_decoder_reuse_prefix(dr, g->seq, g->n_seq);
+    int n = 0;
+    if (kwk_decoder_eval(dr, g->seq + keep, g->n_seq - keep, NULL, KWK_LOGITS_LAST) != 0)
+        return 0;
+    for (; n < max; n++) {
+        const float *l = kwk_decoder_logits(dr);
+        int32_t best = 0;
+        for (int i = 1; i < dr->c->n_vocab; i++)
+            if (l[i] > l[best])
+                best = i;
+        cand[n] = best;
+        if (n + 1 < max && kwk_decoder_eval(dr, &best, 1, NULL, KWK_LOGITS_LAST) != 0)
+            return n + 1;
+    }
+    return n;
+}
+
+/* One step: evaluate the pending token plus candidates, then keep candidates while the model's
+ * own choice at each position equals them; the first differing choice is the next pending. */
+static int step(struct gen *g, int32_t *pending, struct kwk_err *err)
+{
+    kwk_decoder *d = g->d;
+    int32_t batch[MAX_SPEC + 1];
+    int room = d->max_len - d->pos - 1;
+    int want = KWK_MIN(KWK_MIN(MAX_SPEC, room), g->p->max_new_tokens - g->out->n_tokens - 1);
+    int n_cand = 0;
+    batch[0] = *pending;
+    if (want > 0 && g->p->draft)
+        n_cand = draft_candidates(g, batch + 1, KWK_MIN(want, g->p->n_draft));
+    else if (want > 0 && g->p->lookup > 0)
+        n_cand = lookup_candidates(g, batch + 1, KWK_MIN(want, g->p->lookup));
+    int base = d->pos;
+    int rc = kwk_decoder_eval(d, batch, 1 + n_cand, g->rows, KWK_LOGITS_ALL);
+    if (rc < 0)
+        return kwk_err_set(err, rc, "forward pass failed: %s", kwk_status_str(rc));
+    g->out->n_steps++;
+    g->out->n_proposed += n_cand;
+    size_t nv = (size_t)d->c->n_vocab;
+    int kept = 0;
+    for (int j = 0; j <= n_cand && !g->done; j++) {
+        int32_t tok;
+        float lp;
+        rc = kwk_sampler_sample(g->sampler, g->rows + (size_t)j * nv, &tok, &lp, NULL, NULL, 0);
+        if (rc < 0)
+            return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
+        rc = accept_token(g, tok, lp);
+        if (rc < 0)
+            return kwk_err_set(err, rc, "out of memory");
+        *pending = tok;
+        if (j < n_cand && tok == batch[1 + j]) {
+            kept++;
+            continue;
+        }
+        break;
+    }
+    g->out->n_accepted += kept;
+    /* the cache holds the pending token and the kept candidates; the rest is dropped */
+    kwk_decoder_truncate(d, base + 1 + kept);
+    return 0;
+}
+
+static int gen_setup(struct gen *g, int n_prompt, struct kwk_err *err)
+{
+    const struct kwk_gen_params *p = g->p;
+    int nv = g->d->c->n_vocab;
+    if (p->draft && p->draft->c->n_vocab != nv)
+        return kwk_err_set(err, KWK_EARG, "draft vocabulary %d differs from the model's %d",
+                           p->draft->c->n_vocab, nv);
+    if (p->n_stop > 0 && !p->tok)
+        return kwk_err_set(err, KWK_EARG, "stop strings need a tokenizer");
+    g->sampler = kwk_sampler_new(nv, &p->sampling, err);
+    if (!g->sampler)
+        return err ? err->code : KWK_EARG;
+    int rc = kwk_sampler_set_eos(g->sampler, p->eos_ids, p->n_eos);
+    if (rc == 0 && p->n_logit_bias)
+        rc = kwk_sampler_set_logit_bias(g->sampler, p->logit_bias_ids, p->logit_bias,
+                                        p->n_logit_bias, err);
+    if (rc < 0)
+        return err && err->code ? err->code : kwk_err_set(err, rc, "bad eos ids");
+    size_t n_seq = (size_t)n_prompt + (size_t)p->max_new_tokens + 1;
+    g->seq = kwk_malloc(n_seq * sizeof(int32_t));
+    g->rows = kwk_malloc_aligned((size_t)(MAX_SPEC + 1) * (size_t)nv * sizeof(float));
+    if (p->tok)
+        g->detok = kwk_detok_new(p->tok, 1);
+    if (!g->seq || !g->rows || (p->tok && !g->detok))
+        return kwk_err_set(err, -ENOMEM, "out of memory");
+    for (int i = 0; i < p->n_stop; i++)
+        g->max_stop = KWK_MAX(g->max_stop, strlen(p->stop[i]));
+    return 0;
+}
+
+static void gen_teardown(struct gen *g)
+{
+    kwk_sampler_free(g->sampler);
+    kwk_detok_free(g->detok);
+    kwk_free(g->seq);
+    kwk_free_aligned(g->rows);
+}
+
+int kwk_generate(kwk_decoder *d, const int32_t *prompt, int n_prompt,
+                 const struct kwk_gen_params *p, struct kwk_gen_output *out, struct kwk_err *err)
+{
+    struct gen g = {.d = d, .p = p, .out = out};
+    out->n_tokens = out->n_proposed = out->n_accepted = out->n_steps = 0;
+    out->finish_reason = KWK_FINISH_NONE;
+    out->n_prompt = n_prompt;
+    out->prompt_reused = 0;
+    out->text = NULL;
+    out->text_len = 0;
+    if (!d || !p || !prompt || n_prompt < 1 || p->max_new_tokens < 0 || p->n_eos < 0 ||
+        p->n_stop < 0 || (p->n_eos && !p->eos_ids) || (p->n_stop && !p->stop))
+        return kwk_err_set(err, KWK_EARG, "generate: bad arguments");
+    if (n_prompt >= d->max_len)
+        return kwk_err_set(err, KWK_ELIMIT, "prompt of %d tokens does not fit a cache of %d",
+                           n_prompt, d->max_len);
+    int rc = gen_setup(&g, n_prompt, err);
+    if (rc < 0)
+        goto out;
+    for (int i = 0; i < n_prompt; i++)
+        if ((rc = kwk_sampler_accept(g.sampler, prompt[i], 1)) < 0) {
+            kwk_err_set(err, rc, "prompt token %d (id %d) is out of range", i, prompt[i]);
+            goto out;
+        }
+    memcpy(g.seq, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    g.n_seq = n_prompt;
+    int keep = p->prompt_cache ? kwk_decoder_reuse_prefix(d, prompt, n_prompt) : 0;
+    kwk_decoder_truncate(d, keep);
+    out->prompt_reused = keep;
+    rc = kwk_decoder_eval(d, prompt + keep, n_prompt - keep, NULL, KWK_LOGITS_LAST);
+    if (rc < 0) {
+        kwk_err_set(err, rc, "prompt: %s", kwk_status_str(rc));
+        goto out;
+    }
+    if (p->max_new_tokens == 0) {
+        out->finish_reason = KWK_FINISH_LENGTH;
+        goto out;
+    }
+    int32_t pending;
+    float lp;
+    rc = kwk_sampler_sample(g.sampler, kwk_decoder_logits(d), &pending, &lp, NULL, NULL, 0);
+    if (rc < 0 || (rc = accept_token(&g, pending, lp)) < 0) {
+        kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
+        goto out;
+    }
+    while (!g.done) {
+        if (d->pos >= d->max_len) {
+            out->finish_reason = KWK_FINISH_LENGTH;
+            break;
+        }
+        if ((rc = step(&g, &pending, err)) < 0)
+            goto out;
+    }
+out:
+    gen_teardown(&g);
+    if (rc < 0 && out->text == NULL)
+        out->text_len = 0;
+    return rc < 0 ? rc : 0;
+}

