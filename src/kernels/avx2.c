@@ -59,74 +59,10 @@ INLINE float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* ---- decode: one token, memory-bound. Four rows at a time, two accumulators each. */
-
-INLINE void gemv_rows4(const struct kwk_mat *w, const float *x, float *y, int64_t r, int wt)
-{
-    int64_t n = w->cols, k = 0;
-    const void *w0 = row_ptr(w, r, wt), *w1 = row_ptr(w, r + 1, wt), *w2 = row_ptr(w, r + 2, wt),
-               *w3 = row_ptr(w, r + 3, wt);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
-           b3 = a0;
-    for (; k + 16 <= n; k += 16) {
-        __m256 xa = _mm256_loadu_ps(x + k), xb = _mm256_loadu_ps(x + k + 8);
-        a0 = _mm256_fmadd_ps(ldw(w0, k, wt), xa, a0);
-        a1 = _mm256_fmadd_ps(ldw(w1, k, wt), xa, a1);
-        a2 = _mm256_fmadd_ps(ldw(w2, k, wt), xa, a2);
-        a3 = _mm256_fmadd_ps(ldw(w3, k, wt), xa, a3);
-        b0 = _mm256_fmadd_ps(ldw(w0, k + 8, wt), xb, b0);
-        b1 = _mm256_fmadd_ps(ldw(w1, k + 8, wt), xb, b1);
-        b2 = _mm256_fmadd_ps(ldw(w2, k + 8, wt), xb, b2);
-        b3 = _mm256_fmadd_ps(ldw(w3, k + 8, wt), xb, b3);
-    }
-    for (; k + 8 <= n; k += 8) {
-        __m256 xa = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(ldw(w0, k, wt), xa, a0);
-        a1 = _mm256_fmadd_ps(ldw(w1, k, wt), xa, a1);
-        a2 = _mm256_fmadd_ps(ldw(w2, k, wt), xa, a2);
-        a3 = _mm256_fmadd_ps(ldw(w3, k, wt), xa, a3);
-    }
-    float s0 = hsum(_mm256_add_ps(a0, b0)), s1 = hsum(_mm256_add_ps(a1, b1)),
-          s2 = hsum(_mm256_add_ps(a2, b2)), s3 = hsum(_mm256_add_ps(a3, b3));
-    for (; k < n; k++) {
-        s0 = fmaf(ldw1(w0, k, wt), x[k], s0);
-        s1 = fmaf(ldw1(w1, k, wt), x[k], s1);
-        s2 = fmaf(ldw1(w2, k, wt), x[k], s2);
-        s3 = fmaf(ldw1(w3, k, wt), x[k], s3);
-    }
-    y[r] = s0;
-    y[r + 1] = s1;
-    y[r + 2] = s2;
-    y[r + 3] = s3;
-}
-
-INLINE float gemv_row1(const void *wr, const float *x, int64_t n, int wt)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t k = 0;
-    for (; k + 32 <= n; k += 32) {
-        a0 = _mm256_fmadd_ps(ldw(wr, k, wt), _mm256_loadu_ps(x + k), a0);
-        a1 = _mm256_fmadd_ps(ldw(wr, k + 8, wt), _mm256_loadu_ps(x + k + 8), a1);
-        a2 = _mm256_fmadd_ps(ldw(wr, k + 16, wt), _mm256_loadu_ps(x + k + 16), a2);
-        a3 = _mm256_fmadd_ps(ldw(wr, k + 24, wt), _mm256_loadu_ps(x + k + 24), a3);
-    }
-    for (; k + 8 <= n; k += 8)
-        a0 = _mm256_fmadd_ps(ldw(wr, k, wt), _mm256_loadu_ps(x + k), a0);
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; k < n; k++)
-        s = fmaf(ldw1(wr, k, wt), x[k], s);
-    return s;
-}
-
-INLINE void gemv(const struct kwk_mat *w, const float *x, float *y, int64_t r0, int64_t r1,
-                 int wt)
-{
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4)
-        gemv_rows4(w, x, y, r, wt);
-    for (; r < r1; r++)
-        y[r] = gemv_row1(row_ptr(w, r, wt), x, w->cols, wt);
-}
+/* ---- one code path for any number of tokens: each (row, token) sum is accumulated in the same
+ * order whatever n_tok, the row range or the tile it falls in, so a token's logits are bitwise
+ * the same alone or in a batch (speculation and batched serving rely on it). Decode (n_tok = 1)
+ * is memory-bound: four rows of one accumulator each keep enough FMAs in flight. */
 
 /* ---- prompt: many tokens, compute-bound. An R x T register tile of dot products over columns
  * [k0, k1); R and T are constants after inlining so the accumulators live in registers. */
@@ -237,22 +173,13 @@ static void avx2_matmul(const struct kwk_mat *w, const float *x, int n_tok, floa
     }
     switch (w->wtype) {
     case KWK_W_F16:
-        if (n_tok == 1)
-            gemv(w, x, y, r0, r1, KWK_W_F16);
-        else
-            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
+        gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
         break;
     case KWK_W_BF16:
-        if (n_tok == 1)
-            gemv(w, x, y, r0, r1, KWK_W_BF16);
-        else
-            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);
+        gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);
         break;
     default:
-        if (n_tok == 1)
-            gemv(w, x, y, r0, r1, KWK_W_F32);
-        else
-            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f32);
+        gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f32);
         break;
     }
 }

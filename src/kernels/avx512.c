@@ -60,76 +60,10 @@ INLINE __mmask16 tail_mask(int64_t n)
     return (__mmask16)((1u << n) - 1u);
 }
 
-/* ---- decode: one token, memory-bound. Each row is streamed once; four rows at a time with two
- * accumulators each keep eight FMA chains in flight. */
-
-INLINE void gemv_rows4(const struct kwk_mat *w, const float *x, float *y, int64_t r, int wt)
-{
-    int64_t n = w->cols, k = 0;
-    const void *w0 = row_ptr(w, r, wt), *w1 = row_ptr(w, r + 1, wt), *w2 = row_ptr(w, r + 2, wt),
-               *w3 = row_ptr(w, r + 3, wt);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
-           b3 = a0;
-    for (; k + 32 <= n; k += 32) {
-        __m512 xa = _mm512_loadu_ps(x + k), xb = _mm512_loadu_ps(x + k + 16);
-        a0 = _mm512_fmadd_ps(ldw(w0, k, wt), xa, a0);
-        a1 = _mm512_fmadd_ps(ldw(w1, k, wt), xa, a1);
-        a2 = _mm512_fmadd_ps(ldw(w2, k, wt), xa, a2);
-        a3 = _mm512_fmadd_ps(ldw(w3, k, wt), xa, a3);
-        b0 = _mm512_fmadd_ps(ldw(w0, k + 16, wt), xb, b0);
-        b1 = _mm512_fmadd_ps(ldw(w1, k + 16, wt), xb, b1);
-        b2 = _mm512_fmadd_ps(ldw(w2, k + 16, wt), xb, b2);
-        b3 = _mm512_fmadd_ps(ldw(w3, k + 16, wt), xb, b3);
-    }
-    for (; k + 16 <= n; k += 16) {
-        __m512 xa = _mm512_loadu_ps(x + k);
-        a0 = _mm512_fmadd_ps(ldw(w0, k, wt), xa, a0);
-        a1 = _mm512_fmadd_ps(ldw(w1, k, wt), xa, a1);
-        a2 = _mm512_fmadd_ps(ldw(w2, k, wt), xa, a2);
-        a3 = _mm512_fmadd_ps(ldw(w3, k, wt), xa, a3);
-    }
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        __m512 xa = _mm512_maskz_loadu_ps(m, x + k);
-        a0 = _mm512_fmadd_ps(ldw_tail(w0, k, m, wt), xa, a0);
-        a1 = _mm512_fmadd_ps(ldw_tail(w1, k, m, wt), xa, a1);
-        a2 = _mm512_fmadd_ps(ldw_tail(w2, k, m, wt), xa, a2);
-        a3 = _mm512_fmadd_ps(ldw_tail(w3, k, m, wt), xa, a3);
-    }
-    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0));
-    y[r + 1] = _mm512_reduce_add_ps(_mm512_add_ps(a1, b1));
-    y[r + 2] = _mm512_reduce_add_ps(_mm512_add_ps(a2, b2));
-    y[r + 3] = _mm512_reduce_add_ps(_mm512_add_ps(a3, b3));
-}
-
-INLINE float gemv_row1(const void *wr, const float *x, int64_t n, int wt)
-{
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t k = 0;
-    for (; k + 64 <= n; k += 64) {
-        a0 = _mm512_fmadd_ps(ldw(wr, k, wt), _mm512_loadu_ps(x + k), a0);
-        a1 = _mm512_fmadd_ps(ldw(wr, k + 16, wt), _mm512_loadu_ps(x + k + 16), a1);
-        a2 = _mm512_fmadd_ps(ldw(wr, k + 32, wt), _mm512_loadu_ps(x + k + 32), a2);
-        a3 = _mm512_fmadd_ps(ldw(wr, k + 48, wt), _mm512_loadu_ps(x + k + 48), a3);
-    }
-    for (; k + 16 <= n; k += 16)
-        a0 = _mm512_fmadd_ps(ldw(wr, k, wt), _mm512_loadu_ps(x + k), a0);
-    if (k < n) {
-        __mmask16 m = tail_mask(n - k);
-        a1 = _mm512_fmadd_ps(ldw_tail(wr, k, m, wt), _mm512_maskz_loadu_ps(m, x + k), a1);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
-
-INLINE void gemv(const struct kwk_mat *w, const float *x, float *y, int64_t r0, int64_t r1,
-                 int wt)
-{
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4)
-        gemv_rows4(w, x, y, r, wt);
-    for (; r < r1; r++)
-        y[r] = gemv_row1(row_ptr(w, r, wt), x, w->cols, wt);
-}
+/* ---- one code path for any number of tokens: each (row, token) sum is accumulated in the same
+ * order whatever n_tok, the row range or the tile it falls in, so a token's logits are bitwise
+ * the same alone or in a batch (speculation and batched serving rely on it). Decode (n_tok = 1)
+ * is memory-bound: four rows of one accumulator each keep enough FMAs in flight. */
 
 /* ---- prompt: many tokens, compute-bound. An R x T register tile of dot products over the
  * columns [k0, k1): every weight load feeds T FMAs and every activation load feeds R. The tile's
@@ -255,22 +189,13 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
     }
     switch (w->wtype) {
     case KWK_W_F16:
-        if (n_tok == 1)
-            gemv(w, x, y, r0, r1, KWK_W_F16);
-        else
-            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
+        gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
         break;
     case KWK_W_BF16:
-        if (n_tok == 1)
-            gemv(w, x, y, r0, r1, KWK_W_BF16);
-        else
-            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);
+        gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);
         break;
     default:
-        if (n_tok == 1)
-            gemv(w, x, y, r0, r1, KWK_W_F32);
-        else
-            gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f32);
+        gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f32);
         break;
     }
 }

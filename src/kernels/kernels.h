@@ -27,7 +27,9 @@ struct kwk_mat {
 struct kwk_kernels {
     const char *name;
     /* y[t*ldy + r] = sum_k w[r][k] * x[t*cols + k] for t in [0,n_tok), r in [r0,r1).
-     * Sums in float32. x is n_tok rows of cols floats (contiguous). */
+     * Sums in float32. x is n_tok rows of cols floats (contiguous).
+     * Batch invariance: y[t][r] is bitwise the same for any n_tok, t and [r0,r1) containing r
+     * (within one table), so a token's logits do not depend on what it was batched with. */
     void (*matmul)(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                    int64_t r0, int64_t r1);
     /* out[cols] = float32 values of row r of w. */

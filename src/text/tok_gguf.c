@@ -37,8 +37,11 @@ static const struct pre_def pre_defs[] = {
      {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+",
       "[\xE4\xB8\x80-\xE9\xBE\xA5\xE0\xA0\x80-\xE4\xB8\x80\xEA\xB0\x80-\xED\x9F\xBF]+", "\\p{N}"}},
     {"falcon", 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RX_GPT2, "[0-9][0-9][0-9]"}},
-    {"starcoder|refact|command-r|smollm|codeshell|exaone|minerva-7b", 0, {"\\p{N}", RX_GPT2}},
-    {"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v1-en|jina-v2-es|jina-v2-de|jina-v2-code|"
+    {"starcoder|refact|command-r|codeshell|exaone|minerva-7b", 0, {"\\p{N}", RX_GPT2}},
+    /* "smollm": llama.cpp isolates \p{N} first (as SmolLM's own tokenizer.json does with
+     * Digits), but transformers' GGUF loader, the reference for GGUF files here, builds a plain
+     * GPT-2 ByteLevel split; the two differ only on non-ASCII numerals after a space (" ①"). */
+    {"smollm|gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v1-en|jina-v2-es|jina-v2-de|jina-v2-code|"
      "roberta-bpe|mpt|olmo|jais",
      0, {RX_GPT2}},
     {"qwen2|deepseek-r1-qwen|stablelm2", 0, {RX_QWEN2}},

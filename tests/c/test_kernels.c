@@ -164,6 +164,38 @@ static void test_matmul(const struct kwk_kernels *k)
     }
 }
 
+/* Batch invariance (kernels.h): token t's outputs are bitwise the same computed alone, in a
+ * batch of n_tok, and over any row sub-range. */
+static void check_batch_invariance(const struct kwk_kernels *k, int wt, int64_t rows,
+                                   int64_t cols, int n_tok)
+{
+    struct kwk_mat w = {wt, rows, cols, make_weights(wt, (size_t)(rows * cols))};
+    float *x = make_floats((size_t)(n_tok * cols), -1.0f, 1.0f);
+    float *yb = malloc((size_t)(n_tok * rows) * sizeof *yb), *y1 = malloc((size_t)rows * sizeof *y1);
+    k->matmul(&w, x, n_tok, yb, (long)rows, 0, rows);
+    long diff = 0;
+    for (int t = 0; t < n_tok; t++) {
+        k->matmul(&w, x + (size_t)t * (size_t)cols, 1, y1, (long)rows, 0, rows / 2);
+        k->matmul(&w, x + (size_t)t * (size_t)cols, 1, y1, (long)rows, rows / 2, rows);
+        diff += memcmp(y1, yb + (size_t)t * (size_t)rows, (size_t)rows * sizeof *y1) != 0;
+    }
+    T_CHECK(diff == 0, "%s %s rows=%lld cols=%lld n_tok=%d: %ld tokens differ from alone",
+            k->name, wname(wt), (long long)rows, (long long)cols, n_tok, diff);
+    free((void *)w.data);
+    free(x);
+    free(yb);
+    free(y1);
+}
+
+static void test_batch_invariance(const struct kwk_kernels *k)
+{
+    for (int wt = 0; wt < KWK_W_COUNT; wt++) {
+        check_batch_invariance(k, wt, 37, 577, 9);
+        check_batch_invariance(k, wt, 21, 4500, 7);
+        check_batch_invariance(k, wt, 5, 80, 130);
+    }
+}
+
 static int close_rel(double got, double want, double rel, double abs_tol)
 {
     if (isnan(want))
@@ -407,6 +439,7 @@ int main(void)
         check_matmul(NULL, wt, 3, 17, 2, 1, 3);
     }
     test_mat_row(&kwk_kernels_ref);
+    test_batch_invariance(&kwk_kernels_ref);
 
     const struct kwk_kernels *tables[2];
     int n_tables = 0;
@@ -418,6 +451,7 @@ int main(void)
     for (int i = 0; i < n_tables; i++) {
         test_mat_row(tables[i]);
         test_matmul(tables[i]);
+        test_batch_invariance(tables[i]);
         test_vector_ops(tables[i]);
         test_exp_range(tables[i]);
     }

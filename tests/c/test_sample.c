@@ -381,6 +381,132 @@ static void test_alloc_failure(void)
     }
 }
 
+/* ---- a plain reference of the warpers, written from transformers' description with full
+ * sorts, against the sampler's selection algorithms on random rows with ties and -inf ---- */
+
+static const float *g_key;
+
+/* ascending by value; equal values: the higher id first (it counts as less likely) */
+static int cmp_asc(const void *a, const void *b)
+{
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (g_key[i] != g_key[j])
+        return g_key[i] < g_key[j] ? -1 : 1;
+    return i > j ? -1 : 1;
+}
+
+static void ref_softmax(const float *x, int n, double *p)
+{
+    double m = -INFINITY, z = 0;
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    for (int i = 0; i < n; i++)
+        z += p[i] = exp((double)x[i] - m);
+    for (int i = 0; i < n; i++)
+        p[i] /= z;
+}
+
+static void ref_warp(float *x, int n, double t, int k, double top_p, double min_p, double *out)
+{
+    int32_t *ord = malloc((size_t)n * sizeof *ord);
+    double *p = malloc((size_t)n * sizeof *p);
+
+    for (int i = 0; i < n; i++)
+        x[i] = x[i] / (float)t;
+    for (int i = 0; i < n; i++)
+        ord[i] = i;
+    g_key = x;
+    if (k > 0 && k < n) {
+        qsort(ord, (size_t)n, sizeof *ord, cmp_asc);
+        float kth = x[ord[n - k]];
+        for (int i = 0; i < n; i++)
+            if (x[i] < kth)
+                x[i] = -INFINITY;
+    }
+    if (top_p < 1.0) {
+        double cum = 0;
+        ref_softmax(x, n, p);
+        qsort(ord, (size_t)n, sizeof *ord, cmp_asc);
+        for (int r = 0; r < n - 1; r++) {
+            cum += p[ord[r]];
+            if ((float)cum <= (float)(1.0 - top_p))
+                x[ord[r]] = -INFINITY;
+        }
+    }
+    if (min_p > 0) {
+        double pm = 0;
+        ref_softmax(x, n, p);
+        for (int i = 0; i < n; i++)
+            pm = p[i] > pm ? p[i] : pm;
+        for (int i = 0; i < n; i++)
+            if (p[i] < min_p * pm)
+                x[i] = -INFINITY;
+    }
+    ref_softmax(x, n, out);
+    free(ord);
+    free(p);
+}
+
+static void test_against_reference(void)
+{
+    static const int sizes[] = {1, 2, 7, 64, 1000};
+    static const double temps[] = {0.7, 1.0, 1.3};
+    static const int ks[] = {0, 1, 5, 50};
+    static const double tps[] = {1.0, 0.9, 0.5, 0.05};
+    static const double mps[] = {0.0, 0.05, 0.2};
+    unsigned seed = 7;
+    int cases = 0, worst_case = -1;
+    double worst = 0;
+
+    for (size_t si = 0; si < KWK_ARRAY_LEN(sizes); si++) {
+        int n = sizes[si];
+        float *row = malloc((size_t)n * sizeof *row), *x = malloc((size_t)n * sizeof *x);
+        float *pr = malloc((size_t)n * sizeof *pr);
+        double *ref = malloc((size_t)n * sizeof *ref);
+        for (int kind = 0; kind < 3; kind++) {
+            for (int i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                int r = (int)(seed >> 16) % 1000;
+                /* kind 0: continuous; 1: few distinct values (ties); 2: a third -inf */
+                row[i] = kind == 1 ? (float)(r % 5) : (float)(r - 500) / 90.0f;
+                if (kind == 2 && r % 3 == 0 && i > 0)
+                    row[i] = -INFINITY;
+            }
+            for (size_t a = 0; a < KWK_ARRAY_LEN(temps); a++)
+            for (size_t b = 0; b < KWK_ARRAY_LEN(ks); b++)
+            for (size_t c = 0; c < KWK_ARRAY_LEN(tps); c++)
+            for (size_t d = 0; d < KWK_ARRAY_LEN(mps); d++) {
+                struct kwk_sampler_params p;
+                kwk_sampler_params_init(&p);
+                p.do_sample = 1;
+                p.temperature = temps[a];
+                p.top_k = ks[b];
+                p.top_p = tps[c];
+                p.min_p = mps[d];
+                kwk_sampler *s = kwk_sampler_new(n, &p, NULL);
+                int rc = kwk_sampler_process(s, row, pr);
+                kwk_sampler_free(s);
+                memcpy(x, row, (size_t)n * sizeof *x);
+                ref_warp(x, n, temps[a], ks[b], tps[c], mps[d], ref);
+                double err = rc == 0 ? 0 : 1;
+                for (int i = 0; i < n; i++)
+                    err = fmax(err, fabs(pr[i] - ref[i]));
+                if (err > worst) {
+                    worst = err;
+                    worst_case = cases;
+                }
+                cases++;
+            }
+        }
+        free(row);
+        free(x);
+        free(pr);
+        free(ref);
+    }
+    T_CHECK(worst <= 1e-6, "max |sampler - reference| %.3g in case %d", worst, worst_case);
+    T_EQ(cases, 5 * 3 * 3 * 4 * 4 * 3);
+}
+
 int main(void)
 {
     test_philox_kat();
@@ -393,5 +519,6 @@ int main(void)
     test_reproducible();
     test_logprobs();
     test_alloc_failure();
+    test_against_reference();
     return t_report("test_sample");
 }

@@ -76,7 +76,7 @@ static int load_folder(const char *dir, int with_tools, struct tpl_source *s, st
     if (!kwk_path_join(path, sizeof path, dir, "tokenizer_config.json") &&
         kwk_file_exists(path)) {
         json_error_t je;
-        cfg = json_load_file(path, 0, &je);
+        cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
         if (!cfg)
             return kwk_err_set(err, KWK_EFORMAT, "%s: %s (line %d)", path, je.text, je.line);
         s->bos = token_text(json_object_get(cfg, "bos_token"));
