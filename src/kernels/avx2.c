@@ -5,6 +5,7 @@
 
 #include "base/base.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -172,6 +173,10 @@ static void avx2_matmul(const struct kwk_mat *w, const float *x, int n_tok, floa
         return;
     }
     switch (w->wtype) {
+    case KWK_W_Q8:
+    case KWK_W_Q4:
+        kwk_quant_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
+        break;
     case KWK_W_F16:
         gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
         break;
@@ -196,6 +201,10 @@ INLINE void widen_row(const void *row, int64_t n, float *out, int wt)
 static void avx2_mat_row(const struct kwk_mat *w, int64_t r, float *out)
 {
     switch (w->wtype) {
+    case KWK_W_Q8:
+    case KWK_W_Q4:
+        kwk_quant_mat_row_ref(w, r, out);
+        break;
     case KWK_W_F16:
         widen_row(row_ptr(w, r, KWK_W_F16), w->cols, out, KWK_W_F16);
         break;

@@ -5,6 +5,7 @@
 
 #include "base/base.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -188,6 +189,10 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
         return;
     }
     switch (w->wtype) {
+    case KWK_W_Q8:
+    case KWK_W_Q4:
+        kwk_quant_matmul_avx512(w, x, n_tok, y, ldy, r0, r1);
+        break;
     case KWK_W_F16:
         gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
         break;
@@ -202,6 +207,10 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
 
 static void avx512_mat_row(const struct kwk_mat *w, int64_t r, float *out)
 {
+    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4) {
+        kwk_quant_mat_row_ref(w, r, out);
+        return;
+    }
     int64_t n = w->cols, k = 0;
     int wt = w->wtype;
     const void *row = row_ptr(w, r, wt);

@@ -4,6 +4,7 @@
 
 #include "base/base.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 /* Sequential float32 sums in index order: the simplest statement of each kernel. */
 
@@ -47,6 +48,10 @@ static float row_dot(const struct kwk_mat *w, int64_t r, const float *x)
 static void ref_matmul(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                        int64_t r0, int64_t r1)
 {
+    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4) {
+        kwk_quant_matmul_ref(w, x, n_tok, y, ldy, r0, r1);
+        return;
+    }
     for (int t = 0; t < n_tok; t++)
         for (int64_t r = r0; r < r1; r++)
             y[(int64_t)t * ldy + r] = row_dot(w, r, x + (int64_t)t * w->cols);
@@ -54,6 +59,10 @@ static void ref_matmul(const struct kwk_mat *w, const float *x, int n_tok, float
 
 static void ref_mat_row(const struct kwk_mat *w, int64_t r, float *out)
 {
+    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4) {
+        kwk_quant_mat_row_ref(w, r, out);
+        return;
+    }
     int64_t n = w->cols;
     const uint16_t *h = (const uint16_t *)w->data + r * n;
     switch (w->wtype) {

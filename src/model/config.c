@@ -250,7 +250,8 @@ static int json_dims(const json_t *root, struct kwk_config *cfg, const char *lab
     if (json_is_integer(bos) && json_integer_value(bos) >= 0 &&
         json_integer_value(bos) <= INT32_MAX)
         cfg->bos_id = (int)json_integer_value(bos);
-    if (cfg->n_heads > 0 && cfg->head_dim * cfg->n_heads != cfg->d_model && !has_head_dim)
+    if (cfg->n_heads > 0 && !has_head_dim &&
+        (int64_t)cfg->head_dim * cfg->n_heads != cfg->d_model)
         return kwk_err_set(err, KWK_EFORMAT, "%s: hidden_size %d is not a multiple of "
                            "num_attention_heads %d", label, cfg->d_model, cfg->n_heads);
     return 0;

@@ -217,8 +217,10 @@ static int load_layer(struct loader *ld, int i, struct kwk_layer *L)
             snprintf(n[k], sizeof n[k], "model.layers.%d.%s", i, h[k]);
     }
     int rc;
-    if ((rc = get_vec(ld, n[0], d, 0, &L->attn_norm)) || (rc = get_mat(ld, n[1], q, d, pq, 0, &L->wq)) ||
-        (rc = get_mat(ld, n[2], kv, d, pk, 0, &L->wk)) || (rc = get_mat(ld, n[3], kv, d, 0, 0, &L->wv)) ||
+    if ((rc = get_vec(ld, n[0], d, 0, &L->attn_norm)) ||
+        (rc = get_mat(ld, n[1], q, d, pq, 0, &L->wq)) ||
+        (rc = get_mat(ld, n[2], kv, d, pk, 0, &L->wk)) ||
+        (rc = get_mat(ld, n[3], kv, d, 0, 0, &L->wv)) ||
         (rc = get_mat(ld, n[4], d, q, 0, 0, &L->wo)))
         return rc;
     if (c->qkv_bias && ((rc = get_vec(ld, n[5], q, 0, &L->bq)) ||

@@ -12,8 +12,10 @@ struct kwk_sampler {
     struct kwk_sampler_params p;
 
     float *scores;    /* [n_vocab] the row being processed */
-    float *tmp;       /* [n_vocab] softmax output, selection copy, sampling probabilities */
-    int32_t *idx;     /* [n_vocab] heap of token ids (top_p) */
+    float *tmp;       /* [n_vocab] probabilities by token id; the top_k selection copy */
+    int32_t *idx;     /* [n_vocab] ids being partitioned (top_p) */
+    int32_t *cand;    /* [n_cand] ids still finite after the warpers so far, ascending */
+    int n_cand;
     int32_t *n_seen;  /* [n_vocab] times each id was accepted, prompt and output */
     int32_t *n_gen;   /* [n_vocab] times each id was generated */
     int32_t *seen;    /* [n_seen_ids] distinct ids with n_seen > 0, in no particular order */
@@ -93,10 +95,11 @@ kwk_sampler *kwk_sampler_new(int n_vocab, const struct kwk_sampler_params *p,
     s->scores = kwk_malloc(nb);
     s->tmp = kwk_malloc(nb);
     s->idx = kwk_malloc(nb);
+    s->cand = kwk_malloc(nb);
     s->n_seen = kwk_calloc((size_t)n_vocab, sizeof(int32_t));
     s->n_gen = kwk_calloc((size_t)n_vocab, sizeof(int32_t));
     s->seen = kwk_malloc(nb);
-    if (!s->scores || !s->tmp || !s->idx || !s->n_seen || !s->n_gen || !s->seen)
+    if (!s->scores || !s->tmp || !s->idx || !s->cand || !s->n_seen || !s->n_gen || !s->seen)
         goto out_free;
     return s;
 
@@ -116,6 +119,7 @@ void kwk_sampler_free(kwk_sampler *s)
     kwk_free(s->scores);
     kwk_free(s->tmp);
     kwk_free(s->idx);
+    kwk_free(s->cand);
     kwk_free(s->n_seen);
     kwk_free(s->n_gen);
     kwk_free(s->seen);
@@ -241,7 +245,9 @@ int64_t kwk_sampler_n_generated(const kwk_sampler *s)
 
 /* ---- the processors, in order ---------------------------------------------------------------
  * Scalars are narrowed to float before use, as torch does for a Python number applied to a
- * float32 tensor, so thresholds land where transformers puts them. */
+ * float32 tensor, so thresholds land where transformers puts them. The warpers work on the list
+ * of candidates (ids whose score is still finite, ascending): after top_k that is k ids, not the
+ * vocabulary, and summing in ascending id order skips only zeros, so results equal a full pass. */
 
 static void apply_penalties(kwk_sampler *s, float *x)
 {
@@ -269,27 +275,41 @@ static void apply_penalties(kwk_sampler *s, float *x)
     }
 }
 
-/* out[i] = softmax(x)[i]: exp in float of x - max as torch does, the sum in double. x has a
- * finite maximum. Masked entries (-inf) are common after top_k, so they skip the exp. */
-static void softmax(const float *x, int n, float *out)
+/* p[id] = softmax(x)[id] for the candidates (every other entry of x is -inf, so its
+ * probability is 0 and p[id] is not written): exp in float of x - max as torch does, the sum in
+ * double. */
+static void softmax_cand(const kwk_sampler *s, const float *x, float *p)
 {
+    const int32_t *c = s->cand;
+    int n = s->n_cand;
     float m = -INFINITY;
     double z = 0.0;
 
-    for (int i = 0; i < n; i++)
-        m = x[i] > m ? x[i] : m;
-    for (int i = 0; i < n; i++) {
-        float e = x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
-        out[i] = e;
+    for (int j = 0; j < n; j++)
+        m = x[c[j]] > m ? x[c[j]] : m;
+    for (int j = 0; j < n; j++) {
+        float e = expf(x[c[j]] - m);
+        p[c[j]] = e;
         z += e;
     }
-    for (int i = 0; i < n; i++)
-        out[i] = (float)(out[i] / z);
+    for (int j = 0; j < n; j++)
+        p[c[j]] = (float)(p[c[j]] / z);
+}
+
+/* Drop the candidates a warper set to -inf, keeping ascending order. */
+static void prune_cand(kwk_sampler *s, const float *x)
+{
+    int k = 0;
+
+    for (int j = 0; j < s->n_cand; j++)
+        if (x[s->cand[j]] != -INFINITY)
+            s->cand[k++] = s->cand[j];
+    s->n_cand = k;
 }
 
 /* The k-th largest of a[n] (1 <= k <= n), reordering a. Three-way quickselect: logit rows hold
- * long runs of equal values (-inf after masking), which a two-way partition would make
- * quadratic. The pivot is the middle element, rows are not adversarial to that. */
+ * long runs of equal values, which a two-way partition would make quadratic. The pivot is the
+ * middle element; model rows are not adversarial to that. */
 static float kth_largest(float *a, int n, int k)
 {
     int lo = 0, hi = n; /* the answer is the (k-1)-th of a[lo..hi) in descending order */
@@ -320,19 +340,21 @@ static float kth_largest(float *a, int n, int k)
     }
 }
 
+/* transformers removes scores < the k-th largest (of the whole row; -inf entries are never
+ * above it, so the candidates suffice), so ties with it stay. */
 static void apply_top_k(kwk_sampler *s, float *x)
 {
-    int n = s->n_vocab;
-    int k = s->p.top_k;
+    int n = s->n_cand, k = s->p.top_k;
 
     if (k <= 0 || k >= n)
         return;
-    memcpy(s->tmp, x, (size_t)n * sizeof(float));
+    for (int j = 0; j < n; j++)
+        s->tmp[j] = x[s->cand[j]];
     float kth = kth_largest(s->tmp, n, k);
-    /* transformers removes scores < the k-th value, so ties with it stay. */
-    for (int i = 0; i < n; i++)
-        if (x[i] < kth)
-            x[i] = -INFINITY;
+    for (int j = 0; j < n; j++)
+        if (x[s->cand[j]] < kth)
+            x[s->cand[j]] = -INFINITY;
+    prune_cand(s, x);
 }
 
 /* The top_p order: a ranks before b when its logit is larger, or equal with a lower id. */
@@ -372,7 +394,7 @@ static int partition_rank(const float *x, const float *p, int32_t *ids, int lo, 
  * found by quickselect on mass (expected O(n)), never sorting the whole vocabulary. */
 static void apply_top_p(kwk_sampler *s, float *x)
 {
-    int n = s->n_vocab, h = 0, lo, hi;
+    int h = s->n_cand, lo = 0, hi = h;
     float *p = s->tmp;
     int32_t *ids = s->idx;
     double total = 0.0, above = 0.0, a;
@@ -381,16 +403,13 @@ static void apply_top_p(kwk_sampler *s, float *x)
     if (s->p.top_p >= 1.0)
         return;
     thr = (float)(1.0 - s->p.top_p);
-    softmax(x, n, p);
-    for (int i = 0; i < n; i++) {
-        total += p[i];
-        if (x[i] != -INFINITY)
-            ids[h++] = i;
+    softmax_cand(s, x, p);
+    for (int j = 0; j < h; j++) {
+        ids[j] = s->cand[j];
+        total += p[ids[j]];
     }
     /* ids[0..lo) rank first and their prefix does not reach the cut (mass: above); the prefix
      * ids[0..hi) does, or hi == h. */
-    lo = 0;
-    hi = h;
     while (lo < hi) {
         int st = partition_rank(x, p, ids, lo, hi, &a);
         if (st >= 1 && (float)(total - (above + a)) <= thr) {
@@ -402,36 +421,27 @@ static void apply_top_p(kwk_sampler *s, float *x)
             hi = st + 1;
         lo = st + 1;
     }
-    for (int i = hi; i < h; i++)
-        x[ids[i]] = -INFINITY;
+    for (int j = hi; j < h; j++)
+        x[ids[j]] = -INFINITY;
+    prune_cand(s, x);
 }
 
 static void apply_min_p(kwk_sampler *s, float *x)
 {
-    int n = s->n_vocab;
     float *p = s->tmp;
     float pmax = 0.0f;
 
     if (s->p.min_p <= 0.0)
         return;
-    softmax(x, n, p);
-    for (int i = 0; i < n; i++)
-        pmax = p[i] > pmax ? p[i] : pmax;
+    softmax_cand(s, x, p);
+    for (int j = 0; j < s->n_cand; j++)
+        pmax = p[s->cand[j]] > pmax ? p[s->cand[j]] : pmax;
     float thr = (float)s->p.min_p * pmax;
     /* The top token has p == pmax >= thr, so min_tokens_to_keep = 1 holds by itself. */
-    for (int i = 0; i < n; i++)
-        if (p[i] < thr)
-            x[i] = -INFINITY;
-}
-
-static int argmax_first(const float *x, int n)
-{
-    int best = 0;
-
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
+    for (int j = 0; j < s->n_cand; j++)
+        if (p[s->cand[j]] < thr)
+            x[s->cand[j]] = -INFINITY;
+    prune_cand(s, x);
 }
 
 static int is_greedy(const kwk_sampler *s)
@@ -439,83 +449,103 @@ static int is_greedy(const kwk_sampler *s)
     return !s->p.do_sample || s->p.temperature == 0.0;
 }
 
-/* Steps 1-8 into s->scores; *greedy_id is the argmax for greedy samplers, else -1. */
-static int process_scores(kwk_sampler *s, const float *logits, int *greedy_id)
+/* Temperature, building the candidate list on the way. m is the finite max of x. */
+static void apply_temperature(kwk_sampler *s, float *x, float m)
 {
-    int n = s->n_vocab;
-    float *x = s->scores;
-    float m = -INFINITY;
+    int n = s->n_vocab, k = 0;
+    float t = (float)s->p.temperature;
+    /* torch divides the scores as they are. Where that would overflow float (huge logits, tiny
+     * temperature) divide them shifted by their max instead: softmax and every warper are
+     * shift-invariant, and the best token stays finite. */
+    float shift = fabs((double)m / t) < 1e37 ? 0.0f : m;
 
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        if (x[i] == -INFINITY)
+            continue;
+        if (s->p.temperature != 1.0)
+            x[i] = (x[i] - shift) / t;
+        if (x[i] != -INFINITY)
+            s->cand[k++] = i;
+    }
+    s->n_cand = k;
+}
+
+/* Steps 1-8 into s->scores and s->cand. Returns the argmax for greedy samplers, -1 when the
+ * warpers ran, or a negative code below -1. */
+static int process_scores(kwk_sampler *s, const float *logits)
+{
+    int n = s->n_vocab, best = 0;
+    float *x = s->scores;
+
+    for (int i = 0; i < n; i++) {
         if (isnan(logits[i]) || logits[i] == INFINITY)
             return KWK_EARG;
-    memcpy(x, logits, (size_t)n * sizeof(float));
+        x[i] = logits[i];
+    }
     apply_penalties(s, x);
-    for (int i = 0; i < n; i++)
-        m = x[i] > m ? x[i] : m;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i; /* strictly greater: the first index wins ties */
     /* -inf everywhere: no token can be chosen. +inf: a penalty or bias overflowed. */
-    if (m == -INFINITY || m == INFINITY)
+    if (x[best] == -INFINITY || x[best] == INFINITY)
         return KWK_ERUNTIME;
-    *greedy_id = -1;
-    if (is_greedy(s)) {
-        *greedy_id = argmax_first(x, n);
-        return 0;
-    }
-    if (s->p.temperature != 1.0) {
-        float t = (float)s->p.temperature;
-        for (int i = 0; i < n; i++)
-            x[i] = x[i] / t;
-        m = x[argmax_first(x, n)];
-        if (m == INFINITY)
-            return KWK_ERUNTIME;
-    }
+    if (is_greedy(s))
+        return best;
+    apply_temperature(s, x, x[best]);
     apply_top_k(s, x);
     apply_top_p(s, x);
     apply_min_p(s, x);
-    return 0;
+    return -1;
 }
 
 int kwk_sampler_process(kwk_sampler *s, const float *logits, float *probs)
 {
-    int g = -1;
-    int rc = process_scores(s, logits, &g);
+    int g = process_scores(s, logits);
 
-    if (rc < 0 || !probs)
-        return rc;
-    if (g >= 0) {
-        memset(probs, 0, (size_t)s->n_vocab * sizeof(float));
+    if (g < -1 || !probs)
+        return g < -1 ? g : 0;
+    memset(probs, 0, (size_t)s->n_vocab * sizeof(float));
+    if (g >= 0)
         probs[g] = 1.0f;
-    } else {
-        softmax(s->scores, s->n_vocab, probs);
-    }
+    else
+        softmax_cand(s, s->scores, probs);
     return 0;
 }
 
-int kwk_sample_draw(const float *probs, int n, double u)
+/* Inverse CDF over probs[ids[j]] for j < n (ids NULL: 0..n-1), in that order, zeros skipped. */
+static int draw_ids(const float *probs, const int32_t *ids, int n, double u)
 {
     double total = 0.0, target, run = 0.0;
     int last = -1;
 
-    for (int i = 0; i < n; i++)
-        if (probs[i] > 0.0f)
-            total += probs[i];
+    for (int j = 0; j < n; j++) {
+        float v = probs[ids ? ids[j] : j];
+        if (v > 0.0f)
+            total += v;
+    }
     if (!(total > 0.0))
         return -1;
     target = u * total;
-    for (int i = 0; i < n; i++) {
-        if (!(probs[i] > 0.0f))
+    for (int j = 0; j < n; j++) {
+        int id = ids ? ids[j] : j;
+        if (!(probs[id] > 0.0f))
             continue;
-        run += probs[i];
-        last = i;
+        run += probs[id];
+        last = id;
         if (run > target)
-            return i;
+            return id;
     }
     /* Rounding left target at the very top: the last token with mass. */
     return last;
 }
 
-/* Raw log-softmax of the chosen token and the n_top best, insertion into a short sorted list:
- * O(n_vocab) for the usual case where few logits beat the current n_top-th. */
+int kwk_sample_draw(const float *probs, int n, double u)
+{
+    return draw_ids(probs, NULL, n, u);
+}
+
+/* Raw log-softmax of the chosen token and the n_top best (insertion into a short sorted list,
+ * O(n_vocab) when few logits beat the current n_top-th). */
 static void raw_logprobs(const kwk_sampler *s, const float *x, int32_t token, float *logprob,
                          int32_t *top_ids, float *top_lps, int n_top)
 {
@@ -523,16 +553,10 @@ static void raw_logprobs(const kwk_sampler *s, const float *x, int32_t token, fl
     float m = -INFINITY;
     double z = 0.0, lse;
 
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         m = x[i] > m ? x[i] : m;
-    for (int i = 0; i < n; i++)
-        z += x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
-    lse = m + log(z);
-    if (logprob)
-        *logprob = (float)((double)x[token] - lse);
-    for (int i = 0; i < n && n_top > 0; i++) {
         /* strictly greater: an equal logit with a higher id stays behind */
-        if (have == n_top && !(x[i] > x[top_ids[have - 1]]))
+        if (n_top == 0 || (have == n_top && !(x[i] > x[top_ids[have - 1]])))
             continue;
         int j = have < n_top ? have++ : have - 1;
         while (j > 0 && x[i] > x[top_ids[j - 1]]) {
@@ -541,6 +565,11 @@ static void raw_logprobs(const kwk_sampler *s, const float *x, int32_t token, fl
         }
         top_ids[j] = i;
     }
+    for (int i = 0; i < n; i++)
+        z += x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
+    lse = m + log(z);
+    if (logprob)
+        *logprob = (float)((double)x[token] - lse);
     for (int j = 0; j < have; j++)
         top_lps[j] = (float)((double)x[top_ids[j]] - lse);
 }
@@ -548,17 +577,18 @@ static void raw_logprobs(const kwk_sampler *s, const float *x, int32_t token, fl
 int kwk_sampler_sample(kwk_sampler *s, const float *logits, int32_t *token, float *logprob,
                        int32_t *top_ids, float *top_lps, int n_top)
 {
-    int g = -1, rc;
+    int g;
 
     if (n_top < 0 || n_top > KWK_SAMPLER_TOP_MAX || n_top > s->n_vocab ||
         (n_top > 0 && (!top_ids || !top_lps)) || !token)
         return KWK_EARG;
-    rc = process_scores(s, logits, &g);
-    if (rc < 0)
-        return rc;
-    if (g < 0) {
-        softmax(s->scores, s->n_vocab, s->tmp);
-        g = kwk_sample_draw(s->tmp, s->n_vocab, kwk_rng_u01(s->p.seed, 0, (uint64_t)s->n_generated));
+    g = process_scores(s, logits);
+    if (g < -1)
+        return g;
+    if (g == -1) {
+        softmax_cand(s, s->scores, s->tmp);
+        double u = kwk_rng_u01(s->p.seed, 0, (uint64_t)s->n_generated);
+        g = draw_ids(s->tmp, s->cand, s->n_cand, u);
         if (g < 0)
             return KWK_ERUNTIME;
     }

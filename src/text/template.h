@@ -271,6 +271,7 @@ struct trender {
     int have_now;
     int ctl; /* pending break (1) / continue (2) */
     struct tbuf *out; /* where text goes (swapped for captures) */
+    int sym_loop;     /* symbol of "loop" (-1 none), -2 until looked up */
 };
 
 /* Evaluate expression n into *v. Returns 0 or a negative code with r->err set. */
@@ -287,12 +288,73 @@ int tpl_step(struct trender *r, const struct tnode *at);
 
 /* ---- values (template_value.c) ---- */
 
-struct tv tv_undef(const char *hint, size_t n);
-struct tv tv_none(void);
-struct tv tv_bool(int b);
-struct tv tv_int(int64_t i);
-struct tv tv_float(double f);
-struct tv tv_str(const char *p, size_t n);
+static inline struct tv tv_make(int k)
+{
+    struct tv v;
+    v.k = (uint8_t)k;
+    v.flag = 0;
+    v.id = 0;
+    v.u.s.p = NULL;
+    v.u.s.n = 0;
+    return v;
+}
+
+/* An undefined value; hint is the NUL-terminated message using it raises (or NULL). */
+static inline struct tv tv_undef(const char *hint, size_t n)
+{
+    struct tv v = tv_make(TV_UNDEF);
+    v.u.s.p = hint;
+    v.u.s.n = n;
+    return v;
+}
+
+/* Undefined values whose message is only formatted when they are used (tv.id says which). */
+enum { TU_MSG = 0, TU_NAME = 1, TU_ATTR = 2 /* + index of the object's description */ };
+
+static inline struct tv tv_undef_lazy(uint32_t kind, const char *name, size_t n)
+{
+    struct tv v = tv_undef(name, n);
+    v.id = kind;
+    return v;
+}
+
+static inline struct tv tv_none(void)
+{
+    return tv_make(TV_NONE);
+}
+
+static inline struct tv tv_bool(int b)
+{
+    struct tv v = tv_make(TV_BOOL);
+    v.u.b = b != 0;
+    return v;
+}
+
+static inline struct tv tv_int(int64_t i)
+{
+    struct tv v = tv_make(TV_INT);
+    v.u.i = i;
+    return v;
+}
+
+static inline struct tv tv_float(double f)
+{
+    struct tv v = tv_make(TV_FLOAT);
+    v.u.f = f;
+    return v;
+}
+
+static inline struct tv tv_str(const char *p, size_t n)
+{
+    struct tv v = tv_make(TV_STR);
+    v.u.s.p = p ? p : "";
+    v.u.s.n = n;
+    return v;
+}
+
+/* Description of an object in jinja2's undefined messages ("dict object"), by TU_ATTR offset. */
+const char *tpl_undef_desc(uint32_t idx);
+uint32_t tpl_undef_desc_of(const struct tv *obj);
 /* New empty list / dict in the render arena (NULL tv.u on failure: check with tv_ok). */
 int tv_new_list(struct trender *r, size_t cap, struct tv *out);
 int tv_new_dict(struct trender *r, size_t cap, struct tv *out);

@@ -125,6 +125,7 @@ int kwk_template_render(const kwk_template *t, const char *context_json, size_t 
         .now = opts->now,
         .have_now = opts->have_now,
         .out = &buf,
+        .sym_loop = -2,
     };
     tb_init(&buf, r.max_output);
     struct tv ctx;

@@ -64,6 +64,13 @@ struct tv tpl_undef(struct trender *r, const char *fmt, ...)
 
 int tpl_undef_fail(struct trender *r, const struct tnode *at, const struct tv *u)
 {
+    if (u->k == TV_UNDEF && u->id == TU_NAME)
+        return tpl_fail(r, KWK_ERUNTIME, at, "'%.*s' is undefined",
+                        (int)KWK_MIN(u->u.s.n, (size_t)100), u->u.s.p);
+    if (u->k == TV_UNDEF && u->id >= TU_ATTR)
+        return tpl_fail(r, KWK_ERUNTIME, at, "'%s' has no attribute '%.*s'",
+                        tpl_undef_desc(u->id - TU_ATTR), (int)KWK_MIN(u->u.s.n, (size_t)100),
+                        u->u.s.p);
     if (u->k == TV_UNDEF && u->u.s.p)
         return tpl_fail(r, KWK_ERUNTIME, at, "%s", u->u.s.p);
     return tpl_fail(r, KWK_ERUNTIME, at, "value is undefined");
@@ -158,7 +165,8 @@ static int eval_star_args(struct trender *r, struct tscope *sc, const struct tno
             return tpl_fail(r, KWK_ELIMIT, n, "template render ran out of its memory limit");
         if (a->n_pos)
             memcpy(pos, a->pos, a->n_pos * sizeof *pos);
-        memcpy(pos + a->n_pos, items->v, items->n * sizeof *pos);
+        if (items->n)
+            memcpy(pos + a->n_pos, items->v, items->n * sizeof *pos);
         a->pos = pos;
         a->n_pos += items->n;
     }
@@ -406,8 +414,10 @@ static int arith(struct trender *r, const struct tnode *at, int op, const struct
             return tpl_fail(r, KWK_ELIMIT, at, "list too long");
         if ((rc = tv_new_list(r, n, out)))
             return rc;
-        memcpy(out->u.l->v, a->u.l->v, a->u.l->n * sizeof(struct tv));
-        memcpy(out->u.l->v + a->u.l->n, b->u.l->v, b->u.l->n * sizeof(struct tv));
+        if (a->u.l->n)
+            memcpy(out->u.l->v, a->u.l->v, a->u.l->n * sizeof(struct tv));
+        if (b->u.l->n)
+            memcpy(out->u.l->v + a->u.l->n, b->u.l->v, b->u.l->n * sizeof(struct tv));
         out->u.l->n = n;
         out->flag = a->flag;
         return tpl_step(r, at);
@@ -576,7 +586,7 @@ static int eval_name(struct trender *r, struct tscope *sc, const struct tnode *n
         v->id = (uint32_t)id;
         return 0;
     }
-    *v = tpl_undef(r, "'%.*s' is undefined", (int)KWK_MIN(n->sn, (size_t)100), n->s);
+    *v = tv_undef_lazy(TU_NAME, n->s, n->sn);
     return 0;
 }
 
@@ -727,7 +737,9 @@ static int assign(struct trender *r, struct tscope *sc, const struct tnode *targ
 
 static int loop_sym_cache(struct trender *r)
 {
-    return tsyms_find(r->syms, "loop", 4);
+    if (r->sym_loop == -2)
+        r->sym_loop = tsyms_find(r->syms, "loop", 4);
+    return r->sym_loop;
 }
 
 static int exec_for(struct trender *r, struct tscope *sc, const struct tnode *n)

@@ -906,7 +906,8 @@ static int filter_run(struct trender *r, const struct tnode *at, int id, const s
     case F_LIST:
         if ((rc = tv_iter(r, at, in, &items)) || (rc = tv_new_list(r, items->n, out)))
             return rc;
-        memcpy(out->u.l->v, items->v, items->n * sizeof(struct tv));
+        if (items->n)
+            memcpy(out->u.l->v, items->v, items->n * sizeof(struct tv));
         out->u.l->n = items->n;
         return 0;
     case F_REVERSE:
@@ -1072,7 +1073,8 @@ static int filter_run(struct trender *r, const struct tnode *at, int id, const s
         } else {
             if ((rc = tv_new_list(r, a->n_pos, &args)))
                 return rc;
-            memcpy(args.u.l->v, a->pos, a->n_pos * sizeof(struct tv));
+            if (a->n_pos)
+                memcpy(args.u.l->v, a->pos, a->n_pos * sizeof(struct tv));
             args.u.l->n = a->n_pos;
             args.flag = TVF_TUPLE;
         }

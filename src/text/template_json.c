@@ -249,9 +249,10 @@ static int jstring(struct jparser *J, struct tv *out)
     while (q < J->end && *q != '"' && *q != '\\')
         q++;
     if (q < J->end && *q == '"') {
-        /* no escapes: copy as is */
+        /* no escapes: a view into the caller's JSON, which outlives the render */
         J->p = q + 1;
-        return tv_str_copy(J->r, s, (size_t)(q - s), out);
+        *out = tv_str(s, (size_t)(q - s));
+        return 0;
     }
     struct tbuf b;
     tb_init(&b, 0);

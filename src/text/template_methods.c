@@ -104,18 +104,34 @@ static int bind(struct trender *r, const struct tv *obj, int id, struct tv *out)
     return 0;
 }
 
-static const char *obj_desc(const struct tv *v)
+static const char *const undef_descs[] = {"object", "None", "dict object", "tuple object",
+                                          "list object", "str object", "int object",
+                                          "float object", "bool object",
+                                          "Namespace object"};
+
+const char *tpl_undef_desc(uint32_t idx)
+{
+    return idx < KWK_ARRAY_LEN(undef_descs) ? undef_descs[idx] : "object";
+}
+
+uint32_t tpl_undef_desc_of(const struct tv *v)
 {
     switch (v->k) {
-    case TV_NONE: return "None";
-    case TV_DICT: return "dict object";
-    case TV_LIST: return v->flag & TVF_TUPLE ? "tuple object" : "list object";
-    case TV_STR: return "str object";
-    case TV_INT: return "int object";
-    case TV_FLOAT: return "float object";
-    case TV_BOOL: return "bool object";
-    default: return "object";
+    case TV_NONE: return 1;
+    case TV_DICT: return 2;
+    case TV_LIST: return v->flag & TVF_TUPLE ? 3 : 4;
+    case TV_STR: return 5;
+    case TV_INT: return 6;
+    case TV_FLOAT: return 7;
+    case TV_BOOL: return 8;
+    case TV_NS: return 9;
+    default: return 0;
     }
+}
+
+static const char *obj_desc(const struct tv *v)
+{
+    return undef_descs[tpl_undef_desc_of(v)];
 }
 
 int tpl_getattr(struct trender *r, const struct tnode *at, const struct tv *obj, const char *name,
@@ -137,15 +153,8 @@ int tpl_getattr(struct trender *r, const struct tnode *at, const struct tv *obj,
             *out = *x;
             return 0;
         }
-        if (obj->k == TV_NS) {
-            *out = tpl_undef(r, "'Namespace object' has no attribute '%.*s'", (int)n, name);
-            return 0;
-        }
     }
-    *out = tpl_undef(r, "'%s' has no attribute '%.*s'", obj_desc(obj), (int)KWK_MIN(n, 100),
-                     name);
-    if (obj->k == TV_NONE)
-        *out = tpl_undef(r, "'None' has no attribute '%.*s'", (int)KWK_MIN(n, 100), name);
+    *out = tv_undef_lazy(TU_ATTR + tpl_undef_desc_of(obj), name, n);
     return 0;
 }
 
@@ -197,8 +206,7 @@ int tpl_getitem(struct trender *r, const struct tnode *at, const struct tv *obj,
         int id = tpl_method_id(obj, key->u.s.p, key->u.s.n);
         if (id > 0)
             return bind(r, obj, id, out);
-        *out = tpl_undef(r, "'%s' has no attribute '%.*s'", obj_desc(obj),
-                         (int)KWK_MIN(key->u.s.n, 100), key->u.s.p);
+        *out = tv_undef_lazy(TU_ATTR + tpl_undef_desc_of(obj), key->u.s.p, key->u.s.n);
         return 0;
     }
     *out = tpl_undef(r, "'%s' has no item", obj_desc(obj));
@@ -873,8 +881,9 @@ int tpl_call_method(struct trender *r, const struct tnode *at, const struct tbou
     case M_VALUES:
         if ((rc = tv_new_list(r, self->u.d->n, out)))
             return rc;
-        memcpy(out->u.l->v, bm->method == M_KEYS ? self->u.d->keys : self->u.d->vals,
-               self->u.d->n * sizeof(struct tv));
+        if (self->u.d->n)
+            memcpy(out->u.l->v, bm->method == M_KEYS ? self->u.d->keys : self->u.d->vals,
+                   self->u.d->n * sizeof(struct tv));
         out->u.l->n = self->u.d->n;
         return 0;
     case M_GET: {

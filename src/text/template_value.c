@@ -9,49 +9,6 @@
 
 #include "text/template.h"
 
-struct tv tv_undef(const char *hint, size_t n)
-{
-    struct tv v = {.k = TV_UNDEF};
-    v.u.s.p = hint;
-    v.u.s.n = n;
-    return v;
-}
-
-struct tv tv_none(void)
-{
-    struct tv v = {.k = TV_NONE};
-    return v;
-}
-
-struct tv tv_bool(int b)
-{
-    struct tv v = {.k = TV_BOOL};
-    v.u.b = b != 0;
-    return v;
-}
-
-struct tv tv_int(int64_t i)
-{
-    struct tv v = {.k = TV_INT};
-    v.u.i = i;
-    return v;
-}
-
-struct tv tv_float(double f)
-{
-    struct tv v = {.k = TV_FLOAT};
-    v.u.f = f;
-    return v;
-}
-
-struct tv tv_str(const char *p, size_t n)
-{
-    struct tv v = {.k = TV_STR};
-    v.u.s.p = p ? p : "";
-    v.u.s.n = n;
-    return v;
-}
-
 static int oom(struct trender *r)
 {
     return tpl_fail(r, KWK_ELIMIT, NULL, "template render ran out of its memory limit");
@@ -609,7 +566,8 @@ int tv_iter(struct trender *r, const struct tnode *at, const struct tv *v, struc
     case TV_DICT:
         if ((rc = tv_new_list(r, v->u.d->n, &lv)))
             return rc;
-        memcpy(lv.u.l->v, v->u.d->keys, v->u.d->n * sizeof(struct tv));
+        if (v->u.d->n)
+            memcpy(lv.u.l->v, v->u.d->keys, v->u.d->n * sizeof(struct tv));
         lv.u.l->n = v->u.d->n;
         *out = lv.u.l;
         return 0;

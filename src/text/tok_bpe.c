@@ -216,10 +216,11 @@ static void cache_put(struct tok_scratch *s, const char *w, size_t n, uint64_t h
                       const int32_t *ids, size_t n_ids)
 {
     if (!s->cache) {
-        s->cache = kwk_calloc(4096, sizeof *s->cache);
+        /* Small first: most calls are short prompts; the table doubles as words arrive. */
+        s->cache = kwk_calloc(256, sizeof *s->cache);
         if (!s->cache)
             return;
-        s->cache_mask = 4095;
+        s->cache_mask = 255;
     }
     if ((s->cache_n + 1) * 2 > s->cache_mask + 1) {
         size_t cap = (s->cache_mask + 1) * 2;

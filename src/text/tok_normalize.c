@@ -106,6 +106,10 @@ static void strip_ws(const struct tok_step *st, const char *s, size_t n, struct 
     tok_buf_add(out, s + a, b - a);
 }
 
+/* Lowercase, StripAccents (every mark, as HF's StripAccents), or BERT's accent strip
+ * (non-spacing marks only). */
+enum { BERT_STRIP = -1 };
+
 static void per_char(int kind, const char *s, size_t n, struct tok_buf *out)
 {
     for (size_t i = 0; i < n;) {
@@ -113,7 +117,7 @@ static void per_char(int kind, const char *s, size_t n, struct tok_buf *out)
         size_t l = tok_utf8_next(s + i, n - i, &cp);
         if (kind == TOK_N_LOWER)
             tok_buf_add_lower(out, cp);
-        else if (!tok_is_mn(cp))
+        else if (kind == BERT_STRIP ? !tok_is_mn(cp) : !tok_is_mark(cp))
             tok_buf_add(out, s + i, l);
         i += l;
     }
@@ -145,7 +149,7 @@ static int bert(const struct tok_step *st, const char *s, size_t n, struct tok_b
     if (strip) {
         rc = unicode_form(TOK_N_NFD, a.p, a.n, &b);
         a.n = 0;
-        per_char(TOK_N_STRIP_ACCENTS, b.p, b.n, &a);
+        per_char(BERT_STRIP, b.p, b.n, &a);
     }
     if (st->lowercase)
         per_char(TOK_N_LOWER, a.p, a.n, out);

@@ -176,6 +176,12 @@ int tok_is_mn(uint32_t c)
     return cat(c) == UTF8PROC_CATEGORY_MN;
 }
 
+int tok_is_mark(uint32_t c)
+{
+    int k = cat(c);
+    return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
+}
+
 int tok_is_cjk(uint32_t c)
 {
     return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||

@@ -164,6 +164,11 @@ static int finish_added(struct kwk_tokenizer *t)
         }
         if (a->normalized)
             t->has_normalized_added = 1;
+        /* HF names a normalized added token by its normalized content (id_to_token, decode). */
+        if (a->norm != a->content && t->pieces[a->id] == a->content) {
+            t->pieces[a->id] = a->norm;
+            t->piece_lens[a->id] = (uint32_t)a->norm_len;
+        }
     }
     t->added_norm_order = kwk_malloc(sizeof(int32_t) * (size_t)(t->n_added + 1));
     if (!t->added_norm_order)

@@ -91,6 +91,7 @@ int tok_is_numeric(uint32_t cp);     /* Nd, Nl, No */
 int tok_is_alnum(uint32_t cp);       /* L*, N* */
 int tok_is_control(uint32_t cp);     /* C* except \t \n \r */
 int tok_is_mn(uint32_t cp);          /* Mn */
+int tok_is_mark(uint32_t cp);        /* Mn, Mc, Me */
 int tok_is_cjk(uint32_t cp);         /* BERT's "Chinese character" blocks */
 uint32_t tok_lower(uint32_t cp);
 /* Append the lowercase of cp (full mapping where it differs from the simple one). */

@@ -354,12 +354,14 @@ static void test_sharded(void)
     write_st(path, defs, 0, 7);
     snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
     write_st(path, defs, 7, n);
-    char index[8192];
-    size_t k = (size_t)sprintf(index, "{\"metadata\":{},\"weight_map\":{");
-    for (int i = 0; i < n; i++)
-        k += (size_t)sprintf(index + k, "%s\"%s\":\"model-0000%d-of-00002.safetensors\"",
-                             i ? "," : "", defs[i].name, i < 7 ? 1 : 2);
-    sprintf(index + k, "}}");
+    static char index[16384];
+    size_t k = (size_t)snprintf(index, sizeof index, "{\"metadata\":{},\"weight_map\":{");
+    for (int i = 0; i < n && k < sizeof index; i++)
+        k += (size_t)snprintf(index + k, sizeof index - k,
+                              "%s\"%s\":\"model-0000%d-of-00002.safetensors\"", i ? "," : "",
+                              defs[i].name, i < 7 ? 1 : 2);
+    if (k < sizeof index)
+        snprintf(index + k, sizeof index - k, "}}");
     write_text(dir, "model.safetensors.index.json", index);
     struct kwk_err err;
     kwk_model *m = kwk_model_load(dir, &err);

@@ -260,6 +260,33 @@ static void test_warpers(void)
     T_EQ(n_kept(pu, 4), 2);
     kwk_sampler_free(s);
 
+    /* uniform rows of 2^j tokens: every cumulative sum is exact, the cut falls exactly on the
+     * threshold, where "<= 1 - top_p" removes; kept: the max(1, ceil(n * top_p)) lowest ids */
+    static const double tps[] = {0.5, 0.75, 0.25, 0.125, 0.0625};
+    float flat[64], pf[64];
+    for (int i = 0; i < 64; i++)
+        flat[i] = 1.5f;
+    int wrong = 0;
+    for (int n = 2; n <= 64; n *= 2) {
+        for (size_t t = 0; t < KWK_ARRAY_LEN(tps); t++) {
+            kwk_sampler_params_init(&p);
+            p.do_sample = 1;
+            p.top_k = 0;
+            p.top_p = tps[t];
+            s = mk(n, &p);
+            T_EQ(kwk_sampler_process(s, flat, pf), 0);
+            int want = (int)ceil(n * tps[t]) > 1 ? (int)ceil(n * tps[t]) : 1;
+            for (int i = 0; i < n; i++)
+                if ((pf[i] > 0.0f) != (i < want)) {
+                    fprintf(stderr, "n %d top_p %g: token %d p %g, want %d kept\n", n, tps[t], i,
+                            (double)pf[i], want);
+                    wrong++;
+                }
+            kwk_sampler_free(s);
+        }
+    }
+    T_EQ(wrong, 0);
+
     /* min_p 0.5: p(x) >= 0.5 * p(top) keeps logits within log 2 of the top */
     kwk_sampler_params_init(&p);
     p.do_sample = 1;
@@ -507,6 +534,57 @@ static void test_against_reference(void)
     T_EQ(cases, 5 * 3 * 3 * 4 * 4 * 3);
 }
 
+/* Extreme rows never crash or return NaN: either a distribution that sums to 1 or an error. */
+static void test_extremes(void)
+{
+    const float big = 3.4028235e38f, tiny = 1e-40f;
+    float rows[5][4] = {
+        {big, -big, 0.0f, tiny},
+        {-big, -big, -big, -big},
+        {big, big, -INFINITY, -INFINITY},
+        {tiny, -tiny, 0.0f, -0.0f},
+        {1e30f, -1e30f, 1e30f, 5.0f},
+    };
+    int bad = 0, errors = 0, ok = 0;
+
+    for (int r = 0; r < 5; r++) {
+        for (int variant = 0; variant < 4; variant++) {
+            struct kwk_sampler_params p;
+            kwk_sampler_params_init(&p);
+            p.do_sample = variant != 0;
+            p.temperature = variant == 2 ? 0.01 : 1.0;
+            p.top_p = variant == 3 ? 0.3 : 1.0;
+            p.min_p = variant == 3 ? 0.5 : 0.0;
+            p.repetition_penalty = variant >= 2 ? 0.5 : 1.0;
+            kwk_sampler *s = mk(4, &p);
+            kwk_sampler_accept(s, 0, 1);
+            float pr[4];
+            int32_t tok = -1, top[2];
+            float lp, lps[2];
+            int rc = kwk_sampler_process(s, rows[r], pr);
+            int rc2 = kwk_sampler_sample(s, rows[r], &tok, &lp, top, lps, 2);
+            if (rc == 0) {
+                double sum = 0;
+                for (int i = 0; i < 4; i++)
+                    sum += pr[i];
+                int wrong = !(fabs(sum - 1.0) < 1e-6) || rc2 != 0 || tok < 0 || tok > 3 ||
+                            !(pr[tok] > 0.0f) || isnan(lp);
+                if (wrong)
+                    fprintf(stderr, "row %d variant %d: sum %g rc %d token %d logprob %g\n", r,
+                            variant, sum, rc2, (int)tok, (double)lp);
+                bad += wrong;
+                ok++;
+            } else {
+                bad += rc != KWK_ERUNTIME || rc2 != rc;
+                errors++;
+            }
+            kwk_sampler_free(s);
+        }
+    }
+    T_EQ(bad, 0);
+    T_TRUE(ok > 0 && errors > 0); /* overflowing penalties are reported, the rest samples */
+}
+
 int main(void)
 {
     test_philox_kat();
@@ -520,5 +598,6 @@ int main(void)
     test_logprobs();
     test_alloc_failure();
     test_against_reference();
+    test_extremes();
     return t_report("test_sample");
 }

@@ -18,8 +18,9 @@ What the converter does, and so what this writer does (the behaviour, not its co
   from rope_theta, head_dim, factor, low/high_freq_factor and original_max_position_embeddings.
   linear / yarn scaling would be rope.scaling.* keys (none of the test models use them).
 - Tensor types: bf16 (and anything not f16/f32) is widened to f32 first. 1-D tensors, norms and
-  biases are always F32. Otherwise the file type decides: all F32, F16, or Q8_0 (a matrix whose
-  rows are not a multiple of 32 falls back to F16, as the converter's QuantError path does).
+  biases are always F32. Otherwise the file type decides: all F32, F16, BF16 or Q8_0 (a matrix
+  whose rows are not a multiple of the block size falls back to F16, as the converter's
+  QuantError path does). Q4_0/Q4_1/Q5_0/Q5_1 files are made the same way for the loader tests.
 - Metadata: <arch>.block_count, context_length (max_position_embeddings), embedding_length,
   feed_forward_length, attention.head_count, attention.head_count_kv, rope.freq_base,
   attention.layer_norm_rms_epsilon, attention.key_length / value_length when config.json has
@@ -182,17 +183,20 @@ def _vocab(n_vocab, bos, eos):
 
 
 def export(folder, out_path, ftype="f32"):
-    """Write the checkpoint in folder as a GGUF file at out_path. ftype: f32 | f16 | q8_0."""
+    """Write the checkpoint in folder as a GGUF file at out_path.
+
+    ftype: f32 | f16 | bf16 | q8_0 (the converter's --outtype choices), or q4_0 | q4_1 | q5_0 |
+    q5_1, which the converter does not offer (llama-quantize makes them): here every matrix
+    simply gets that type, with the same F16 fallback, to test those block formats."""
     import gguf
     cfg = read_config(folder)
     hf_arch = cfg["architectures"][0]
     arch = GGUF_ARCH[hf_arch]
     if hf_arch == "MistralForCausalLM" and (cfg.get("sliding_window") or 1 << 30) < 4096:
         raise ValueError("a llama GGUF cannot carry Mistral's sliding window")
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[ftype]
-    qtype_for = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-                 "q8_0": gguf.GGMLQuantizationType.Q8_0}[ftype]
+    file_type = gguf.LlamaFileType.ALL_F32 if ftype == "f32" else \
+        gguf.LlamaFileType["MOSTLY_" + ftype.upper()]
+    qtype_for = gguf.GGMLQuantizationType[ftype.upper()]
     n_head = cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads", n_head)
     rope = rope_params(cfg)
@@ -291,10 +295,19 @@ def tensor_types(gguf_path):
     return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(gguf_path)).tensors}
 
 
-def build_gguf(folder, ftype="f32"):
+def set_version(path, version):
+    """Rewrite the header's version field (v2 and v3 differ only in it for little-endian files:
+    both have 64-bit counts and lengths)."""
+    with open(path, "r+b") as f:
+        assert f.read(4) == b"GGUF"
+        f.write(int(version).to_bytes(4, "little"))
+
+
+def build_gguf(folder, ftype="f32", version=3):
     """Path of the GGUF export of a tiny model folder, written once next to it."""
     folder = Path(folder)
-    out = folder.parent / ("%s.%s.gguf" % (folder.name, ftype))
+    suffix = "" if version == 3 else ".v%d" % version
+    out = folder.parent / ("%s.%s%s.gguf" % (folder.name, ftype, suffix))
     if not out.exists():
         import os
         import tempfile
@@ -302,6 +315,8 @@ def build_gguf(folder, ftype="f32"):
         os.close(fd)
         try:
             export(folder, tmp, ftype)
+            if version != 3:
+                set_version(tmp, version)
             os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):

@@ -6,9 +6,9 @@ same logits as their safetensors folders.
   llama.cpp's llama architecture has no sliding window), on every ISA: prompt logits and the
   logits of the greedy sequence within 1e-5 of transformers' range on the folder, the same greedy
   tokens, and within 1e-5 of Kwker's own logits on the folder.
-- F16 and Q8_0 exports of two models: the reference is transformers run on the weights read
-  back from the file (dequantized with gguf.quants, q/k un-permuted), so the numbers are the
-  file's own; same tolerance.
+- F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 exports of several models: the reference is
+  transformers run on the weights read back from the file (dequantized with gguf.quants, q/k
+  un-permuted), so the numbers are the file's own; same tolerance. And a GGUF v2 header.
 - Without kwker: the export reads back bit-exactly, and transformers' own GGUF loader turns it
   back into the same model (llama/mistral/qwen2: transformers cannot read qwen3's key_length
   nor llama3's rope_freqs), which checks the permutation and the names.
@@ -23,7 +23,8 @@ from test_decode_oracle import check_logits, stage
 
 GGUF_MODELS = [m for m in tiny_models.SPECS if m != "mistral_sw8"]
 QUANT_VARIANTS = [("llama_tied", "f16"), ("llama_tied", "q8_0"), ("qwen3", "q8_0"),
-                  ("llama_odd", "q8_0")]
+                  ("llama_odd", "q8_0"), ("llama_bf16", "bf16"), ("qwen2", "q4_0"),
+                  ("llama_tied", "q4_1"), ("mistral", "q5_0"), ("qwen3", "q5_1")]
 ISAS = supported_isas()
 
 
@@ -36,6 +37,8 @@ def gguf_refs(oracle_refs):
     for name in GGUF_MODELS:
         ref = oracle_refs(name)
         out[name + ".f32"] = (ref, gguf_export.build_gguf(ref.path, "f32"))
+    ref = oracle_refs("llama_odd")
+    out["llama_odd.f32.v2"] = (ref, gguf_export.build_gguf(ref.path, "f32", version=2))
     for name, ftype in QUANT_VARIANTS:
         folder = tiny_models.build(name)
         path = gguf_export.build_gguf(folder, ftype)
@@ -95,6 +98,15 @@ def test_gguf_f32_matches_folder(gguf_results, folder_results, model, isa):
     assert err <= REL_TOL, "%s [%s] GGUF vs folder: %s" % (model, isa, describe_diff(a, b))
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_gguf_version_2(gguf_results, gguf_refs, isa):
+    """A GGUF v2 header (same layout as v3 for little-endian files) loads the same."""
+    ref, _ = gguf_refs["llama_odd.f32.v2"]
+    res = gguf_results(isa)
+    check_logits(stage(res, "llama_odd.f32.v2", isa, "fwd_full"), ref.full_logits,
+                 "llama_odd GGUF v2 [%s]" % isa)
+
+
 @pytest.mark.parametrize("key", quant_keys)
 @pytest.mark.parametrize("isa", ISAS)
 def test_gguf_quantized_matches_dequantized_reference(gguf_results, gguf_refs, key, isa):
@@ -139,6 +151,11 @@ def test_export_quant_types():
     assert t["blk.0.attn_q.weight"] == "F16" and t["blk.0.ffn_down.weight"] == "F16"
     t = gguf_export.tensor_types(gguf_export.build_gguf(tiny_models.build("llama_tied"), "f16"))
     assert t["blk.0.ffn_up.weight"] == "F16" and t["output_norm.weight"] == "F32"
+    for name, ftype in QUANT_VARIANTS:
+        t = gguf_export.tensor_types(gguf_export.build_gguf(tiny_models.build(name), ftype))
+        if name != "llama_odd":  # nothing in llama_odd is a multiple of 32 wide: all F16
+            assert ftype.upper() in t.values(), (name, ftype, t)
+        assert {v for k, v in t.items() if k.endswith(("norm.weight", ".bias"))} <= {"F32"}
 
 
 def test_export_metadata_like_the_converter():

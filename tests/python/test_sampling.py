@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList  # noqa: E402
+from transformers import (LlamaConfig, LlamaForCausalLM, LogitsProcessor,  # noqa: E402
+                          LogitsProcessorList)
 
 from kwker.sampling import Sampler, draw, rng_u01  # noqa: E402
 
@@ -211,17 +212,21 @@ def test_openai_penalties_bias_and_min_new_tokens(hf_model, name, row):
         np.testing.assert_allclose(got, ref_p, atol=TOL, rtol=0,
                                    err_msg="numpy %s %s" % (name, (presence, frequency, bias,
                                                                    min_new)))
-        for extra in [dict(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05,
+        for extra in [dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05,
                            repetition_penalty=1.3),
-                      dict(temperature=1.3, top_k=0, top_p=0.5, min_p=0.0,
-                           repetition_penalty=0.8)]:
-            opt = dict(do_sample=True, presence=presence, frequency=frequency, logit_bias=bias,
+                      dict(do_sample=True, temperature=1.3, top_k=0, top_p=0.5, min_p=0.0,
+                           repetition_penalty=0.8),
+                      dict(do_sample=False, repetition_penalty=1.3)]:
+            opt = dict(presence=presence, frequency=frequency, logit_bias=bias,
                        min_new_tokens=min_new, eos=eos, **extra)
             ref, pre = hf_probs(hf_model, row, prompt, output, **opt)
-            s = Sampler(n, do_sample=True, presence_penalty=presence, frequency_penalty=frequency,
+            s = Sampler(n, presence_penalty=presence, frequency_penalty=frequency,
                         logit_bias=bias, min_new_tokens=min_new, eos_token_id=eos, **extra)
             got = s.process(row, prompt_ids=prompt, output_ids=output)
-            assert_probs_equal(got, ref, pre, "transformers %s %s" % (name, opt))
+            if extra["do_sample"]:
+                assert_probs_equal(got, ref, pre, "transformers %s %s" % (name, opt))
+            else:  # greedy: the same one-hot, first index on ties
+                assert np.array_equal(got, ref), "greedy %s %s" % (name, opt)
 
 
 def test_min_new_tokens_counts_generated_tokens(hf_model):

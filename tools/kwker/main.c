@@ -16,6 +16,7 @@ static const struct command commands[] = {
     {"bench", cmd_bench, "measure prompt and generation tokens/s"},
     {"check", cmd_check, "say whether a model can run, and why not"},
     {"template", cmd_template, "render a model's chat template over a conversation"},
+    {"tokenize", cmd_tokenize, "print the token ids and pieces of a text (or decode ids)"},
     /* KWK_CLI_COMMANDS: subcommands from other modules are listed here */
 };
 

@@ -1,0 +1,243 @@
+/* avx512_quant.c - the int8 and int4 matmul with AVX-512 VNNI (vpdpbusd): 16 interleaved rows
+ * per register, activations quantized on the fly. Pure functions; any thread. Computes the
+ * integers of quant_ref.c exactly; float sums agree to rounding (fused multiply-adds). */
+#include <immintrin.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "kernels/quant.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Row blocks x tokens of a register tile: prompt tiles are 2 x 6 (24 accumulators, 2 weight
+ * registers, broadcasts folded into vpdpbusd's memory operand), decode tiles 4 x 1 (four
+ * independent vpdpbusd chains while the weights stream). */
+#define TR 2
+#define TT 6
+#define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP) /* groups of a column pass */
+
+/* Quantized activations of a token block over one column pass. */
+struct qx {
+    int8_t q[KWK_QX_TOKS][KWK_QX_COLS];
+    float d[KWK_QX_TOKS][QG_MAX];
+    int32_t s[KWK_QX_TOKS][QG_MAX];
+};
+
+INLINE __mmask16 lanes(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+
+/* kwk_quant_act, vectorized with the same arithmetic: |x| max, 127 / amax, x * id rounded to
+ * nearest even by cvtps2dq (|x * id| <= 127, so the scalar clamp never changes a value). */
+static void quant_act(const float *x, int64_t n, int G, int8_t *xq, float *xd, int32_t *xs)
+{
+    int64_t ng = (n + G - 1) / G;
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t k0 = g * G;
+        __m512 v[KWK_Q8_GROUP / 16];
+        __m512 mx = _mm512_setzero_ps();
+        for (int p = 0; p < G / 16; p++) {
+            v[p] = _mm512_maskz_loadu_ps(lanes(n - k0 - 16 * p), x + k0 + 16 * p);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v[p]));
+        }
+        float amax = _mm512_reduce_max_ps(mx);
+        __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m512i sum = _mm512_setzero_si512();
+        for (int p = 0; p < G / 16; p++) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[p], id));
+            sum = _mm512_add_epi32(sum, q);
+            _mm_storeu_si128((__m128i *)(xq + k0 + 16 * p), _mm512_cvtsepi32_epi8(q));
+        }
+        xd[g] = amax / 127.0f;
+        xs[g] = _mm512_reduce_add_epi32(sum);
+    }
+}
+
+INLINE __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Store (first pass) or add the 16 row sums of block rb for one token, rows [r0, r1) only. */
+INLINE void put(float *yt, int64_t rb, int64_t r0, int64_t r1, __m512 v, int first)
+{
+    int64_t base = rb * KWK_QROWS;
+    __mmask16 m = lanes(r1 - base) & (__mmask16)~lanes(r0 - base);
+    if (!first)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yt + base));
+    _mm512_mask_storeu_ps(yt + base, m, v);
+}
+
+/* Arguments shared by the tiles: the row blocks' first blocks of the pass, the quantized
+ * activations of tokens [t, t+T) of the block, and where the results go. */
+struct tile_args {
+    const void *blk[4]; /* per row block: its block of group g0 */
+    const struct qx *qx;
+    int t;              /* first token of the tile within the token block */
+    int ng;             /* groups in the pass */
+    float *y;           /* token t's output row */
+    long ldy;
+    int64_t rb, r0, r1;
+    int first;
+};
+
+INLINE void tile_q8(const struct tile_args *a, int R, int T)
+{
+    __m512 facc[4][TT];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++)
+            facc[i][j] = _mm512_setzero_ps();
+    const struct kwk_q8_block *b[4];
+    for (int i = 0; i < R; i++)
+        b[i] = a->blk[i];
+    for (int g = 0; g < a->ng; g++) {
+        __m512i acc[4][TT];
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < T; j++)
+                acc[i][j] = _mm512_setzero_si512();
+        for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
+            __m512i wv[4];
+            for (int i = 0; i < R; i++)
+                wv[i] = _mm512_loadu_si512(b[i][g].q[k4]);
+            for (int j = 0; j < T; j++) {
+                __m512i xb = bcast4(a->qx->q[a->t + j] + g * KWK_Q8_GROUP + k4 * 4);
+                for (int i = 0; i < R; i++)
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wv[i], xb);
+            }
+        }
+        for (int j = 0; j < T; j++) {
+            /* the weights were stored as w + 128: take 128 * sum(x) back out */
+            __m512i corr = _mm512_set1_epi32(128 * a->qx->s[a->t + j][g]);
+            __m512 dx = _mm512_set1_ps(a->qx->d[a->t + j][g]);
+            for (int i = 0; i < R; i++) {
+                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
+                __m512 dd = _mm512_mul_ps(_mm512_loadu_ps(b[i][g].d), dx);
+                facc[i][j] = _mm512_fmadd_ps(s, dd, facc[i][j]);
+            }
+        }
+    }
+    for (int j = 0; j < T; j++)
+        for (int i = 0; i < R; i++)
+            put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
+}
+
+INLINE void tile_q4(const struct tile_args *a, int R, int T)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512 facc[4][TT];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++)
+            facc[i][j] = _mm512_setzero_ps();
+    const struct kwk_q4_block *b[4];
+    for (int i = 0; i < R; i++)
+        b[i] = a->blk[i];
+    for (int g = 0; g < a->ng; g++) {
+        __m512i acc[4][TT];
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < T; j++)
+                acc[i][j] = _mm512_setzero_si512();
+        for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+            __m512i lo[4], hi[4];
+            for (int i = 0; i < R; i++) {
+                __m512i p = _mm512_loadu_si512(b[i][g].q[c]);
+                lo[i] = _mm512_and_si512(p, m4);
+                hi[i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
+            }
+            for (int j = 0; j < T; j++) {
+                const int8_t *xp = a->qx->q[a->t + j] + g * KWK_Q4_GROUP + 8 * c;
+                __m512i xl = bcast4(xp), xh = bcast4(xp + 4);
+                for (int i = 0; i < R; i++) {
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], xl);
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[i], xh);
+                }
+            }
+        }
+        for (int j = 0; j < T; j++) {
+            float xd = a->qx->d[a->t + j][g];
+            __m512 dx = _mm512_set1_ps(xd);
+            __m512 dsx = _mm512_set1_ps(xd * (float)a->qx->s[a->t + j][g]);
+            for (int i = 0; i < R; i++) {
+                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
+                __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].m));
+                __m512 s = _mm512_cvtepi32_ps(acc[i][j]);
+                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, dx), facc[i][j]);
+                facc[i][j] = _mm512_fmadd_ps(m, dsx, facc[i][j]);
+            }
+        }
+    }
+    for (int j = 0; j < T; j++)
+        for (int i = 0; i < R; i++)
+            put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
+}
+
+/* One function per (format, R, T) used, so every loop bound is a constant and the accumulators
+ * stay in registers. */
+typedef void (*tile_fn)(const struct tile_args *);
+#define TILE(F, R, T)                                                                            \
+    static void tile_##F##_##R##_##T(const struct tile_args *a) { tile_##F(a, R, T); }
+#define TILES(F)                                                                                 \
+    TILE(F, 4, 1) TILE(F, 2, 1) TILE(F, 2, 2) TILE(F, 2, 3) TILE(F, 2, 4) TILE(F, 2, 5)          \
+    TILE(F, 2, 6) TILE(F, 1, 1) TILE(F, 1, 2) TILE(F, 1, 3) TILE(F, 1, 4) TILE(F, 1, 5)          \
+    TILE(F, 1, 6)                                                                                \
+    static const tile_fn tiles_##F[3][TT + 1] = {                                                \
+        {NULL, tile_##F##_1_1, tile_##F##_1_2, tile_##F##_1_3, tile_##F##_1_4, tile_##F##_1_5,   \
+         tile_##F##_1_6},                                                                        \
+        {NULL, tile_##F##_2_1, tile_##F##_2_2, tile_##F##_2_3, tile_##F##_2_4, tile_##F##_2_5,   \
+         tile_##F##_2_6},                                                                        \
+        {NULL, tile_##F##_4_1},                                                                  \
+    };
+
+TILES(q8)
+TILES(q4)
+
+static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                        int64_t r0, int64_t r1)
+{
+    struct qx qx;
+    int G = kwk_quant_group(w->wtype);
+    const tile_fn(*tiles)[TT + 1] = w->wtype == KWK_W_Q8 ? tiles_q8 : tiles_q4;
+    size_t bsz = w->wtype == KWK_W_Q8 ? sizeof(struct kwk_q8_block) : sizeof(struct kwk_q4_block);
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
+    int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
+    for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
+        int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
+        for (int64_t g0 = 0; g0 < ng; g0 += gc) {
+            int64_t g1 = KWK_MIN(ng, g0 + gc);
+            int64_t k0 = g0 * G, nk = KWK_MIN(w->cols, g1 * G) - k0;
+            for (int j = 0; j < nt; j++)
+                quant_act(x + (int64_t)(tb + j) * w->cols + k0, nk, G, qx.q[j], qx.d[j],
+                          qx.s[j]);
+            struct tile_args a = {.qx = &qx, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0,
+                                  .r1 = r1, .first = g0 == 0};
+            for (int64_t rb = rb0; rb < rb1;) {
+                int R = nt == 1 && rb + 4 <= rb1 ? 4 : rb + 2 <= rb1 ? 2 : 1;
+                for (int i = 0; i < R; i++)
+                    a.blk[i] = (const uint8_t *)w->data + ((rb + i) * ng + g0) * bsz;
+                a.rb = rb;
+                for (int t = 0; t < nt; t += TT) {
+                    int T = KWK_MIN(TT, nt - t);
+                    a.t = t;
+                    a.y = y + (int64_t)(tb + t) * ldy;
+                    tiles[R == 4 ? 2 : R - 1][T](&a);
+                }
+                rb += R;
+            }
+        }
+    }
+}
+
+void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok, float *y,
+                             long ldy, int64_t r0, int64_t r1)
+{
+    if (r1 <= r0 || n_tok <= 0)
+        return;
+    /* vpdpbusd is AVX512_VNNI, which some AVX-512 CPUs (Skylake-X) lack */
+    if (!__builtin_cpu_supports("avx512vnni")) {
+        kwk_quant_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
+        return;
+    }
+    matmul_vnni(w, x, n_tok, y, ldy, r0, r1);
+}

@@ -1,0 +1,89 @@
+/* quant.h - the quantized weight formats (int8 "balanced", int4) as block structs, packing from
+ * float rows, activation quantization, and the quantized matmul of each instruction set.
+ * Pure functions of their arguments: any thread, concurrently.
+ *
+ * Both formats interleave 16 rows so that one 64-byte vector holds 4 consecutive columns of each
+ * of 16 rows: a dot-product instruction (vpdpbusd, or maddubs + madd) then adds 4 products into
+ * the 32-bit lane of each row, and a group of columns ends with 16 row sums in one register, with
+ * no horizontal reduction. Rows are padded with zero rows to a multiple of 16 and columns with
+ * zero columns to a multiple of the group. A matrix is [n_row_blocks][n_groups] blocks, each row
+ * block's groups contiguous, so a thread that owns a range of rows streams one contiguous range.
+ *
+ * Activations are quantized on the fly, per token and per group of the weight's group size, to
+ * int8 with one float scale (symmetric, amax / 127, round to nearest even). Within a group the
+ * product is an exact integer dot product; groups are combined in float:
+ *   int8:  y = sum_g (float)isum_g * (d_w * d_x)
+ *   int4:  y = sum_g [(float)isum_g * (d_w * d_x) + m_w * (d_x * (float)sum_x_g)]
+ * with isum_g = sum_k q_w[k] * q_x[k] over the group (q_w in [-127,127] for int8, [0,15] for
+ * int4, whose weight is d_w * q_w + m_w). quant_ref.c states this in plain C; the SIMD kernels
+ * compute the same integers and differ only in the rounding of the float sums. */
+#ifndef KWK_QUANT_H
+#define KWK_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+/* Rows interleaved per block. */
+#define KWK_QROWS 16
+/* Columns per group (one scale per row per group). */
+#define KWK_Q8_GROUP 64
+#define KWK_Q4_GROUP 32
+
+/* int8: 16 rows x 64 columns. q holds w + 128 (w in [-127, 127], so q in [1, 255]): unsigned, the
+ * operand type vpdpbusd wants for weights, so activations can be the broadcast signed operand. */
+struct kwk_q8_block {
+    float d[KWK_QROWS];                            /* [16] row scales: w = d * (q - 128) */
+    uint8_t q[KWK_Q8_GROUP / 4][KWK_QROWS][4];     /* [col/4][row][col%4] */
+};
+_Static_assert(sizeof(struct kwk_q8_block) == 64 + 1024, "q8 block is 1088 bytes");
+
+/* int4: 16 rows x 32 columns, asymmetric: w = d * q + m with q in [0, 15]. Vector c of q holds
+ * columns 8c..8c+3 in the low nibbles and 8c+4..8c+7 in the high nibbles, each as [row][col%4]. */
+struct kwk_q4_block {
+    uint16_t d[KWK_QROWS];                         /* [16] row scales, IEEE half */
+    uint16_t m[KWK_QROWS];                         /* [16] row offsets (the group minimum), half */
+    uint8_t q[KWK_Q4_GROUP / 8][KWK_QROWS][4];     /* [col/8][row][col%4], two nibbles a byte */
+};
+_Static_assert(sizeof(struct kwk_q4_block) == 32 + 32 + 256, "q4 block is 320 bytes");
+
+/* Group size of a quantized wtype (KWK_W_Q8, KWK_W_Q4), 0 for any other. */
+int kwk_quant_group(int wtype);
+/* Bytes of the blocks of a rows x cols matrix in wtype: 0 with -1 on overflow or a bad type. */
+int kwk_quant_bytes(int wtype, int64_t rows, int64_t cols, size_t *out);
+/* Blocks per row block (groups along the columns, padded). */
+int64_t kwk_quant_n_groups(int wtype, int64_t cols);
+
+/* Quantize row block rb (rows 16rb .. 16rb+15, those past `rows` taken as zero) of a matrix into
+ * its blocks inside data (the whole matrix's blocks). src holds the block's rows that exist:
+ * src[i*ld + k] for i < min(16, rows - 16rb), k < cols. */
+void kwk_quant_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int64_t rb,
+                         const float *src, long ld);
+
+/* Activation quantization of one token: n values of x, padded with zeros to whole groups of
+ * `group`: xq[n_groups*group] int8, xd[n_groups] scales, xs[n_groups] sums of the q values.
+ * Every kernel uses this rounding (the SIMD ones bit-for-bit). */
+void kwk_quant_act(const float *x, int64_t n, int group, int8_t *xq, float *xd, int32_t *xs);
+
+/* IEEE half conversion used for int4 scales (round to nearest even). */
+uint16_t kwk_f32_to_f16(float f);
+
+/* Column passes: every kernel covers the columns in passes of KWK_QX_COLS (a multiple of both
+ * groups), each pass's sum added to y in order, so a row's float sums are grouped the same way
+ * whatever the number of tokens; SIMD kernels quantize up to KWK_QX_TOKS tokens of a pass at a
+ * time into a stack buffer (48 KiB). */
+#define KWK_QX_COLS 2048
+#define KWK_QX_TOKS 24
+
+/* The table entries for quantized wtypes (contract of kwk_kernels.matmul / mat_row). */
+void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                          int64_t r0, int64_t r1);
+void kwk_quant_mat_row_ref(const struct kwk_mat *w, int64_t r, float *out);
+void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                           int64_t r0, int64_t r1);
+/* AVX-512 VNNI; on an AVX-512 CPU without VNNI it runs the AVX2 kernel. */
+void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok, float *y,
+                             long ldy, int64_t r0, int64_t r1);
+
+#endif

@@ -1,0 +1,250 @@
+/* quant_ref.c - the quantized formats in plain C: packing float rows into blocks, activation
+ * quantization, and the quantized matmul that every SIMD kernel is tested against. Pure
+ * functions; any thread. */
+#include <math.h>
+#include <string.h>
+#include <stdlib.h>
+
+#include "base/base.h"
+#include "kernels/quant.h"
+
+int kwk_quant_group(int wtype)
+{
+    return wtype == KWK_W_Q8 ? KWK_Q8_GROUP : wtype == KWK_W_Q4 ? KWK_Q4_GROUP : 0;
+}
+
+static size_t block_bytes(int wtype)
+{
+    return wtype == KWK_W_Q8 ? sizeof(struct kwk_q8_block) : sizeof(struct kwk_q4_block);
+}
+
+int64_t kwk_quant_n_groups(int wtype, int64_t cols)
+{
+    int g = kwk_quant_group(wtype);
+    return g ? (cols + g - 1) / g : 0;
+}
+
+int kwk_quant_bytes(int wtype, int64_t rows, int64_t cols, size_t *out)
+{
+    *out = 0;
+    if (!kwk_quant_group(wtype) || rows < 0 || cols < 0)
+        return -1;
+    size_t rb = (size_t)((rows + KWK_QROWS - 1) / KWK_QROWS), n;
+    if (kwk_mul_size(rb, (size_t)kwk_quant_n_groups(wtype, cols), &n) ||
+        kwk_mul_size(n, block_bytes(wtype), out))
+        return -1;
+    return 0;
+}
+
+uint16_t kwk_f32_to_f16(float f)
+{
+    union { float f; uint32_t u; } v = {f};
+    uint32_t sign = (v.u >> 16) & 0x8000u;
+    float a = fabsf(f);
+    if (a != a)
+        return (uint16_t)(sign | 0x7e00u);
+    if (a > 65504.0f) /* scales never get here; saturate rather than make an infinity */
+        return (uint16_t)(sign | 0x7bffu);
+    if (a < 6.103515625e-05f) {
+        /* subnormal: units of 2^-24, nearest even by the FPU's rounding of the float */
+        uint32_t m = (uint32_t)nearbyintf(a * 16777216.0f);
+        return (uint16_t)(sign | m);
+    }
+    union { float f; uint32_t u; } b = {a};
+    uint32_t mant = b.u & 0x7fffffu, exp = (b.u >> 23) - 127 + 15;
+    uint32_t h = (exp << 10) | (mant >> 13), rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+        h++; /* a carry into the exponent is still the right value */
+    return (uint16_t)(sign | h);
+}
+
+/* Round x to the nearest integer (ties to even, as cvtps2dq does) within [-lim, lim]. NaN is 0 so
+ * no input reaches an undefined conversion. Adding and removing 1.5 * 2^23 rounds in the FPU's
+ * default mode without a libm call (|x| <= 127 here, far below 2^22). */
+static int round_clamp(float x, float lim)
+{
+    if (!(x == x))
+        return 0;
+    x = x > lim ? lim : x < -lim ? -lim : x;
+    const float big = 12582912.0f; /* IEEE semantics (no -ffast-math) keep x + big - big */
+    return (int)((x + big) - big);
+}
+
+void kwk_quant_act(const float *x, int64_t n, int group, int8_t *xq, float *xd, int32_t *xs)
+{
+    int64_t ng = (n + group - 1) / group;
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t k0 = g * group, k1 = KWK_MIN(n, k0 + group);
+        float amax = 0.0f;
+        for (int64_t k = k0; k < k1; k++)
+            amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+        float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t s = 0;
+        for (int64_t k = k0; k < k0 + group; k++) {
+            int q = k < k1 ? round_clamp(x[k] * id, 127.0f) : 0;
+            xq[k] = (int8_t)q;
+            s += q;
+        }
+        xd[g] = amax / 127.0f;
+        xs[g] = s;
+    }
+}
+
+/* ---- packing ---------------------------------------------------------------------------------- */
+
+static void pack_q8_row(struct kwk_q8_block *b, int i, const float *w, int64_t n)
+{
+    float amax = 0.0f;
+    for (int64_t k = 0; k < n; k++)
+        amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
+    float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    b->d[i] = amax / 127.0f;
+    for (int k = 0; k < KWK_Q8_GROUP; k++) {
+        int q = k < n ? round_clamp(w[k] * id, 127.0f) : 0;
+        b->q[k / 4][i][k % 4] = (uint8_t)(q + 128);
+    }
+}
+
+/* Asymmetric 4-bit: the group's range [min, max] in 15 steps, with the stored (half) scale and
+ * offset used for the rounding so the stored numbers reproduce what was chosen. */
+static void pack_q4_row(struct kwk_q4_block *b, int i, const float *w, int64_t n)
+{
+    float mn = n > 0 ? w[0] : 0.0f, mx = mn;
+    for (int64_t k = 1; k < n; k++) {
+        mn = w[k] < mn ? w[k] : mn;
+        mx = w[k] > mx ? w[k] : mx;
+    }
+    b->d[i] = kwk_f32_to_f16((mx - mn) / 15.0f);
+    b->m[i] = kwk_f32_to_f16(mn);
+    float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);
+    float id = d > 0.0f ? 1.0f / d : 0.0f;
+    uint8_t q[KWK_Q4_GROUP];
+    for (int k = 0; k < KWK_Q4_GROUP; k++) {
+        int v = k < n ? round_clamp((w[k] - m) * id, 15.0f) : 0;
+        /* padding columns meet zero activations: any q is exact; 0 keeps sums small */
+        q[k] = (uint8_t)(v < 0 ? 0 : v);
+    }
+    for (int c = 0; c < KWK_Q4_GROUP / 8; c++)
+        for (int j = 0; j < 4; j++)
+            b->q[c][i][j] = (uint8_t)(q[8 * c + j] | q[8 * c + 4 + j] << 4);
+}
+
+void kwk_quant_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int64_t rb,
+                         const float *src, long ld)
+{
+    int G = kwk_quant_group(wtype);
+    int64_t ng = kwk_quant_n_groups(wtype, cols);
+    int n_rows = (int)KWK_MIN((int64_t)KWK_QROWS, rows - rb * KWK_QROWS);
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t k0 = g * G, n = KWK_MIN((int64_t)G, cols - k0);
+        for (int i = 0; i < KWK_QROWS; i++) {
+            const float *w = i < n_rows ? src + (size_t)i * (size_t)ld + k0 : NULL;
+            if (wtype == KWK_W_Q8)
+                pack_q8_row((struct kwk_q8_block *)data + rb * ng + g, i, w, w ? n : 0);
+            else
+                pack_q4_row((struct kwk_q4_block *)data + rb * ng + g, i, w, w ? n : 0);
+        }
+    }
+}
+
+/* ---- the specification of the quantized matmul -------------------------------------------------- */
+
+static int32_t q8_isum(const struct kwk_q8_block *b, int i, const int8_t *xq)
+{
+    int32_t s = 0;
+    for (int k = 0; k < KWK_Q8_GROUP; k++)
+        s += ((int32_t)b->q[k / 4][i][k % 4] - 128) * xq[k];
+    return s;
+}
+
+static int32_t q4_isum(const struct kwk_q4_block *b, int i, const int8_t *xq)
+{
+    int32_t s = 0;
+    for (int c = 0; c < KWK_Q4_GROUP / 8; c++)
+        for (int j = 0; j < 4; j++) {
+            uint8_t v = b->q[c][i][j];
+            s += (int32_t)(v & 15) * xq[8 * c + j] + (int32_t)(v >> 4) * xq[8 * c + 4 + j];
+        }
+    return s;
+}
+
+/* Groups [g0, g1) of row r for one token's quantized activations (indexed from group g0). */
+static float row_groups(const struct kwk_mat *w, int64_t r, int64_t g0, int64_t g1,
+                        const int8_t *xq, const float *xd, const int32_t *xs)
+{
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), rb = r / KWK_QROWS;
+    int i = (int)(r % KWK_QROWS);
+    float s = 0.0f;
+    for (int64_t g = g0; g < g1; g++) {
+        int64_t j = g - g0;
+        if (w->wtype == KWK_W_Q8) {
+            const struct kwk_q8_block *b = (const struct kwk_q8_block *)w->data + rb * ng + g;
+            s += (float)q8_isum(b, i, xq + j * KWK_Q8_GROUP) * (b->d[i] * xd[j]);
+        } else {
+            const struct kwk_q4_block *b = (const struct kwk_q4_block *)w->data + rb * ng + g;
+            float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);
+            s += (float)q4_isum(b, i, xq + j * KWK_Q4_GROUP) * (d * xd[j]);
+            s += m * (xd[j] * (float)xs[j]);
+        }
+    }
+    return s;
+}
+
+/* Column passes of KWK_QX_COLS; a row's passes add up in order. */
+void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                          int64_t r0, int64_t r1)
+{
+    int G = kwk_quant_group(w->wtype);
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
+    int8_t xq[KWK_QX_COLS];
+    float xd[KWK_QX_COLS / KWK_Q4_GROUP];
+    int32_t xs[KWK_QX_COLS / KWK_Q4_GROUP];
+    if (getenv("KWK_Q_FLOATX")) { /* EXPERIMENT */
+        float row[16384];
+        for (int64_t r = r0; r < r1; r++) {
+            kwk_quant_mat_row_ref(w, r, row);
+            for (int t = 0; t < n_tok; t++) {
+                double s = 0; for (int64_t k = 0; k < w->cols; k++) s += (double)row[k] * x[(int64_t)t * w->cols + k];
+                y[(int64_t)t * ldy + r] = (float)s;
+            }
+        }
+        return;
+    }
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + (int64_t)t * w->cols;
+        float *yt = y + (int64_t)t * ldy;
+        for (int64_t r = r0; r < r1; r++)
+            yt[r] = 0.0f;
+        for (int64_t g0 = 0; g0 < ng; g0 += gc) {
+            int64_t g1 = KWK_MIN(ng, g0 + gc);
+            kwk_quant_act(xt + g0 * G, KWK_MIN(w->cols, g1 * G) - g0 * G, G, xq, xd, xs);
+            for (int64_t r = r0; r < r1; r++)
+                yt[r] += row_groups(w, r, g0, g1, xq, xd, xs);
+        }
+    }
+}
+
+void kwk_quant_mat_row_ref(const struct kwk_mat *w, int64_t r, float *out)
+{
+    int G = kwk_quant_group(w->wtype);
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), rb = r / KWK_QROWS;
+    int i = (int)(r % KWK_QROWS);
+    for (int64_t g = 0; g < ng; g++) {
+        float v[KWK_Q8_GROUP];
+        if (w->wtype == KWK_W_Q8) {
+            const struct kwk_q8_block *b = (const struct kwk_q8_block *)w->data + rb * ng + g;
+            for (int k = 0; k < G; k++)
+                v[k] = b->d[i] * (float)((int)b->q[k / 4][i][k % 4] - 128);
+        } else {
+            const struct kwk_q4_block *b = (const struct kwk_q4_block *)w->data + rb * ng + g;
+            float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);
+            for (int c = 0; c < G / 8; c++)
+                for (int j = 0; j < 4; j++) {
+                    v[8 * c + j] = d * (float)(b->q[c][i][j] & 15) + m;
+                    v[8 * c + 4 + j] = d * (float)(b->q[c][i][j] >> 4) + m;
+                }
+        }
+        int64_t n = KWK_MIN((int64_t)G, w->cols - g * G);
+        memcpy(out + g * G, v, sizeof(float) * (size_t)n);
+    }
+}

@@ -1,0 +1,370 @@
+/* test_quant.c - the int8 / int4 formats: half conversion, packing round trips and their error
+ * bound, and every kernel table's quantized matmul against the scalar reference (exactly on data
+ * whose float parts are exact, to rounding on random data), on odd shapes and row ranges. */
+#include <stdlib.h>
+
+#include "base/base.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "test.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
+}
+
+static const char *wname(int wt)
+{
+    return wt == KWK_W_Q8 ? "q8" : "q4";
+}
+
+/* Pack rows x cols floats into a new aligned buffer; data->cols == cols. */
+static struct kwk_mat pack(int wt, const float *src, int64_t rows, int64_t cols)
+{
+    size_t bytes;
+    struct kwk_mat m = {wt, rows, cols, NULL};
+    if (kwk_quant_bytes(wt, rows, cols, &bytes))
+        return m;
+    void *data = kwk_malloc_aligned(bytes ? bytes : 64);
+    for (int64_t rb = 0; rb * KWK_QROWS < rows; rb++)
+        kwk_quant_pack_rows(wt, data, rows, cols, rb, src + rb * KWK_QROWS * cols, (long)cols);
+    m.data = data;
+    return m;
+}
+
+static void test_f16(void)
+{
+    long bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00u) == 0x7c00u)
+            continue; /* inf and NaN: scales never are */
+        if (kwk_f32_to_f16(kwk_f16_to_f32((uint16_t)h)) != h)
+            bad++;
+    }
+    T_EQ(bad, 0);
+    /* ties to even between two halves, and rounding up into the next binade */
+    T_EQ(kwk_f32_to_f16(1.0f + 1.0f / 2048.0f), 0x3c00);
+    T_EQ(kwk_f32_to_f16(1.0f + 3.0f / 2048.0f), 0x3c02);
+    T_EQ(kwk_f32_to_f16(2.0f - 1.0f / 4096.0f), 0x4000);
+    T_EQ(kwk_f32_to_f16(1e9f), 0x7bff);
+}
+
+/* Dequantized weights are within half a step of the originals (plus the half rounding of int4's
+ * scale and offset); a group's largest magnitude (int8) or its ends (int4) are exact or nearly. */
+static void test_round_trip(int wt, int64_t rows, int64_t cols)
+{
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = frand(-1.0f, 1.0f) * (i % 7 == 0 ? 3.0f : 1.0f);
+    struct kwk_mat m = pack(wt, w, rows, cols);
+    float *out = malloc(sizeof(float) * (size_t)cols);
+    int G = kwk_quant_group(wt);
+    long bad = 0;
+    double worst = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        kwk_quant_mat_row_ref(&m, r, out);
+        for (int64_t k0 = 0; k0 < cols; k0 += G) {
+            int64_t k1 = KWK_MIN(cols, k0 + G);
+            float mn = w[r * cols + k0], mx = mn, amax = 0.0f;
+            for (int64_t k = k0; k < k1; k++) {
+                float v = w[r * cols + k];
+                mn = v < mn ? v : mn;
+                mx = v > mx ? v : mx;
+                amax = fabsf(v) > amax ? fabsf(v) : amax;
+            }
+            double step = wt == KWK_W_Q8 ? amax / 127.0 : (mx - mn) / 15.0;
+            double bound = 0.5 * step * (1 + 1e-5) + 1e-7;
+            if (wt == KWK_W_Q4)
+                bound += (fabs(mn) + 15 * step) / 1024.0; /* half rounding of d and m */
+            for (int64_t k = k0; k < k1; k++) {
+                double e = fabs((double)out[k] - w[r * cols + k]);
+                worst = e / step > worst ? e / step : worst;
+                bad += e > bound;
+            }
+        }
+    }
+    T_CHECK(bad == 0, "%s %lldx%lld: %ld weights beyond the error bound (worst %.3f steps)",
+            wname(wt), (long long)rows, (long long)cols, bad, worst);
+    kwk_free_aligned((void *)m.data);
+    free(out);
+    free(w);
+}
+
+/* The activation quantizer: exact for values already on the grid, within half a step otherwise,
+ * sums of q, and zero groups. */
+static void test_act(void)
+{
+    float x[130];
+    int8_t q[192];
+    float d[3];
+    int32_t s[3];
+    for (int i = 0; i < 130; i++)
+        x[i] = (float)((i * 37) % 255 - 127);
+    x[5] = 127.0f;
+    x[64] = -127.0f;
+    x[128] = 127.0f;
+    kwk_quant_act(x, 130, 64, q, d, s);
+    long bad = 0, sum0 = 0;
+    for (int i = 0; i < 128; i++)
+        bad += q[i] != (int8_t)x[i];
+    for (int i = 0; i < 64; i++)
+        sum0 += q[i];
+    T_EQ(bad, 0);
+    T_EQ(s[0], sum0);
+    T_NEAR(d[0], 1.0f, 0.0f);
+    T_NEAR(d[2], 1.0f, 0.0f);
+    bad += q[128] != 127 || q[129] != (int8_t)x[129];
+    for (int i = 130; i < 192; i++)
+        bad += q[i] != 0; /* padding past n */
+    T_EQ(bad, 0);
+    float z[40] = {0};
+    kwk_quant_act(z, 40, 32, q, d, s);
+    T_NEAR(d[0], 0.0f, 0.0f);
+    T_EQ(s[1], 0);
+}
+
+/* Weights and activations on the integer grid (each group holds its extreme values, so every
+ * scale is exactly 1): every float operation of every kernel is exact, so the tables must give
+ * the reference's numbers bit for bit. That checks the integer dot products exactly. */
+static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, int n_tok)
+{
+    int G = kwk_quant_group(wt);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < cols; k++) {
+            int64_t kg = k % G;
+            float v = wt == KWK_W_Q8 ? (float)((int)(rnd() % 255) - 127)
+                                     : (float)((int)(rnd() % 16) - 8);
+            if (kg == 0)
+                v = wt == KWK_W_Q8 ? 127.0f : -8.0f;
+            if (kg == 1)
+                v = wt == KWK_W_Q8 ? -127.0f : 7.0f;
+            w[r * cols + k] = v;
+        }
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t k = 0; k < cols; k++)
+            x[t * cols + k] = k % G == 0 ? 127.0f : (float)((int)(rnd() % 255) - 127);
+}
+
+static void fill_random(float *w, int64_t rows, int64_t cols, float *x, int n_tok)
+{
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = frand(-0.1f, 0.1f) + (i % 13 == 0 ? 0.2f : 0.0f);
+    for (int64_t i = 0; i < (int64_t)n_tok * cols; i++)
+        x[i] = frand(-2.0f, 2.0f) * (i % 29 == 0 ? 8.0f : 1.0f);
+}
+
+static const char *mode_name(int exact)
+{
+    return exact ? "exact" : "random";
+}
+
+/* One kernel table against the reference on one shape and row range. */
+static void check_table(const struct kwk_kernels *k, int wt, int64_t rows, int64_t cols,
+                        int n_tok, int64_t r0, int64_t r1, int exact)
+{
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
+    if (exact)
+        fill_exact(wt, w, rows, cols, x, n_tok);
+    else
+        fill_random(w, rows, cols, x, n_tok);
+    struct kwk_mat m = pack(wt, w, rows, cols);
+    long ldy = (long)rows + 3;
+    size_t ny = (size_t)n_tok * (size_t)ldy;
+    float *yr = malloc(sizeof(float) * ny), *yk = malloc(sizeof(float) * ny);
+    for (size_t i = 0; i < ny; i++)
+        yr[i] = yk[i] = -7.0f; /* sentinel: outside [r0, r1) stays */
+    kwk_kernels_ref.matmul(&m, x, n_tok, yr, ldy, r0, r1);
+    k->matmul(&m, x, n_tok, yk, ldy, r0, r1);
+    /* tolerance: float rounding of sums of |w x| over the row */
+    float *row = malloc(sizeof(float) * (size_t)cols);
+    long bad = 0, outside = 0;
+    double worst = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        kwk_quant_mat_row_ref(&m, r, row);
+        for (int t = 0; t < n_tok; t++) {
+            size_t i = (size_t)t * (size_t)ldy + (size_t)r;
+            if (r < r0 || r >= r1) {
+                outside += yk[i] != -7.0f || yr[i] != -7.0f;
+                continue;
+            }
+            double mag = 0.0;
+            for (int64_t c = 0; c < cols; c++)
+                mag += fabs((double)row[c] * x[(size_t)t * (size_t)cols + (size_t)c]);
+            double e = fabs((double)yk[i] - yr[i]);
+            double tol = exact ? 0.0 : 1e-5 * mag + 1e-6;
+            worst = mag > 0 && e / mag > worst ? e / mag : worst;
+            bad += !(e <= tol);
+        }
+    }
+    T_CHECK(bad == 0 && outside == 0,
+            "%s %s %s rows=%lld cols=%lld n_tok=%d [%lld,%lld): %ld differ (worst rel %.3g), "
+            "%ld written outside the range",
+            k->name, wname(wt), mode_name(exact), (long long)rows, (long long)cols, n_tok,
+            (long long)r0, (long long)r1, bad, worst, outside);
+    kwk_free_aligned((void *)m.data);
+    free(w);
+    free(x);
+    free(yr);
+    free(yk);
+    free(row);
+}
+
+/* Tables of the CPU's instruction sets (lower ones when KWKER_ISA says so). */
+static int tables(const struct kwk_kernels **out)
+{
+    int n = 0;
+    out[n++] = &kwk_kernels_ref;
+    if (kwk_isa() >= KWK_ISA_AVX2)
+        out[n++] = &kwk_kernels_avx2;
+    if (kwk_isa() >= KWK_ISA_AVX512)
+        out[n++] = &kwk_kernels_avx512;
+    return n;
+}
+
+static void test_kernels_vs_ref(void)
+{
+    static const int64_t rows_list[] = {1, 15, 16, 17, 37, 70};
+    static const int64_t cols_list[] = {32, 64, 96, 200, 576};
+    static const int toks_list[] = {1, 2, 5, 6, 7, 13, 33};
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    const struct kwk_kernels *tabs[3];
+    int nt = tables(tabs);
+    for (int ti = 0; ti < nt; ti++)
+        for (int wi = 0; wi < 2; wi++)
+            for (int exact = 0; exact < 2; exact++) {
+                for (size_t a = 0; a < KWK_ARRAY_LEN(rows_list); a++)
+                    for (size_t b = 0; b < KWK_ARRAY_LEN(cols_list); b++)
+                        for (size_t c = 0; c < KWK_ARRAY_LEN(toks_list); c++) {
+                            int64_t rows = rows_list[a], cols = cols_list[b];
+                            if (exact && cols % kwk_quant_group(wts[wi]))
+                                continue; /* partial groups cannot hold both extremes */
+                            check_table(tabs[ti], wts[wi], rows, cols, toks_list[c], 0, rows,
+                                        exact);
+                            if (rows > 2)
+                                check_table(tabs[ti], wts[wi], rows, cols, toks_list[c], 1,
+                                            rows - 1, exact);
+                            if (rows >= 37)
+                                check_table(tabs[ti], wts[wi], rows, cols, toks_list[c], 17,
+                                            33, exact);
+                        }
+                /* several column passes, token blocks past KWK_QX_TOKS, tokens 1..33 */
+                check_table(tabs[ti], wts[wi], 33, 4160, 3, 0, 33, exact);
+                check_table(tabs[ti], wts[wi], 21, 2112, 30, 5, 21, exact);
+                for (int n = 1; n <= 33; n++)
+                    check_table(tabs[ti], wts[wi], 19, 128, n, 0, 19, exact);
+            }
+}
+
+/* Token t's outputs are bitwise the same alone, in a batch, and over any row split (how
+ * threads divide the rows). */
+static void test_batch_invariance(void)
+{
+    const struct kwk_kernels *tabs[3];
+    int nt = tables(tabs);
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    for (int ti = 0; ti < nt; ti++)
+        for (int wi = 0; wi < 2; wi++) {
+            int64_t rows = 53, cols = 4160;
+            int n_tok = 29;
+            float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+            float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
+            fill_random(w, rows, cols, x, n_tok);
+            struct kwk_mat m = pack(wts[wi], w, rows, cols);
+            float *yb = malloc(sizeof(float) * (size_t)(n_tok * rows));
+            float *y1 = malloc(sizeof(float) * (size_t)rows);
+            tabs[ti]->matmul(&m, x, n_tok, yb, (long)rows, 0, rows);
+            long diff = 0;
+            for (int t = 0; t < n_tok; t++) {
+                const float *xt = x + (size_t)t * (size_t)cols;
+                tabs[ti]->matmul(&m, xt, 1, y1, (long)rows, 0, 16);
+                tabs[ti]->matmul(&m, xt, 1, y1, (long)rows, 16, 21);
+                tabs[ti]->matmul(&m, xt, 1, y1, (long)rows, 21, rows);
+                diff += memcmp(y1, yb + (size_t)t * (size_t)rows, sizeof(float) * (size_t)rows) != 0;
+            }
+            T_CHECK(diff == 0, "%s %s: %ld tokens differ alone vs in a batch", tabs[ti]->name,
+                    wname(wts[wi]), diff);
+            kwk_free_aligned((void *)m.data);
+            free(w);
+            free(x);
+            free(yb);
+            free(y1);
+        }
+}
+
+/* The quantized product stays close to the float product of the original weights: relative RMS
+ * error over outputs well under the format's step (int8 about 0.5%, int4 several %). */
+static void test_accuracy(void)
+{
+    int64_t rows = 64, cols = 576;
+    int n_tok = 4;
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = frand(-1.0f, 1.0f) * frand(0.0f, 1.0f);
+    for (int64_t i = 0; i < n_tok * cols; i++)
+        x[i] = frand(-1.0f, 1.0f);
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    static const double limits[] = {0.01, 0.1};
+    for (int wi = 0; wi < 2; wi++) {
+        struct kwk_mat m = pack(wts[wi], w, rows, cols);
+        float *y = malloc(sizeof(float) * (size_t)(n_tok * rows));
+        kwk_kernels()->matmul(&m, x, n_tok, y, (long)rows, 0, rows);
+        double se = 0.0, ss = 0.0;
+        for (int t = 0; t < n_tok; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double ref = 0.0;
+                for (int64_t k = 0; k < cols; k++)
+                    ref += (double)w[r * cols + k] * x[t * cols + k];
+                double e = y[t * rows + r] - ref;
+                se += e * e;
+                ss += ref * ref;
+            }
+        double rel = sqrt(se / ss);
+        printf("  %s: relative RMS error of the product %.4f\n", wname(wts[wi]), rel);
+        T_CHECK(rel < limits[wi], "%s relative RMS error %.4f < %.3f", wname(wts[wi]), rel,
+                limits[wi]);
+        kwk_free_aligned((void *)m.data);
+        free(y);
+    }
+    free(w);
+    free(x);
+}
+
+static void test_sizes(void)
+{
+    size_t n;
+    T_EQ(kwk_quant_bytes(KWK_W_Q8, 17, 65, &n), 0);
+    T_EQ(n, 2 * 2 * sizeof(struct kwk_q8_block));
+    T_EQ(kwk_quant_bytes(KWK_W_Q4, 16, 64, &n), 0);
+    T_EQ(n, 2 * sizeof(struct kwk_q4_block));
+    T_EQ(kwk_quant_bytes(KWK_W_Q4, INT64_MAX / 2, INT64_MAX / 2, &n), -1);
+    T_EQ(kwk_quant_bytes(KWK_W_F32, 16, 64, &n), -1);
+}
+
+int main(void)
+{
+    printf("isa: %s\n", kwk_isa_name(kwk_isa()));
+    test_f16();
+    test_sizes();
+    test_act();
+    static const int64_t shapes[][2] = {{1, 64}, {17, 200}, {37, 576}, {16, 31}};
+    for (size_t i = 0; i < KWK_ARRAY_LEN(shapes); i++) {
+        test_round_trip(KWK_W_Q8, shapes[i][0], shapes[i][1]);
+        test_round_trip(KWK_W_Q4, shapes[i][0], shapes[i][1]);
+    }
+    test_kernels_vs_ref();
+    test_batch_invariance();
+    test_accuracy();
+    return t_report("test_quant");
+}
