@@ -266,8 +266,9 @@ KWK_API int kwk_sampler_set_eos(kwk_sampler *s, const int32_t *ids, int n);
  * and presence/frequency). Returns 0 or KWK_ERANGE. */
 KWK_API int kwk_sampler_accept(kwk_sampler *s, int32_t token, int is_prompt);
 
-/* Undo the most recent kwk_sampler_accept of this token with the same is_prompt (speculation
- * rolling back rejected tokens). Returns 0, KWK_ERANGE, or KWK_EARG when it was not accepted. */
+/* Undo one kwk_sampler_accept of this token with the same is_prompt (the history is a multiset:
+ * order does not matter), e.g. to roll back speculated tokens. Returns 0, KWK_ERANGE, or
+ * KWK_EARG when no such accept is recorded. */
 KWK_API int kwk_sampler_unaccept(kwk_sampler *s, int32_t token, int is_prompt);
 
 /* Forget the history (prompt and output); params, bias and eos ids stay. */

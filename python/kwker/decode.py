@@ -36,6 +36,64 @@ class _DecoderParams(ctypes.Structure):
     ]
 
 
+class _SamplerParams(ctypes.Structure):
+    _fields_ = [
+        ("do_sample", ctypes.c_int),
+        ("temperature", ctypes.c_double),
+        ("top_k", ctypes.c_int),
+        ("top_p", ctypes.c_double),
+        ("min_p", ctypes.c_double),
+        ("repetition_penalty", ctypes.c_double),
+        ("presence_penalty", ctypes.c_double),
+        ("frequency_penalty", ctypes.c_double),
+        ("min_new_tokens", ctypes.c_int),
+        ("seed", ctypes.c_uint64),
+    ]
+
+
+_TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
+                             ctypes.c_size_t)
+
+
+class _GenParams(ctypes.Structure):
+    _fields_ = [
+        ("max_new_tokens", ctypes.c_int),
+        ("sampling", _SamplerParams),
+        ("logit_bias_ids", ctypes.POINTER(ctypes.c_int32)),
+        ("logit_bias", ctypes.POINTER(ctypes.c_float)),
+        ("n_logit_bias", ctypes.c_int),
+        ("eos_ids", ctypes.POINTER(ctypes.c_int32)),
+        ("n_eos", ctypes.c_int),
+        ("stop", ctypes.POINTER(ctypes.c_char_p)),
+        ("n_stop", ctypes.c_int),
+        ("tok", ctypes.c_void_p),
+        ("prompt_cache", ctypes.c_int),
+        ("lookup", ctypes.c_int),
+        ("draft", ctypes.c_void_p),
+        ("n_draft", ctypes.c_int),
+        ("on_token", _TOKEN_FN),
+        ("user", ctypes.c_void_p),
+    ]
+
+
+class _GenOutput(ctypes.Structure):
+    _fields_ = [
+        ("tokens", ctypes.POINTER(ctypes.c_int32)),
+        ("logprobs", ctypes.POINTER(ctypes.c_float)),
+        ("cap", ctypes.c_int),
+        ("n_tokens", ctypes.c_int),
+        ("finish_reason", ctypes.c_int),
+        ("n_prompt", ctypes.c_int),
+        ("prompt_reused", ctypes.c_int),
+        ("n_proposed", ctypes.c_int),
+        ("n_accepted", ctypes.c_int),
+        ("n_steps", ctypes.c_int),
+        ("text", ctypes.c_void_p),
+        ("text_len", ctypes.c_size_t),
+    ]
+
+
+_FINISH = {0: None, 1: "stop", 2: "length", 3: "canceled"}
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _F32P = ctypes.POINTER(ctypes.c_float)
 _bound = False
@@ -57,10 +115,16 @@ def _bind():
     L.kwk_decoder_free.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_pos.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    L.kwk_decoder_tokens.restype = _I32P
+    L.kwk_decoder_tokens.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_eval.argtypes = [ctypes.c_void_p, _I32P, ctypes.c_int, _F32P, ctypes.c_int]
     L.kwk_decoder_generate_greedy.argtypes = [ctypes.c_void_p, _I32P, ctypes.c_int, ctypes.c_int,
                                               _I32P, ctypes.c_int, _I32P,
                                               ctypes.POINTER(ctypes.c_int)]
+    L.kwk_gen_params_init.argtypes = [ctypes.POINTER(_GenParams)]
+    L.kwk_generate.argtypes = [ctypes.c_void_p, _I32P, ctypes.c_int, ctypes.POINTER(_GenParams),
+                               ctypes.POINTER(_GenOutput), ctypes.POINTER(KwkErr)]
+    L.kwk_gen_output_clear.argtypes = [ctypes.POINTER(_GenOutput)]
     L.kwk_isa.restype = ctypes.c_int
     L.kwk_isa_name.restype = ctypes.c_char_p
     L.kwk_isa_name.argtypes = [ctypes.c_int]
@@ -135,7 +199,8 @@ class KwkDecoder:
             raise ValueError("precision must be one of %s" % ", ".join(_PRECISIONS))
         L = _bind()
         self._lib = L
-        self._model = self._dec = None
+        self._model = self._dec = self._tokenizer = None
+        self.stats = {}
         self.model_path = os.fspath(model)
         err = KwkErr()
         self._model = L.kwk_model_load(_path(model), ctypes.byref(err))
@@ -179,6 +244,12 @@ class KwkDecoder:
                 raise KwkError("token id out of range [0, %d)" % self.vocab_size, rc)
             check(rc, "eval")
 
+    def cached_tokens(self):
+        """The token ids whose keys and values fill the KV cache (what prompt reuse matches)."""
+        n = self._lib.kwk_decoder_pos(self._dec)
+        ptr = self._lib.kwk_decoder_tokens(self._dec)
+        return [ptr[i] for i in range(n)]
+
     def forward(self, input_ids):
         """Float32 logits [n, vocab] for every position of a fresh sequence (numpy)."""
         ids, _, _ = _as_ids(input_ids)
@@ -187,20 +258,133 @@ class KwkDecoder:
         self._eval(ids, 2, out)
         return out
 
-    def generate(self, input_ids, max_new_tokens=16, eos_token_id=None):
-        """Greedy generation: the prompt followed by up to max_new_tokens new tokens, in the same
-        kind (list, numpy, torch) and shape ([n] or [1, n]) as input_ids. Stops after an eos id
-        (eos_token_id: an id, a list, or None for the model's own; [] never stops early)."""
+    def _eos_list(self, eos_token_id):
+        if eos_token_id is None:
+            return list(self.eos_token_id)
+        if isinstance(eos_token_id, (int, np.integer)):
+            return [int(eos_token_id)]
+        return [int(e) for e in eos_token_id]
+
+    def tokenizer(self):
+        """The tokenizer shipped with the model (loaded on first use)."""
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    def generate(self, input_ids, max_new_tokens=16, min_new_tokens=0, do_sample=False,
+                 temperature=1.0, top_k=50, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                 presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, seed=None,
+                 generator=None, eos_token_id=None, stop=None, lookup=8, draft=None, n_draft=4,
+                 streamer=None, prompt_cache=True, tokenizer=None):
+        """Generate after input_ids; returns prompt + new tokens in the same kind (list, numpy,
+        torch) and shape ([n] or [1, n]) as input_ids.
+
+        Greedy by default (Hugging Face's defaults otherwise: top_k 50 applies with
+        do_sample=True). eos_token_id: an id, a list, None for the model's own, [] never stops
+        early. stop: strings matched on the decoded text (the reply ends before the first).
+        lookup: n-gram prompt-lookup candidates checked per step (0 off); draft: a smaller
+        KwkDecoder with the same vocabulary proposing n_draft tokens a step. Both are exact: the
+        tokens are those of plain decoding. prompt_cache reuses the KV cache prefix shared with the
+        previous call. seed / generator (a torch.Generator: its initial seed) make sampling
+        reproducible. streamer: an object with put(token_ids) and end() (transformers' streamers)
+        or a callable(token_id, text). After the call, self.stats holds prompt_reused,
+        proposed, accepted, steps, finish_reason and text.
+        """
         ids, kind, shape2d = _as_ids(input_ids)
         if len(ids) == 0:
             raise ValueError("input_ids is empty")
-        if eos_token_id is None:
-            eos = self.eos_token_id
-        elif isinstance(eos_token_id, int):
-            eos = [eos_token_id]
-        else:
-            eos = list(eos_token_id)
-        eos_arr = np.asarray(eos, dtype=np.int32)
+        L = self._lib
+        p = _GenParams()
+        L.kwk_gen_params_init(ctypes.byref(p))
+        p.max_new_tokens = int(max_new_tokens)
+        sp = p.sampling
+        sp.do_sample = int(bool(do_sample))
+        sp.temperature = float(temperature)
+        sp.top_k = int(top_k or 0)
+        sp.top_p = float(top_p)
+        sp.min_p = float(min_p or 0.0)
+        sp.repetition_penalty = float(repetition_penalty)
+        sp.presence_penalty = float(presence_penalty)
+        sp.frequency_penalty = float(frequency_penalty)
+        sp.min_new_tokens = int(min_new_tokens or 0)
+        if generator is not None and seed is None:
+            seed = generator.initial_seed()
+        sp.seed = int(seed or 0) & 0xFFFFFFFFFFFFFFFF
+        keep = []  # ctypes buffers that must outlive the call
+        if logit_bias:
+            b_ids = np.asarray([int(k) for k in logit_bias], dtype=np.int32)
+            b_val = np.asarray([float(v) for v in logit_bias.values()], dtype=np.float32)
+            keep += [b_ids, b_val]
+            p.logit_bias_ids = b_ids.ctypes.data_as(_I32P)
+            p.logit_bias = b_val.ctypes.data_as(_F32P)
+            p.n_logit_bias = len(b_ids)
+        eos = np.asarray(self._eos_list(eos_token_id), dtype=np.int32)
+        keep.append(eos)
+        p.eos_ids = eos.ctypes.data_as(_I32P)
+        p.n_eos = len(eos)
+        if isinstance(stop, str):
+            stop = [stop]
+        tok = tokenizer or (self.tokenizer() if (stop or streamer is not None) else None)
+        if stop:
+            arr = (ctypes.c_char_p * len(stop))(*[s_.encode() for s_ in stop])
+            keep.append(arr)
+            p.stop = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
+            p.n_stop = len(stop)
+        if tok is not None:
+            p.tok = tok._h
+        p.prompt_cache = int(bool(prompt_cache))
+        p.lookup = int(lookup or 0)
+        if draft is not None:
+            p.draft = draft._dec
+            p.n_draft = int(n_draft)
+        cb = None
+        if streamer is not None:
+            if hasattr(streamer, "put"):
+                streamer.put(np.asarray(ids))
+
+                def call(user, token, text, n):
+                    streamer.put(np.asarray([token]))
+                    return 0
+            else:
+                def call(user, token, text, n):
+                    return int(bool(streamer(int(token), ctypes.string_at(text, n).decode(
+                        "utf-8", "replace") if n else "")))
+            cb = _TOKEN_FN(call)
+            p.on_token = cb
+        n_cap = max(int(max_new_tokens), 1)
+        out_tokens = np.empty(n_cap, dtype=np.int32)
+        out = _GenOutput()
+        out.tokens = out_tokens.ctypes.data_as(_I32P)
+        out.cap = n_cap
+        err = KwkErr()
+        rc = L.kwk_generate(self._dec, ids.ctypes.data_as(_I32P), len(ids), ctypes.byref(p),
+                            ctypes.byref(out), ctypes.byref(err))
+        text = ctypes.string_at(out.text, out.text_len).decode("utf-8", "replace") \
+            if out.text else None
+        L.kwk_gen_output_clear(ctypes.byref(out))
+        if streamer is not None and hasattr(streamer, "end"):
+            streamer.end()
+        if rc < 0:
+            if rc == -10005:
+                raise KwkError("token id out of range [0, %d)" % self.vocab_size, rc)
+            raise_err(err, "generate")
+        self.stats = {
+            "prompt_tokens": out.n_prompt, "prompt_reused": out.prompt_reused,
+            "generated": out.n_tokens, "proposed": out.n_proposed,
+            "accepted": out.n_accepted, "steps": out.n_steps,
+            "finish_reason": _FINISH.get(out.finish_reason), "text": text,
+        }
+        full = np.concatenate([ids, out_tokens[: min(out.n_tokens, n_cap)]])
+        template = input_ids if kind != "list" else None
+        return _like(full, kind, shape2d, template)
+
+    def generate_greedy(self, input_ids, max_new_tokens=16, eos_token_id=None):
+        """Plain greedy decoding without speculation or prompt reuse (the reference path)."""
+        ids, kind, shape2d = _as_ids(input_ids)
+        if len(ids) == 0:
+            raise ValueError("input_ids is empty")
+        eos_arr = np.asarray(self._eos_list(eos_token_id), dtype=np.int32)
         out = np.empty(max(int(max_new_tokens), 1), dtype=np.int32)
         n_out = ctypes.c_int(0)
         rc = self._lib.kwk_decoder_generate_greedy(

@@ -250,6 +250,9 @@ static int gen_setup(struct gen *g, int n_prompt, struct kwk_err *err)
 {
     const struct kwk_gen_params *p = g->p;
     int nv = g->d->c->n_vocab;
+    if (p->draft == g->d)
+        return kwk_err_set(err, KWK_EARG, "the draft must be another decoder (it has its own "
+                                          "KV cache)");
     if (p->draft && p->draft->c->n_vocab != nv)
         return kwk_err_set(err, KWK_EARG, "draft vocabulary %d differs from the model's %d",
                            p->draft->c->n_vocab, nv);

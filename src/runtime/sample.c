@@ -11,21 +11,21 @@ struct kwk_sampler {
     int n_vocab;
     struct kwk_sampler_params p;
 
-    float *scores;    /* [n_vocab] the row being processed */
-    float *tmp;       /* [n_vocab] probabilities by token id; the top_k selection copy */
-    int32_t *idx;     /* [n_vocab] ids being partitioned (top_p) */
-    int32_t *cand;    /* [n_cand] ids still finite after the warpers so far, ascending */
+    float *scores;      /* [n_vocab] the row being processed */
+    float *tmp;         /* [n_vocab] probabilities by token id; the top_k selection copy */
+    int32_t *idx;       /* [n_vocab] ids being partitioned (top_p) */
+    int32_t *cand;      /* [n_cand] ids still finite after the warpers so far, ascending */
     int n_cand;
-    int32_t *n_seen;  /* [n_vocab] times each id was accepted, prompt and output */
-    int32_t *n_gen;   /* [n_vocab] times each id was generated */
-    int32_t *seen;    /* [n_seen_ids] distinct ids with n_seen > 0, in no particular order */
+    int32_t *n_seen;    /* [n_vocab] times each id was accepted, prompt and output */
+    int32_t *n_gen;     /* [n_vocab] times each id was generated */
+    int32_t *seen;      /* [n_seen_ids] distinct ids with n_seen > 0, in no particular order */
     int n_seen_ids;
-    int64_t n_generated;
+    int64_t n_generated; /* generated tokens accepted: the counter of the next draw */
 
-    float *bias;      /* [n_vocab] logit bias, NULL until one is set */
-    int32_t *bias_ids; /* [n_bias] ids with a bias entry */
+    float *bias;        /* [n_vocab] logit bias, NULL until one is set */
+    int32_t *bias_ids;  /* [n_bias] ids with a bias entry */
     int n_bias;
-    int32_t *eos;     /* [n_eos] */
+    int32_t *eos;       /* [n_eos] ids min_new_tokens suppresses */
     int n_eos;
 };
 

@@ -73,6 +73,8 @@ enum tv_kind {
 
 #define TVF_TUPLE 1u
 #define TVF_SAFE 2u /* a string marked safe (jinja2 Markup): str operands of + get escaped */
+#define TVF_GEN 4u  /* a list standing for a jinja2 generator (select, map, ...): always true */
+#define TVF_RANGE 8u /* a list made by range(): prints as range(start, stop[, step]) */
 
 struct tlist;
 struct tdict;
@@ -104,6 +106,7 @@ struct tv {
 struct tlist {
     struct tv *v;
     size_t n, cap;
+    int64_t range[3]; /* start, stop, step of a TVF_RANGE list */
 };
 
 struct tdict {

@@ -768,6 +768,7 @@ static int exec_for(struct trender *r, struct tscope *sc, const struct tnode *n)
         items = kept.u.l;
     }
     size_t count = items->n;
+    int completed = 0; /* jinja2 runs the else block unless some body ran to its end */
     if (!count)
         return n->c ? tpl_exec(r, sc, n->c) : 0;
     struct tloop *lp = ta_alloc(r->a, sizeof *lp);
@@ -788,13 +789,15 @@ static int exec_for(struct trender *r, struct tscope *sc, const struct tnode *n)
             return rc;
         if ((rc = tpl_exec(r, body, n->b)))
             return rc;
+        if (!r->ctl)
+            completed = 1;
         if (r->ctl == 1) {
             r->ctl = 0;
             break;
         }
         r->ctl = 0;
     }
-    return 0;
+    return !completed && n->c ? tpl_exec(r, sc, n->c) : 0;
 }
 
 int tpl_loop_attr(struct trender *r, const struct tnode *at, const struct tv *loop,

@@ -120,19 +120,37 @@ int tpl_run_test(struct trender *r, const struct tnode *at, int id, const struct
     case T_ESCAPED: *res = 0; return 0;
     case T_ODD:
     case T_EVEN:
-        if ((rc = need_int(r, at, v, &x)))
-            return rc;
-        *res = (x % 2 != 0) == (id == T_ODD);
-        return 0;
-    case T_DIVISIBLEBY:
-        if (!a0)
+    case T_DIVISIBLEBY: {
+        /* jinja2: value % 2 == 1, value % 2 == 0, value % num == 0 (Python numbers) */
+        struct tv two = tv_int(2);
+        const struct tv *d = id == T_DIVISIBLEBY ? a0 : &two;
+        if (!d)
             return tpl_fail(r, KWK_ERUNTIME, at, "divisibleby needs an argument");
-        if ((rc = need_int(r, at, v, &x)) || (rc = need_int(r, at, a0, &y)))
-            return rc;
-        if (!y)
-            return tpl_fail(r, KWK_ERUNTIME, at, "integer division or modulo by zero");
-        *res = y == -1 || x % y == 0;
+        if (v->k == TV_UNDEF)
+            return tpl_undef_fail(r, at, v);
+        if (!tv_is_num(v) || !tv_is_num(d))
+            return tpl_fail(r, KWK_ERUNTIME, at, "unsupported operand type(s) for %%: '%s' and "
+                            "'%s'", tv_type_name(v), tv_type_name(d));
+        if (v->k != TV_FLOAT && d->k != TV_FLOAT) {
+            if ((rc = need_int(r, at, v, &x)) || (rc = need_int(r, at, d, &y)))
+                return rc;
+            if (!y)
+                return tpl_fail(r, KWK_ERUNTIME, at, "integer division or modulo by zero");
+            int64_t m = y == -1 ? 0 : x % y;
+            if (m != 0 && ((m < 0) != (y < 0)))
+                m += y;
+            *res = id == T_ODD ? m == 1 : m == 0;
+        } else {
+            double fx = tv_num(v), fy = tv_num(d);
+            if (fy == 0.0)
+                return tpl_fail(r, KWK_ERUNTIME, at, "float modulo");
+            double m = fmod(fx, fy);
+            if (m != 0.0 && ((m < 0) != (fy < 0)))
+                m += fy;
+            *res = id == T_ODD ? m == 1.0 : m == 0.0;
+        }
         return 0;
+    }
     case T_SAMEAS:
         if (!a0)
             return tpl_fail(r, KWK_ERUNTIME, at, "sameas needs an argument");
@@ -512,9 +530,10 @@ static int filter_indent(struct trender *r, const struct tnode *at, const struct
     const struct tv *w = targ(a, 0, "width");
     int first = get_bool_arg(targ(a, 1, "first"), 0), blank = get_bool_arg(targ(a, 2, "blank"), 0);
     struct tv s, ind = tv_str("    ", 4);
-    int rc;
-    if ((rc = tv_to_str(r, in, &s)))
-        return rc;
+    if (in->k != TV_STR)
+        return tpl_fail(r, KWK_ERUNTIME, at, "indent: '%s' object has no attribute "
+                        "'splitlines'", tv_type_name(in));
+    s = *in;
     if (w && w->k == TV_STR) {
         ind = *w;
     } else if (w) {
@@ -810,6 +829,12 @@ int tpl_filter_run(struct trender *r, const struct tnode *at, int id, const stru
 {
     int safe = in->k == TV_STR && (in->flag & TVF_SAFE);
     int rc = filter_run(r, at, id, in, a, out);
+    /* jinja2 returns generators from these: always true, whatever they hold */
+    if (!rc && r->dialect == TD_JINJA2 && out->k == TV_LIST &&
+        (id == F_SELECT || id == F_REJECT || id == F_SELECTATTR || id == F_REJECTATTR ||
+         id == F_MAP || id == F_ITEMS || id == F_BATCH || id == F_UNIQUE ||
+         (id == F_REVERSE && in->k != TV_STR)))
+        out->flag |= TVF_GEN;
     /* Markup stays Markup through jinja2's string filters. */
     if (!rc && safe && out->k == TV_STR &&
         (id == F_UPPER || id == F_LOWER || id == F_CAPITALIZE || id == F_TITLE || id == F_TRIM ||
@@ -955,6 +980,8 @@ static int filter_run(struct trender *r, const struct tnode *at, int id, const s
         return 0;
     case F_INT: {
         const struct tv *dv = targ(a, 0, "default");
+        if (in->k == TV_UNDEF)
+            return tpl_undef_fail(r, at, in); /* int(Undefined) raises in jinja2 */
         struct tv dflt = dv ? *dv : tv_int(0);
         double f;
         if (in->k == TV_INT || in->k == TV_BOOL)
@@ -971,6 +998,8 @@ static int filter_run(struct trender *r, const struct tnode *at, int id, const s
     }
     case F_FLOAT: {
         const struct tv *dv = targ(a, 0, "default");
+        if (in->k == TV_UNDEF)
+            return tpl_undef_fail(r, at, in);
         double f;
         if (tv_is_num(in))
             *out = tv_float(tv_num(in));

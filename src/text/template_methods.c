@@ -85,7 +85,8 @@ int tpl_method_id(const struct tv *obj, const char *name, size_t n)
     switch (obj->k) {
     case TV_STR: return find_method(str_methods, name, n);
     case TV_DICT: return find_method(dict_methods, name, n);
-    case TV_LIST: return obj->flag & TVF_TUPLE ? -1 : find_method(list_methods, name, n);
+    case TV_LIST:
+        return obj->flag & (TVF_TUPLE | TVF_GEN) ? -1 : find_method(list_methods, name, n);
     case TV_LOOP: return n == 5 && !memcmp(name, "cycle", 5) ? M_CYCLE : -1;
     default: return -1;
     }
@@ -107,7 +108,7 @@ static int bind(struct trender *r, const struct tv *obj, int id, struct tv *out)
 static const char *const undef_descs[] = {"object", "None", "dict object", "tuple object",
                                           "list object", "str object", "int object",
                                           "float object", "bool object",
-                                          "Namespace object"};
+                                          "Namespace object", "generator object"};
 
 const char *tpl_undef_desc(uint32_t idx)
 {
@@ -119,7 +120,7 @@ uint32_t tpl_undef_desc_of(const struct tv *v)
     switch (v->k) {
     case TV_NONE: return 1;
     case TV_DICT: return 2;
-    case TV_LIST: return v->flag & TVF_TUPLE ? 3 : 4;
+    case TV_LIST: return v->flag & TVF_GEN ? 10 : v->flag & TVF_TUPLE ? 3 : 4;
     case TV_STR: return 5;
     case TV_INT: return 6;
     case TV_FLOAT: return 7;
@@ -238,6 +239,8 @@ int tpl_slice(struct trender *r, const struct tnode *at, const struct tv *obj, c
         return rc;
     if (s == 0)
         return tpl_fail(r, KWK_ERUNTIME, at, "slice step cannot be zero");
+    if (obj->k == TV_DICT)
+        return tpl_fail(r, KWK_ERUNTIME, at, "unhashable type: 'slice'");
     if (obj->k != TV_STR && obj->k != TV_LIST)
         return tpl_fail(r, KWK_ERUNTIME, at, "'%s' object is not subscriptable",
                         tv_type_name(obj));
@@ -1104,7 +1107,10 @@ static int percent_format(struct trender *r, const struct tnode *at, const struc
         }
         rc = pct_one(r, at, &b, flags, width, prec, p[i], v);
     }
-    if (!rc && args->k != TV_DICT && next < n_items && (args->flag & TVF_TUPLE))
+    /* Python: unused arguments are an error unless they come as a mapping-like object
+     * (anything subscriptable that is neither a tuple nor a string). */
+    if (!rc && next < n_items &&
+        ((args->flag & TVF_TUPLE) || !(args->k == TV_DICT || args->k == TV_LIST)))
         rc = tpl_fail(r, KWK_ERUNTIME, at, "not all arguments converted during string "
                       "formatting");
     if (rc) {
@@ -1186,6 +1192,8 @@ static int builtin_range(struct trender *r, const struct tnode *at, const struct
         return tpl_fail(r, KWK_ELIMIT, at, "range too large for the step limit");
     if ((rc = tv_new_list(r, 0, out)))
         return rc;
+    out->flag = TVF_RANGE;
+    memcpy(out->u.l->range, v, sizeof v);
     for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
         if ((rc = tl_push(r, out->u.l, tv_int(i))) || (rc = tpl_step(r, at)))
             return rc;

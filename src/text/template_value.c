@@ -148,7 +148,7 @@ int tv_truthy(const struct tv *v)
     case TV_INT: return v->u.i != 0;
     case TV_FLOAT: return v->u.f != 0.0;
     case TV_STR: return v->u.s.n != 0;
-    case TV_LIST: return v->u.l->n != 0;
+    case TV_LIST: return v->u.l->n != 0 || (v->flag & TVF_GEN);
     case TV_DICT: return v->u.d->n != 0;
     default: return 1;
     }
@@ -468,6 +468,19 @@ static int write_val(struct trender *r, struct tbuf *b, const struct tv *v, int 
         break;
     case TV_LIST: {
         int tuple = v->flag & TVF_TUPLE;
+        if (v->flag & TVF_RANGE) {
+            const int64_t *rg = v->u.l->range;
+            if (rg[2] == 1)
+                tb_printf(b, "range(%lld, %lld)", (long long)rg[0], (long long)rg[1]);
+            else
+                tb_printf(b, "range(%lld, %lld, %lld)", (long long)rg[0], (long long)rg[1],
+                          (long long)rg[2]);
+            break;
+        }
+        if (v->flag & TVF_GEN) {
+            tb_puts(b, "<generator object>");
+            break;
+        }
         tb_putc(b, tuple ? '(' : '[');
         for (size_t i = 0; i < v->u.l->n; i++) {
             if (i)

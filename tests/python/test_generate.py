@@ -1,0 +1,208 @@
+"""Generation on top of the decoder: exact speculation (n-gram lookup, draft model), prompt reuse
+across chat turns, stop strings, finish reasons and seeded sampling.
+
+The reference for every speculative or cached run is the plain greedy path
+(KwkDecoder.generate_greedy: no lookup, no reuse), itself checked against transformers by
+test_decode_oracle.py. Kernels are batch invariant (src/kernels/kernels.h), so equality here is
+exact, not approximate.
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kwker
+import tiny_models
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def smollm2_path():
+    env = os.environ.get("KWK_SMOLLM2_GGUF")
+    path = Path(env) if env else REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        pytest.fail("SmolLM2 GGUF not found at %s: run scripts/setup" % path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    dec = kwker.KwkDecoder(smollm2_path(), max_cache_len=1024)
+    yield dec
+    dec.close()
+
+
+def chat(user, history=()):
+    text = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    for u, a in history:
+        text += "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n%s<|im_end|>\n" % (u, a)
+    return text + "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n" % user
+
+
+QUOTING = "Repeat exactly: the cat sat on the mat, the cat sat on the mat, and the dog ran."
+
+
+@pytest.mark.parametrize("name", ["llama_odd", "mistral_sw8", "qwen2", "qwen3"])
+def test_lookup_is_exact_on_tiny_models(name):
+    path = tiny_models.build(name)
+    dec = kwker.KwkDecoder(str(path), max_cache_len=256, n_threads=2)
+    rng = np.random.default_rng(5)
+    vocab = dec.vocab_size
+    for trial in range(3):
+        base = rng.integers(0, vocab, size=6).tolist()
+        prompt = base * 3 + rng.integers(0, vocab, size=3).tolist()  # repeats for lookup to find
+        ref = dec.generate_greedy(prompt, max_new_tokens=40, eos_token_id=[])
+        got = dec.generate(prompt, max_new_tokens=40, eos_token_id=[], lookup=8,
+                           prompt_cache=False)
+        assert got == ref, "lookup changed the greedy tokens (%s, trial %d)" % (name, trial)
+        assert dec.stats["generated"] == 40
+        assert dec.stats["finish_reason"] == "length"
+        assert dec.stats["accepted"] <= dec.stats["proposed"]
+        # one pass checks the pending token plus its candidates: steps + accepted covers 40 - 1
+        assert dec.stats["steps"] + dec.stats["accepted"] == 39
+    dec.close()
+
+
+def test_lookup_proposes_and_keeps_on_quoting_prompt(smol):
+    tok = smol.tokenizer()
+    ids = tok.encode(chat(QUOTING))
+    ref = smol.generate_greedy(ids, max_new_tokens=40)
+    got = smol.generate(ids, max_new_tokens=40, lookup=8, prompt_cache=False)
+    assert got == ref
+    assert smol.stats["accepted"] > 0, smol.stats
+    assert smol.stats["steps"] < smol.stats["generated"], smol.stats
+
+
+def test_draft_model_is_exact():
+    target = kwker.KwkDecoder(str(tiny_models.build("llama_tied")), max_cache_len=256)
+    draft = kwker.KwkDecoder(str(tiny_models.build("llama_bf16")), max_cache_len=256)
+    assert target.vocab_size == draft.vocab_size
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        prompt = rng.integers(0, target.vocab_size, size=12).tolist()
+        ref = target.generate_greedy(prompt, max_new_tokens=32, eos_token_id=[])
+        got = target.generate(prompt, max_new_tokens=32, eos_token_id=[], draft=draft,
+                              n_draft=4, prompt_cache=False)
+        assert got == ref
+        assert target.stats["proposed"] > 0
+    # the same model as its own draft (a second decoder) has every proposal kept
+    twin = kwker.KwkDecoder(str(tiny_models.build("llama_bf16")), max_cache_len=256)
+    got = draft.generate(prompt, max_new_tokens=32, eos_token_id=[], draft=twin, n_draft=4,
+                         prompt_cache=False)
+    assert got == draft.generate_greedy(prompt, max_new_tokens=32, eos_token_id=[])
+    assert draft.stats["accepted"] == draft.stats["proposed"] > 0
+    with pytest.raises(kwker.KwkError, match="draft"):
+        draft.generate(prompt, max_new_tokens=4, draft=draft)
+    twin.close()
+    target.close()
+    draft.close()
+
+
+def test_prompt_reuse_across_chat_turns(smol):
+    tok = smol.tokenizer()
+    turns = ["What is the capital of France?", "And of Italy?", "Which one is larger?"]
+    history = []
+    fresh = kwker.KwkDecoder(smollm2_path(), max_cache_len=1024)
+    smol.generate(tok.encode(chat("warm-up")), max_new_tokens=2)  # unrelated cache content
+    for user in turns:
+        ids = tok.encode(chat(user, history))
+        before = smol.cached_tokens()  # the cache: earlier prompt + reply (its last token unread)
+        out = smol.generate(ids, max_new_tokens=24, prompt_cache=True)
+        reused = smol.stats["prompt_reused"]
+        ref = fresh.generate(ids, max_new_tokens=24, prompt_cache=False)
+        assert out == ref, "prompt reuse changed the reply at turn %r" % user
+        assert fresh.stats["prompt_reused"] == 0
+        common = 0
+        while common < min(len(before), len(ids) - 1) and before[common] == ids[common]:
+            common += 1
+        assert reused == common
+        reply = tok.decode(out[len(ids):], skip_special_tokens=True)
+        history.append((user, reply))
+    assert reused > len(ids) // 2  # the last turn re-read only its new message
+    fresh.close()
+
+
+def expected_stop(tok, tokens, stops):
+    """Reference: after each token, the first stop string complete in the text ends the reply,
+    cut where the earliest complete stop starts."""
+    for i in range(1, len(tokens) + 1):
+        text = tok.decode(tokens[:i], skip_special_tokens=True)
+        hits = [text.find(s) for s in stops if s in text]
+        if hits:
+            return text[: min(hits)], i
+    return None, len(tokens)
+
+
+@pytest.mark.parametrize("stops", [
+    ["brown fo"],                  # inside a token run: split across token boundaries
+    ["mat, the"],
+    ["sat on", "cat sat"],         # overlapping stops: the one completed first wins
+    ["zzz-never", "the dog"],
+])
+def test_stop_strings(smol, stops):
+    tok = smol.tokenizer()
+    prompt = "Repeat exactly: the quick brown fox; the cat sat on the mat, the cat sat on the dog."
+    ids = tok.encode(chat(prompt))
+    full = smol.generate_greedy(ids, max_new_tokens=48)[len(ids):]
+    want_text, want_n = expected_stop(tok, full, stops)
+    assert want_text is not None, "reference reply %r lacks the stops" % tok.decode(full)
+    out = smol.generate(ids, max_new_tokens=48, stop=stops)
+    assert smol.stats["finish_reason"] == "stop"
+    assert smol.stats["text"] == want_text
+    assert out[len(ids):] == full[:want_n]
+    for s in stops:
+        assert s not in smol.stats["text"]
+
+
+def test_stop_at_the_very_start_and_unicode(smol):
+    tok = smol.tokenizer()
+    ids = tok.encode(chat("Write the word café three times."))
+    full = smol.generate_greedy(ids, max_new_tokens=24)[len(ids):]
+    first = tok.decode(full[:1], skip_special_tokens=True)
+    smol.generate(ids, max_new_tokens=24, stop=[first[:1]])
+    assert smol.stats["text"] == "" and smol.stats["finish_reason"] == "stop"
+    text = tok.decode(full, skip_special_tokens=True)
+    assert "é" in text, text
+    smol.generate(ids, max_new_tokens=24, stop=["é"])
+    assert smol.stats["text"] == text[: text.index("é")]
+
+
+def test_streamed_text_concatenates_to_the_reply(smol):
+    tok = smol.tokenizer()
+    ids = tok.encode(chat("Name three colours, with an emoji for each."))
+    pieces = []
+    smol.generate(ids, max_new_tokens=40, stop=["zzz"], streamer=lambda t, s: pieces.append(s))
+    assert "".join(pieces) == smol.stats["text"]
+    for p in pieces:
+        p.encode("utf-8")  # each piece is whole UTF-8 (no lone surrogates from a split)
+    cancelled = []
+    smol.generate(ids, max_new_tokens=40, streamer=lambda t, s: cancelled.append(t) or True)
+    assert smol.stats["finish_reason"] == "canceled" and len(cancelled) == 1
+
+
+def test_finish_reasons_and_eos(smol):
+    tok = smol.tokenizer()
+    ids = tok.encode(chat("Say hi."))
+    out = smol.generate(ids, max_new_tokens=64)
+    assert smol.stats["finish_reason"] == "stop"
+    assert out[-1] in smol.eos_token_id
+    smol.generate(ids, max_new_tokens=3)
+    assert smol.stats["finish_reason"] == "length" and smol.stats["generated"] == 3
+    # min_new_tokens suppresses eos until reached
+    n_free = len(out) - len(ids)
+    smol.generate(ids, max_new_tokens=n_free + 6, min_new_tokens=n_free + 2)
+    assert smol.stats["generated"] >= n_free + 2
+
+
+def test_seeded_sampling_same_with_and_without_lookup(smol):
+    tok = smol.tokenizer()
+    ids = tok.encode(chat(QUOTING))
+    runs = []
+    for lookup in (0, 8, 0):
+        runs.append(smol.generate(ids, max_new_tokens=40, do_sample=True, temperature=0.9,
+                                  top_p=0.95, seed=1234, lookup=lookup, prompt_cache=False))
+    assert runs[0] == runs[1] == runs[2]
+    other = smol.generate(ids, max_new_tokens=40, do_sample=True, temperature=0.9, top_p=0.95,
+                          seed=99, lookup=0, prompt_cache=False)
+    assert other != runs[0]
