@@ -201,6 +201,17 @@ void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, fl
     int32_t xs[KWK_QX_COLS / KWK_Q4_GROUP];
     if (getenv("KWK_Q_FLOATX")) { /* EXPERIMENT */
         float row[16384];
+        static float xf[256 * 16384];
+        const char *fg = getenv("KWK_Q_FAKEX"), *fc = getenv("KWK_Q_FAKEX_COLS");
+        if (fg && (!fc || atol(fc) == w->cols)) {
+            int gx = atoi(fg);
+            int8_t qq[16384]; float dd[1024]; int32_t ss[1024];
+            for (int t = 0; t < n_tok; t++) {
+                kwk_quant_act(x + (int64_t)t * w->cols, w->cols, gx, qq, dd, ss);
+                for (int64_t k = 0; k < w->cols; k++) xf[(int64_t)t * w->cols + k] = qq[k] * dd[k / gx];
+            }
+            x = xf;
+        }
         for (int64_t r = r0; r < r1; r++) {
             kwk_quant_mat_row_ref(w, r, row);
             for (int t = 0; t < n_tok; t++) {

@@ -408,7 +408,8 @@ static int arith(struct trender *r, const struct tnode *at, int op, const struct
         return concat(r, at, &sa, &sb, out);
     }
     if (op == OP_ADD && a->k == TV_LIST && b->k == TV_LIST &&
-        (a->flag & TVF_TUPLE) == (b->flag & TVF_TUPLE)) {
+        (a->flag & TVF_TUPLE) == (b->flag & TVF_TUPLE) &&
+        !((a->flag | b->flag) & (TVF_RANGE | TVF_GEN))) {
         size_t n;
         if (kwk_add_size(a->u.l->n, b->u.l->n, &n))
             return tpl_fail(r, KWK_ELIMIT, at, "list too long");
@@ -431,7 +432,8 @@ static int arith(struct trender *r, const struct tnode *at, int op, const struct
                         tv_type_name(b));
     if (op == OP_ADD && a->k == TV_LIST)
         return tpl_fail(r, KWK_ERUNTIME, at, "can only concatenate list (not \"%s\") to list",
-                        tv_type_name(b));
+                        b->flag & TVF_RANGE ? "range" : b->flag & TVF_GEN ? "generator"
+                        : tv_type_name(b));
     return tpl_fail(r, KWK_ERUNTIME, at, "unsupported operand type(s) for %s: '%s' and '%s'",
                     op_name(op), tv_type_name(a), tv_type_name(b));
 }
@@ -462,7 +464,12 @@ static int contains(struct trender *r, const struct tnode *at, const struct tv *
             }
         return 0;
     case TV_DICT:
-    case TV_NS: *res = td_get(seq->u.d, *item) != NULL; return 0;
+    case TV_NS:
+        if ((item->k == TV_LIST && !(item->flag & TVF_TUPLE)) || item->k == TV_DICT ||
+            item->k == TV_NS)
+            return tpl_fail(r, KWK_ERUNTIME, at, "unhashable type: '%s'", tv_type_name(item));
+        *res = td_get(seq->u.d, *item) != NULL;
+        return 0;
     default:
         return tpl_fail(r, KWK_ERUNTIME, at, "argument of type '%s' is not iterable",
                         tv_type_name(seq));

@@ -123,6 +123,9 @@ static int dump(struct trender *r, const struct tnode *at, struct tbuf *b, const
     case TV_STR: json_str(b, v->u.s.p, v->u.s.n, o->ensure_ascii); return 0;
     case TV_LIST: {
         const struct tlist *l = v->u.l;
+        if (v->flag & (TVF_RANGE | TVF_GEN))
+            return tpl_fail(r, KWK_ERUNTIME, at, "Object of type %s is not JSON serializable",
+                            v->flag & TVF_RANGE ? "range" : "generator");
         if (!l->n) {
             tb_puts(b, "[]");
             return 0;

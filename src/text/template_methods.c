@@ -86,7 +86,13 @@ int tpl_method_id(const struct tv *obj, const char *name, size_t n)
     case TV_STR: return find_method(str_methods, name, n);
     case TV_DICT: return find_method(dict_methods, name, n);
     case TV_LIST:
-        return obj->flag & (TVF_TUPLE | TVF_GEN) ? -1 : find_method(list_methods, name, n);
+        if (obj->flag & TVF_GEN)
+            return -1;
+        if (obj->flag & TVF_TUPLE) {
+            int id = find_method(list_methods, name, n);
+            return id == M_APPEND ? -1 : id;
+        }
+        return find_method(list_methods, name, n);
     case TV_LOOP: return n == 5 && !memcmp(name, "cycle", 5) ? M_CYCLE : -1;
     default: return -1;
     }
@@ -181,6 +187,9 @@ int tpl_getitem(struct trender *r, const struct tnode *at, const struct tv *obj,
             *out = *x;
             return 0;
         }
+    } else if (obj->k == TV_LIST && (obj->flag & TVF_GEN)) {
+        *out = tpl_undef(r, "'generator' object is not subscriptable");
+        return 0;
     } else if ((obj->k == TV_LIST || obj->k == TV_STR) && (key->k == TV_INT || key->k == TV_BOOL)) {
         int64_t i = key->k == TV_INT ? key->u.i : key->u.b;
         if (obj->k == TV_LIST) {
@@ -262,7 +271,14 @@ int tpl_slice(struct trender *r, const struct tnode *at, const struct tv *obj, c
     if (obj->k == TV_LIST) {
         if ((rc = tv_new_list(r, 0, out)))
             return rc;
-        out->flag = obj->flag;
+        out->flag = obj->flag & (TVF_TUPLE | TVF_RANGE);
+        if (obj->flag & TVF_RANGE) {
+            /* a slice of a range is a range */
+            const int64_t *rg = obj->u.l->range;
+            out->u.l->range[0] = rg[0] + a * rg[2];
+            out->u.l->range[1] = rg[0] + b * rg[2];
+            out->u.l->range[2] = rg[2] * s;
+        }
         for (int64_t i = a; s > 0 ? i < b : i > b; i += s)
             if ((rc = tl_push(r, out->u.l, obj->u.l->v[i])))
                 return rc;
@@ -1110,7 +1126,7 @@ static int percent_format(struct trender *r, const struct tnode *at, const struc
     /* Python: unused arguments are an error unless they come as a mapping-like object
      * (anything subscriptable that is neither a tuple nor a string). */
     if (!rc && next < n_items &&
-        ((args->flag & TVF_TUPLE) || !(args->k == TV_DICT || args->k == TV_LIST)))
+        ((args->flag & (TVF_TUPLE | TVF_GEN)) || !(args->k == TV_DICT || args->k == TV_LIST)))
         rc = tpl_fail(r, KWK_ERUNTIME, at, "not all arguments converted during string "
                       "formatting");
     if (rc) {

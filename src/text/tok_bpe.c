@@ -2,6 +2,7 @@
  * symbols that are merged lowest rank first, leftmost on ties, with a binary heap over a linked
  * list of symbols; byte_fallback, unk fusing, ignore_merges and a per-call word cache as HF's
  * BPE does. Any thread: all state is in the caller's scratch. */
+#include <pthread.h>
 #include <string.h>
 
 #include "text/tokenizer.h"
@@ -11,7 +12,7 @@ struct sym {
 };
 
 struct merge {
-    int32_t rank, pos, left, right;
+    int32_t rank, pos, left, right, id;
 };
 
 static int merge_less(const struct merge *a, const struct merge *b)
@@ -158,7 +159,8 @@ static int merge_word(const struct kwk_tokenizer *t, struct word *wd)
     for (size_t i = 0; i + 1 < wd->n; i++) {
         const struct tok_pair_slot *p = tok_pairmap_get(&t->merges, wd->s[i].id, wd->s[i + 1].id);
         if (p)
-            heap_push(h, &hn, (struct merge){p->rank, (int32_t)i, wd->s[i].id, wd->s[i + 1].id});
+            heap_push(h, &hn,
+                      (struct merge){p->rank, (int32_t)i, wd->s[i].id, wd->s[i + 1].id, p->id});
     }
     while (hn) {
         struct merge m = heap_pop(h, &hn);
@@ -168,8 +170,8 @@ static int merge_word(const struct kwk_tokenizer *t, struct word *wd)
         struct sym *b = &wd->s[a->next];
         if (b->id != m.right)
             continue;
-        const struct tok_pair_slot *p = tok_pairmap_get(&t->merges, m.left, m.right);
-        a->id = p->id;
+        const struct tok_pair_slot *p;
+        a->id = m.id;
         b->alive = 0;
         a->next = b->next;
         if (b->next >= 0)
@@ -179,18 +181,90 @@ static int merge_word(const struct kwk_tokenizer *t, struct word *wd)
             struct sym *q = &wd->s[a->prev];
             p = tok_pairmap_get(&t->merges, q->id, a->id);
             if (p)
-                heap_push(h, &hn, (struct merge){p->rank, a->prev, q->id, a->id});
+                heap_push(h, &hn, (struct merge){p->rank, a->prev, q->id, a->id, p->id});
         }
         if (a->next >= 0) {
             struct sym *q = &wd->s[a->next];
             p = tok_pairmap_get(&t->merges, a->id, q->id);
             if (p)
-                heap_push(h, &hn, (struct merge){p->rank, m.pos, a->id, q->id});
+                heap_push(h, &hn, (struct merge){p->rank, m.pos, a->id, q->id, p->id});
         }
     }
     if (h != stackh)
         kwk_free(h);
     return 0;
+}
+
+/* ---- shared word cache ----------------------------------------------------------------
+ * Short words and their ids, direct-mapped by hash: a later word that lands on the same slot
+ * replaces the earlier one. Each shard of slots has its own mutex, so threads encoding at once
+ * rarely wait; the cache only memoizes, so the tokenizer's results stay those of an immutable
+ * object. */
+
+#define GC_SLOTS (1u << 15)
+#define GC_SHARDS 64
+#define GC_WORD 26
+#define GC_IDS 6
+
+struct gc_slot {
+    uint64_t hash; /* 0 = empty */
+    uint8_t len, n_ids;
+    char word[GC_WORD];
+    int32_t ids[GC_IDS];
+};
+
+struct tok_gcache {
+    pthread_mutex_t locks[GC_SHARDS];
+    struct gc_slot slots[GC_SLOTS];
+};
+
+int tok_gcache_new(struct kwk_tokenizer *t)
+{
+    struct tok_gcache *c = kwk_calloc(1, sizeof *c);
+    if (!c)
+        return -12;
+    for (int i = 0; i < GC_SHARDS; i++)
+        pthread_mutex_init(&c->locks[i], NULL);
+    t->gcache = c;
+    return 0;
+}
+
+void tok_gcache_free(struct kwk_tokenizer *t)
+{
+    if (!t->gcache)
+        return;
+    for (int i = 0; i < GC_SHARDS; i++)
+        pthread_mutex_destroy(&t->gcache->locks[i]);
+    kwk_free(t->gcache);
+    t->gcache = NULL;
+}
+
+static int gc_get(struct tok_gcache *c, const char *w, size_t n, uint64_t h, struct tok_ids *out)
+{
+    size_t i = h & (GC_SLOTS - 1);
+    struct gc_slot *s = &c->slots[i], copy;
+    pthread_mutex_t *lk = &c->locks[i % GC_SHARDS];
+    pthread_mutex_lock(lk);
+    copy = *s;
+    pthread_mutex_unlock(lk);
+    if (copy.hash != h || copy.len != n || memcmp(copy.word, w, n))
+        return 0;
+    for (int k = 0; k < copy.n_ids; k++)
+        tok_ids_push(out, copy.ids[k]);
+    return 1;
+}
+
+static void gc_put(struct tok_gcache *c, const char *w, size_t n, uint64_t h, const int32_t *ids,
+                   size_t n_ids)
+{
+    size_t i = h & (GC_SLOTS - 1);
+    struct gc_slot s = {.hash = h, .len = (uint8_t)n, .n_ids = (uint8_t)n_ids};
+    memcpy(s.word, w, n);
+    memcpy(s.ids, ids, n_ids * sizeof *ids);
+    pthread_mutex_t *lk = &c->locks[i % GC_SHARDS];
+    pthread_mutex_lock(lk);
+    c->slots[i] = s;
+    pthread_mutex_unlock(lk);
 }
 
 /* ---- per-call word cache ------------------------------------------------------------- */
@@ -258,7 +332,13 @@ int tok_bpe_word(const struct kwk_tokenizer *t, struct tok_scratch *s, const cha
                  struct tok_ids *out)
 {
     uint64_t h = 0;
-    int cacheable = n <= CACHE_MAX_WORD && s->cache_keys.n < (1u << 30);
+    int shared = t->gcache && n <= GC_WORD;
+    int cacheable = !shared && n <= CACHE_MAX_WORD && s->cache_keys.n < (1u << 30);
+    if (shared) {
+        h = tok_hash(w, n) | 1;
+        if (gc_get(t->gcache, w, n, h, out))
+            return out->oom ? -12 : 0;
+    }
     if (cacheable) {
         h = tok_hash(w, n);
         const struct tok_cache_slot *c = cache_get(s, w, n, h);
@@ -295,6 +375,8 @@ int tok_bpe_word(const struct kwk_tokenizer *t, struct tok_scratch *s, const cha
     }
     if (cacheable)
         cache_put(s, w, n, h, out->p + start, out->n - start);
+    else if (shared && out->n - start <= GC_IDS)
+        gc_put(t->gcache, w, n, h, out->p + start, out->n - start);
 out:
     kwk_free(wd.s);
     return rc;

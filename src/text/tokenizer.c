@@ -79,16 +79,60 @@ int tok_add_merge(struct kwk_tokenizer *t, const char *a, size_t na, const char 
     return tok_pairmap_put(&t->merges, ia, ib, rank, id);
 }
 
+/* Oniguruma (HF's regex engine) gives \w the Unicode word set: letters, marks, decimal and
+ * letter numbers, connector punctuation and the joiners; PCRE2's \w is narrower. */
+#define ONIG_WORD "\\p{L}\\p{M}\\p{Nd}\\p{Nl}\\p{Pc}\\x{200C}\\x{200D}"
+
+static void translate_regex(const char *pat, size_t n, struct tok_buf *out)
+{
+    int in_class = 0;
+    size_t class_start = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = pat[i];
+        if (c == '\\' && i + 1 < n) {
+            char e = pat[i + 1];
+            i++;
+            if (e == 'w') {
+                tok_buf_add(out, in_class ? ONIG_WORD : "[" ONIG_WORD "]",
+                            strlen(ONIG_WORD) + (in_class ? 0 : 2));
+            } else if (e == 'W' && !in_class) {
+                tok_buf_add(out, "[^" ONIG_WORD "]", strlen(ONIG_WORD) + 3);
+            } else {
+                tok_buf_addc(out, c);
+                tok_buf_addc(out, e);
+            }
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = 1;
+            class_start = i;
+        } else if (in_class && c == ']' && i != class_start + 1 &&
+                   !(i == class_start + 2 && pat[class_start + 1] == '^')) {
+            in_class = 0;
+        }
+        tok_buf_addc(out, c);
+    }
+}
+
 int tok_compile_regex(pcre2_code **re, const char *pat, size_t n, struct kwk_err *err)
 {
     int ec;
     PCRE2_SIZE eo;
-    *re = pcre2_compile((PCRE2_SPTR)pat, n, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    struct tok_buf tr = {0};
+    translate_regex(pat, n, &tr);
+    if (!tr.p)
+        tok_buf_add(&tr, "", 0);
+    if (tr.oom) {
+        tok_buf_free(&tr);
+        return kwk_err_set(err, -ENOMEM, "out of memory");
+    }
+    *re = pcre2_compile((PCRE2_SPTR)tr.p, tr.n, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    tok_buf_free(&tr);
     if (!*re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof msg);
-        kwk_err_set_pos(err, KWK_ESYNTAX, (int64_t)eo, "regex /%.*s/ at %zu: %s",
-                        (int)KWK_MIN(n, (size_t)200), pat, (size_t)eo, (const char *)msg);
+        kwk_err_set_pos(err, KWK_ESYNTAX, (int64_t)eo, "regex /%.*s/: %s",
+                        (int)KWK_MIN(n, (size_t)200), pat, (const char *)msg);
         return KWK_ESYNTAX;
     }
     /* JIT is an accelerator: without it (e.g. no executable memory) matching still works. */
@@ -257,6 +301,8 @@ int tok_finish(struct kwk_tokenizer *t, struct kwk_err *err)
     for (int32_t id = 0; id < t->n_vocab; id++)
         if (t->pieces[id] && t->piece_lens[id] > t->max_piece_len)
             t->max_piece_len = t->piece_lens[id];
+    if (t->model == TOK_MODEL_BPE && tok_gcache_new(t))
+        return kwk_err_set(err, -ENOMEM, "%s: out of memory", t->source);
     return 0;
 }
 
@@ -277,6 +323,7 @@ void kwk_tokenizer_free(kwk_tokenizer *t)
 {
     if (!t)
         return;
+    tok_gcache_free(t);
     kwk_free(t->pieces);
     kwk_free(t->piece_lens);
     kwk_free(t->attr);

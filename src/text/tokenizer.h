@@ -203,6 +203,7 @@ struct kwk_tokenizer {
     int32_t *added_norm_order;     /* [n_added] indices sorted by normalized content */
 
     struct tok_arena_block *arena; /* piece strings */
+    struct tok_gcache *gcache;     /* BPE words shared by all callers (locked shards) */
 
     /* special tokens and metadata */
     int32_t bos_id, pad_id, eos_ids[TOK_MAX_EOS];
@@ -219,6 +220,10 @@ struct tok_arena_block {
     char data[];
 };
 char *tok_arena_dup(struct kwk_tokenizer *t, const char *s, size_t n);
+
+/* tok_bpe.c: the shared word cache (a direct-mapped table under sharded mutexes). */
+int tok_gcache_new(struct kwk_tokenizer *t);
+void tok_gcache_free(struct kwk_tokenizer *t);
 
 /* tok_json.c: fill t from a parsed tokenizer.json text. */
 int tok_load_json_text(struct kwk_tokenizer *t, const char *text, size_t len, const char *label,

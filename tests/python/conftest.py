@@ -145,14 +145,16 @@ def kwk_runner(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def oracle_refs():
-    """name -> tiny_models.OracleCase, built (and transformers-run) once per session."""
+    """(name, prompt length or None for 12-24) -> tiny_models.OracleCase, built (and run by
+    transformers) once per session."""
     import tiny_models
     cache = {}
 
-    def get(name):
-        if name not in cache:
-            cache[name] = tiny_models.oracle_case(name)
-        return cache[name]
+    def get(name, n_prompt=None):
+        key = (name, n_prompt)
+        if key not in cache:
+            cache[key] = tiny_models.oracle_case(name, n_prompt=n_prompt)
+        return cache[key]
     return get
 
 

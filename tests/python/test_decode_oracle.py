@@ -26,10 +26,23 @@ MODELS = list(tiny_models.SPECS)
 ISAS = supported_isas()
 
 
+# Prompt lengths at the edges: 2 ids (decode from the second position on) and 100 ids (past
+# any kernel tile or block size, and 12x the 8-token sliding window).
+LENGTH_CASES = [("llama_odd", 2), ("qwen3", 2), ("mistral_sw8", 2),
+                ("llama_odd", 100), ("qwen2", 100), ("mistral_sw8", 100), ("llama3", 100)]
+
+
+def _all_cases(oracle_refs):
+    cases = [oracle_refs(n).case() for n in MODELS]
+    cases += [oracle_refs(n, k).case(key="%s@%d" % (n, k), max_cache_len=128)
+              for n, k in LENGTH_CASES]
+    return cases
+
+
 @pytest.fixture(scope="module")
 def kwk_results(kwk_runner, oracle_refs):
     def get(isa):
-        return kwk_runner.run([oracle_refs(n).case() for n in MODELS], isa)
+        return kwk_runner.run(_all_cases(oracle_refs), isa)
     return get
 
 
@@ -170,3 +183,25 @@ def test_reference_checkpoints_have_the_advertised_layout(oracle_refs):
         assert ("lm_head.weight" in keys) == (not tiny_models.SPECS[name]["tie"]), name
         legacy = tiny_models.SPECS[name]["style"] == "legacy"
         assert ("rope_theta" in cfg) == legacy and ("rope_parameters" in cfg) == (not legacy)
+
+
+length_params = [pytest.param(m, k, i, id="%s@%d-%s" % (m, k, i))
+                 for m, k in LENGTH_CASES for i in ISAS]
+
+
+@pytest.mark.parametrize("model,n_prompt,isa", length_params)
+def test_prompt_length_edges(kwk_results, oracle_refs, model, n_prompt, isa):
+    ref = oracle_refs(model, n_prompt)
+    key = "%s@%d" % (model, n_prompt)
+    res = kwk_results(isa)
+    assert len(ref.prompt) == n_prompt
+    assert ref.margin >= 20 * REL_TOL, "reference margin %.2e too small" % ref.margin
+    check_logits(stage(res, key, isa, "fwd_prompt"), ref.prompt_logits,
+                 "%s [%s] prompt logits" % (key, isa))
+    check_logits(stage(res, key, isa, "steps"), ref.full_logits[n_prompt - 1:-1],
+                 "%s [%s] one-token decode steps" % (key, isa))
+    check_logits(stage(res, key, isa, "chunked"), ref.full_logits,
+                 "%s [%s] batched eval in chunks 5+7+rest" % (key, isa))
+    got = [int(t) for t in stage(res, key, isa, "generate")][n_prompt:]
+    assert got == ref.new_tokens, "%s [%s]: %s" % (key, isa, first_token_diff(
+        got, ref.new_tokens))

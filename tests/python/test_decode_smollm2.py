@@ -112,9 +112,11 @@ def smol_results(kwk_runner, smol_path, smol_ref):
     ids, _, gen, _ = smol_ref
 
     def get(isa):
+        # The C API's one-token decode steps are checked on the best path only (the tiny
+        # models check them everywhere): the second path costs half as much then.
         case = {"key": "smollm2", "model": str(smol_path), "prompt": ids,
                 "gen_ref": gen[len(ids):], "max_cache_len": 256,
-                "skip": ["chunked"]}
+                "skip": ["chunked"], "c_api": isa == SMOL_ISAS[0]}
         return kwk_runner.run([case], isa)
     return get
 
@@ -150,5 +152,6 @@ def test_smollm2_sequence_logits(smol_results, smol_ref, isa):
     res = smol_results(isa)
     check_logits(stage(res, "smollm2", isa, "fwd_full"), full,
                  "SmolLM2 [%s] forward() on prompt + 64 greedy tokens" % isa)
-    check_logits(stage(res, "smollm2", isa, "steps"), full[len(ids) - 1:-1],
-                 "SmolLM2 [%s] one-token decode steps" % isa)
+    if isa == SMOL_ISAS[0]:
+        check_logits(stage(res, "smollm2", isa, "steps"), full[len(ids) - 1:-1],
+                     "SmolLM2 [%s] one-token decode steps" % isa)

@@ -394,31 +394,38 @@ def test_threads_share_a_tokenizer(pairs):
 # ---- llama.cpp vocabulary vectors -------------------------------------------------------------
 
 def vocab_cases():
+    """(gguf, vectors) pairs: each GGUF with its own .inp/.out, and the newer llama.cpp copy of
+    the vectors (newer-vendored-copy/) against the same GGUF."""
     out = []
     for g in sorted(glob.glob(str(VOCAB / "*.gguf")) + glob.glob(str(VOCAB / "side-branches" /
                                                                      "*.gguf"))):
         if os.path.exists(g + ".inp") and os.path.exists(g + ".out"):
-            out.append(g)
+            out.append((g, g))
+        newer = VOCAB / "newer-vendored-copy" / os.path.basename(g)
+        if os.path.exists(str(newer) + ".inp"):
+            out.append((g, str(newer)))
     return out
 
 
-def read_vectors(g):
-    inp = Path(g + ".inp").read_bytes().decode("utf-8").split("\n__ggml_vocab_test__\n")
+def read_vectors(base):
+    inp = Path(base + ".inp").read_bytes().decode("utf-8").split("\n__ggml_vocab_test__\n")
     if inp and inp[-1] == "":
         inp = inp[:-1]
-    out = Path(g + ".out").read_text(encoding="utf-8").split("\n")
+    out = Path(base + ".out").read_text(encoding="utf-8").split("\n")
     assert len(out) >= len(inp)
     return [(t, [int(x) for x in out[i].split()]) for i, t in enumerate(inp)]
 
 
 def test_vocab_vectors_are_present():
-    assert len(vocab_cases()) >= 11
+    assert len({g for g, _ in vocab_cases()}) >= 11
+    assert len(vocab_cases()) >= 21
 
 
-@pytest.mark.parametrize("gguf", vocab_cases(), ids=lambda g: os.path.basename(g))
-def test_llamacpp_vocab_vectors(gguf):
+@pytest.mark.parametrize("gguf,vectors", vocab_cases(),
+                         ids=lambda g: os.path.relpath(g, str(VOCAB)))
+def test_llamacpp_vocab_vectors(gguf, vectors):
     kw = Tokenizer.from_pretrained(gguf)
-    cases = read_vectors(gguf)
+    cases = read_vectors(vectors)
     bad = [(t, want, kw.encode(t, add_special_tokens=False)) for t, want in cases
            if kw.encode(t, add_special_tokens=False) != want]
     assert not bad, "%d of %d differ; first: %r" % (len(bad), len(cases), bad[:2])
@@ -457,4 +464,75 @@ def test_smollm2_gguf_matches_transformers():
         for skip in (False, True):
             if kw.decode(ids, skip_special_tokens=skip) != hf.decode(ids, skip_special_tokens=skip):
                 bad.append((text[:60], "decode", skip))
+    assert not bad, "%d differ; first %r" % (len(bad), bad[:3])
+
+
+def _trained(model, trainer, normalizer, pre, decoder, added=()):
+    hf = tokenizers.Tokenizer(model)
+    hf.normalizer = normalizer
+    hf.pre_tokenizer = pre
+    hf.decoder = decoder
+    book = (DATA / "text" / "war-and-peace.txt").read_text(encoding="utf-8")[:120000]
+    hf.train_from_iterator(book.split("\n"), trainer=trainer)
+    if added:
+        hf.add_special_tokens(list(added))
+    return hf
+
+
+@pytest.mark.parametrize("variant", ["metaspace-first", "metaspace-never-nosplit",
+                                     "whitespace-nfkc-wordlevel", "bytelevel-prefix",
+                                     "wordpiece-bert", "unigram-bytefallback"])
+def test_more_pipelines_match_hf(variant):
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+    sp = ["<unk>", "<s>", "</s>"]
+    if variant == "metaspace-first":
+        hf = _trained(models.BPE(unk_token="<unk>", byte_fallback=True),
+                      trainers.BpeTrainer(vocab_size=500, special_tokens=sp),
+                      normalizers.NFC(), pre_tokenizers.Metaspace(prepend_scheme="first"),
+                      decoders.Metaspace(prepend_scheme="first"), added=["<x>"])
+    elif variant == "metaspace-never-nosplit":
+        hf = _trained(models.BPE(unk_token="<unk>", fuse_unk=True),
+                      trainers.BpeTrainer(vocab_size=500, special_tokens=sp),
+                      normalizers.Sequence([normalizers.NFKD(), normalizers.Lowercase()]),
+                      pre_tokenizers.Metaspace(prepend_scheme="never", split=False),
+                      decoders.Sequence([decoders.Metaspace(prepend_scheme="never"),
+                                         decoders.Strip(" ", 0, 1)]))
+    elif variant == "whitespace-nfkc-wordlevel":
+        hf = _trained(models.WordLevel(unk_token="<unk>"),
+                      trainers.WordLevelTrainer(vocab_size=800, special_tokens=sp),
+                      normalizers.NFKC(), pre_tokenizers.Whitespace(), None)
+    elif variant == "bytelevel-prefix":
+        hf = _trained(models.BPE(), trainers.BpeTrainer(
+            vocab_size=600, special_tokens=sp,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+            None, pre_tokenizers.ByteLevel(add_prefix_space=True), decoders.ByteLevel(),
+            added=["<|x|>"])
+        hf.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 1))
+    elif variant == "wordpiece-bert":
+        hf = _trained(models.WordPiece(unk_token="<unk>"),
+                      trainers.WordPieceTrainer(vocab_size=700, special_tokens=sp),
+                      normalizers.BertNormalizer(strip_accents=True, lowercase=False),
+                      pre_tokenizers.BertPreTokenizer(), decoders.WordPiece())
+        hf.post_processor = processors.BertProcessing(("</s>", 2), ("<s>", 1))
+    else:
+        hf = _trained(models.Unigram(), trainers.UnigramTrainer(
+            vocab_size=300, special_tokens=sp + ["<0x%02X>" % b for b in range(256)],
+            unk_token="<unk>"), normalizers.NFKC(), pre_tokenizers.Metaspace(),
+            decoders.Sequence([decoders.Metaspace(), decoders.ByteFallback()]))
+        data = json.loads(hf.to_str())
+        data["model"]["byte_fallback"] = True
+        hf = tokenizers.Tokenizer.from_str(json.dumps(data))
+    kw = Tokenizer.from_json(hf.to_str())
+    extra = ["a<x>b <x> c", "<s>x</s>", "  lead", "A\u0301 \u2460 \uff21", "ÿ qq 日本 \U0001f389"]
+    bad = []
+    for text in TEXTS[:200] + extra:
+        for special in (True, False):
+            want = hf.encode(text, add_special_tokens=special).ids
+            if kw.encode(text, add_special_tokens=special) != want:
+                bad.append((text[:60], special, want[:20], kw.encode(text, special)[:20]))
+        ids = hf.encode(text).ids
+        for skip in (False, True):
+            if kw.decode(ids, skip) != hf.decode(ids, skip_special_tokens=skip):
+                bad.append((text[:60], "decode", skip, hf.decode(ids, skip_special_tokens=skip)[:40],
+                            kw.decode(ids, skip)[:40]))
     assert not bad, "%d differ; first %r" % (len(bad), bad[:3])

@@ -283,7 +283,7 @@ def greedy_margin(full_logits, n_prompt):
     return float((top2[:, 1] - top2[:, 0]).min()) / span
 
 
-def oracle_case(name, max_new_tokens=16, model=None, path=None):
+def oracle_case(name, max_new_tokens=16, model=None, path=None, n_prompt=None):
     """Reference of a tiny model: the first prompt seed whose greedy run never emits eos, has
     every greedy step decided by a margin >= 100x the tolerance (so a correct decoder cannot
     flip a token by rounding) and at least 4 distinct new tokens (else the best margin)."""
@@ -294,7 +294,7 @@ def oracle_case(name, max_new_tokens=16, model=None, path=None):
     for seed in range(40):
         # The search uses a plain argmax loop over full forwards (cheap); the chosen case is
         # then checked against model.generate below.
-        prompt = prompt_ids(name, seed=seed)
+        prompt = prompt_ids(name, n=n_prompt, seed=seed)
         gen = _argmax_loop(model, prompt, max_new_tokens)
         new = gen[len(prompt):]
         if eos in new:

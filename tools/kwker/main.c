@@ -17,6 +17,8 @@ static const struct command commands[] = {
     {"check", cmd_check, "say whether a model can run, and why not"},
     {"template", cmd_template, "render a model's chat template over a conversation"},
     {"tokenize", cmd_tokenize, "print the token ids and pieces of a text (or decode ids)"},
+    {"perplexity", cmd_perplexity, "perplexity of a text file, llama.cpp's protocol"},
+    {"chat", cmd_chat, "chat on the terminal with a model's chat template, streaming"},
     /* KWK_CLI_COMMANDS: subcommands from other modules are listed here */
 };
 

@@ -1,0 +1,121 @@
+/* cli_chat.c - a conversation rendered with the model's chat template and tokenized, as
+ * transformers' apply_chat_template(..., add_generation_prompt=True, tokenize=True) does.
+ * Main thread only. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_gen.h"
+
+int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *cmd)
+{
+    struct kwk_err err = {0};
+    memset(c, 0, sizeof *c);
+    const char *src = kwk_tokenizer_chat_template(tok);
+    if (!src) {
+        fprintf(stderr, "kwker %s: the model has no chat template (tokenizer_config.json, "
+                        "chat_template.jinja or GGUF tokenizer.chat_template)\n", cmd);
+        return -1;
+    }
+    c->tpl = kwk_template_new(src, strlen(src), NULL, &err);
+    if (!c->tpl) {
+        fprintf(stderr, "kwker %s: chat template: %s\n", cmd, err.msg);
+        return -1;
+    }
+    c->bos = kwk_tokenizer_bos_token(tok);
+    c->eos = kwk_tokenizer_eos_token(tok);
+    c->messages = json_array();
+    if (!c->messages) {
+        cli_conv_free(c);
+        fprintf(stderr, "kwker %s: out of memory\n", cmd);
+        return -1;
+    }
+    return 0;
+}
+
+void cli_conv_free(struct cli_conv *c)
+{
+    kwk_template_free(c->tpl);
+    json_decref(c->messages);
+    memset(c, 0, sizeof *c);
+}
+
+int cli_conv_add(struct cli_conv *c, const char *role, const char *content)
+{
+    json_t *m = json_pack("{s:s, s:s}", "role", role, "content", content);
+    if (!m)
+        return -1; /* jansson refuses strings that are not valid UTF-8 */
+    return json_array_append_new(c->messages, m) ? -1 : 0;
+}
+
+int cli_conv_len(const struct cli_conv *c)
+{
+    return (int)json_array_size(c->messages);
+}
+
+void cli_conv_pop(struct cli_conv *c)
+{
+    size_t n = json_array_size(c->messages);
+    if (n)
+        json_array_remove(c->messages, n - 1);
+}
+
+void cli_conv_truncate(struct cli_conv *c, int keep)
+{
+    while ((int)json_array_size(c->messages) > keep)
+        cli_conv_pop(c);
+}
+
+static int is_user(const json_t *m)
+{
+    const char *r = json_string_value(json_object_get(m, "role"));
+    return r && !strcmp(r, "user");
+}
+
+int cli_conv_drop_oldest(struct cli_conv *c, int keep)
+{
+    size_t n = json_array_size(c->messages), end = (size_t)keep + 1;
+    while (end < n && !is_user(json_array_get(c->messages, end)))
+        end++;
+    if (end >= n) /* only the current turn is left */
+        return 0;
+    for (size_t i = (size_t)keep; i < end; i++)
+        json_array_remove(c->messages, (size_t)keep);
+    return 1;
+}
+
+int cli_conv_ids(const struct cli_conv *c, const kwk_tokenizer *tok, int32_t **ids, size_t *n,
+                 const char *cmd)
+{
+    struct kwk_err err = {0};
+    char *ctx_text = NULL, *text = NULL;
+    size_t len = 0;
+    int rc = -1;
+    /* the keys apply_chat_template always defines, then the special tokens it passes */
+    json_t *ctx = json_pack("{s:O, s:n, s:n, s:b}", "messages", c->messages, "tools",
+                            "documents", "add_generation_prompt", 1);
+    if (ctx && c->bos)
+        json_object_set_new(ctx, "bos_token", json_string(c->bos));
+    if (ctx && c->eos)
+        json_object_set_new(ctx, "eos_token", json_string(c->eos));
+    if (!ctx || !(ctx_text = json_dumps(ctx, JSON_COMPACT))) {
+        fprintf(stderr, "kwker %s: out of memory\n", cmd);
+        goto out;
+    }
+    if (kwk_template_render(c->tpl, ctx_text, strlen(ctx_text), NULL, &text, &len, &err)) {
+        fprintf(stderr, "kwker %s: chat template: %s\n", cmd, err.msg);
+        goto out;
+    }
+    int st = kwk_tokenizer_encode_alloc(tok, text, len, 0, ids, n);
+    if (st < 0) {
+        fprintf(stderr, "kwker %s: tokenizing the conversation: %s\n", cmd, kwk_status_str(st));
+        goto out;
+    }
+    rc = 0;
+out:
+    kwk_string_free(text);
+    free(ctx_text);
+    json_decref(ctx);
+    return rc;
+}
