@@ -80,7 +80,8 @@ INLINE void tile_q8(const struct tile_args *a, int T)
         for (int j = 0; j < T; j++) {
             __m256 dx = _mm256_set1_ps(a->qx->d[a->t + j][g]);
             for (int h = 0; h < 2; h++) {
-                __m256 dd = _mm256_mul_ps(_mm256_loadu_ps(b[g].d + 8 * h), dx);
+                __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
+                __m256 dd = _mm256_mul_ps(dw, dx);
                 facc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][j]), dd, facc[h][j]);
             }
         }

@@ -35,7 +35,7 @@ static void quant_act(const float *x, int64_t n, int G, int8_t *xq, float *xd, i
     int64_t ng = (n + G - 1) / G;
     for (int64_t g = 0; g < ng; g++) {
         int64_t k0 = g * G;
-        __m512 v[KWK_Q8_GROUP / 16];
+        __m512 v[KWK_Q4_GROUP / 16]; /* both groups are 32 */
         __m512 mx = _mm512_setzero_ps();
         for (int p = 0; p < G / 16; p++) {
             v[p] = _mm512_maskz_loadu_ps(lanes(n - k0 - 16 * p), x + k0 + 16 * p);
@@ -114,7 +114,8 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
             __m512 dx = _mm512_set1_ps(a->qx->d[a->t + j][g]);
             for (int i = 0; i < R; i++) {
                 __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
-                __m512 dd = _mm512_mul_ps(_mm512_loadu_ps(b[i][g].d), dx);
+                __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
+                __m512 dd = _mm512_mul_ps(dw, dx);
                 facc[i][j] = _mm512_fmadd_ps(s, dd, facc[i][j]);
             }
         }

@@ -15,7 +15,7 @@ enum kwk_wtype {
     KWK_W_COUNT, /* the plain types above: data is [rows][cols] elements */
     /* Packed block formats (kernels/quant.h): data is [rows/16][cols/group] blocks. Kept out of
      * KWK_W_COUNT so loops over the plain types stay as they are. */
-    KWK_W_Q8 = 16, /* int8, one float scale per 64 columns ("balanced") */
+    KWK_W_Q8 = 16, /* int8 with a half scale per 32 columns ("balanced") */
     KWK_W_Q4 = 17  /* int4 with a half scale and offset per 32 columns */
 };
 

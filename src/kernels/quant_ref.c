@@ -3,7 +3,6 @@
  * functions; any thread. */
 #include <math.h>
 #include <string.h>
-#include <stdlib.h>
 
 #include "base/base.h"
 #include "kernels/quant.h"
@@ -97,16 +96,32 @@ static void pack_q8_row(struct kwk_q8_block *b, int i, const float *w, int64_t n
     float amax = 0.0f;
     for (int64_t k = 0; k < n; k++)
         amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
-    float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    b->d[i] = amax / 127.0f;
+    /* round with the stored (half) scale: it is what the kernels multiply by */
+    b->d[i] = kwk_f32_to_f16(amax / 127.0f);
+    float d = kwk_f16_to_f32(b->d[i]), id = d > 0.0f ? 1.0f / d : 0.0f;
     for (int k = 0; k < KWK_Q8_GROUP; k++) {
         int q = k < n ? round_clamp(w[k] * id, 127.0f) : 0;
         b->q[k / 4][i][k % 4] = (uint8_t)(q + 128);
     }
 }
 
-/* Asymmetric 4-bit: the group's range [min, max] in 15 steps, with the stored (half) scale and
- * offset used for the rounding so the stored numbers reproduce what was chosen. */
+/* Squared error of w against d * q + m with q chosen by rounding (w - m) / d into [0, 15]. */
+static float q4_err(const float *w, int64_t n, float d, float m, uint8_t *q)
+{
+    float id = d > 0.0f ? 1.0f / d : 0.0f, e = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
+        int v = round_clamp((w[k] - m) * id, 15.0f);
+        q[k] = (uint8_t)(v < 0 ? 0 : v);
+        float r = d * (float)q[k] + m - w[k];
+        e += r * r;
+    }
+    return e;
+}
+
+/* Asymmetric 4-bit: w = d * q + m. Start from the group's range [min, max] in 15 steps; then try
+ * slightly different steps, and for each rounding fit d and m by least squares (the rounding of
+ * a smaller or larger step often fits the bulk of the values better than the two extremes do).
+ * The choice is judged with the stored (half) d and m, which are what the kernels use. */
 static void pack_q4_row(struct kwk_q4_block *b, int i, const float *w, int64_t n)
 {
     float mn = n > 0 ? w[0] : 0.0f, mx = mn;
@@ -114,16 +129,42 @@ static void pack_q4_row(struct kwk_q4_block *b, int i, const float *w, int64_t n
         mn = w[k] < mn ? w[k] : mn;
         mx = w[k] > mx ? w[k] : mx;
     }
-    b->d[i] = kwk_f32_to_f16((mx - mn) / 15.0f);
-    b->m[i] = kwk_f32_to_f16(mn);
-    float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);
-    float id = d > 0.0f ? 1.0f / d : 0.0f;
     uint8_t q[KWK_Q4_GROUP];
-    for (int k = 0; k < KWK_Q4_GROUP; k++) {
-        int v = k < n ? round_clamp((w[k] - m) * id, 15.0f) : 0;
-        /* padding columns meet zero activations: any q is exact; 0 keeps sums small */
-        q[k] = (uint8_t)(v < 0 ? 0 : v);
+    uint16_t bd = kwk_f32_to_f16((mx - mn) / 15.0f), bm = kwk_f32_to_f16(mn);
+    float best = q4_err(w, n, kwk_f16_to_f32(bd), kwk_f16_to_f32(bm), q);
+    for (int s = -4; s <= 4 && mx > mn && n > 1; s++) {
+        if (s == 0)
+            continue;
+        float id = (15.0f + 0.1f * (float)s) / (mx - mn);
+        float sq = 0.0f, sqq = 0.0f, sw = 0.0f, sqw = 0.0f;
+        for (int64_t k = 0; k < n; k++) {
+            int v = round_clamp((w[k] - mn) * id, 15.0f);
+            float fq = (float)(v < 0 ? 0 : v);
+            sq += fq;
+            sqq += fq * fq;
+            sw += w[k];
+            sqw += fq * w[k];
+        }
+        float det = (float)n * sqq - sq * sq;
+        if (det <= 0.0f)
+            continue;
+        float d = ((float)n * sqw - sq * sw) / det, m = (sw - d * sq) / (float)n;
+        if (!(d > 0.0f))
+            continue;
+        uint16_t hd = kwk_f32_to_f16(d), hm = kwk_f32_to_f16(m);
+        float e = q4_err(w, n, kwk_f16_to_f32(hd), kwk_f16_to_f32(hm), q);
+        if (e < best) {
+            best = e;
+            bd = hd;
+            bm = hm;
+        }
     }
+    b->d[i] = bd;
+    b->m[i] = bm;
+    q4_err(w, n, kwk_f16_to_f32(bd), kwk_f16_to_f32(bm), q);
+    /* padding columns meet zero activations: any q is exact; 0 keeps sums small */
+    for (int64_t k = n; k < KWK_Q4_GROUP; k++)
+        q[k] = 0;
     for (int c = 0; c < KWK_Q4_GROUP / 8; c++)
         for (int j = 0; j < 4; j++)
             b->q[c][i][j] = (uint8_t)(q[8 * c + j] | q[8 * c + 4 + j] << 4);
@@ -179,7 +220,8 @@ static float row_groups(const struct kwk_mat *w, int64_t r, int64_t g0, int64_t 
         int64_t j = g - g0;
         if (w->wtype == KWK_W_Q8) {
             const struct kwk_q8_block *b = (const struct kwk_q8_block *)w->data + rb * ng + g;
-            s += (float)q8_isum(b, i, xq + j * KWK_Q8_GROUP) * (b->d[i] * xd[j]);
+            float d = kwk_f16_to_f32(b->d[i]);
+            s += (float)q8_isum(b, i, xq + j * KWK_Q8_GROUP) * (d * xd[j]);
         } else {
             const struct kwk_q4_block *b = (const struct kwk_q4_block *)w->data + rb * ng + g;
             float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);
@@ -199,28 +241,6 @@ void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, fl
     int8_t xq[KWK_QX_COLS];
     float xd[KWK_QX_COLS / KWK_Q4_GROUP];
     int32_t xs[KWK_QX_COLS / KWK_Q4_GROUP];
-    if (getenv("KWK_Q_FLOATX")) { /* EXPERIMENT */
-        float row[16384];
-        static float xf[256 * 16384];
-        const char *fg = getenv("KWK_Q_FAKEX"), *fc = getenv("KWK_Q_FAKEX_COLS");
-        if (fg && (!fc || atol(fc) == w->cols)) {
-            int gx = atoi(fg);
-            int8_t qq[16384]; float dd[1024]; int32_t ss[1024];
-            for (int t = 0; t < n_tok; t++) {
-                kwk_quant_act(x + (int64_t)t * w->cols, w->cols, gx, qq, dd, ss);
-                for (int64_t k = 0; k < w->cols; k++) xf[(int64_t)t * w->cols + k] = qq[k] * dd[k / gx];
-            }
-            x = xf;
-        }
-        for (int64_t r = r0; r < r1; r++) {
-            kwk_quant_mat_row_ref(w, r, row);
-            for (int t = 0; t < n_tok; t++) {
-                double s = 0; for (int64_t k = 0; k < w->cols; k++) s += (double)row[k] * x[(int64_t)t * w->cols + k];
-                y[(int64_t)t * ldy + r] = (float)s;
-            }
-        }
-        return;
-    }
     for (int t = 0; t < n_tok; t++) {
         const float *xt = x + (int64_t)t * w->cols;
         float *yt = y + (int64_t)t * ldy;
@@ -241,11 +261,12 @@ void kwk_quant_mat_row_ref(const struct kwk_mat *w, int64_t r, float *out)
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), rb = r / KWK_QROWS;
     int i = (int)(r % KWK_QROWS);
     for (int64_t g = 0; g < ng; g++) {
-        float v[KWK_Q8_GROUP];
+        float v[KWK_Q4_GROUP > KWK_Q8_GROUP ? KWK_Q4_GROUP : KWK_Q8_GROUP];
         if (w->wtype == KWK_W_Q8) {
             const struct kwk_q8_block *b = (const struct kwk_q8_block *)w->data + rb * ng + g;
+            float d = kwk_f16_to_f32(b->d[i]);
             for (int k = 0; k < G; k++)
-                v[k] = b->d[i] * (float)((int)b->q[k / 4][i][k % 4] - 128);
+                v[k] = d * (float)((int)b->q[k / 4][i][k % 4] - 128);
         } else {
             const struct kwk_q4_block *b = (const struct kwk_q4_block *)w->data + rb * ng + g;
             float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);

@@ -275,7 +275,12 @@ struct trender {
     int ctl; /* pending break (1) / continue (2) */
     struct tbuf *out; /* where text goes (swapped for captures) */
     int sym_loop;     /* symbol of "loop" (-1 none), -2 until looked up */
+    int nest;         /* evaluator recursion, bounded to protect the C stack */
 };
+
+/* Recursion of the evaluator (expressions within statements within macro calls); Python's own
+ * recursion limit stops jinja2 near 1000 frames. */
+#define TPL_MAX_NEST 1500
 
 /* Evaluate expression n into *v. Returns 0 or a negative code with r->err set. */
 int tpl_eval(struct trender *r, struct tscope *sc, const struct tnode *n, struct tv *v);
@@ -286,8 +291,19 @@ int tpl_render_root(struct trender *r, const struct tnode *root, const struct tv
 /* Errors: set r->err and return the code. */
 int tpl_fail(struct trender *r, int code, const struct tnode *at, const char *fmt, ...)
     KWK_PRINTF(4, 5);
-/* Count one step; KWK_ELIMIT past the limit. */
+/* Count one step, plus the hidden work done since the last one; KWK_ELIMIT past the limit. */
 int tpl_step(struct trender *r, const struct tnode *at);
+
+/* Work done inside single operations (element comparisons, dictionary probes, bytes scanned / 64)
+ * accumulates here and is charged to the render's step budget at its next step, so that no
+ * operation repeated within the budget can take unbounded time. One render runs on one thread;
+ * the counter is per thread and reset when a render starts. */
+#if defined(__GNUC__)
+#define TPL_TLS_FAST __attribute__((tls_model("initial-exec")))
+#else
+#define TPL_TLS_FAST
+#endif
+extern _Thread_local uint64_t tpl_work TPL_TLS_FAST;
 
 /* ---- values (template_value.c) ---- */
 

@@ -37,8 +37,10 @@ kwk_template *kwk_template_new(const char *src, size_t len, const struct kwk_tem
     struct kwk_template_opts dflt;
     struct ttoken *toks;
     size_t n_toks;
-    if (err)
-        kwk_err_clear(err);
+    struct kwk_err local;
+    if (!err)
+        err = &local;
+    kwk_err_clear(err);
     if (!opts) {
         kwk_template_opts_init(&dflt);
         opts = &dflt;
@@ -128,6 +130,7 @@ int kwk_template_render(const kwk_template *t, const char *context_json, size_t 
         .sym_loop = -2,
     };
     tb_init(&buf, r.max_output);
+    tpl_work = 0;
     struct tv ctx;
     int rc = context_from_json(&r, context_json, len, &ctx);
     if (!rc)

@@ -39,9 +39,13 @@ int tpl_fail(struct trender *r, int code, const struct tnode *at, const char *fm
     return code;
 }
 
+_Thread_local uint64_t tpl_work TPL_TLS_FAST;
+
 int tpl_step(struct trender *r, const struct tnode *at)
 {
-    if (++r->steps > r->max_steps)
+    r->steps += 1 + tpl_work;
+    tpl_work = 0;
+    if (r->steps > r->max_steps)
         return tpl_fail(r, KWK_ELIMIT, at, "template exceeded its step limit (%llu steps)",
                         (unsigned long long)r->max_steps);
     return 0;
@@ -269,6 +273,7 @@ static int concat(struct trender *r, const struct tnode *at, const struct tv *a,
                   const struct tv *b, struct tv *out)
 {
     size_t n;
+    tpl_work += (a->u.s.n + b->u.s.n) / 64;
     if (kwk_add_size(a->u.s.n, b->u.s.n, &n) || n > r->max_output)
         return tpl_fail(r, KWK_ELIMIT, at, "string exceeds the output limit");
     char *p = ta_alloc(r->a, n + 1);
@@ -623,12 +628,26 @@ static int eval_seq(struct trender *r, struct tscope *sc, const struct tnode *n,
     return 0;
 }
 
+static int eval_node(struct trender *r, struct tscope *sc, const struct tnode *n, struct tv *v);
+
 int tpl_eval(struct trender *r, struct tscope *sc, const struct tnode *n, struct tv *v)
 {
-    struct tv a, b;
     int rc;
     if ((rc = tpl_step(r, n)))
         return rc;
+    if (++r->nest > TPL_MAX_NEST) {
+        r->nest--;
+        return tpl_fail(r, KWK_ELIMIT, n, "template nests too deeply (recursion limit)");
+    }
+    rc = eval_node(r, sc, n, v);
+    r->nest--;
+    return rc;
+}
+
+static int eval_node(struct trender *r, struct tscope *sc, const struct tnode *n, struct tv *v)
+{
+    struct tv a, b;
+    int rc;
     switch (n->kind) {
     case E_CONST: *v = n->val; return 0;
     case E_NAME: return eval_name(r, sc, n, v);
@@ -1001,7 +1020,15 @@ static int exec_node(struct trender *r, struct tscope *sc, const struct tnode *n
 int tpl_exec(struct trender *r, struct tscope *sc, const struct tnode *n)
 {
     int rc = tpl_step(r, n);
-    return rc ? rc : exec_node(r, sc, n);
+    if (rc)
+        return rc;
+    if (++r->nest > TPL_MAX_NEST) {
+        r->nest--;
+        return tpl_fail(r, KWK_ELIMIT, n, "template nests too deeply (recursion limit)");
+    }
+    rc = exec_node(r, sc, n);
+    r->nest--;
+    return rc;
 }
 
 int tpl_render_root(struct trender *r, const struct tnode *root, const struct tv *context)

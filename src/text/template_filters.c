@@ -830,7 +830,13 @@ int tpl_filter_run(struct trender *r, const struct tnode *at, int id, const stru
                    const struct targs *a, struct tv *out)
 {
     int safe = in->k == TV_STR && (in->flag & TVF_SAFE);
+    if (in->k == TV_STR)
+        tpl_work += in->u.s.n / 16;
+    else if (in->k == TV_LIST)
+        tpl_work += in->u.l->n;
     int rc = filter_run(r, at, id, in, a, out);
+    if (!rc && (rc = tpl_step(r, at)))
+        return rc;
     /* jinja2 returns generators from these: always true, whatever they hold */
     if (!rc && r->dialect == TD_JINJA2 && out->k == TV_LIST &&
         (id == F_SELECT || id == F_REJECT || id == F_SELECTATTR || id == F_REJECTATTR ||

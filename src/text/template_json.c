@@ -248,10 +248,17 @@ static int jhex4(const char *p, uint32_t *out)
 static int jstring(struct jparser *J, struct tv *out)
 {
     const char *s = ++J->p; /* past the quote */
-    const char *q = s;
-    while (q < J->end && *q != '"' && *q != '\\')
-        q++;
-    if (q < J->end && *q == '"') {
+    const char *q = memchr(s, '"', (size_t)(J->end - s));
+    const char *bs = q ? memchr(s, '\\', (size_t)(q - s)) : NULL;
+    int plain = q != NULL && bs == NULL;
+    for (const char *c = s; plain && c < q; c++)
+        plain = (unsigned char)*c >= 0x20;
+    if (!plain) {
+        q = s;
+        while (q < J->end && *q != '"' && *q != '\\')
+            q++;
+    }
+    if (q && q < J->end && *q == '"') {
         /* no escapes: a view into the caller's JSON, which outlives the render */
         J->p = q + 1;
         *out = tv_str(s, (size_t)(q - s));

@@ -56,7 +56,7 @@ static int lex_fail(struct lexer *L, size_t off, const char *msg)
 static struct ttoken *lex_push(struct lexer *L, int type, size_t off, const char *p, size_t n)
 {
     if (L->n_toks == L->cap) {
-        size_t cap = L->cap ? L->cap * 2 : 256;
+        size_t cap = L->cap ? L->cap * 2 : 64 + L->n / 8;
         struct ttoken *t = ta_alloc(L->a, cap * sizeof *t);
         if (!t)
             return NULL;

@@ -12,7 +12,7 @@ struct ta_chunk {
     _Alignas(16) unsigned char data[];
 };
 
-#define TA_CHUNK_MIN ((size_t)16 * 1024)
+#define TA_CHUNK_MIN ((size_t)64 * 1024 - 64)
 
 void ta_init(struct tarena *a, size_t limit)
 {
@@ -40,10 +40,9 @@ void *ta_alloc(struct tarena *a, size_t n)
         return NULL;
     struct ta_chunk *c = a->head;
     if (!c || c->cap - c->used < need) {
+        /* Fixed-size chunks stay under malloc's mmap threshold, so renders reuse heap memory
+         * instead of faulting in fresh pages; only oversized requests get their own chunk. */
         size_t cap = need > TA_CHUNK_MIN ? need : TA_CHUNK_MIN;
-        /* Chunks grow with the arena so a big render makes few system calls. */
-        if (a->total / 4 > cap && a->total / 4 >= need)
-            cap = a->total / 4;
         size_t bytes;
         if (kwk_add_size(sizeof(struct ta_chunk), cap, &bytes))
             return NULL;
@@ -227,6 +226,7 @@ uint32_t tu_decode(const char *p, size_t n, size_t *len)
 
 size_t tu_count(const char *p, size_t n)
 {
+    tpl_work += n / 64;
     size_t count = 0, i = 0;
     while (i < n) {
         size_t l;
@@ -243,6 +243,7 @@ size_t tu_count(const char *p, size_t n)
 
 size_t tu_offset(const char *p, size_t n, size_t idx)
 {
+    tpl_work += idx / 64;
     size_t i = 0;
     while (idx > 0 && i < n) {
         size_t l;

@@ -75,7 +75,7 @@ static const struct mname list_methods[] = {
 static int find_method(const struct mname *t, const char *name, size_t n)
 {
     for (; t->name; t++)
-        if (strlen(t->name) == n && !memcmp(t->name, name, n))
+        if (n && t->name[0] == name[0] && !strncmp(t->name, name, n) && t->name[n] == 0)
             return t->id;
     return -1;
 }
@@ -309,11 +309,10 @@ int tpl_slice(struct trender *r, const struct tnode *at, const struct tv *obj, c
 
 const struct tv *targ(const struct targs *a, size_t i, const char *name)
 {
-    if (name) {
-        size_t n = strlen(name);
-        for (size_t k = 0; k < a->n_kw; k++)
-            if (a->kw_names[k].n == n && !memcmp(a->kw_names[k].p, name, n))
-                return &a->kw[k];
+    for (size_t k = 0; name && k < a->n_kw; k++) {
+        size_t n = a->kw_names[k].n;
+        if (!strncmp(name, a->kw_names[k].p, n) && name[n] == 0)
+            return &a->kw[k];
     }
     return i < a->n_pos ? &a->pos[i] : NULL;
 }
@@ -808,6 +807,30 @@ static int call_str_method(struct trender *r, const struct tnode *at, int id, co
         const char *p = s->u.s.p;
         size_t m = a0->u.s.n;
         int64_t found = -1, count = 0;
+        if (m && id != M_RFIND) {
+            /* forward searches: memmem is linear where a byte-by-byte probe is not */
+            size_t i = lo;
+            while (i + m <= hi) {
+                const char *hit = memmem(p + i, hi - i, a0->u.s.p, m);
+                if (!hit)
+                    break;
+                if (id != M_COUNT) {
+                    found = (int64_t)(hit - p);
+                    break;
+                }
+                count++;
+                i = (size_t)(hit - p) + m;
+            }
+            if (id == M_COUNT) {
+                tpl_work += (uint64_t)count;
+                *out = tv_int(count);
+                return 0;
+            }
+            if (found < 0 && id == M_INDEX)
+                return tpl_fail(r, KWK_ERUNTIME, at, "substring not found");
+            *out = tv_int(found < 0 ? -1 : (int64_t)tu_count(p, (size_t)found));
+            return 0;
+        }
         for (size_t i = lo; i + m <= hi; i++) {
             if (memcmp(p + i, a0->u.s.p, m))
                 continue;
@@ -892,6 +915,8 @@ int tpl_call_method(struct trender *r, const struct tnode *at, const struct tbou
                     const struct targs *a, struct tv *out)
 {
     const struct tv *self = &bm->self;
+    if (self->k == TV_STR)
+        tpl_work += self->u.s.n / 16; /* string methods scan their string (some twice) */
     const struct tv *a0 = targ(a, 0, NULL);
     int rc;
     switch (bm->method) {

@@ -1175,6 +1175,50 @@ static struct tnode *parse_body(struct parser *P, const char *const *ends, int *
     return body;
 }
 
+/* jinja2 rejects an unknown filter or test when it compiles the template, unless it sits in
+ * an if statement or a conditional expression ("soft" frames), where it fails only if run. */
+static int check_names(const struct tnode *n, int soft, int depth, struct kwk_err *err)
+{
+    if (!n)
+        return 0;
+    if (depth > 4 * PARSE_MAX_DEPTH)
+        return 0;
+    if ((n->kind == E_FILTER || n->kind == E_TEST) && n->op < 0 && !soft) {
+        kwk_err_set(err, KWK_ESYNTAX, "template syntax error at line %d, column %d: No %s named "
+                    "'%.*s'.", n->line, n->col, n->kind == E_FILTER ? "filter" : "test",
+                    (int)KWK_MIN(n->sn, (size_t)60), n->s);
+        if (err) {
+            err->line = n->line;
+            err->col = n->col;
+        }
+        return KWK_ESYNTAX;
+    }
+    int kid_soft = soft, body_soft = soft;
+    switch (n->kind) {
+    case N_IF:
+    case E_COND: kid_soft = body_soft = 1; break;
+    case N_FOR:
+    case N_MACRO:
+    case N_CALL_BLOCK:
+    case N_SET_BLOCK:
+    case N_FILTER_BLOCK: body_soft = 0; break;
+    default: break;
+    }
+    int rc;
+    if ((rc = check_names(n->a, kid_soft, depth + 1, err)) ||
+        (rc = check_names(n->b, body_soft, depth + 1, err)) ||
+        (rc = check_names(n->c, kid_soft, depth + 1, err)) ||
+        (rc = check_names(n->d, kid_soft, depth + 1, err)))
+        return rc;
+    for (size_t i = 0; i < n->n_kids; i++)
+        if ((rc = check_names(n->kids[i], kid_soft, depth + 1, err)))
+            return rc;
+    for (size_t i = 0; n->kids2 && i < n->n_names; i++)
+        if ((rc = check_names(n->kids2[i], kid_soft, depth + 1, err)))
+            return rc;
+    return 0;
+}
+
 int tpl_parse(const struct ttoken *toks, size_t n_toks, struct tarena *a, struct tsyms *syms,
               struct tnode **root, struct kwk_err *err)
 {
@@ -1184,5 +1228,5 @@ int tpl_parse(const struct ttoken *toks, size_t n_toks, struct tarena *a, struct
     *root = parse_body(&P, NULL, NULL);
     if (!*root)
         return err && err->code ? err->code : KWK_ESYNTAX;
-    return 0;
+    return check_names(*root, 0, 0, err);
 }

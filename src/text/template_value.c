@@ -81,6 +81,7 @@ static int key_eq(const struct tv *a, const struct tv *b)
 
 struct tv *td_get(const struct tdict *d, struct tv key)
 {
+    tpl_work += d->n / 4;
     for (size_t i = 0; i < d->n; i++)
         if (key_eq(&d->keys[i], &key))
             return &d->vals[i];
@@ -89,6 +90,7 @@ struct tv *td_get(const struct tdict *d, struct tv key)
 
 struct tv *td_get_str(const struct tdict *d, const char *p, size_t n)
 {
+    tpl_work += d->n / 4;
     for (size_t i = 0; i < d->n; i++)
         if (d->keys[i].k == TV_STR && d->keys[i].u.s.n == n && !memcmp(d->keys[i].u.s.p, p, n))
             return &d->vals[i];
@@ -171,6 +173,7 @@ static int64_t tv_as_i(const struct tv *v)
 
 int tv_eq(const struct tv *a, const struct tv *b)
 {
+    tpl_work++;
     if (tv_is_num(a) && tv_is_num(b)) {
         if (a->k != TV_FLOAT && b->k != TV_FLOAT)
             return tv_as_i(a) == tv_as_i(b);
@@ -534,6 +537,8 @@ int tv_write_repr(struct trender *r, struct tbuf *b, const struct tv *v)
 
 int tv_to_str(struct trender *r, const struct tv *v, struct tv *out)
 {
+    if (v->k == TV_STR)
+        tpl_work += v->u.s.n / 256;
     if (v->k == TV_STR) {
         *out = *v;
         return 0;

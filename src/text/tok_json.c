@@ -169,10 +169,15 @@ static int parse_norm(struct jctx *c, json_t *o, const char *type, struct tok_st
         return 0;
     }
     if (!strcmp(type, "Precompiled")) {
-        /* SentencePiece's charsmap is mostly NFKC; the exact table is not implemented. */
-        kwk_log(KWK_LOG_WARN, "%s: Precompiled normalizer approximated by NFKC", c->label);
-        st->kind = TOK_N_NFKC;
-        return 0;
+        json_t *cm = json_object_get(o, "precompiled_charsmap");
+        st->kind = TOK_N_PRECOMPILED;
+        if (json_is_null(cm) || (json_is_string(cm) && json_string_length(cm) == 0)) {
+            st->kind = TOK_NONE; /* an empty charsmap normalizes nothing */
+            return 0;
+        }
+        if (!json_is_string(cm))
+            return bad(c, "Precompiled without precompiled_charsmap");
+        return tok_precompiled_init(st, json_string_value(cm), json_string_length(cm), c->err);
     }
     return kwk_err_set(c->err, KWK_EUNSUPPORTED, "%s: normalizer %s is not supported", c->label,
                        type);

@@ -207,6 +207,9 @@ int tok_normalize(const struct kwk_tokenizer *t, const struct tok_step *st, cons
     case TOK_N_BERT:
         rc = bert(st, s, n, out);
         break;
+    case TOK_N_PRECOMPILED:
+        tok_precompiled_apply(st, s, n, out);
+        break;
     default:
         tok_buf_add(out, s, n);
         break;

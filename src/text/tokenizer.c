@@ -287,8 +287,23 @@ static int finish_bytes(struct kwk_tokenizer *t)
     return 0;
 }
 
+/* Every id a post-processor adds must exist, so encode never returns an id decode refuses. */
+static int post_ids_ok(const struct kwk_tokenizer *t, const struct tok_step *st)
+{
+    for (int i = 0; i < st->n_subs; i++)
+        if (!post_ids_ok(t, &st->subs[i]))
+            return 0;
+    for (int i = 0; i < st->n_tmpl; i++)
+        if (st->tmpl[i] < -1 || st->tmpl[i] >= t->n_vocab)
+            return 0;
+    return 1;
+}
+
 int tok_finish(struct kwk_tokenizer *t, struct kwk_err *err)
 {
+    if (!post_ids_ok(t, &t->post))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: the post-processor names an id outside the "
+                           "vocabulary", t->source);
     int rc = finish_added(t);
     if (!rc)
         rc = finish_bytes(t);

@@ -107,7 +107,7 @@ enum tok_kind {
     TOK_NONE = 0,
     /* normalizers */
     TOK_N_SEQ, TOK_N_NFC, TOK_N_NFD, TOK_N_NFKC, TOK_N_NFKD, TOK_N_LOWER, TOK_N_STRIP_ACCENTS,
-    TOK_N_REPLACE, TOK_N_PREPEND, TOK_N_STRIP, TOK_N_BERT,
+    TOK_N_REPLACE, TOK_N_PREPEND, TOK_N_STRIP, TOK_N_BERT, TOK_N_PRECOMPILED,
     /* pre-tokenizers */
     TOK_P_SEQ, TOK_P_BYTELEVEL, TOK_P_SPLIT, TOK_P_METASPACE, TOK_P_BERT, TOK_P_WHITESPACE,
     TOK_P_WSPLIT, TOK_P_PUNCT, TOK_P_DIGITS,
@@ -263,6 +263,11 @@ struct tok_scratch {
     struct tok_ids cache_ids;
 };
 void tok_scratch_free(struct tok_scratch *s);
+
+/* tok_precompiled.c: SentencePiece charsmaps (decoded into st->content). */
+int tok_precompiled_init(struct tok_step *st, const char *b64, size_t n, struct kwk_err *err);
+void tok_precompiled_apply(const struct tok_step *st, const char *s, size_t n,
+                           struct tok_buf *out);
 
 /* tok_normalize.c: apply the normalizer to text[0..n) into out (cleared first). */
 int tok_normalize(const struct kwk_tokenizer *t, const struct tok_step *st, const char *text,

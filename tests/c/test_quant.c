@@ -59,8 +59,10 @@ static void test_f16(void)
     T_EQ(kwk_f32_to_f16(1e9f), 0x7bff);
 }
 
-/* Dequantized weights are within half a step of the originals (plus the half rounding of int4's
- * scale and offset); a group's largest magnitude (int8) or its ends (int4) are exact or nearly. */
+/* int8: every dequantized weight is within half a step (amax / 127) of the original. int4: within
+ * one step ((max - min) / 15, plus the half rounding of scale and offset; the least-squares fit
+ * may clip an extreme value by up to a step), and the squared error over the matrix is below
+ * that of plain rounding to the [min, max] grid (step^2 / 12 a weight). */
 static void test_round_trip(int wt, int64_t rows, int64_t cols)
 {
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
@@ -70,7 +72,7 @@ static void test_round_trip(int wt, int64_t rows, int64_t cols)
     float *out = malloc(sizeof(float) * (size_t)cols);
     int G = kwk_quant_group(wt);
     long bad = 0;
-    double worst = 0.0;
+    double worst = 0.0, se = 0.0, se_grid = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         kwk_quant_mat_row_ref(&m, r, out);
         for (int64_t k0 = 0; k0 < cols; k0 += G) {
@@ -83,18 +85,27 @@ static void test_round_trip(int wt, int64_t rows, int64_t cols)
                 amax = fabsf(v) > amax ? fabsf(v) : amax;
             }
             double step = wt == KWK_W_Q8 ? amax / 127.0 : (mx - mn) / 15.0;
-            double bound = 0.5 * step * (1 + 1e-5) + 1e-7;
+            double bound = (wt == KWK_W_Q8 ? 0.5 : 1.0) * step * (1 + 1e-5) + 1e-7;
             if (wt == KWK_W_Q4)
                 bound += (fabs(mn) + 15 * step) / 1024.0; /* half rounding of d and m */
+            else
+                bound += amax / 1024.0; /* half rounding of d */
             for (int64_t k = k0; k < k1; k++) {
                 double e = fabs((double)out[k] - w[r * cols + k]);
                 worst = e / step > worst ? e / step : worst;
                 bad += e > bound;
+                se += e * e;
+                se_grid += step * step / 12.0;
             }
         }
     }
     T_CHECK(bad == 0, "%s %lldx%lld: %ld weights beyond the error bound (worst %.3f steps)",
             wname(wt), (long long)rows, (long long)cols, bad, worst);
+    T_CHECK(wt == KWK_W_Q8 || se < se_grid, "%s %lldx%lld: squared error %.4g not below plain rounding's %.4g",
+            wname(wt), (long long)rows, (long long)cols, se, se_grid);
+    if (rows * cols > 10000)
+        printf("  %s %lldx%lld: RMS error / RMS of plain rounding %.3f\n", wname(wt),
+               (long long)rows, (long long)cols, sqrt(se / se_grid));
     kwk_free_aligned((void *)m.data);
     free(out);
     free(w);
@@ -345,7 +356,7 @@ static void test_sizes(void)
 {
     size_t n;
     T_EQ(kwk_quant_bytes(KWK_W_Q8, 17, 65, &n), 0);
-    T_EQ(n, 2 * 2 * sizeof(struct kwk_q8_block));
+    T_EQ(n, 2 * 3 * sizeof(struct kwk_q8_block));
     T_EQ(kwk_quant_bytes(KWK_W_Q4, 16, 64, &n), 0);
     T_EQ(n, 2 * sizeof(struct kwk_q4_block));
     T_EQ(kwk_quant_bytes(KWK_W_Q4, INT64_MAX / 2, INT64_MAX / 2, &n), -1);

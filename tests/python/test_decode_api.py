@@ -205,3 +205,12 @@ def test_thread_count_does_not_change_logits(kwker_mod):
         outs[n] = (d.forward(ids), d.generate(ids, max_new_tokens=8))
     assert rel_err(outs[2][0], outs[1][0]) <= 1e-6, describe_diff(outs[2][0], outs[1][0])
     assert outs[1][1] == outs[2][1]
+
+
+def test_generate_fills_the_cache_exactly(kwker_mod, oracle_refs):
+    """A cache of n + 16 positions holds a whole 16-token greedy run after n prompt ids (only
+    n + 15 are ever fed), from a fresh decoder and again on the same decoder (prompt reuse)."""
+    ref = oracle_refs(MODEL)
+    d = kwker_mod.KwkDecoder(str(ref.path), max_cache_len=len(ref.prompt) + 16)
+    assert d.generate(list(ref.prompt), max_new_tokens=16) == ref.gen
+    assert d.generate(list(ref.prompt), max_new_tokens=16) == ref.gen

@@ -189,3 +189,15 @@ def test_export_loads_in_transformers(oracle_refs, model):
                                              dtype=torch.float32).eval()
     got = tiny_models.hf_logits(m, ref.prompt)
     assert np.abs(got - ref.prompt_logits).max() <= 1e-6 * np.ptp(ref.prompt_logits)
+
+
+def test_export_vocabulary_readable_by_transformers():
+    """The minimal tokenizer.ggml.* vocabulary is a real one: transformers builds a tokenizer
+    from it with the model's bos / eos."""
+    from transformers import AutoTokenizer
+    path = gguf_export.build_gguf(tiny_models.build("llama_tied"), "f32")
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert len(tok) == tiny_models.SPECS["llama_tied"]["vocab"]
+    assert (tok.bos_token_id, tok.eos_token_id) == tiny_models.special_ids(
+        tiny_models.SPECS["llama_tied"])
+    assert tok.convert_ids_to_tokens([0, 3, 300]) == ["<unk>", "<0x00>", "\u2581t300"]

@@ -5,7 +5,8 @@ For each model of tiny_models.SPECS and each ISA:
 - logits at every prompt position (KwkDecoder.forward) within 1e-5 of the reference's logit
   range (max|kwker - ref| <= 1e-5 * (max(ref) - min(ref)));
 - the greedy tokens of KwkDecoder.generate(prompt, 16) equal transformers'
-  model.generate(do_sample=False, max_new_tokens=16);
+  model.generate(do_sample=False, max_new_tokens=16); so do those of generate() without
+  speculation / prompt reuse, of generate_greedy(), and of a generate() resuming a cached prefix;
 - the logits of the whole greedy sequence, three ways: forward() on it, the C API's one-token
   decode steps (kwk_decoder_eval with one id after the prompt), and batched steps at non-zero
   positions (chunks of 5, 7 and the rest).
@@ -58,7 +59,7 @@ def stage(results, model, isa, name):
     assert _norm_isa(r["_isa"]) == _norm_isa(isa), \
         "KWKER_ISA=%s but the library chose %r" % (isa, r["_isa"])
     errs = r["errors"]
-    for e in ("load", "c_api", name):
+    for e in ("load", name) + (("c_api",) if name in ("steps", "chunked") else ()):
         if e in errs:
             pytest.fail("%s [%s] stage %s failed:\n%s" % (model, isa, e, errs[e]))
     assert name in r, "%s [%s]: no result for %s" % (model, isa, name)
@@ -94,6 +95,17 @@ def test_greedy_tokens(kwk_results, oracle_refs, model, isa):
     new = got[len(ref.prompt):]
     assert new == ref.new_tokens, "%s [%s]: %s" % (model, isa, first_token_diff(
         new, ref.new_tokens))
+
+
+@pytest.mark.parametrize("variant", ["gen_plain", "gen_greedy_c", "gen_resume"])
+@pytest.mark.parametrize("model,isa", params)
+def test_greedy_tokens_other_paths(kwk_results, oracle_refs, model, isa, variant):
+    """generate() without speculation or prompt reuse, the C API's greedy loop, and a second
+    generate() that continues a cached prefix all give transformers' tokens too."""
+    ref = oracle_refs(model)
+    got = [int(t) for t in stage(kwk_results(isa), model, isa, variant)]
+    assert got == ref.gen, "%s [%s] %s: %s" % (model, isa, variant, first_token_diff(
+        got[len(ref.prompt):], ref.new_tokens))
 
 
 @pytest.mark.parametrize("model,isa", params)

@@ -128,6 +128,47 @@ def test_perplexity_matches_numpy(smol, text_file):
     assert 1.0 < ref["ppl"] < 200.0, ref
 
 
+@pytest.fixture(scope="module")
+def bos_model(tmp_path_factory):
+    """A tiny random Llama with the Llama 2 tokenizer, whose vocabulary adds BOS."""
+    import shutil
+    import torch
+    import transformers
+    out = tmp_path_factory.mktemp("bos-model")
+    tok_dir = REPO.parent / "shared" / "data" / "tokenizers" / "llama2-tinyllama"
+    shutil.copy(tok_dir / "tokenizer.json", out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(
+        '{"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": true}')
+    torch.manual_seed(5)
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=256,
+                                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.5)
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+def test_perplexity_bos_vocab(bos_model, text_file):
+    """A vocabulary that adds BOS: BOS heads the stream and replaces each chunk's first token."""
+    from kwker import Tokenizer
+    tok = Tokenizer.from_pretrained(str(bos_model))
+    assert tok.encode("a", add_special_tokens=True)[0] == tok.bos_token_id == 1
+    proc = run_ppl("--model", bos_model, "--file", text_file, "--chunks", 3, "--ctx", 64,
+                   "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "BOS added" in proc.stderr, proc.stderr
+    got = parse_output(proc.stdout)
+    ref = numpy_perplexity(bos_model, text_file, 64, 3)
+    assert got["count"] == ref["count"] == 3 * 31
+    assert abs(got["ppl_full"] - ref["ppl"]) <= 1e-4 * ref["ppl"], (got, ref)
+    assert abs(got["se"] - ref["se"]) <= 1e-4 * ref["se"] + 5e-6, (got, ref)
+
+
 def test_chunks_capped_by_text(smol, tmp_path):
     """More chunks than the text holds: every whole chunk is scored, no error."""
     data = WIKITEXT.read_bytes()

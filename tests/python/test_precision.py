@@ -28,14 +28,21 @@ import pytest
 
 from conftest import PY_DIR, TEST_DIR, supported_isas
 
-# Tiny models: bounds on the relative RMS logits error against preserve. Measured 0.0018-0.0027
-# (balanced) and 0.011-0.022 (int4, most matrices at 4 bits) over seeds and paths.
-TINY_BOUND = {"balanced": 0.01, "int4": 0.06}
+# Tiny models: bounds on the relative RMS logits error against preserve. Measured over four
+# seeds, two prompts each: 0.016-0.031 (balanced) and 0.097-0.245 (int4, five of the seven
+# matrices of a layer at 4 bits). Random weights make these models touchy (sharp attention,
+# logits spread over several units); the bounds leave about 2x margin, and a format or kernel
+# bug (a wrong scale, a swapped nibble) gives errors of order 1.
+TINY_BOUND = {"balanced": 0.06, "int4": 0.4}
 # SmolLM2-135M (30 layers): measured 0.12 (balanced) and 0.11 (int4, whose 4-bit matrices hold
 # the Q4_1 file's own grid almost exactly, so its error is mostly its 8-bit ones and the
 # activations'). The bound catches a broken format or kernel (errors then exceed 0.5).
 SMOL_BOUND = {"balanced": 0.2, "int4": 0.2}
 N_NEW = 32
+# A greedy flip is legitimate where preserve's margin is within this many RMS logits errors.
+FLIP_K = 4.0
+# Logits of two kernel paths: relative RMS difference (see test_tiny_every_isa_same).
+ISA_BOUND = 2e-3
 
 WORKER = r"""
 import json, sys
@@ -43,22 +50,33 @@ import numpy as np
 sys.path[:0] = [%r]
 from kwker.decode import KwkDecoder
 job = json.load(open(sys.argv[1]))
+decs = {p: KwkDecoder(job["model"], max_cache_len=job["max_len"], precision=p,
+                      n_threads=job["n_threads"]) for p in job["precisions"]}
 out = {}
-for prec in job["precisions"]:
-    with KwkDecoder(job["model"], max_cache_len=job["max_len"], precision=prec,
-                    n_threads=job["n_threads"]) as d:
-        for i, ids in enumerate(job["prompts"]):
-            out["%%s|%%d|logits" %% (prec, i)] = d.forward(np.asarray(ids, dtype=np.int32))
-            gen = d.generate(np.asarray(ids, dtype=np.int32), max_new_tokens=job["n_new"],
-                             eos_token_id=[])
-            out["%%s|%%d|gen" %% (prec, i)] = np.asarray(gen[len(ids):])
+for i, ids in enumerate(job["prompts"]):
+    ids = np.asarray(ids, dtype=np.int32)
+    gens = {p: d.generate(ids, max_new_tokens=job["n_new"], eos_token_id=[])[len(ids):]
+            for p, d in decs.items()}
+    # logits of one sequence for every precision: the prompt and the first precision's tokens
+    seq = np.concatenate([ids, gens[job["precisions"][0]]]).astype(np.int32)
+    for p, d in decs.items():
+        out["%%s|%%d|gen" %% (p, i)] = np.asarray(gens[p])
+        out["%%s|%%d|logits" %% (p, i)] = d.forward(seq)
+        # and of its own continuation, where its greedy choices were made
+        own = np.concatenate([ids, gens[p]]).astype(np.int32)
+        out["%%s|%%d|own" %% (p, i)] = d.forward(own)[len(ids) - 1:]
+for d in decs.values():
+    d.close()
 np.savez(sys.argv[2], **out)
 """ % str(PY_DIR)
 
 
 def run_kwk(tmp_path, model, prompts, precisions, isa=None, n_threads=2, max_len=256,
             n_new=N_NEW, extra_env=None):
-    """{(precision, prompt index): (logits [n, vocab], generated ids)} from a child process."""
+    """{(precision, prompt index): (logits, generated ids, own)} from a child process: each
+    precision's greedy continuation of the prompt; its logits [n, vocab] for the prompt followed
+    by precisions[0]'s continuation (the same tokens for every precision); and `own`, its logits
+    at the steps of its own continuation (row j chose new token j)."""
     tag = "%s-%s-%d" % (isa or "best", "-".join(precisions), abs(hash(str(model))) % 10**6)
     job, out = tmp_path / ("job-%s.json" % tag), tmp_path / ("out-%s.npz" % tag)
     job.write_text(json.dumps({"model": str(model), "prompts": prompts, "precisions": precisions,
@@ -77,7 +95,22 @@ def run_kwk(tmp_path, model, prompts, precisions, isa=None, n_threads=2, max_len
         for k in z.files:
             prec, i, what = k.split("|")
             res.setdefault((prec, int(i)), {})[what] = z[k]
-    return {k: (v["logits"], [int(t) for t in v["gen"]]) for k, v in res.items()}
+    return {k: (v["logits"], [int(t) for t in v["gen"]], v["own"]) for k, v in res.items()}
+
+
+def flip_check(res, prec, i, n_prompt):
+    """None when prec's greedy tokens equal preserve's; else (new-token index of the first
+    difference, preserve's margin between its token and prec's token there, the RMS logits error
+    of prec at that position). The logits are of the same prefix for both (see run_kwk)."""
+    q, p = res[(prec, i)][1], res[("preserve", i)][1]
+    n = matching_prefix(q, p)
+    if n == len(p):
+        return None
+    pos = n_prompt + n - 1
+    lp, lq = res[("preserve", i)][0][pos], res[(prec, i)][0][pos]
+    margin = float(lp[p[n]] - lp[q[n]])
+    noise = float(np.sqrt(np.mean((lq.astype(np.float64) - lp) ** 2)))
+    return n, margin, noise
 
 
 def rel_rms(got, ref):
@@ -159,31 +192,51 @@ def test_tiny_logits_within_bound(tiny_results, name, prec):
 
 @pytest.mark.parametrize("prec", ["balanced", "int4"])
 @pytest.mark.parametrize("name", [t[0] for t in TINY])
-def test_tiny_greedy_close_to_preserve(tiny_results, name, prec):
-    """Greedy text follows preserve's while their logits are far apart: a flip is allowed only
-    where preserve's top two logits are closer than the quantization can move them."""
-    res = tiny_results[name][supported_isas()[-1]]
-    for i in range(len(tiny_prompts())):
-        q, p = res[(prec, i)][1], res[("preserve", i)][1]
-        n = matching_prefix(q, p)
-        if n == len(p):
-            continue
-        # the flip position: compare logits of preserve over prompt + the common prefix
-        assert n >= 4, "%s %s prompt %d: greedy text diverges at new token %d: %s vs %s" % (
-            name, prec, i, n, q, p)
+def test_tiny_greedy_flips_only_within_noise(tiny_results, name, prec):
+    """Greedy text may leave preserve's only where preserve's top token and the quantized one
+    are closer than FLIP_K times the quantization's RMS logits error at that position: random
+    tiny models have many near ties, so their greedy text does diverge, but only there."""
+    prompts = tiny_prompts()
+    for isa, res in tiny_results[name].items():
+        for i in range(len(prompts)):
+            f = flip_check(res, prec, i, len(prompts[i]))
+            if f is None:
+                continue
+            n, margin, noise = f
+            assert margin <= FLIP_K * noise, (
+                "%s %s %s prompt %d: greedy leaves preserve at new token %d where preserve's "
+                "margin %.4f exceeds %g x the logits error %.4f" % (
+                    name, prec, isa, i, n, margin, FLIP_K, noise))
+
+
+def isa_flip(a, b):
+    """Greedy tokens of two kernel paths for one (precision, prompt): None when equal, else
+    (first differing new token, path a's margin between the two choices there, RMS difference
+    of the two paths' logits there); both paths saw the same tokens up to that point."""
+    n = matching_prefix(a[1], b[1])
+    if n == len(a[1]):
+        return None
+    la, lb = a[2][n].astype(np.float64), b[2][n].astype(np.float64)
+    return n, float(la[a[1][n]] - la[b[1][n]]), float(np.sqrt(np.mean((la - lb) ** 2)))
 
 
 @pytest.mark.parametrize("name", [t[0] for t in TINY])
 def test_tiny_every_isa_same(tiny_results, name):
+    """The integer parts of every path are identical (test_quant.c) but the float kernels around
+    them (norms, attention) differ in rounding; an activation that lands that close to a
+    rounding boundary moves by one step, so paths differ by about 1e-4 of the logits' spread
+    (measured up to 3e-4) and greedy tokens may differ only at a near tie (FLIP_K x that)."""
     isas = list(tiny_results[name])
     base = tiny_results[name][isas[0]]
     for isa in isas[1:]:
-        for key, (logits, gen) in tiny_results[name][isa].items():
-            assert gen == base[key][1], "%s %s: %s tokens %s != %s tokens %s" % (
-                name, key, isa, gen, isas[0], base[key][1])
-            err = rel_rms(logits, base[key][0])
-            assert err < 1e-4, "%s %s: %s logits differ from %s by %.2g" % (
+        for key, r in tiny_results[name][isa].items():
+            err = rel_rms(r[0], base[key][0])
+            assert err < ISA_BOUND, "%s %s: %s logits differ from %s by %.2g" % (
                 name, key, isa, isas[0], err)
+            f = isa_flip(base[key], r)
+            assert f is None or f[1] <= FLIP_K * f[2], (
+                "%s %s: %s leaves %s's tokens at new token %d with margin %.4g (paths differ by "
+                "%.3g there)" % (name, key, isa, isas[0], f[0], f[1], f[2]))
 
 
 # ---- SmolLM2-135M ---------------------------------------------------------------------------------
@@ -226,11 +279,22 @@ def test_smollm2_logits_within_bound(smol_results, prec):
             prec, i, err)
 
 
-def test_smollm2_balanced_greedy_equals_preserve(smol_results):
+def test_smollm2_balanced_greedy_equals_preserve(smol_prompt_ids, smol_results):
+    prompts = smol_prompt_ids[1]
     for i in range(len(SMOL_PROMPTS)):
-        q, p = smol_results[("balanced", i)][1], smol_results[("preserve", i)][1]
-        assert q == p, "prompt %d: balanced diverges from preserve at new token %d of %d" % (
-            i, matching_prefix(q, p), N_NEW)
+        f = flip_check(smol_results, "balanced", i, len(prompts[i]))
+        assert f is None, ("prompt %d: balanced leaves preserve's text at new token %d of %d "
+                           "(preserve's margin there %.4f, RMS logits error %.4f)" % (
+                               i, f[0], N_NEW, f[1], f[2]))
+
+
+def test_smollm2_int4_flips_only_within_noise(smol_prompt_ids, smol_results):
+    prompts = smol_prompt_ids[1]
+    for i in range(len(SMOL_PROMPTS)):
+        f = flip_check(smol_results, "int4", i, len(prompts[i]))
+        assert f is None or f[1] <= FLIP_K * f[2], (
+            "prompt %d: int4 leaves preserve at new token %d, margin %.4f, error %.4f" % (
+                i, f[0], f[1], f[2]))
 
 
 def test_smollm2_every_isa_same_tokens(smol_prompt_ids, smol_results, tmp_path_factory):
@@ -241,6 +305,9 @@ def test_smollm2_every_isa_same_tokens(smol_prompt_ids, smol_results, tmp_path_f
     for isa in supported_isas()[:-1]:
         res = run_kwk(tmp, path, prompts[:1], ["balanced", "int4"], isa=isa, n_new=12)
         for prec in ("balanced", "int4"):
-            best = smol_results[(prec, 0)][1][:12]
-            assert res[(prec, 0)][1] == best, "%s %s: %s != best path's %s" % (
-                isa, prec, res[(prec, 0)][1], best)
+            best = smol_results[(prec, 0)]
+            best = (best[0], best[1][:12], best[2])
+            f = isa_flip(best, res[(prec, 0)])
+            assert f is None or f[1] <= FLIP_K * f[2], (
+                "%s %s: %s != best path's %s (new token, margin, paths' difference: %s)" % (
+                    isa, prec, res[(prec, 0)][1], best[1], f))

@@ -120,6 +120,29 @@ def test_syntax_error_has_line_and_column():
         ChatTemplate("{% for x in y %}")
 
 
+@pytest.mark.parametrize("src,compiles", [
+    ("{{ x|strip }}", False), ("{% if x %}{{ x|strip }}{% endif %}", True),
+    ("{{ x|strip if y else 1 }}", True), ("{% macro m() %}{{ 1|nope }}{% endmacro %}", False),
+    ("{% if x %}{% for a in b %}{{ a|nope }}{% endfor %}{% endif %}", False),
+    ("{{ x is nope }}", False), ("{% if x is nope %}{% endif %}", True),
+])
+def test_unknown_filter_fails_where_jinja2_fails(src, compiles):
+    # jinja2 rejects unknown filters/tests when compiling, except inside if / conditional
+    # expressions, where they fail only when evaluated
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+    try:
+        _compile_jinja_template(src)
+        j_ok = True
+    except Exception:
+        j_ok = False
+    assert j_ok == compiles
+    if compiles:
+        ChatTemplate(src)
+    else:
+        with pytest.raises(TemplateError, match="No (filter|test) named"):
+            ChatTemplate(src)
+
+
 def test_infinite_loop_stops_at_step_limit():
     src = "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}"
     with pytest.raises(TemplateError) as e:
@@ -135,6 +158,21 @@ def test_exponential_output_stops_at_output_limit():
     assert e.value.code == -10003 and "limit" in str(e.value)
     with pytest.raises(TemplateError) as e:
         render("{{ 'x' * 100000000000 }}")
+    assert e.value.code == -10003
+
+
+@pytest.mark.parametrize("src", [
+    # quadratic work hidden inside single operations is charged to the step budget
+    "{% set big = range(200000)|list %}{% for i in range(200000) %}{% if i in big %}{% endif %}"
+    "{% endfor %}",
+    "{% set big = range(100000)|list %}{{ big|unique|list|length }}{{ big|unique|list|length }}"
+    "{% for i in range(1000) %}{{ big|unique|length }}{% endfor %}",
+    "{% set s = 'ab' * 4000000 %}{% for i in range(100000) %}{{ s.count('b') }}{% endfor %}",
+    "{% set a = range(300000)|list %}{% for i in range(100000) %}{{ a == a }}{% endfor %}",
+])
+def test_hidden_work_stops_at_step_limit(src):
+    with pytest.raises(TemplateError) as e:
+        render(src)
     assert e.value.code == -10003
 
 

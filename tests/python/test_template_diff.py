@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.filterwarnings("ignore::SyntaxWarning")
+
 from kwker.template import ChatTemplate, TemplateError
 
 CTX = {

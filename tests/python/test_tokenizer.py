@@ -536,3 +536,98 @@ def test_more_pipelines_match_hf(variant):
                 bad.append((text[:60], "decode", skip, hf.decode(ids, skip_special_tokens=skip)[:40],
                             kw.decode(ids, skip)[:40]))
     assert not bad, "%d differ; first %r" % (len(bad), bad[:3])
+
+
+def test_tinyllama_vectors_next_to_special_tokens(pairs):
+    """llama.cpp's TinyLlama vectors (text around </s>; HF's ids) with the Llama 2 / TinyLlama
+    tokenizer.json: their GGUF did not arrive, the vocabulary is the same."""
+    kw, _ = pairs["llama2"]
+    cases = read_vectors(str(VOCAB / "ggml-org-newer" / "ggml-vocab-tinyllama.gguf"))
+    assert len(cases) >= 10
+    for text, want in cases:
+        assert kw.encode(text, add_special_tokens=False) == want, text
+
+
+def test_hf_id_from_local_cache(tmp_path, monkeypatch):
+    """ORG/NAME resolves through the local hub cache (HF_HUB_CACHE), never the network; a
+    subprocess so the environment is read fresh."""
+    import subprocess
+    import sys
+    snap = tmp_path / "hub" / "models--kwk-test--tiny-llama2" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    shutil.copy(TOK / "llama2-tinyllama" / "tokenizer.json", snap / "tokenizer.json")
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("abc123")
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"))
+    code = ("import sys; sys.path.insert(0, %r); from kwker.tokenizer import Tokenizer; "
+            "print(Tokenizer.from_pretrained('kwk-test/tiny-llama2').encode('Hello world'))"
+            % str(REPO / "python"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    hf = tokenizers.Tokenizer.from_file(str(TOK / "llama2-tinyllama" / "tokenizer.json"))
+    assert out.stdout.strip() == str(hf.encode("Hello world").ids)
+
+
+def kwker_cli():
+    env = os.environ.get("KWKER_CLI")
+    if env:
+        return env
+    from kwker._lib import executable
+    try:
+        return executable()
+    except FileNotFoundError:
+        lib = os.environ.get("KWKER_LIB")
+        cand = Path(lib).parent / "kwker" if lib else None
+        if cand and cand.exists():
+            return str(cand)
+        pytest.skip("the kwker CLI is not built (set KWKER_CLI or build build/kwker)")
+
+
+def test_cli_tokenize():
+    import subprocess
+    cli = kwker_cli()
+    model = str(TOK / "llama2-tinyllama" / "tokenizer.json")
+    hf = tokenizers.Tokenizer.from_file(model)
+    out = subprocess.run([cli, "tokenize", "--model", model, "--ids-only", "Hello wörld 🎉"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ",".join(map(str, hf.encode("Hello wörld 🎉").ids))
+    out = subprocess.run([cli, "tokenize", "--model", model, "Hello"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and '"▁Hello"' in out.stdout and "15043" in out.stdout
+    out = subprocess.run([cli, "tokenize", "--model", model, "--decode", "1,15043,3186"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout == hf.decode([1, 15043, 3186], skip_special_tokens=False) + "\n"
+    out = subprocess.run([cli, "tokenize", "--model", "/nonexistent", "x"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and out.stderr
+
+
+def test_precompiled_unigram_matches_hf(tmp_path):
+    """A T5-style tokenizer: a SentencePiece unigram model trained here (nmt_nfkc, so its
+    precompiled charsmap is the real one), Precompiled + Replace normalizer, Metaspace."""
+    spm = pytest.importorskip("sentencepiece")
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+    book = (DATA / "text" / "war-and-peace.txt").read_text(encoding="utf-8")[:200000]
+    (tmp_path / "train.txt").write_text(book + "\nＡＢＣ ① ﬁ ｶﾀｶﾅ ㈱ ½ ™ é e\u0301 Ⅻ\n",
+                                        encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "train.txt"),
+                                   model_prefix=str(tmp_path / "m"), vocab_size=700,
+                                   model_type="unigram", character_coverage=1.0,
+                                   minloglevel=2)
+    m = pb.ModelProto()
+    m.ParseFromString((tmp_path / "m.model").read_bytes())
+    assert len(m.normalizer_spec.precompiled_charsmap) > 1000
+    unk = [i for i, p in enumerate(m.pieces) if p.type == 2][0]
+    hf = tokenizers.Tokenizer(models.Unigram([(p.piece, p.score) for p in m.pieces], unk_id=unk))
+    hf.normalizer = normalizers.Sequence([
+        normalizers.Precompiled(m.normalizer_spec.precompiled_charsmap),
+        normalizers.Replace(Regex(" {2,}"), " ")])
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    hf.decoder = decoders.Metaspace()
+    kw = Tokenizer.from_json(hf.to_str())
+    extra = ["ＡＢＣ ① ﬁ ｶﾀｶﾅ ㈱ ½ ™ é e\u0301 Ⅻ  two   spaces", "\u00a0\u3000x\u200b"]
+    bad = [t[:60] for t in TEXTS + extra if kw.encode(t) != hf.encode(t).ids]
+    assert not bad, "%d differ; first %r" % (len(bad), bad[:3])

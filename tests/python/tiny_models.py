@@ -327,6 +327,16 @@ def _argmax_loop(model, prompt, max_new_tokens):
     return ids
 
 
+def _resume(dec, c):
+    """generate(prompt) then generate(prompt + first half of the reference continuation): the
+    second call reuses the cached prefix and must continue exactly like one long run."""
+    import numpy as np
+    half = len(c["gen_ref"]) // 2
+    dec.generate(list(c["prompt"]), max_new_tokens=len(c["gen_ref"]))
+    return np.asarray(dec.generate(list(c["prompt"]) + c["gen_ref"][:half],
+                                   max_new_tokens=len(c["gen_ref"]) - half))
+
+
 def kwk_worker(job_path, out_path):
     """Child-process side of conftest.KwkRunner: run each case through kwker and save arrays.
 
@@ -334,6 +344,10 @@ def kwk_worker(job_path, out_path):
       fwd_prompt  KwkDecoder.forward(prompt)                        [n, V]
       generate    KwkDecoder.generate(prompt, max_new_tokens)        prompt + new tokens
       fwd_full    KwkDecoder.forward(prompt + reference new tokens)  [N, V]
+      gen_plain   generate(..., lookup=0, prompt_cache=False): no speculation, no reuse
+      gen_greedy_c  generate_greedy(...): the C API's plain greedy loop
+      gen_resume  generate(prompt), then generate(prompt + half the reference continuation)
+                  for the other half: prompt-prefix reuse
       steps       C API: eval(prompt, LOGITS_ALL) then eval(1 token, LOGITS_LAST) for each
                   reference token: the one-token decode path        [N - n + 1, V]
       chunked     C API: eval the reference sequence in chunks of 5, 7 and the rest (batched
@@ -456,13 +470,25 @@ def kwk_worker(job_path, out_path):
                     ("fwd_prompt", lambda: np.asarray(dec.forward(c["prompt"]))),
                     ("generate", lambda: np.asarray(
                         dec.generate(list(c["prompt"]), max_new_tokens=len(c["gen_ref"])))),
-                    ("fwd_full", lambda: np.asarray(dec.forward(c["prompt"] + c["gen_ref"])))):
+                    ("fwd_full", lambda: np.asarray(dec.forward(c["prompt"] + c["gen_ref"]))),
+                    ("gen_plain", lambda: np.asarray(dec.generate(
+                        list(c["prompt"]), max_new_tokens=len(c["gen_ref"]), lookup=0,
+                        prompt_cache=False))),
+                    ("gen_greedy_c", lambda: np.asarray(dec.generate_greedy(
+                        list(c["prompt"]), max_new_tokens=len(c["gen_ref"])))),
+                    ("gen_resume", lambda: _resume(dec, c))):
+                if stage.startswith("gen_") and "variants" in c.get("skip", ()):
+                    continue
+                if stage.startswith("fwd_") and "forward" in c.get("skip", ()):
+                    continue
+                print("case %s: %s" % (key, stage), flush=True)  # locates a crash
                 try:
                     arrays[key + "|" + stage] = fn()
                 except Exception:
                     errs[stage] = traceback.format_exc()[-3000:]
             del dec
         if c.get("c_api", True):
+            print("case %s: C API steps / chunks" % key, flush=True)
             try:
                 c_stages(c, key, errs)
             except Exception:

@@ -45,6 +45,12 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static const char *precision_name(int p)
+{
+    static const char *const names[] = {"preserve", "balanced", "int4"};
+    return p >= 0 && p < 3 ? names[p] : "?";
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kwker perplexity --model M --file TEXT [--precision "
@@ -128,8 +134,8 @@ static int tokenize_file(const struct ppl_opts *o, const kwk_tokenizer *t, int a
         kwk_err_set(err, rc, "%s: tokenizing failed (%s)", o->file, kwk_status_str(rc));
         goto out_text;
     }
-    size_t total = n + (add_bos ? 1 : 0);
-    *ids = total <= SIZE_MAX / sizeof(int32_t) ? malloc((total ? total : 1) * sizeof(int32_t)) : NULL;
+    size_t total = n + (add_bos ? 1 : 0); /* n ids already fit in memory: no overflow */
+    *ids = malloc((total ? total : 1) * sizeof(int32_t));
     if (!*ids) {
         rc = kwk_err_set(err, -ENOMEM, "out of memory for %zu tokens", total);
         goto out_raw;
@@ -275,10 +281,10 @@ int cmd_perplexity(int argc, char **argv)
         fprintf(stderr, "kwker perplexity: out of memory for %zu logits\n", n_logits);
         goto out;
     }
-    fprintf(stderr, "perplexity: %d chunks of %d tokens (of %d in the file), precision %d, "
-                    "isa %s, %d threads\n", n_chunks, o.ctx, n_chunk_max, o.params.precision,
-            kwk_isa_name(kwk_isa()), o.params.n_threads ? o.params.n_threads
-                                                        : kwk_default_threads());
+    int n_threads = o.params.n_threads ? o.params.n_threads : kwk_default_threads();
+    fprintf(stderr, "perplexity: %d chunks of %d tokens (of %d in the file), precision %s, "
+                    "isa %s, %d threads\n", n_chunks, o.ctx, n_chunk_max,
+            precision_name(o.params.precision), kwk_isa_name(kwk_isa()), n_threads);
     for (int c = 0; c < n_chunks; c++) {
         double tc = now_s();
         int e = score_chunk(d, tokens, c, o.ctx, add_bos, bos, info.n_vocab, chunk, logits, &acc);

@@ -85,6 +85,25 @@ CONVERSATIONS = {
     "whitespace_content": {"messages": [{"role": "user", "content": "  padded  \n\n"},
                                         {"role": "assistant", "content": "\n answer \n"}],
                            "add_generation_prompt": False},
+    "tools_multi_turn_unicode": {"messages": [SYS, U1, A1, {"role": "user", "content": UNICODE}],
+                                 "tools": TOOLS, "add_generation_prompt": True},
+    "tools_no_system_nogen": {"messages": [U1, A1], "tools": TOOLS[:1],
+                              "add_generation_prompt": False},
+    "flat_tools_documents": {"messages": [{"role": "user", "content": "Search for jinja."}],
+                             "tools": [{"name": "internet_search",
+                                        "description": "Search the internet.",
+                                        "parameter_definitions": {"query": {
+                                            "description": "What to search", "type": "str",
+                                            "required": True}}}],
+                             "documents": [{"title": "Jinja", "text": "A template engine."},
+                                           {"title": "Kwker", "text": "An inference runtime."}],
+                             "add_generation_prompt": True},
+    "builtin_tools": {"messages": [SYS, {"role": "user", "content": "Search the news."}],
+                      "tools": TOOLS, "builtin_tools": ["brave_search", "wolfram_alpha"],
+                      "add_generation_prompt": True},
+    "reasoning_field": {"messages": [U1, {"role": "assistant", "content": "Sure.",
+                                          "reasoning_content": "The user greets me."}, U2],
+                        "add_generation_prompt": True, "enable_thinking": True},
 }
 
 

@@ -1,0 +1,305 @@
+"""The kwker CLI's generate and chat commands, run as a person would run them, on the real
+SmolLM2-135M-Instruct GGUF.
+
+The binary is $KWKER_BIN or <repo>/build/kwker (a missing binary fails the tests). The reference
+for every text is the Python binding (KwkDecoder.generate on the ids built with kwker.Tokenizer
+and the model's chat template), itself tested by test_generate.py; when KWKER_LIB is not set the
+library beside the binary is used so that both sides run the same build.
+"""
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
+if "KWKER_LIB" not in os.environ and (BIN.parent / "libkwker.so").exists():
+    os.environ["KWKER_LIB"] = str(BIN.parent / "libkwker.so")
+
+import kwker  # noqa: E402  (after KWKER_LIB is settled)
+from kwker.template import apply_chat_template  # noqa: E402
+
+N_NEW = 24
+THREADS = "2"
+
+
+def model_path():
+    env = os.environ.get("KWK_SMOLLM2_GGUF")
+    path = Path(env) if env else REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        pytest.fail("SmolLM2 GGUF not found at %s: run scripts/setup" % path)
+    return str(path)
+
+
+def kwker_bin():
+    if not BIN.exists():
+        pytest.fail("kwker binary not found at %s: build it (scripts/build) or set KWKER_BIN" % BIN)
+    return str(BIN)
+
+
+def run(*args, input=None, timeout=300):
+    return subprocess.run([kwker_bin()] + [str(a) for a in args], input=input,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    """(decoder, tokenizer) of the Python binding on the same model."""
+    dec = kwker.KwkDecoder(model_path(), max_cache_len=2048, n_threads=2)
+    tok = kwker.Tokenizer.from_pretrained(model_path())
+    yield dec, tok
+    dec.close()
+
+
+def chat_ids(tok, messages):
+    text = apply_chat_template(tok.chat_template, messages, add_generation_prompt=True,
+                               bos_token=tok.bos_token, eos_token=tok.eos_token)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def ref_text(ref, ids, **kw):
+    dec, tok = ref
+    kw.setdefault("max_new_tokens", N_NEW)
+    dec.generate(ids, tokenizer=tok, prompt_cache=False, **kw)
+    return dec.stats["text"]
+
+
+def gen(*args, **kw):
+    p = run("generate", "--model", model_path(), "-t", THREADS, *args, **kw)
+    assert p.returncode == 0, "kwker generate %s failed (%d): %s" % (args, p.returncode,
+                                                                     p.stderr)
+    assert p.stdout.endswith("\n"), repr(p.stdout)
+    return p
+
+
+MESSAGES = ["What is the capital of France?", "Write a haiku about the sea.",
+            "List three fruits."]
+
+
+@pytest.mark.parametrize("msg", MESSAGES)
+def test_generate_chat_equals_python(ref, msg):
+    ids = chat_ids(ref[1], [{"role": "user", "content": msg}])
+    want = ref_text(ref, ids)
+    p = gen("--chat", msg, "-n", N_NEW)
+    assert p.stdout == want + "\n"
+    assert p.stderr == ""
+
+
+def test_generate_chat_with_system_and_stats(ref):
+    msgs = [{"role": "system", "content": "You answer in one word."},
+            {"role": "user", "content": "Name a large animal."}]
+    ids = chat_ids(ref[1], msgs)
+    want = ref_text(ref, ids)
+    p = gen("--system", msgs[0]["content"], "--chat", msgs[1]["content"], "-n", N_NEW,
+            "--stats")
+    assert p.stdout == want + "\n"
+    m = re.search(r"prompt (\d+) tokens, reused (\d+).*generated (\d+) tokens.*finish (\w+)",
+                  p.stderr)
+    assert m, p.stderr
+    assert int(m.group(1)) == len(ids) and int(m.group(2)) == 0
+    assert m.group(4) in ("stop", "length")
+
+
+def test_generate_prompt_equals_python(ref):
+    dec, tok = ref
+    text = "The three primary colors are"
+    want = ref_text(ref, tok.encode(text, add_special_tokens=True))
+    assert gen("--prompt", text, "-n", N_NEW).stdout == want + "\n"
+
+
+def test_generate_ids_keeps_its_format(ref):
+    dec, tok = ref
+    ids = chat_ids(tok, [{"role": "user", "content": "Hello!"}])
+    want = dec.generate_greedy(ids, max_new_tokens=12)[len(ids):]
+    p = gen("--ids", ",".join(map(str, ids)), "-n", 12)
+    assert p.stdout == ",".join(map(str, want)) + "\n"
+    # no --n: 16 new tokens at most, as before
+    p = gen("--ids", ",".join(map(str, ids)), "--lookup", "0")
+    assert 1 <= len(p.stdout.strip().split(",")) <= 16
+
+
+def test_stop_cuts_the_reply(ref):
+    msg = "Write a haiku about the sea."
+    ids = chat_ids(ref[1], [{"role": "user", "content": msg}])
+    full = ref_text(ref, ids)
+    words = full.split()
+    assert len(words) >= 4, full
+    stop = words[len(words) // 2]
+    want = full[:full.index(stop)]
+    p = gen("--chat", msg, "-n", N_NEW, "--stop", "no such text", "--stop", stop, "--stats")
+    assert p.stdout == want + "\n"
+    assert stop not in p.stdout
+    assert "finish stop" in p.stderr
+    assert ref_text(ref, ids, stop=["no such text", stop]) == want
+
+
+def test_seed_reproducible_and_equal_to_python(ref):
+    msg = "Tell me a story about a cat."
+    args = ("--chat", msg, "-n", N_NEW, "--temperature", "0.9", "--seed", "1234")
+    a = gen(*args).stdout
+    b = gen(*args, "--lookup", "0").stdout
+    assert a == b, "same seed, different text (lookup on vs off)"
+    ids = chat_ids(ref[1], [{"role": "user", "content": msg}])
+    # the CLI samples with llama-cli's defaults top-k 40, top-p 0.95, min-p 0.05
+    want = ref_text(ref, ids, do_sample=True, temperature=0.9, top_k=40, top_p=0.95,
+                    min_p=0.05, seed=1234)
+    assert a == want + "\n"
+    others = {gen("--chat", msg, "-n", N_NEW, "--temperature", "0.9", "--seed", s).stdout
+              for s in ("1", "2", "3")}
+    assert len(others | {a}) > 1, "every seed gave the same text"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--chat", "hi", "--bogus"], "unknown"),
+    (["--chat", "hi", "--temperature", "hot"], "bad value 'hot' for --temperature"),
+    (["--chat", "hi", "--top-p", "0"], "--top-p"),
+    (["--chat", "hi", "--lookup", "-3"], "--lookup"),
+    (["--chat", "hi", "--seed", "x1"], "--seed"),
+    (["--chat", "hi", "-n"], "-n needs a value"),
+    (["--chat", "hi", "--prompt", "x"], "exactly one of"),
+    ([], "exactly one of"),
+    (["--prompt", "x", "--system", "s"], "--system goes with --chat"),
+])
+def test_bad_generate_flags_exit_2(args, says):
+    p = run("generate", "--model", model_path(), *args)
+    assert p.returncode == 2, (args, p.returncode, p.stderr)
+    assert says in p.stderr, p.stderr
+    assert p.stdout == ""
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "x.gguf", "--what"], "unknown option '--what'"),
+    (["--model", "x.gguf", "--min-p", "2"], "--min-p"),
+    (["--temp", "1"], "--model is required"),
+])
+def test_bad_chat_flags_exit_2(args, says):
+    p = run("chat", *args, input="")
+    assert p.returncode == 2, (args, p.returncode, p.stderr)
+    assert says in p.stderr, p.stderr
+
+
+def test_missing_model_exits_1():
+    p = run("generate", "--model", "/nonexistent/model.gguf", "--chat", "hi")
+    assert p.returncode == 1 and "kwker generate:" in p.stderr
+
+
+CHAT_TURNS = ["Hi! What is your name?", "What is 2 + 2?", "Name a famous painter."]
+
+
+def python_chat(ref, turns, system=None, n_new=N_NEW):
+    """The replies of the same conversation through the Python binding."""
+    dec, tok = ref
+    msgs = [{"role": "system", "content": system}] if system else []
+    replies = []
+    for u in turns:
+        msgs.append({"role": "user", "content": u})
+        dec.generate(chat_ids(tok, msgs), max_new_tokens=n_new, tokenizer=tok)
+        replies.append(dec.stats["text"])
+        msgs.append({"role": "assistant", "content": replies[-1]})
+    return replies
+
+
+def test_chat_through_a_pipe(ref):
+    replies = python_chat(ref, CHAT_TURNS, system="You are a friendly assistant.")
+    p = run("chat", "--model", model_path(), "-t", THREADS, "-n", N_NEW, "--stats",
+            "--system", "You are a friendly assistant.", input="\n".join(CHAT_TURNS) + "\n")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "".join(r + "\n" for r in replies)
+    reused = [int(x) for x in re.findall(r"reused (\d+)", p.stderr)]
+    prompts = [int(x) for x in re.findall(r"prompt (\d+) tokens", p.stderr)]
+    assert len(reused) == 3, p.stderr
+    assert reused[0] == 0
+    # turns 2 and 3 read only the new turn: everything up to the previous reply is reused
+    assert reused[1] > prompts[0] and reused[2] > prompts[1], p.stderr
+
+
+def test_chat_reset_and_quit(ref):
+    before = python_chat(ref, [CHAT_TURNS[0]])[0]
+    after = python_chat(ref, [CHAT_TURNS[1]])[0]
+    p = run("chat", "--model", model_path(), "-t", THREADS, "-n", N_NEW,
+            input="%s\n\n/reset\n%s\n/quit\n%s\n" % tuple(CHAT_TURNS))
+    assert p.returncode == 0, p.stderr
+    # after /reset the second question is answered as the first of a conversation; an empty
+    # line is no turn, and nothing after /quit is answered
+    assert p.stdout == before + "\n" + after + "\n"
+    assert "conversation cleared" in p.stderr
+
+
+def test_chat_backslash_continues_the_line(ref):
+    want = python_chat(ref, ["Say hello\nin French."])[0]
+    p = run("chat", "--model", model_path(), "-t", THREADS, "-n", N_NEW,
+            input="Say hello\\\nin French.\n")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == want + "\n"
+
+
+# --- in a terminal (tmux), as a person uses it ------------------------------------------------
+
+EXITED = re.compile(r"EXIT=\d")
+
+
+def tmux(*args, check=True):
+    return subprocess.run(["tmux"] + list(args), capture_output=True, text=True, check=check)
+
+
+def wait_for(session, pred, timeout=240):
+    deadline = time.time() + timeout
+    screen = ""
+    while time.time() < deadline:
+        screen = tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", session).stdout
+        if pred(screen):
+            return screen
+        time.sleep(0.5)
+    raise AssertionError("timed out; the screen was:\n" + screen)
+
+
+@pytest.fixture
+def tmux_session():
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed (apt-get install -y tmux)")
+    name = "kwker-cli-test-%d" % os.getpid()
+    tmux("kill-session", "-t", name, check=False)
+    tmux("new-session", "-d", "-s", name, "-x", "200", "-y", "50")
+    yield name
+    tmux("kill-session", "-t", name, check=False)
+
+
+def test_chat_in_a_terminal(ref, tmux_session):
+    s = tmux_session
+    reply = python_chat(ref, [CHAT_TURNS[0]], n_new=16)[0]
+    cmd = "%s chat --model %s -t 2 -n %%d; echo EXIT=$?" % (kwker_bin(), model_path())
+    tmux("send-keys", "-t", s, cmd % 16, "Enter")
+    wait_for(s, lambda sc: "/reset clears" in sc and sc.rstrip().endswith(">"))
+    tmux("send-keys", "-t", s, "-l", CHAT_TURNS[0])
+    tmux("send-keys", "-t", s, "Enter")
+    first_line = reply.split("\n")[0].strip()
+    wait_for(s, lambda sc: first_line in sc and sc.rstrip().endswith(">"))
+    tmux("send-keys", "-t", s, "-l", "/quit")
+    tmux("send-keys", "-t", s, "Enter")
+    wait_for(s, lambda sc: "EXIT=0" in sc)
+    tmux("send-keys", "-t", s, "clear", "Enter")
+    wait_for(s, lambda sc: not EXITED.search(sc))
+
+    # Ctrl-C while a long reply is being written stops that reply, not the program
+    tmux("send-keys", "-t", s, cmd % 400, "Enter")
+    wait_for(s, lambda sc: sc.rstrip().endswith(">"))
+    ask = "Write a very long story about a brave dragon."
+    tmux("send-keys", "-t", s, "-l", ask)
+    tmux("send-keys", "-t", s, "Enter")
+    wait_for(s, lambda sc: len(sc.rsplit(ask, 1)[-1].strip()) >= 20)
+    tmux("send-keys", "-t", s, "C-c")
+    screen = wait_for(s, lambda sc: "(reply stopped)" in sc or EXITED.search(sc), timeout=30)
+    assert not EXITED.search(screen), screen
+    wait_for(s, lambda sc: sc.rstrip().endswith(">"))
+    # the program still answers after a stopped reply
+    tmux("send-keys", "-t", s, "-l", "Thanks!")
+    tmux("send-keys", "-t", s, "Enter")
+    wait_for(s, lambda sc: len(sc.rsplit("Thanks!", 1)[-1].strip()) > 1 and
+             sc.rstrip().endswith(">"))
+    tmux("send-keys", "-t", s, "C-d")
+    screen = wait_for(s, lambda sc: EXITED.search(sc))
+    assert "EXIT=0" in screen, screen
