@@ -17,7 +17,8 @@ replaced by BOS when the vocabulary adds one) and score the second half: positio
 predicting the next token. PPL = exp(mean nll), SE = PPL * sqrt(var(nll) / (count - 1)).
 
 The table: format, engine, bits per weight (tensor bytes * 8 / parameters of the GGUF file; for
-Kwker's quantized precisions the figure given with --kwker-bpw, else "?"), PPL +/- SE, and the
+Kwker's quantized precisions the packed matrices' figure that libkwker logs, or --kwker-bpw),
+PPL +/- SE, and the
 difference from the same engine's original (llama.cpp F32, Kwker preserve). Kwker preserve and
 llama.cpp F32 run the same weights, so they must agree closely: the script prints that check,
 and whether both sides tokenized the text to the same ids.
@@ -119,6 +120,20 @@ def llama_tokens(path, text, ctx):
         m.close()
 
 
+def kwker_packed_bpw(kwker_bin, model, precision, text_path):
+    """Bits per weight of Kwker's packed matrices (layers and lm_head: the weights read per
+    token), as the library logs when it packs (KWKER_LOG=info); a one-chunk run of 8 tokens.
+    None when the log has no such line (preserve packs nothing: float32, 32 bits)."""
+    if precision == "preserve":
+        return 32.0
+    cmd = [str(kwker_bin), "perplexity", "--model", str(model), "--precision", precision,
+           "--file", str(text_path), "--chunks", "1", "--ctx", "8"]
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env=dict(os.environ, KWKER_LOG="info"))
+    m = re.search(r"([0-9.]+) bits per weight", proc.stderr)
+    return float(m.group(1)) if m else None
+
+
 def kwker_tokens(model, text):
     """Kwker's ids of the text (for the tokenization cross-check), or None without libkwker."""
     try:
@@ -196,8 +211,9 @@ def main(argv=None):
                     help="Kwker precisions on the F32 original ('' for none)")
     ap.add_argument("--kwker-bin", default=os.environ.get("KWKER_BIN") or str(
         llamacpp.REPO / "build" / "kwker"))
-    ap.add_argument("--kwker-bpw", default="preserve=32",
-                    help="bits per weight of Kwker's precisions, e.g. balanced=8.5,int4=4.8")
+    ap.add_argument("--kwker-bpw", default="",
+                    help="bits per weight of Kwker's precisions, e.g. balanced=8.5,int4=4.8 "
+                         "(default: what the library logs when it packs)")
     ap.add_argument("--no-f32-kv", action="store_true",
                     help="skip the extra F32 run with an f32 KV cache")
     ap.add_argument("--reuse", action="store_true",
@@ -249,7 +265,8 @@ def main(argv=None):
         else:
             log("  (reused from %s)" % cache.path)
         bpw = kwk_bpw.get(prec)
-        r.update(format=prec, engine="kwker", bpw=float(bpw) if bpw else None)
+        bpw = float(bpw) if bpw else kwker_packed_bpw(a.kwker_bin, paths["f32"], prec, a.text)
+        r.update(format=prec, engine="kwker", bpw=bpw)
         log("  " + ("failed: %s" % r["error"] if "error" in r else "PPL = %.4f +/- %.5f (%d "
                     "chunks, %.0f s)" % (r["ppl"], r["se"], r["chunks"], r["seconds"])))
         rows.append(r)

@@ -121,6 +121,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         out = NULL;
     }
     kwk_tokenizer_mem_free(ids);
+    /* Offsets, when kept, are ordered spans inside the (repaired) text. */
+    uint32_t *offs = NULL;
+    ids = NULL;
+    if (kwk_tokenizer_encode_offsets(t, text, len, add, &ids, &offs, &n) == 0) {
+        for (size_t i = 0; i < n; i++)
+            if (offs[2 * i] > offs[2 * i + 1] || offs[2 * i + 1] > 3 * len + 3)
+                abort();
+    }
+    kwk_tokenizer_mem_free(ids);
+    kwk_tokenizer_mem_free(offs);
     /* The bytes as ids, some out of range: decode must fail cleanly or succeed. */
     size_t m = len / 2;
     int32_t *raw = malloc((m ? m : 1) * sizeof *raw);

@@ -331,6 +331,14 @@ KWK_API int kwk_tokenizer_encode(const kwk_tokenizer *t, const char *text, size_
 /* The same into a buffer allocated by the library (*ids, freed with kwk_tokenizer_mem_free). */
 KWK_API int kwk_tokenizer_encode_alloc(const kwk_tokenizer *t, const char *text, size_t len,
                                        int add_special, int32_t **ids, size_t *n);
+/* The same with each id's byte span in the text: offsets[2*i] .. offsets[2*i+1] (allocated
+ * like ids; tokens the post-processor adds get 0, 0; a prefix space ByteLevel adds is not part
+ * of the span). Offsets are into the text after U+FFFD repair (the same bytes when it is valid
+ * UTF-8). Returns KWK_EUNSUPPORTED when the normalizer or a pre-tokenizer rewrote this text
+ * (e.g. lowercasing, Metaspace), as byte spans are then not kept. */
+KWK_API int kwk_tokenizer_encode_offsets(const kwk_tokenizer *t, const char *text, size_t len,
+                                         int add_special, int32_t **ids, uint32_t **offsets,
+                                         size_t *n);
 KWK_API void kwk_tokenizer_mem_free(void *p);
 
 /* Decode ids[n] to UTF-8 text exactly as Hugging Face's decode does (skip_special drops

@@ -24,6 +24,11 @@ def _protos():
     L.kwk_tokenizer_encode_alloc.restype = ctypes.c_int
     L.kwk_tokenizer_encode_alloc.argtypes = [vp, ctypes.c_char_p, sz, ctypes.c_int,
                                              ctypes.POINTER(_c_i32_p), szp]
+    L.kwk_tokenizer_encode_offsets.restype = ctypes.c_int
+    L.kwk_tokenizer_encode_offsets.argtypes = [vp, ctypes.c_char_p, sz, ctypes.c_int,
+                                               ctypes.POINTER(_c_i32_p),
+                                               ctypes.POINTER(ctypes.POINTER(ctypes.c_uint32)),
+                                               szp]
     L.kwk_tokenizer_mem_free.restype = None
     L.kwk_tokenizer_mem_free.argtypes = [vp]
     L.kwk_tokenizer_decode_alloc.restype = ctypes.c_int
@@ -121,6 +126,25 @@ class Tokenizer:
             return ids[:n.value]
         finally:
             self._L.kwk_tokenizer_mem_free(ids)
+
+    def encode_with_offsets(self, text, add_special_tokens=True):
+        """(ids, offsets): offsets[i] = (start, end) byte span of ids[i] in text's UTF-8 bytes.
+        Raises KwkError (code KWK_EUNSUPPORTED) when the tokenizer's normalizer or Metaspace
+        rewrote the text."""
+        data = _text_bytes(text)
+        ids = _c_i32_p()
+        offs = ctypes.POINTER(ctypes.c_uint32)()
+        n = ctypes.c_size_t()
+        rc = self._L.kwk_tokenizer_encode_offsets(self._h, data, len(data),
+                                                  int(add_special_tokens), ctypes.byref(ids),
+                                                  ctypes.byref(offs), ctypes.byref(n))
+        _check(rc, "encode_with_offsets")
+        try:
+            flat = offs[:2 * n.value]
+            return ids[:n.value], [(flat[2 * i], flat[2 * i + 1]) for i in range(n.value)]
+        finally:
+            self._L.kwk_tokenizer_mem_free(ids)
+            self._L.kwk_tokenizer_mem_free(offs)
 
     def decode(self, ids, skip_special_tokens=False):
         ids = [int(i) for i in ids]

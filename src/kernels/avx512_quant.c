@@ -14,6 +14,7 @@
  * independent vpdpbusd chains while the weights stream). */
 #define TR 2
 #define TT 6
+#define TT_Q4 4
 #define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP) /* groups of a column pass */
 
 /* Quantized activations of a token block over one column pass. */
@@ -200,6 +201,8 @@ static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, floa
     struct qx qx;
     int G = kwk_quant_group(w->wtype);
     const tile_fn(*tiles)[TT + 1] = w->wtype == KWK_W_Q8 ? tiles_q8 : tiles_q4;
+    /* int4 needs two more registers a row block (both nibble halves): fewer tokens a tile */
+    int tt = w->wtype == KWK_W_Q8 ? TT : TT_Q4;
     size_t bsz = w->wtype == KWK_W_Q8 ? sizeof(struct kwk_q8_block) : sizeof(struct kwk_q4_block);
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
@@ -218,8 +221,8 @@ static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, floa
                 for (int i = 0; i < R; i++)
                     a.blk[i] = (const uint8_t *)w->data + ((rb + i) * ng + g0) * bsz;
                 a.rb = rb;
-                for (int t = 0; t < nt; t += TT) {
-                    int T = KWK_MIN(TT, nt - t);
+                for (int t = 0; t < nt; t += tt) {
+                    int T = KWK_MIN(tt, nt - t);
                     a.t = t;
                     a.y = y + (int64_t)(tb + t) * ldy;
                     tiles[R == 4 ? 2 : R - 1][T](&a);

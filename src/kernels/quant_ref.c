@@ -193,8 +193,9 @@ void kwk_quant_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int6
 static int32_t q8_isum(const struct kwk_q8_block *b, int i, const int8_t *xq)
 {
     int32_t s = 0;
-    for (int k = 0; k < KWK_Q8_GROUP; k++)
-        s += ((int32_t)b->q[k / 4][i][k % 4] - 128) * xq[k];
+    for (int c = 0; c < KWK_Q8_GROUP / 4; c++)
+        for (int j = 0; j < 4; j++)
+            s += ((int32_t)b->q[c][i][j] - 128) * xq[4 * c + j];
     return s;
 }
 

@@ -428,6 +428,10 @@ static int arith(struct trender *r, const struct tnode *at, int op, const struct
         out->flag = a->flag;
         return tpl_step(r, at);
     }
+    if ((a->k == TV_LIST && (a->flag & (TVF_GEN | TVF_RANGE))) ||
+        (b->k == TV_LIST && (b->flag & (TVF_GEN | TVF_RANGE))))
+        return tpl_fail(r, KWK_ERUNTIME, at, "unsupported operand type(s) for %s: '%s' and '%s'",
+                        op_name(op), tv_type_name(a), tv_type_name(b));
     if (op == OP_MUL && (a->k == TV_STR || a->k == TV_LIST) && (b->k == TV_INT || b->k == TV_BOOL))
         return repeat(r, at, a, b->k == TV_INT ? b->u.i : b->u.b, out);
     if (op == OP_MUL && (b->k == TV_STR || b->k == TV_LIST) && (a->k == TV_INT || a->k == TV_BOOL))
@@ -470,7 +474,7 @@ static int contains(struct trender *r, const struct tnode *at, const struct tv *
         return 0;
     case TV_DICT:
     case TV_NS:
-        if ((item->k == TV_LIST && !(item->flag & TVF_TUPLE)) || item->k == TV_DICT ||
+        if ((item->k == TV_LIST && !(item->flag & (TVF_TUPLE | TVF_RANGE))) || item->k == TV_DICT ||
             item->k == TV_NS)
             return tpl_fail(r, KWK_ERUNTIME, at, "unhashable type: '%s'", tv_type_name(item));
         *res = td_get(seq->u.d, *item) != NULL;
@@ -644,6 +648,19 @@ int tpl_eval(struct trender *r, struct tscope *sc, const struct tnode *n, struct
     return rc;
 }
 
+/* Whether jinja2's optimizer folds this expression at compile time. */
+static int const_expr(const struct tnode *n)
+{
+    switch (n->kind) {
+    case E_CONST: return 1;
+    case E_NEG:
+    case E_POS:
+    case E_NOT: return const_expr(n->a);
+    case E_BINOP: return const_expr(n->a) && const_expr(n->b);
+    default: return 0;
+    }
+}
+
 static int eval_node(struct trender *r, struct tscope *sc, const struct tnode *n, struct tv *v)
 {
     struct tv a, b;
@@ -702,6 +719,19 @@ static int eval_node(struct trender *r, struct tscope *sc, const struct tnode *n
     case E_BINOP:
         if ((rc = tpl_eval(r, sc, n->a, &a)) || (rc = tpl_eval(r, sc, n->b, &b)))
             return rc;
+        if (n->op == OP_POW && n->a->kind == E_NEG && n->a->a->kind == E_CONST &&
+            tv_is_num(&n->a->a->val) && !const_expr(n->b)) {
+            /* jinja2 folds -2 into a constant and, when the exponent is not constant too,
+             * emits Python source "(-2 ** y)", which Python reads as -(2 ** y). */
+            struct tv pos = n->a->a->val, p;
+            if ((rc = arith(r, n, OP_POW, &pos, &b, &p)))
+                return rc;
+            if (p.k == TV_FLOAT)
+                *v = tv_float(-p.u.f);
+            else
+                return int_result(r, n, p.u.i == INT64_MIN, -p.u.i, v);
+            return 0;
+        }
         return arith(r, n, n->op, &a, &b, v);
     case E_COMPARE: return eval_compare(r, sc, n, v);
     case E_AND:

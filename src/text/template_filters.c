@@ -114,7 +114,9 @@ int tpl_run_test(struct trender *r, const struct tnode *at, int id, const struct
         *res = v->k == TV_STR || v->k == TV_LIST || v->k == TV_DICT || v->k == TV_UNDEF;
         return 0;
     case T_SEQUENCE:
-        *res = v->k == TV_STR || (v->k == TV_LIST && !(v->flag & TVF_GEN)) || v->k == TV_DICT;
+        /* jinja2's Undefined has __len__ and __getitem__, so it counts as a sequence */
+        *res = v->k == TV_STR || (v->k == TV_LIST && !(v->flag & TVF_GEN)) || v->k == TV_DICT ||
+               v->k == TV_UNDEF;
         return 0;
     case T_CALLABLE:
         *res = v->k == TV_MACRO || v->k == TV_BUILTIN || v->k == TV_METHOD;

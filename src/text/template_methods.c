@@ -250,6 +250,8 @@ int tpl_slice(struct trender *r, const struct tnode *at, const struct tv *obj, c
         return tpl_fail(r, KWK_ERUNTIME, at, "slice step cannot be zero");
     if (obj->k == TV_DICT)
         return tpl_fail(r, KWK_ERUNTIME, at, "unhashable type: 'slice'");
+    if (obj->k == TV_LIST && (obj->flag & TVF_GEN))
+        return tpl_fail(r, KWK_ERUNTIME, at, "'generator' object is not subscriptable");
     if (obj->k != TV_STR && obj->k != TV_LIST)
         return tpl_fail(r, KWK_ERUNTIME, at, "'%s' object is not subscriptable",
                         tv_type_name(obj));

@@ -218,7 +218,9 @@ const char *tv_type_name(const struct tv *v)
     case TV_INT: return "int";
     case TV_FLOAT: return "float";
     case TV_STR: return "str";
-    case TV_LIST: return v->flag & TVF_TUPLE ? "tuple" : "list";
+    case TV_LIST:
+        return v->flag & TVF_GEN ? "generator" : v->flag & TVF_RANGE ? "range"
+               : v->flag & TVF_TUPLE ? "tuple" : "list";
     case TV_DICT: return "dict";
     case TV_NS: return "Namespace";
     case TV_MACRO: return "Macro";
@@ -254,7 +256,8 @@ int tv_cmp(struct trender *r, const struct tnode *at, const struct tv *a, const 
         *res = str_cmp(a, b);
         return 0;
     }
-    if (a->k == TV_LIST && b->k == TV_LIST && (a->flag & TVF_TUPLE) == (b->flag & TVF_TUPLE)) {
+    if (a->k == TV_LIST && b->k == TV_LIST && (a->flag & TVF_TUPLE) == (b->flag & TVF_TUPLE) &&
+        !((a->flag | b->flag) & (TVF_GEN | TVF_RANGE))) {
         size_t n = KWK_MIN(a->u.l->n, b->u.l->n);
         for (size_t i = 0; i < n; i++) {
             if (tv_eq(&a->u.l->v[i], &b->u.l->v[i]))
@@ -559,6 +562,8 @@ int tv_to_str(struct trender *r, const struct tv *v, struct tv *out)
 
 int tv_len(struct trender *r, const struct tnode *at, const struct tv *v, int64_t *n)
 {
+    if (v->k == TV_LIST && (v->flag & TVF_GEN))
+        return tpl_fail(r, KWK_ERUNTIME, at, "object of type 'generator' has no len()");
     switch (v->k) {
     case TV_UNDEF: *n = 0; return 0;
     case TV_STR: *n = (int64_t)tu_count(v->u.s.p, v->u.s.n); return 0;

@@ -39,13 +39,21 @@ static void segs_push(struct segs *s, size_t a, size_t b, int m)
     s->p[s->n++] = (struct seg){a, b, m};
 }
 
-static void emit(struct pieces *out, const char *s, size_t n)
+/* Pieces are (offset, length, origin) triples; origin is the piece's byte offset in the text
+ * given to tok_pretokenize, or TOK_NO_ORIGIN when a step rewrote it (Metaspace). */
+static void emit(struct pieces *out, const char *s, size_t n, int32_t origin)
 {
     if (n == 0)
         return;
     tok_ids_push(out->spans, (int32_t)out->buf->n);
     tok_ids_push(out->spans, (int32_t)n);
+    tok_ids_push(out->spans, origin);
     tok_buf_add(out->buf, s, n);
+}
+
+static int32_t at(int32_t o0, size_t a)
+{
+    return o0 == TOK_NO_ORIGIN ? TOK_NO_ORIGIN : o0 + (int32_t)a;
 }
 
 /* Find matches of a regex over s[0..n) (empty matches ignored), as segments. */
@@ -107,7 +115,7 @@ static void find_chars(int (*pred)(uint32_t), const char *s, size_t n, struct se
 }
 
 /* Apply a split behaviour (HF SplitDelimiterBehavior) to the segments and emit the pieces. */
-static void apply_behavior(int behavior, int invert, const char *s, struct segs *sg,
+static void apply_behavior(int behavior, int invert, const char *s, int32_t o0, struct segs *sg,
                            struct pieces *out)
 {
     size_t n = sg->n, k = 0;
@@ -119,7 +127,7 @@ static void apply_behavior(int behavior, int invert, const char *s, struct segs 
     case TOK_SPLIT_REMOVED:
         for (size_t i = 0; i < n; i++)
             if (!v[i].m)
-                emit(out, s + v[i].a, v[i].b - v[i].a);
+                emit(out, s + v[i].a, v[i].b - v[i].a, at(o0, v[i].a));
         return;
     case TOK_SPLIT_ISOLATED:
         break;
@@ -148,7 +156,7 @@ static void apply_behavior(int behavior, int invert, const char *s, struct segs 
             prev_m = m;
         }
         for (size_t i = k; i < n; i++)
-            emit(out, s + v[i].a, v[i].b - v[i].a);
+            emit(out, s + v[i].a, v[i].b - v[i].a, at(o0, v[i].a));
         return;
     }
     case TOK_SPLIT_CONTIGUOUS: {
@@ -166,7 +174,7 @@ static void apply_behavior(int behavior, int invert, const char *s, struct segs 
     }
     }
     for (size_t i = 0; i < n; i++)
-        emit(out, s + v[i].a, v[i].b - v[i].a);
+        emit(out, s + v[i].a, v[i].b - v[i].a, at(o0, v[i].a));
 }
 
 static int is_ws(uint32_t c) { return tok_is_whitespace(c); }
@@ -180,7 +188,7 @@ struct ctx {
 
 /* Split one piece by one step into out. piece_first: the piece starts the whole input. */
 static int split_piece(struct ctx *c, const struct tok_step *st, const char *s, size_t n,
-                       int piece_first, struct pieces *out)
+                       int piece_first, int32_t o0, struct pieces *out)
 {
     int rc = 0;
     c->sg.n = 0;
@@ -192,9 +200,10 @@ static int split_piece(struct ctx *c, const struct tok_step *st, const char *s, 
             tok_buf_add(&c->tmp, s, n);
             s = c->tmp.p;
             n = c->tmp.n;
+            o0 = at(o0, 0) == TOK_NO_ORIGIN ? o0 : o0 - 1; /* the added space has no origin */
         }
         if (!st->use_regex) {
-            emit(out, s, n);
+            emit(out, s, n, o0);
             return 0;
         }
         /* The GPT-2 regex is compiled into st->re: split like Split/Isolated. */
@@ -207,7 +216,7 @@ static int split_piece(struct ctx *c, const struct tok_step *st, const char *s, 
         }
         if (!rc)
             apply_behavior(st->kind == TOK_P_BYTELEVEL ? TOK_SPLIT_ISOLATED : st->behavior,
-                           st->kind == TOK_P_BYTELEVEL ? 0 : st->invert, s, &c->sg, out);
+                           st->kind == TOK_P_BYTELEVEL ? 0 : st->invert, s, o0, &c->sg, out);
         return rc;
     }
     case TOK_P_METASPACE: {
@@ -231,33 +240,33 @@ static int split_piece(struct ctx *c, const struct tok_step *st, const char *s, 
         if (!c->tmp.p)
             tok_buf_add(&c->tmp, "", 0);
         if (!st->split) {
-            emit(out, c->tmp.p, c->tmp.n);
+            emit(out, c->tmp.p, c->tmp.n, TOK_NO_ORIGIN);
             return 0;
         }
         find_literal(st->content, st->content_len, c->tmp.p, c->tmp.n, &c->sg);
-        apply_behavior(TOK_SPLIT_NEXT, 0, c->tmp.p, &c->sg, out);
+        apply_behavior(TOK_SPLIT_NEXT, 0, c->tmp.p, TOK_NO_ORIGIN, &c->sg, out);
         return 0;
     }
     case TOK_P_WSPLIT:
         find_chars(is_ws, s, n, &c->sg);
-        apply_behavior(TOK_SPLIT_REMOVED, 0, s, &c->sg, out);
+        apply_behavior(TOK_SPLIT_REMOVED, 0, s, o0, &c->sg, out);
         return 0;
     case TOK_P_PUNCT:
         find_chars(tok_is_punct, s, n, &c->sg);
-        apply_behavior(st->behavior, 0, s, &c->sg, out);
+        apply_behavior(st->behavior, 0, s, o0, &c->sg, out);
         return 0;
     case TOK_P_DIGITS:
         find_chars(tok_is_numeric, s, n, &c->sg);
-        apply_behavior(st->individual ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS, 0, s, &c->sg,
-                       out);
+        apply_behavior(st->individual ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS, 0, s, o0,
+                       &c->sg, out);
         return 0;
     case TOK_P_WHITESPACE:
     case TOK_P_BERT:
         /* Both are expressed as two steps by the loader; see tok_json.c. */
-        emit(out, s, n);
+        emit(out, s, n, o0);
         return 0;
     default:
-        emit(out, s, n);
+        emit(out, s, n, o0);
         return 0;
     }
 }
@@ -268,9 +277,10 @@ static int apply_step(struct ctx *c, const struct tok_step *st, int first, struc
 {
     out->buf->n = 0;
     out->spans->n = 0;
-    for (size_t i = 0; i + 1 < in->spans->n; i += 2) {
+    for (size_t i = 0; i + 2 < in->spans->n; i += 3) {
         size_t off = (size_t)in->spans->p[i], len = (size_t)in->spans->p[i + 1];
-        int rc = split_piece(c, st, in->buf->p + off, len, first && off == 0, out);
+        int rc = split_piece(c, st, in->buf->p + off, len, first && off == 0, in->spans->p[i + 2],
+                             out);
         if (rc)
             return rc;
         if (c->sg.oom || c->tmp.oom || out->buf->oom || out->spans->oom)
@@ -309,7 +319,7 @@ int tok_pretokenize(const struct kwk_tokenizer *t, struct tok_scratch *s, const 
     struct pieces cur = {&s->a, &s->spans_a}, alt = {&s->b, &s->spans_b};
     cur.buf->n = 0;
     cur.spans->n = 0;
-    emit(&cur, text, n);
+    emit(&cur, text, n, 0);
     int rc = cur.buf->oom || cur.spans->oom ? -12 : apply(&c, &t->pretok, first, &cur, &alt);
     kwk_free(c.sg.p);
     tok_buf_free(&c.tmp);

@@ -272,7 +272,9 @@ void tok_precompiled_apply(const struct tok_step *st, const char *s, size_t n,
 /* tok_normalize.c: apply the normalizer to text[0..n) into out (cleared first). */
 int tok_normalize(const struct kwk_tokenizer *t, const struct tok_step *st, const char *text,
                   size_t n, struct tok_buf *out);
-/* tok_pretok.c: split text into pieces: buf holds bytes, spans (off,len) pairs. first says
+#define TOK_NO_ORIGIN INT32_MIN
+/* tok_pretok.c: split text into pieces: buf holds bytes, spans (off, len, origin) triples with
+ * origin the piece's offset in text (TOK_NO_ORIGIN when a step rewrote it). first says
  * whether this text segment starts the input (Metaspace prepend_scheme "first"). */
 int tok_pretokenize(const struct kwk_tokenizer *t, struct tok_scratch *s, const char *text,
                     size_t n, int first, struct tok_buf **buf, struct tok_ids **spans);

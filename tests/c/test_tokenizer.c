@@ -86,6 +86,21 @@ static void test_tiny(void)
     /* Invalid UTF-8 in: replaced by U+FFFD (EF BF BD), whose bytes are not in this vocab. */
     T_EQ(kwk_tokenizer_encode(t, "h\xff", 2, 0, ids, 16, &n), 0);
     T_EQ(n, 1);
+    /* Offsets: byte spans of each id. */
+    int32_t *oid = NULL;
+    uint32_t *offs = NULL;
+    T_EQ(kwk_tokenizer_encode_offsets(t, "hello world", 11, 1, &oid, &offs, &n), 0);
+    T_EQ(n, 8);
+    T_EQ(offs[0], 0); /* the post-processor's <|end|> */
+    T_EQ(offs[1], 0);
+    T_EQ(offs[2], 0); /* hello */
+    T_EQ(offs[3], 5);
+    T_EQ(offs[4], 5); /* Ġ */
+    T_EQ(offs[5], 6);
+    T_EQ(offs[14], 10); /* d */
+    T_EQ(offs[15], 11);
+    kwk_tokenizer_mem_free(oid);
+    kwk_tokenizer_mem_free(offs);
     /* Look-ups. */
     T_EQ(kwk_tokenizer_n_vocab(t), 15);
     T_STREQ(kwk_tokenizer_id_to_piece(t, 4, &len), "\xC4\xA0");

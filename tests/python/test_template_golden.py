@@ -69,3 +69,24 @@ def test_golden_has_real_text():
     # Most renders must produce text (not only errors), or the comparison proves little.
     texts = sum(1 for v in GOLDEN["cases"].values() for c in v.values() if "text" in c)
     assert texts >= 120
+
+
+# The huggingface.js e2e file's 41 model templates (Zephyr, Mistral, Qwen 1.5-3, Command-R,
+# Llama 3.1/3.2 Vision, SmolLM3, ...) over the same conversations, against jinja2 live.
+_E2E = json.loads((mg.DATA / "chat-templates" / "hfjinja_e2e_cases.json").read_text("utf-8"))
+E2E_TEMPLATES = [(s, n) for s in ("default_templates", "custom_templates") for n in _E2E[s]]
+
+
+@pytest.mark.parametrize("section,name", E2E_TEMPLATES, ids=[n for _, n in E2E_TEMPLATES])
+def test_e2e_templates_over_conversations(section, name):
+    src = _E2E[section][name]["chat_template"]
+    t = ChatTemplate(src)
+    special = {"bos_token": "<s>", "eos_token": "</s>"}
+    for conv in sorted(mg.CONVERSATIONS):
+        ctx = mg.context(mg.CONVERSATIONS[conv], special)
+        want = mg.render_jinja2(src, ctx)
+        try:
+            got = {"text": t.render(ctx, now=mg.FIXED_NOW)}
+        except TemplateError as e:
+            got = {"error": str(e)}
+        check(got, want, "%s / %s" % (name, conv))

@@ -631,3 +631,39 @@ def test_precompiled_unigram_matches_hf(tmp_path):
     extra = ["ＡＢＣ ① ﬁ ｶﾀｶﾅ ㈱ ½ ™ é e\u0301 Ⅻ  two   spaces", "\u00a0\u3000x\u200b"]
     bad = [t[:60] for t in TEXTS + extra if kw.encode(t) != hf.encode(t).ids]
     assert not bad, "%d differ; first %r" % (len(bad), bad[:3])
+
+
+def hf_char_spans(text, byte_offsets):
+    """Byte spans to the character spans HF's Python binding reports (a token inside a
+    multi-byte character gets that whole character)."""
+    c_of = []
+    for ci, ch in enumerate(text):
+        c_of += [ci] * len(ch.encode("utf-8"))
+    c_of.append(len(text))
+    return [(c_of[a], c_of[b - 1] + 1 if b > a else c_of[a]) for a, b in byte_offsets]
+
+
+@pytest.mark.parametrize("name", ["llama3", "smollm", "gpt2-legacy", "smollm-legacy"])
+def test_offsets_match_hf(pairs, name):
+    kw, hf = pairs[name]
+    bad = []
+    for text in TEXTS[:300]:
+        e = hf.encode(text)
+        ids, offs = kw.encode_with_offsets(text)
+        assert ids == e.ids
+        if hf_char_spans(text, offs) != list(e.offsets):
+            bad.append(text[:60])
+    assert not bad, "%d differ; first %r" % (len(bad), bad[:3])
+
+
+def test_offsets_bert_and_rewriting_pipelines(pairs):
+    kw, hf = pairs["minilm"]
+    text = "hello world, this is [MASK] fine."  # already normalized: spans are kept
+    e = hf.encode(text)
+    ids, offs = kw.encode_with_offsets(text)
+    assert ids == e.ids and hf_char_spans(text, offs) == list(e.offsets)
+    with pytest.raises(KwkError) as err:
+        kw.encode_with_offsets("Hello World")  # lowercasing rewrote the text
+    assert err.value.code == -10002
+    with pytest.raises(KwkError):
+        pairs["llama2"][0].encode_with_offsets("Hello world")  # ▁ replaces spaces

@@ -13,21 +13,21 @@
 #define TPL_FILE_LIMIT ((size_t)64 << 20)
 
 struct tpl_source {
-    char *text;         /* the template (heap) */
-    char *bos, *eos;    /* special tokens or NULL (heap) */
+    char *text;         /* the template (kwk_malloc) */
+    char *bos, *eos;    /* special tokens or NULL (kwk_malloc) */
 };
 
 static void source_free(struct tpl_source *s)
 {
-    free(s->text);
-    free(s->bos);
-    free(s->eos);
+    kwk_free(s->text);
+    kwk_free(s->bos);
+    kwk_free(s->eos);
     memset(s, 0, sizeof *s);
 }
 
 static char *dup_n(const char *p, size_t n)
 {
-    char *s = malloc(n + 1);
+    char *s = n < SIZE_MAX ? kwk_malloc(n + 1) : NULL;
     if (s) {
         memcpy(s, p, n);
         s[n] = 0;
