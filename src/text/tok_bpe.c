@@ -328,8 +328,32 @@ static void cache_put(struct tok_scratch *s, const char *w, size_t n, uint64_t h
     s->cache_n++;
 }
 
+static int bpe_word(const struct kwk_tokenizer *t, struct tok_scratch *s, const char *w, size_t n,
+                    struct tok_ids *out);
+
+/* SentencePiece-style text with no pre-tokenizer is one long word; when no merge can produce
+ * "x▁", cutting before every "▁" that follows another character gives the same tokens and lets
+ * the word cache work. */
 int tok_bpe_word(const struct kwk_tokenizer *t, struct tok_scratch *s, const char *w, size_t n,
                  struct tok_ids *out)
+{
+    static const char ms[3] = {(char)0xE2, (char)0x96, (char)0x81};
+    if (!t->split_at_metaspace || n <= 64)
+        return bpe_word(t, s, w, n, out);
+    size_t start = 0;
+    for (size_t i = 3; i + 3 <= n; i++) {
+        if (memcmp(w + i, ms, 3) || !memcmp(w + i - 3, ms, 3))
+            continue;
+        int rc = bpe_word(t, s, w + start, i - start, out);
+        if (rc)
+            return rc;
+        start = i;
+    }
+    return bpe_word(t, s, w + start, n - start, out);
+}
+
+static int bpe_word(const struct kwk_tokenizer *t, struct tok_scratch *s, const char *w, size_t n,
+                    struct tok_ids *out)
 {
     uint64_t h = 0;
     int shared = t->gcache && n <= GC_WORD;

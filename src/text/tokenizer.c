@@ -316,6 +316,20 @@ int tok_finish(struct kwk_tokenizer *t, struct kwk_err *err)
     for (int32_t id = 0; id < t->n_vocab; id++)
         if (t->pieces[id] && t->piece_lens[id] > t->max_piece_len)
             t->max_piece_len = t->piece_lens[id];
+    if (t->model == TOK_MODEL_BPE && !t->byte_level && tok_map_get(&t->vocab, "\xE2\x96\x81", 3) >= 0) {
+        /* Safe to cut words before "▁" when no piece has "▁" after another character. */
+        t->split_at_metaspace = 1;
+        for (int32_t id = 0; id < t->n_vocab && t->split_at_metaspace; id++) {
+            const char *p = t->pieces[id];
+            size_t n = t->piece_lens[id], k = 0;
+            if (!p)
+                continue;
+            while (k + 3 <= n && !memcmp(p + k, "\xE2\x96\x81", 3))
+                k += 3;
+            if (k < n && memmem(p + k, n - k, "\xE2\x96\x81", 3))
+                t->split_at_metaspace = 0;
+        }
+    }
     if (t->model == TOK_MODEL_BPE && tok_gcache_new(t))
         return kwk_err_set(err, -ENOMEM, "%s: out of memory", t->source);
     return 0;

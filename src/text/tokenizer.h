@@ -181,6 +181,8 @@ struct kwk_tokenizer {
     int32_t byte_ids[256];  /* byte-level: id of each byte's character */
     int32_t fallback_ids[256]; /* byte_fallback: id of <0xXX>, -1 if missing */
     int byte_fallback, fuse_unk, ignore_merges;
+    int split_at_metaspace; /* no piece has "▁" after another character: words may be cut
+                             * before each such "▁" without changing the result */
     int32_t unk_id;         /* model unk token or -1 */
     char *cont_prefix;      /* continuing_subword_prefix (BPE, WordPiece) */
     size_t cont_prefix_len;
