@@ -221,6 +221,21 @@ class Tokenizer:
     def chat_template(self):
         return self._str(self._L.kwk_tokenizer_chat_template)
 
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True,
+                            tokenize=False, chat_template=None, **kwargs):
+        """The conversation rendered by the model's chat template exactly as transformers'
+        apply_chat_template renders it (Kwker's C Jinja engine); with tokenize=True its token
+        ids (encoded without adding special tokens again, as transformers does)."""
+        from .template import apply_chat_template as render
+        source = chat_template or self.chat_template
+        if source is None:
+            raise ValueError("this tokenizer has no chat template; pass chat_template=")
+        kwargs.setdefault("bos_token", self.bos_token)
+        kwargs.setdefault("eos_token", self.eos_token)
+        text = render(source, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                      **kwargs)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
     def decoder(self, skip_special_tokens=False):
         """An incremental decoder: push ids one at a time, get text pieces."""
         return IncrementalDecoder(self, skip_special_tokens)

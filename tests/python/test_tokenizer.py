@@ -667,3 +667,33 @@ def test_offsets_bert_and_rewriting_pipelines(pairs):
     assert err.value.code == -10002
     with pytest.raises(KwkError):
         pairs["llama2"][0].encode_with_offsets("Hello world")  # ▁ replaces spaces
+
+
+def test_apply_chat_template_matches_transformers():
+    """Tokenizer.apply_chat_template (the C Jinja engine) gives transformers' text and ids for the
+    SmolLM2 GGUF's own template, with and without a generation prompt and with tools."""
+    import kwker
+    from transformers import AutoTokenizer
+    path = Path(os.environ.get("KWK_SMOLLM2_GGUF", "")) if os.environ.get("KWK_SMOLLM2_GGUF") \
+        else Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.exists(), "run scripts/setup: %s missing" % path
+    ours = kwker.Tokenizer.from_pretrained(str(path))
+    ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "Time now.",
+                                               "parameters": {"type": "object",
+                                                              "properties": {}}}}]
+    convs = [
+        [{"role": "user", "content": "Hi \"there\" — ünïcode ✓"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+         {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"}],
+    ]
+    for msgs in convs:
+        for gen in (True, False):
+            for tl in (None, tools):
+                want = ref.apply_chat_template(msgs, tools=tl, add_generation_prompt=gen,
+                                               tokenize=False)
+                got = ours.apply_chat_template(msgs, tools=tl, add_generation_prompt=gen)
+                assert got == want
+                want_ids = ref(want, add_special_tokens=False)["input_ids"]
+                assert ours.apply_chat_template(msgs, tools=tl, add_generation_prompt=gen,
+                                                tokenize=True) == want_ids
