@@ -43,6 +43,7 @@ struct gen {
     size_t emitted;        /* bytes of out->text already given to the callback */
     size_t max_stop;       /* longest stop string */
     int done;
+    int stop_cut;          /* a stop string ended the text */
 };
 
 static int text_append(struct gen *g, const char *s, size_t n)
@@ -139,14 +140,16 @@ static int accept_token(struct gen *g, int32_t tok, float logprob)
             return rc;
         if (g->p->n_stop && find_stop(g, old)) {
             o->finish_reason = KWK_FINISH_STOP;
-            g->done = 1;
+            g->done = g->stop_cut = 1;
         }
     }
     if (!g->done && o->n_tokens >= g->p->max_new_tokens) {
         o->finish_reason = KWK_FINISH_LENGTH;
         g->done = 1;
     }
-    if (g->done && g->detok && o->finish_reason != KWK_FINISH_STOP) {
+    /* Text held back by the detokenizer (half a character) ends the reply unless a stop
+     * string cut it: decode() of the same tokens would print it (as U+FFFD). */
+    if (g->done && g->detok && !g->stop_cut) {
         const char *piece;
         size_t len;
         if (kwk_detok_flush(g->detok, &piece, &len) == 0 && len && text_append(g, piece, len))

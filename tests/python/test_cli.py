@@ -260,7 +260,7 @@ def wait_for(session, pred, timeout=240):
 @pytest.fixture
 def tmux_session():
     if not shutil.which("tmux"):
-        pytest.skip("tmux is not installed (apt-get install -y tmux)")
+        pytest.fail("tmux is not installed: scripts/setup --test installs it")
     name = "kwker-cli-test-%d" % os.getpid()
     tmux("kill-session", "-t", name, check=False)
     tmux("new-session", "-d", "-s", name, "-x", "200", "-y", "50")

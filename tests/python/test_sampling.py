@@ -14,9 +14,9 @@ import warnings
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-scipy_stats = pytest.importorskip("scipy.stats")
+import torch  # noqa: E402
+import transformers  # noqa: E402
+import scipy.stats as scipy_stats  # noqa: E402
 
 from transformers import (LlamaConfig, LlamaForCausalLM, LogitsProcessor,  # noqa: E402
                           LogitsProcessorList)

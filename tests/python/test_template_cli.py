@@ -20,7 +20,7 @@ def kwker_bin():
     for cand in (os.environ.get("KWKER_BIN"), REPO / "build" / "kwker"):
         if cand and Path(cand).exists():
             return str(cand)
-    pytest.skip("the kwker binary is not built (set KWKER_BIN or build into build/)")
+    pytest.fail("the kwker binary is not built (set KWKER_BIN or build into build/)")
 
 
 def cli(model, request, tmp_path, *extra):

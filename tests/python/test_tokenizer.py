@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-tokenizers = pytest.importorskip("tokenizers")
+import tokenizers  # noqa: E402
 
 from kwker import KwkError  # noqa: E402
 from kwker.tokenizer import Tokenizer  # noqa: E402
