@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "python"))
 import kwker  # noqa: E402
 from kwker.template import apply_chat_template  # noqa: E402
 
-TEXT = Path("/work/shared/data/text/war-and-peace.txt")
+TEXT = REPO.parent / "shared" / "data" / "text" / "war-and-peace.txt"
 
 CODE = '''def moving_average(values, window):
     if window <= 0:

@@ -300,9 +300,12 @@ def main(argv=None):
             if diff is None and len(kids) == len(llama_ids):
                 print("tokenization cross-check: Kwker and llama.cpp give the same %d ids" % n)
             else:
+                first = diff if diff is not None else n
+                used = a.chunks * a.ctx if a.chunks > 0 else n
                 print("tokenization cross-check: ids differ (Kwker %d, llama.cpp %d tokens; first "
-                      "difference at %s)" % (len(kids), len(llama_ids), diff if diff is not None
-                                              else n))
+                      "difference at token %d, %s the %d tokens of the chunks scored)" % (
+                          len(kids), len(llama_ids), first,
+                          "beyond" if first >= used else "WITHIN", used))
     if a.json:
         Path(a.json).write_text(json.dumps(
             {"args": vars(a), "rows": [{k: v for k, v in r.items()} for r in rows]}, indent=1))
