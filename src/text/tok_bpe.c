@@ -260,7 +260,8 @@ static void gc_put(struct tok_gcache *c, const char *w, size_t n, uint64_t h, co
     size_t i = h & (GC_SLOTS - 1);
     struct gc_slot s = {.hash = h, .len = (uint8_t)n, .n_ids = (uint8_t)n_ids};
     memcpy(s.word, w, n);
-    memcpy(s.ids, ids, n_ids * sizeof *ids);
+    if (n_ids) /* a word may yield no ids (ids is then NULL) */
+        memcpy(s.ids, ids, n_ids * sizeof *ids);
     pthread_mutex_t *lk = &c->locks[i % GC_SHARDS];
     pthread_mutex_lock(lk);
     c->slots[i] = s;
