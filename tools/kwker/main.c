@@ -12,7 +12,7 @@ struct command {
 };
 
 static const struct command commands[] = {
-    {"generate", cmd_generate, "generate tokens greedily from a prompt"},
+    {"generate", cmd_generate, "generate from ids, a prompt or a chat message (streamed)"},
     {"bench", cmd_bench, "measure prompt and generation tokens/s"},
     {"check", cmd_check, "say whether a model can run, and why not"},
     {"template", cmd_template, "render a model's chat template over a conversation"},
