@@ -5,6 +5,7 @@ import os
 import numpy as np
 
 from ._lib import KwkErr, KwkError, check, lib, raise_err
+from .sampling import SamplerParams
 
 _PRECISIONS = {"preserve": 0, "balanced": 1, "int8": 1, "int4": 2}
 
@@ -36,21 +37,6 @@ class _DecoderParams(ctypes.Structure):
     ]
 
 
-class _SamplerParams(ctypes.Structure):
-    _fields_ = [
-        ("do_sample", ctypes.c_int),
-        ("temperature", ctypes.c_double),
-        ("top_k", ctypes.c_int),
-        ("top_p", ctypes.c_double),
-        ("min_p", ctypes.c_double),
-        ("repetition_penalty", ctypes.c_double),
-        ("presence_penalty", ctypes.c_double),
-        ("frequency_penalty", ctypes.c_double),
-        ("min_new_tokens", ctypes.c_int),
-        ("seed", ctypes.c_uint64),
-    ]
-
-
 _TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
                              ctypes.c_size_t)
 
@@ -58,7 +44,7 @@ _TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctyp
 class _GenParams(ctypes.Structure):
     _fields_ = [
         ("max_new_tokens", ctypes.c_int),
-        ("sampling", _SamplerParams),
+        ("sampling", SamplerParams),
         ("logit_bias_ids", ctypes.POINTER(ctypes.c_int32)),
         ("logit_bias", ctypes.POINTER(ctypes.c_float)),
         ("n_logit_bias", ctypes.c_int),
