@@ -19,29 +19,14 @@ KWK_EUNSUPPORTED = -10002
 KWK_ENOTFOUND = -10008
 
 
-class KwkModelInfo(ctypes.Structure):
-    """struct kwk_model_info from include/kwker.h."""
-    _fields_ = [
-        ("arch", ctypes.c_int), ("n_vocab", ctypes.c_int), ("n_layers", ctypes.c_int),
-        ("d_model", ctypes.c_int), ("n_heads", ctypes.c_int), ("n_kv_heads", ctypes.c_int),
-        ("head_dim", ctypes.c_int), ("d_ff", ctypes.c_int), ("max_position", ctypes.c_int),
-        ("bos_id", ctypes.c_int), ("n_eos", ctypes.c_int), ("eos_ids", ctypes.c_int * 8),
-        ("n_params", ctypes.c_int64), ("arch_name", ctypes.c_char * 64),
-    ]
+# The binding's own prototypes and struct: ctypes prototypes live on the one shared library
+# object, so a test that declared its own would change them for every later test.
+from kwker.decode import _ModelInfo as KwkModelInfo  # noqa: E402
+from kwker.decode import _bind  # noqa: E402
 
 
 def clib():
-    lib = _lib.lib()  # raises (the test fails) when the library is not built
-    lib.kwk_model_load.restype = ctypes.c_void_p
-    lib.kwk_model_load.argtypes = [ctypes.c_char_p, ctypes.POINTER(_lib.KwkErr)]
-    lib.kwk_model_free.restype = None
-    lib.kwk_model_free.argtypes = [ctypes.c_void_p]
-    lib.kwk_model_get_info.restype = None
-    lib.kwk_model_get_info.argtypes = [ctypes.c_void_p, ctypes.POINTER(KwkModelInfo)]
-    lib.kwk_model_check.restype = ctypes.c_int
-    lib.kwk_model_check.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                                    ctypes.c_size_t]
-    return lib
+    return _bind()  # raises (the test fails) when the library is not built
 
 
 def load(path):
