@@ -221,14 +221,19 @@ class KwkDecoder:
     def __exit__(self, *exc):
         self.close()
 
+    def _raise(self, rc, what, err=None):
+        if rc == -10005:  # KWK_ERANGE: the only range the caller controls here is token ids
+            raise KwkError("token id out of range [0, %d)" % self.vocab_size, rc)
+        if err is not None and err.code:
+            raise_err(err, what)
+        check(rc, what)
+
     def _eval(self, ids, mode, out):
         ptr = ids.ctypes.data_as(_I32P)
         optr = out.ctypes.data_as(_F32P) if out is not None else None
         rc = self._lib.kwk_decoder_eval(self._dec, ptr, len(ids), optr, mode)
         if rc < 0:
-            if rc == -10005:
-                raise KwkError("token id out of range [0, %d)" % self.vocab_size, rc)
-            check(rc, "eval")
+            self._raise(rc, "eval")
 
     def cached_tokens(self):
         """The token ids whose keys and values fill the KV cache (what prompt reuse matches)."""
@@ -352,9 +357,7 @@ class KwkDecoder:
         if streamer is not None and hasattr(streamer, "end"):
             streamer.end()
         if rc < 0:
-            if rc == -10005:
-                raise KwkError("token id out of range [0, %d)" % self.vocab_size, rc)
-            raise_err(err, "generate")
+            self._raise(rc, "generate", err)
         self.stats = {
             "prompt_tokens": out.n_prompt, "prompt_reused": out.prompt_reused,
             "generated": out.n_tokens, "proposed": out.n_proposed,
@@ -377,9 +380,8 @@ class KwkDecoder:
             self._dec, ids.ctypes.data_as(_I32P), len(ids), int(max_new_tokens),
             eos_arr.ctypes.data_as(_I32P), len(eos_arr), out.ctypes.data_as(_I32P),
             ctypes.byref(n_out))
-        if rc == -10005:
-            raise KwkError("token id out of range [0, %d)" % self.vocab_size, rc)
-        check(rc, "generate")
+        if rc < 0:
+            self._raise(rc, "generate")
         full = np.concatenate([ids, out[: n_out.value]])
         template = input_ids if kind != "list" else None
         return _like(full, kind, shape2d, template)

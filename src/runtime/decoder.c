@@ -224,7 +224,7 @@ int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logit
     return 0;
 }
 
-static int32_t argmax(const float *x, int n)
+int32_t kwk_argmax(const float *x, int n)
 {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
@@ -243,7 +243,7 @@ int kwk_decoder_generate_greedy(kwk_decoder *d, const int32_t *prompt, int n_pro
     d->pos = 0;
     int rc = kwk_decoder_eval(d, prompt, n_prompt, NULL, KWK_LOGITS_LAST);
     for (int i = 0; rc == 0 && i < max_new; i++) {
-        int32_t tok = argmax(d->logits, d->c->n_vocab);
+        int32_t tok = kwk_argmax(d->logits, d->c->n_vocab);
         out[(*n_out)++] = tok;
         for (int e = 0; e < n_eos; e++)
             if (tok == eos[e])

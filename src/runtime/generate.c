@@ -193,11 +193,7 @@ static int draft_candidates(struct gen *g, int32_t *cand, int max)
     if (kwk_decoder_eval(dr, g->seq + keep, g->n_seq - keep, NULL, KWK_LOGITS_LAST) != 0)
         return 0;
     for (; n < max; n++) {
-        const float *l = kwk_decoder_logits(dr);
-        int32_t best = 0;
-        for (int i = 1; i < dr->c->n_vocab; i++)
-            if (l[i] > l[best])
-                best = i;
+        int32_t best = kwk_argmax(kwk_decoder_logits(dr), dr->c->n_vocab);
         cand[n] = best;
         if (n + 1 < max && kwk_decoder_eval(dr, &best, 1, NULL, KWK_LOGITS_LAST) != 0)
             return n + 1;

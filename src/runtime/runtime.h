@@ -40,6 +40,9 @@ struct kwk_decoder {
     float *logits; /* [n_vocab] last row of logits */
 };
 
+/* Index of the largest of x[n], the first on ties (torch.argmax's choice). */
+int32_t kwk_argmax(const float *x, int n);
+
 /* Rotary frequencies for the config (default, linear or llama3 scaling) into inv[head_dim/2]. */
 void kwk_rope_freqs(const struct kwk_config *c, float *inv);
 /* Rotate one head vector x[head_dim] at position pos (rotate-half layout, as transformers). */
