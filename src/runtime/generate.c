@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "runtime/gen.h"
 #include "runtime/runtime.h"
 
 /* Candidates checked in one pass at most (lookup or draft). */
@@ -29,24 +30,7 @@ void kwk_gen_output_clear(struct kwk_gen_output *o)
     o->text_len = 0;
 }
 
-/* The state of one generation call. */
-struct gen {
-    kwk_decoder *d;
-    const struct kwk_gen_params *p;
-    struct kwk_gen_output *out;
-    kwk_sampler *sampler;
-    kwk_detok *detok;
-    float *rows;           /* [MAX_SPEC + 1][n_vocab] logits of a verification pass */
-    int32_t *seq;          /* [n_prompt + max_new] prompt then output: what lookup searches */
-    int n_seq;
-    size_t text_cap;
-    size_t emitted;        /* bytes of out->text already given to the callback */
-    size_t max_stop;       /* longest stop string */
-    int done;
-    int stop_cut;          /* a stop string ended the text */
-};
-
-static int text_append(struct gen *g, const char *s, size_t n)
+static int text_append(struct kwk_gen_seq *g, const char *s, size_t n)
 {
     struct kwk_gen_output *o = g->out;
     if (o->text_len + n + 1 > g->text_cap) {
@@ -64,7 +48,7 @@ static int text_append(struct gen *g, const char *s, size_t n)
 }
 
 /* Cut the text at the first stop string that ends in the new bytes; 1 when one was found. */
-static int find_stop(struct gen *g, size_t old_len)
+static int find_stop(struct kwk_gen_seq *g, size_t old_len)
 {
     struct kwk_gen_output *o = g->out;
     size_t best = (size_t)-1;
@@ -90,7 +74,7 @@ static int find_stop(struct gen *g, size_t old_len)
 
 /* Bytes of text that can no longer change: all of it once done, else all but what could still
  * be the start of a stop string (held back whole UTF-8 characters). */
-static size_t settled_len(const struct gen *g)
+static size_t settled_len(const struct kwk_gen_seq *g)
 {
     size_t n = g->out->text_len;
     if (g->done || g->max_stop <= 1)
@@ -102,7 +86,7 @@ static size_t settled_len(const struct gen *g)
     return KWK_MAX(cut, g->emitted);
 }
 
-static int emit(struct gen *g, int32_t tok)
+static int emit(struct kwk_gen_seq *g, int32_t tok)
 {
     if (!g->p->on_token)
         return 0;
@@ -114,7 +98,7 @@ static int emit(struct gen *g, int32_t tok)
 }
 
 /* Record one chosen token: output, sampler history, text, stop conditions, callback. */
-static int accept_token(struct gen *g, int32_t tok, float logprob)
+int kwk_gen_seq_accept(struct kwk_gen_seq *g, int32_t tok, float logprob)
 {
     struct kwk_gen_output *o = g->out;
     if (o->n_tokens < o->cap) {
@@ -164,7 +148,7 @@ static int accept_token(struct gen *g, int32_t tok, float logprob)
 
 /* Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's last
  * n-gram (longest n first). */
-static int lookup_candidates(const struct gen *g, int32_t *cand, int max)
+int kwk_gen_seq_lookup(const struct kwk_gen_seq *g, int32_t *cand, int max)
 {
     const int32_t *s = g->seq;
     int n = g->n_seq;
@@ -185,7 +169,7 @@ static int lookup_candidates(const struct gen *g, int32_t *cand, int max)
 }
 
 /* A draft model's greedy proposals after the current sequence. */
-static int draft_candidates(struct gen *g, int32_t *cand, int max)
+static int draft_candidates(struct kwk_gen_seq *g, int32_t *cand, int max)
 {
     kwk_decoder *dr = g->p->draft;
     int keep = kwk_decoder_reuse_prefix(dr, g->seq, g->n_seq);
@@ -201,11 +185,19 @@ static int draft_candidates(struct gen *g, int32_t *cand, int max)
     return n;
 }
 
+/* One kwk_generate call: a sequence's state plus the decoder it runs on. */
+struct gen_call {
+    struct kwk_gen_seq g;
+    kwk_decoder *d;
+    float *rows; /* [MAX_SPEC + 1][n_vocab] logits of a verification pass */
+};
+
 /* One step: evaluate the pending token plus candidates, then keep candidates while the model's
  * own choice at each position equals them; the first differing choice is the next pending. */
-static int step(struct gen *g, int32_t *pending, struct kwk_err *err)
+static int step(struct gen_call *c, int32_t *pending, struct kwk_err *err)
 {
-    kwk_decoder *d = g->d;
+    struct kwk_gen_seq *g = &c->g;
+    kwk_decoder *d = c->d;
     int32_t batch[MAX_SPEC + 1];
     int room = d->max_len - d->pos - 1;
     int want = KWK_MIN(KWK_MIN(MAX_SPEC, room), g->p->max_new_tokens - g->out->n_tokens - 1);
@@ -214,9 +206,9 @@ static int step(struct gen *g, int32_t *pending, struct kwk_err *err)
     if (want > 0 && g->p->draft)
         n_cand = draft_candidates(g, batch + 1, KWK_MIN(want, g->p->n_draft));
     else if (want > 0 && g->p->lookup > 0)
-        n_cand = lookup_candidates(g, batch + 1, KWK_MIN(want, g->p->lookup));
+        n_cand = kwk_gen_seq_lookup(g, batch + 1, KWK_MIN(want, g->p->lookup));
     int base = d->pos;
-    int rc = kwk_decoder_eval(d, batch, 1 + n_cand, g->rows, KWK_LOGITS_ALL);
+    int rc = kwk_decoder_eval(d, batch, 1 + n_cand, c->rows, KWK_LOGITS_ALL);
     if (rc < 0)
         return kwk_err_set(err, rc, "forward pass failed: %s", kwk_status_str(rc));
     g->out->n_steps++;
@@ -226,10 +218,10 @@ static int step(struct gen *g, int32_t *pending, struct kwk_err *err)
     for (int j = 0; j <= n_cand && !g->done; j++) {
         int32_t tok;
         float lp;
-        rc = kwk_sampler_sample(g->sampler, g->rows + (size_t)j * nv, &tok, &lp, NULL, NULL, 0);
+        rc = kwk_sampler_sample(g->sampler, c->rows + (size_t)j * nv, &tok, &lp, NULL, NULL, 0);
         if (rc < 0)
             return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
-        rc = accept_token(g, tok, lp);
+        rc = kwk_gen_seq_accept(g, tok, lp);
         if (rc < 0)
             return kwk_err_set(err, rc, "out of memory");
         *pending = tok;
@@ -245,73 +237,97 @@ static int step(struct gen *g, int32_t *pending, struct kwk_err *err)
     return 0;
 }
 
-static int gen_setup(struct gen *g, int n_prompt, struct kwk_err *err)
+int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, int n_prompt,
+                     const struct kwk_gen_params *p, struct kwk_gen_output *out,
+                     struct kwk_err *err)
 {
-    const struct kwk_gen_params *p = g->p;
-    int nv = g->d->c->n_vocab;
-    if (p->draft == g->d)
-        return kwk_err_set(err, KWK_EARG, "the draft must be another decoder (it has its own "
-                                          "KV cache)");
-    if (p->draft && p->draft->c->n_vocab != nv)
-        return kwk_err_set(err, KWK_EARG, "draft vocabulary %d differs from the model's %d",
-                           p->draft->c->n_vocab, nv);
-    if (p->n_stop > 0 && !p->tok)
-        return kwk_err_set(err, KWK_EARG, "stop strings need a tokenizer");
-    g->sampler = kwk_sampler_new(nv, &p->sampling, err);
-    if (!g->sampler)
-        return err ? err->code : KWK_EARG;
-    int rc = kwk_sampler_set_eos(g->sampler, p->eos_ids, p->n_eos);
-    if (rc == 0 && p->n_logit_bias)
-        rc = kwk_sampler_set_logit_bias(g->sampler, p->logit_bias_ids, p->logit_bias,
-                                        p->n_logit_bias, err);
-    if (rc < 0)
-        return err && err->code ? err->code : kwk_err_set(err, rc, "bad eos ids");
-    size_t n_seq = (size_t)n_prompt + (size_t)p->max_new_tokens + 1;
-    g->seq = kwk_malloc(n_seq * sizeof(int32_t));
-    g->rows = kwk_malloc_aligned((size_t)(MAX_SPEC + 1) * (size_t)nv * sizeof(float));
-    if (p->tok)
-        g->detok = kwk_detok_new(p->tok, 1);
-    if (!g->seq || !g->rows || (p->tok && !g->detok))
-        return kwk_err_set(err, -ENOMEM, "out of memory");
-    for (int i = 0; i < p->n_stop; i++)
-        g->max_stop = KWK_MAX(g->max_stop, strlen(p->stop[i]));
-    return 0;
-}
-
-static void gen_teardown(struct gen *g)
-{
-    kwk_sampler_free(g->sampler);
-    kwk_detok_free(g->detok);
-    kwk_free(g->seq);
-    kwk_free_aligned(g->rows);
-}
-
-int kwk_generate(kwk_decoder *d, const int32_t *prompt, int n_prompt,
-                 const struct kwk_gen_params *p, struct kwk_gen_output *out, struct kwk_err *err)
-{
-    struct gen g = {.d = d, .p = p, .out = out};
+    memset(g, 0, sizeof *g);
+    g->p = p;
+    g->out = out;
     out->n_tokens = out->n_proposed = out->n_accepted = out->n_steps = 0;
     out->finish_reason = KWK_FINISH_NONE;
     out->n_prompt = n_prompt;
     out->prompt_reused = 0;
     out->text = NULL;
     out->text_len = 0;
-    if (!d || !p || !prompt || n_prompt < 1 || p->max_new_tokens < 0 || p->n_eos < 0 ||
+    if (!p || !prompt || n_prompt < 1 || p->max_new_tokens < 0 || p->n_eos < 0 ||
         p->n_stop < 0 || (p->n_eos && !p->eos_ids) || (p->n_stop && !p->stop))
         return kwk_err_set(err, KWK_EARG, "generate: bad arguments");
-    if (n_prompt >= d->max_len)
-        return kwk_err_set(err, KWK_ELIMIT, "prompt of %d tokens does not fit a cache of %d",
-                           n_prompt, d->max_len);
-    int rc = gen_setup(&g, n_prompt, err);
+    if (p->n_stop > 0 && !p->tok)
+        return kwk_err_set(err, KWK_EARG, "stop strings need a tokenizer");
+    for (int i = 0; i < p->n_stop; i++)
+        if (!p->stop[i])
+            return kwk_err_set(err, KWK_EARG, "stop string %d is NULL", i);
+    g->sampler = kwk_sampler_new(n_vocab, &p->sampling, err);
+    if (!g->sampler)
+        return err && err->code ? err->code : KWK_EARG;
+    int rc = kwk_sampler_set_eos(g->sampler, p->eos_ids, p->n_eos);
     if (rc < 0)
-        goto out;
+        return kwk_err_set(err, rc, "eos ids out of range");
+    if (p->n_logit_bias) {
+        rc = kwk_sampler_set_logit_bias(g->sampler, p->logit_bias_ids, p->logit_bias,
+                                        p->n_logit_bias, err);
+        if (rc < 0)
+            return err && err->code ? err->code : rc;
+    }
+    size_t n_seq = (size_t)n_prompt + (size_t)p->max_new_tokens + 1;
+    g->seq = kwk_malloc(n_seq * sizeof(int32_t));
+    if (p->tok)
+        g->detok = kwk_detok_new(p->tok, 1);
+    if (!g->seq || (p->tok && !g->detok))
+        return kwk_err_set(err, -ENOMEM, "out of memory");
+    for (int i = 0; i < p->n_stop; i++)
+        g->max_stop = KWK_MAX(g->max_stop, strlen(p->stop[i]));
     for (int i = 0; i < n_prompt; i++)
-        if ((rc = kwk_sampler_accept(g.sampler, prompt[i], 1)) < 0) {
-            kwk_err_set(err, rc, "prompt token %d (id %d) is out of range", i, prompt[i]);
-            goto out;
-        }
-    memcpy(g.seq, prompt, sizeof(int32_t) * (size_t)n_prompt);
-    g.n_seq = n_prompt;
+        if ((rc = kwk_sampler_accept(g->sampler, prompt[i], 1)) < 0)
+            return kwk_err_set(err, rc, "prompt token %d (id %d) is out of range", i, prompt[i]);
+    memcpy(g->seq, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    g->n_seq = n_prompt;
+    return 0;
+}
+
+void kwk_gen_seq_free(struct kwk_gen_seq *g)
+{
+    kwk_sampler_free(g->sampler);
+    kwk_detok_free(g->detok);
+    kwk_free(g->seq);
+    g->sampler = NULL;
+    g->detok = NULL;
+    g->seq = NULL;
+}
+
+int kwk_generate(kwk_decoder *d, const int32_t *prompt, int n_prompt,
+                 const struct kwk_gen_params *p, struct kwk_gen_output *out, struct kwk_err *err)
+{
+    struct gen_call c = {.d = d};
+    struct kwk_gen_seq *g = &c.g;
+    int rc = KWK_EARG;
+    if (!d || !out) {
+        kwk_err_set(err, KWK_EARG, "generate: no decoder or output");
+        return KWK_EARG;
+    }
+    if ((rc = kwk_gen_seq_init(g, d->c->n_vocab, prompt, n_prompt, p, out, err)) < 0)
+        goto out;
+    if (p->draft == d) {
+        rc = kwk_err_set(err, KWK_EARG, "the draft must be another decoder (it has its own "
+                                        "KV cache)");
+        goto out;
+    }
+    if (p->draft && p->draft->c->n_vocab != d->c->n_vocab) {
+        rc = kwk_err_set(err, KWK_EARG, "draft vocabulary %d differs from the model's %d",
+                         p->draft->c->n_vocab, d->c->n_vocab);
+        goto out;
+    }
+    if (n_prompt >= d->max_len) {
+        rc = kwk_err_set(err, KWK_ELIMIT, "prompt of %d tokens does not fit a cache of %d",
+                         n_prompt, d->max_len);
+        goto out;
+    }
+    c.rows = kwk_malloc_aligned((size_t)(MAX_SPEC + 1) * (size_t)d->c->n_vocab * sizeof(float));
+    if (!c.rows) {
+        rc = kwk_err_set(err, -ENOMEM, "out of memory");
+        goto out;
+    }
     int keep = p->prompt_cache ? kwk_decoder_reuse_prefix(d, prompt, n_prompt) : 0;
     kwk_decoder_truncate(d, keep);
     out->prompt_reused = keep;
@@ -326,22 +342,21 @@ int kwk_generate(kwk_decoder *d, const int32_t *prompt, int n_prompt,
     }
     int32_t pending;
     float lp;
-    rc = kwk_sampler_sample(g.sampler, kwk_decoder_logits(d), &pending, &lp, NULL, NULL, 0);
-    if (rc < 0 || (rc = accept_token(&g, pending, lp)) < 0) {
+    rc = kwk_sampler_sample(g->sampler, kwk_decoder_logits(d), &pending, &lp, NULL, NULL, 0);
+    if (rc < 0 || (rc = kwk_gen_seq_accept(g, pending, lp)) < 0) {
         kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
         goto out;
     }
-    while (!g.done) {
+    while (!g->done) {
         if (d->pos >= d->max_len) {
             out->finish_reason = KWK_FINISH_LENGTH;
             break;
         }
-        if ((rc = step(&g, &pending, err)) < 0)
+        if ((rc = step(&c, &pending, err)) < 0)
             goto out;
     }
 out:
-    gen_teardown(&g);
-    if (rc < 0 && out->text == NULL)
-        out->text_len = 0;
+    kwk_gen_seq_free(g);
+    kwk_free_aligned(c.rows);
     return rc < 0 ? rc : 0;
 }

@@ -1,0 +1,41 @@
+/* gen.h - one sequence's generation state: sampler, output tokens, text with stop strings,
+ * streaming callback, and the token history n-gram lookup searches. Shared by kwk_generate (one
+ * sequence on a decoder) and the serving engine (many sequences in one batched step). A sequence
+ * is driven by one thread at a time. */
+#ifndef KWK_GEN_H
+#define KWK_GEN_H
+
+#include "kwker.h"
+
+struct kwk_gen_seq {
+    const struct kwk_gen_params *p;
+    struct kwk_gen_output *out;
+    kwk_sampler *sampler;
+    kwk_detok *detok;      /* NULL without a tokenizer */
+    int32_t *seq;          /* [n_prompt + max_new + 1] prompt then output: what lookup searches */
+    int n_seq;
+    size_t text_cap;
+    size_t emitted;        /* bytes of out->text already given to the callback */
+    size_t max_stop;       /* longest stop string */
+    int done;              /* out->finish_reason is set */
+    int stop_cut;          /* a stop string ended the text */
+};
+
+/* Check p, reset out and set up g for prompt[n_prompt] (the prompt's tokens enter the sampler's
+ * history). p, out and the tokenizer must outlive g. Returns 0 or a negative code with err
+ * filled; kwk_gen_seq_free is needed either way. */
+int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, int n_prompt,
+                     const struct kwk_gen_params *p, struct kwk_gen_output *out,
+                     struct kwk_err *err);
+void kwk_gen_seq_free(struct kwk_gen_seq *g);
+
+/* Record one chosen token: output, sampler history, text, eos / stop / length, callback (whose
+ * non-zero return cancels). Sets g->done with out->finish_reason when the sequence ends.
+ * Returns 0 or -ENOMEM. */
+int kwk_gen_seq_accept(struct kwk_gen_seq *g, int32_t tok, float logprob);
+
+/* Prompt lookup: up to max tokens that followed the latest earlier occurrence of the sequence's
+ * last n-gram (longest n first). Returns how many were written to cand. */
+int kwk_gen_seq_lookup(const struct kwk_gen_seq *g, int32_t *cand, int max);
+
+#endif
