@@ -418,12 +418,14 @@ struct kwk_gen_params {
     int n_draft;                   /* tokens the draft proposes a step */
     kwk_token_fn on_token;
     void *user;
+    int top_logprobs;              /* 0..KWK_SAMPLER_TOP_MAX alternatives recorded per token */
 };
 
 /* Defaults: 16 new tokens, greedy, prompt cache on, lookup 8, no draft. */
 KWK_API void kwk_gen_params_init(struct kwk_gen_params *p);
 
-/* What a generation produced. The caller provides tokens[cap] (and logprobs[cap] or NULL);
+/* What a generation produced. The caller provides tokens[cap] (and logprobs[cap], top_ids and
+ * top_lps [cap * top_logprobs], or NULL);
  * text is allocated by the library when a tokenizer was given (free with kwk_gen_output_clear). */
 struct kwk_gen_output {
     int32_t *tokens;
@@ -438,6 +440,8 @@ struct kwk_gen_output {
     int n_steps;         /* forward passes after the prompt */
     char *text;          /* the reply, ending before the first stop string */
     size_t text_len;
+    int32_t *top_ids;    /* [cap][top_logprobs] or NULL: the most likely tokens at each step */
+    float *top_lps;      /* [cap][top_logprobs] or NULL: their logprobs, most likely first */
 };
 
 KWK_API void kwk_gen_output_clear(struct kwk_gen_output *o);

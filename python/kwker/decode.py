@@ -59,6 +59,7 @@ class _GenParams(ctypes.Structure):
         ("n_draft", ctypes.c_int),
         ("on_token", _TOKEN_FN),
         ("user", ctypes.c_void_p),
+        ("top_logprobs", ctypes.c_int),
     ]
 
 
@@ -76,6 +77,8 @@ class _GenOutput(ctypes.Structure):
         ("n_steps", ctypes.c_int),
         ("text", ctypes.c_void_p),
         ("text_len", ctypes.c_size_t),
+        ("top_ids", ctypes.POINTER(ctypes.c_int32)),
+        ("top_lps", ctypes.POINTER(ctypes.c_float)),
     ]
 
 

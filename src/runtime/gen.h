@@ -19,6 +19,8 @@ struct kwk_gen_seq {
     size_t max_stop;       /* longest stop string */
     int done;              /* out->finish_reason is set */
     int stop_cut;          /* a stop string ended the text */
+    int32_t top_ids[KWK_SAMPLER_TOP_MAX]; /* of the token being chosen */
+    float top_lps[KWK_SAMPLER_TOP_MAX];
 };
 
 /* Check p, reset out and set up g for prompt[n_prompt] (the prompt's tokens enter the sampler's
@@ -29,10 +31,12 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
                      struct kwk_err *err);
 void kwk_gen_seq_free(struct kwk_gen_seq *g);
 
-/* Record one chosen token: output, sampler history, text, eos / stop / length, callback (whose
+/* Choose the next token from logits[n_vocab] and record it: output (with logprob and
+ * p->top_logprobs alternatives), sampler history, text, eos / stop / length, callback (whose
  * non-zero return cancels). Sets g->done with out->finish_reason when the sequence ends.
- * Returns 0 or -ENOMEM. */
-int kwk_gen_seq_accept(struct kwk_gen_seq *g, int32_t tok, float logprob);
+ * Returns 0, or a negative code (bad logits, out of memory) with err filled. */
+int kwk_gen_seq_next(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
+                     struct kwk_err *err);
 
 /* Prompt lookup: up to max tokens that followed the latest earlier occurrence of the sequence's
  * last n-gram (longest n first). Returns how many were written to cand. */

@@ -98,13 +98,18 @@ static int emit(struct kwk_gen_seq *g, int32_t tok)
 }
 
 /* Record one chosen token: output, sampler history, text, stop conditions, callback. */
-int kwk_gen_seq_accept(struct kwk_gen_seq *g, int32_t tok, float logprob)
+static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
 {
     struct kwk_gen_output *o = g->out;
     if (o->n_tokens < o->cap) {
         o->tokens[o->n_tokens] = tok;
         if (o->logprobs)
             o->logprobs[o->n_tokens] = logprob;
+        int nt = g->p->top_logprobs;
+        if (nt > 0 && o->top_ids && o->top_lps) {
+            memcpy(o->top_ids + (size_t)o->n_tokens * nt, g->top_ids, sizeof(int32_t) * nt);
+            memcpy(o->top_lps + (size_t)o->n_tokens * nt, g->top_lps, sizeof(float) * nt);
+        }
     }
     o->n_tokens++;
     g->seq[g->n_seq++] = tok;
@@ -143,6 +148,20 @@ int kwk_gen_seq_accept(struct kwk_gen_seq *g, int32_t tok, float logprob)
         o->finish_reason = KWK_FINISH_CANCELED;
         g->done = 1;
     }
+    return 0;
+}
+
+int kwk_gen_seq_next(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
+                     struct kwk_err *err)
+{
+    float lp;
+    int rc = kwk_sampler_sample(g->sampler, logits, tok, &lp, g->top_ids, g->top_lps,
+                                g->p->top_logprobs);
+    if (rc < 0)
+        return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
+    rc = accept_token(g, *tok, lp);
+    if (rc < 0)
+        return kwk_err_set(err, rc, "out of memory for the reply's text");
     return 0;
 }
 
@@ -217,13 +236,8 @@ static int step(struct gen_call *c, int32_t *pending, struct kwk_err *err)
     int kept = 0;
     for (int j = 0; j <= n_cand && !g->done; j++) {
         int32_t tok;
-        float lp;
-        rc = kwk_sampler_sample(g->sampler, c->rows + (size_t)j * nv, &tok, &lp, NULL, NULL, 0);
-        if (rc < 0)
-            return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
-        rc = kwk_gen_seq_accept(g, tok, lp);
-        if (rc < 0)
-            return kwk_err_set(err, rc, "out of memory");
+        if ((rc = kwk_gen_seq_next(g, c->rows + (size_t)j * nv, &tok, err)) < 0)
+            return rc;
         *pending = tok;
         if (j < n_cand && tok == batch[1 + j]) {
             kept++;
@@ -251,7 +265,8 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
     out->text = NULL;
     out->text_len = 0;
     if (!p || !prompt || n_prompt < 1 || p->max_new_tokens < 0 || p->n_eos < 0 ||
-        p->n_stop < 0 || (p->n_eos && !p->eos_ids) || (p->n_stop && !p->stop))
+        p->n_stop < 0 || (p->n_eos && !p->eos_ids) || (p->n_stop && !p->stop) ||
+        p->top_logprobs < 0 || p->top_logprobs > KWK_SAMPLER_TOP_MAX)
         return kwk_err_set(err, KWK_EARG, "generate: bad arguments");
     if (p->n_stop > 0 && !p->tok)
         return kwk_err_set(err, KWK_EARG, "stop strings need a tokenizer");
@@ -341,12 +356,8 @@ int kwk_generate(kwk_decoder *d, const int32_t *prompt, int n_prompt,
         goto out;
     }
     int32_t pending;
-    float lp;
-    rc = kwk_sampler_sample(g->sampler, kwk_decoder_logits(d), &pending, &lp, NULL, NULL, 0);
-    if (rc < 0 || (rc = kwk_gen_seq_accept(g, pending, lp)) < 0) {
-        kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
+    if ((rc = kwk_gen_seq_next(g, kwk_decoder_logits(d), &pending, err)) < 0)
         goto out;
-    }
     while (!g->done) {
         if (d->pos >= d->max_len) {
             out->finish_reason = KWK_FINISH_LENGTH;
