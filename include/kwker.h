@@ -455,6 +455,107 @@ KWK_API int kwk_generate(kwk_decoder *d, const int32_t *prompt, int n_prompt,
                          struct kwk_err *err);
 
 /* ---------------------------------------------------------------------------------------------
+ * Serving engine: continuous batching of many requests over one model (src/engine)
+ * ------------------------------------------------------------------------------------------- */
+
+/* An engine owns a decoder with max_batch KV slots. Every request in flight holds a slot (its own
+ * cache, positions, sampler and text); all of them advance together in one batched forward pass a
+ * step, and prompts are read in chunks between decode steps so a long prompt does not freeze the
+ * streams already running. A request whose prompt starts with what a free slot still holds reuses
+ * those positions (a shared system prompt is read once). Kernels are batch invariant, so a request
+ * gets exactly the tokens kwk_generate gives it alone, whatever else is in flight.
+ *
+ * Threads: kwk_engine_submit, _cancel and _get_stats may be called from any thread at any time.
+ * Steps run on one thread: the engine's own (kwk_engine_start) or the caller's (kwk_engine_step),
+ * never both. Event callbacks run on the stepping thread and must not block: copy and return. */
+typedef struct kwk_engine kwk_engine;
+
+struct kwk_engine_params {
+    int max_batch;     /* KV slots = requests in flight; 0 = 8 */
+    int max_cache_len; /* positions per slot (prompt + reply); 0 = min(max_position, 4096) */
+    int n_threads;     /* 0 = kwk_default_threads() */
+    int precision;     /* enum kwk_precision */
+    int prefill_chunk; /* prompt tokens read per step, all requests together; 0 = 256 */
+    int max_queue;     /* requests waiting for a slot; 0 = 4096 (submit fails KWK_ELIMIT beyond) */
+};
+
+KWK_API void kwk_engine_params_init(struct kwk_engine_params *p);
+
+enum kwk_event_type {
+    KWK_EVENT_TOKEN = 1, /* one generated token */
+    KWK_EVENT_DONE = 2,  /* the request ended: the last event of its id */
+};
+
+struct kwk_event {
+    int type;             /* enum kwk_event_type */
+    uint64_t id;          /* from kwk_engine_submit */
+    /* KWK_EVENT_TOKEN */
+    int32_t token;
+    float logprob;        /* of the raw logits (OpenAI's logprobs) */
+    int n_top;            /* the request's top_logprobs */
+    const int32_t *top_ids; /* [n_top], most likely first */
+    const float *top_lps;
+    const char *text;     /* the settled text this token adds (may be empty: see kwk_token_fn) */
+    size_t len;
+    /* KWK_EVENT_DONE */
+    int finish_reason;    /* enum kwk_finish; CANCELED after kwk_engine_cancel */
+    int status;           /* 0, or a negative code when the request failed (message in err_msg) */
+    const char *err_msg;
+    int n_prompt;
+    int prompt_reused;    /* prompt positions found in the slot's cache and not read again */
+    int n_tokens;         /* tokens generated */
+    double queue_s;       /* submit to the first step that read its prompt */
+    double ttft_s;        /* submit to the first token */
+    double total_s;       /* submit to done */
+};
+
+/* Called on the stepping thread; pointers in ev are valid during the call only. */
+typedef void (*kwk_event_fn)(void *user, const struct kwk_event *ev);
+
+/* Create an engine over m (which must outlive it). NULL with err on failure. */
+KWK_API kwk_engine *kwk_engine_new(const kwk_model *m, const struct kwk_engine_params *p,
+                                   struct kwk_err *err);
+/* Stop the engine's thread if started; every request not yet done gets its DONE event
+ * (CANCELED) before this returns. */
+KWK_API void kwk_engine_free(kwk_engine *e);
+
+/* Queue a request: prompt ids[n] and p as for kwk_generate (p->on_token, user and draft are not
+ * used: events go to fn(user, ...); lookup applies when few requests are in flight). Everything
+ * is copied (ids, stop strings, eos ids, logit bias); p->tok must outlive the engine. Returns the
+ * request's id (> 0), or 0 with err: KWK_EARG (bad parameters), KWK_ELIMIT (prompt plus
+ * max_new_tokens beyond max_cache_len, or the queue is full). Thread-safe. */
+KWK_API uint64_t kwk_engine_submit(kwk_engine *e, const int32_t *ids, int n,
+                                   const struct kwk_gen_params *p, kwk_event_fn fn, void *user,
+                                   struct kwk_err *err);
+/* Ask a request to end: it gets its DONE event (CANCELED) at the next step and its slot is
+ * freed. Returns 0, or KWK_ENOTFOUND when the id is unknown or already done. Thread-safe. */
+KWK_API int kwk_engine_cancel(kwk_engine *e, uint64_t id);
+
+/* Run one step on the calling thread: admit queued requests into free slots, then one batched
+ * forward pass (prompt chunks and one decode token per running request) and its events. Returns
+ * the number of requests still queued or running (0: idle), or a negative code when the forward
+ * pass could not run (the requests in it are ended with status set). */
+KWK_API int kwk_engine_step(kwk_engine *e);
+/* Start the engine's own stepping thread (it sleeps while idle). 0 or a negative code. */
+KWK_API int kwk_engine_start(kwk_engine *e, struct kwk_err *err);
+/* Stop that thread after its current step; queued and running requests stay. */
+KWK_API void kwk_engine_stop(kwk_engine *e);
+
+struct kwk_engine_stats {
+    uint64_t submitted, completed, canceled, failed; /* requests */
+    uint64_t prompt_tokens, prompt_reused, generated_tokens;
+    uint64_t steps, batch_rows;  /* forward passes, and rows summed over them */
+    int queued, running;         /* now */
+    int max_batch, max_cache_len;
+    double ttft_sum_s;           /* over completed requests that produced a token */
+    uint64_t ttft_count;
+    double busy_s;               /* time spent in steps */
+};
+
+/* A consistent snapshot. Thread-safe. */
+KWK_API void kwk_engine_get_stats(kwk_engine *e, struct kwk_engine_stats *s);
+
+/* ---------------------------------------------------------------------------------------------
  * Chat templates (section owned by src/text/template)
  * ------------------------------------------------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 /* avx2_quant.c - the int8 and int4 matmul with AVX2 (maddubs + madd): each 16-row block as two
- * registers of 8 rows, activations quantized on the fly. Pure functions; any thread. Computes the
- * integers of quant_ref.c exactly; float sums agree to rounding (fused multiply-adds). */
+ * registers of 8 rows, activations quantized on the fly to 16 bits as two int8 halves. Pure
+ * functions; any thread. Computes the integers of quant_ref.c exactly; float sums agree to
+ * rounding (fused multiply-adds). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -15,7 +16,8 @@
 #define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP)
 
 struct qx {
-    int8_t q[KWK_QX_TOKS][KWK_QX_COLS];
+    int8_t q[KWK_QX_TOKS][KWK_QX_COLS]; /* high halves h of v = 254 h + l */
+    int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves */
     float d[KWK_QX_TOKS][QG_MAX];
     int32_t s[KWK_QX_TOKS][QG_MAX];
 };
@@ -51,10 +53,13 @@ struct tile_args {
 };
 
 /* int8: the stored w + 128 flipped back to signed w; maddubs needs an unsigned operand, so it
- * multiplies |w| by x carrying w's sign: pairs stay within 2 * 127 * 127, no saturation. */
+ * multiplies |w| by x carrying w's sign: pairs stay within 2 * 127 * 127, no saturation. The
+ * high halves' pair sums are widened by madd with 254 instead of 1, so one int32 accumulator
+ * takes 254 * isum_h + isum_l exactly (|pair| * 2 * 254 < 2^24). */
 INLINE void tile_q8(const struct tile_args *a, int T)
 {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    const __m256i c254 = _mm256_set1_epi16(254);
     const struct kwk_q8_block *b = a->blk;
     __m256 facc[2][TT];
     for (int h = 0; h < 2; h++)
@@ -71,9 +76,13 @@ INLINE void tile_q8(const struct tile_args *a, int T)
                     _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * h]), flip);
                 __m256i aw = _mm256_abs_epi8(wv);
                 for (int j = 0; j < T; j++) {
-                    __m256i xb = bcast4(a->qx->q[a->t + j] + g * KWK_Q8_GROUP + k4 * 4);
-                    __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv));
-                    acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(p, ones));
+                    int64_t k = g * KWK_Q8_GROUP + k4 * 4;
+                    __m256i xh = bcast4(a->qx->q[a->t + j] + k), xl = bcast4(a->qx->l[a->t + j] + k);
+                    __m256i ph = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xh, wv));
+                    __m256i pl = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xl, wv));
+                    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ph, c254),
+                                                 _mm256_madd_epi16(pl, ones));
+                    acc[h][j] = _mm256_add_epi32(acc[h][j], s);
                 }
             }
         }
@@ -91,10 +100,11 @@ INLINE void tile_q8(const struct tile_args *a, int T)
 }
 
 /* int4: nibbles are unsigned already; the two maddubs of a byte vector (low and high nibbles)
- * add in 16 bits without overflow (2 * 2 * 15 * 127 < 32767). */
+ * add in 16 bits without overflow (2 * 2 * 15 * 127 < 32767); halves combine as in tile_q8. */
 INLINE void tile_q4(const struct tile_args *a, int T)
 {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i c254 = _mm256_set1_epi16(254);
     const struct kwk_q4_block *b = a->blk;
     __m256 facc[2][TT];
     for (int h = 0; h < 2; h++)
@@ -111,10 +121,15 @@ INLINE void tile_q4(const struct tile_args *a, int T)
                 __m256i lo = _mm256_and_si256(p, m4);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
                 for (int j = 0; j < T; j++) {
-                    const int8_t *xp = a->qx->q[a->t + j] + g * KWK_Q4_GROUP + 8 * c;
-                    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xp)),
-                                                 _mm256_maddubs_epi16(hi, bcast4(xp + 4)));
-                    acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(s, ones));
+                    int64_t k = g * KWK_Q4_GROUP + 8 * c;
+                    const int8_t *xh = a->qx->q[a->t + j] + k, *xl = a->qx->l[a->t + j] + k;
+                    __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
+                                                  _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
+                    __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xl)),
+                                                  _mm256_maddubs_epi16(hi, bcast4(xl + 4)));
+                    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sh, c254),
+                                                 _mm256_madd_epi16(sl, ones));
+                    acc[h][j] = _mm256_add_epi32(acc[h][j], s);
                 }
             }
         }
@@ -160,8 +175,8 @@ void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, f
             int64_t g1 = KWK_MIN(ng, g0 + gc);
             int64_t k0 = g0 * G, nk = KWK_MIN(w->cols, g1 * G) - k0;
             for (int j = 0; j < nt; j++)
-                kwk_quant_act(x + (int64_t)(tb + j) * w->cols + k0, nk, G, qx.q[j], qx.d[j],
-                              qx.s[j]);
+                kwk_quant_act(x + (int64_t)(tb + j) * w->cols + k0, nk, G, qx.q[j], qx.l[j],
+                              qx.d[j], qx.s[j]);
             struct tile_args a = {.qx = &qx, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0,
                                   .r1 = r1, .first = g0 == 0};
             for (int64_t rb = rb0; rb < rb1; rb++) {

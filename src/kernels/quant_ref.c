@@ -59,7 +59,7 @@ uint16_t kwk_f32_to_f16(float f)
 
 /* Round x to the nearest integer (ties to even, as cvtps2dq does) within [-lim, lim]. NaN is 0 so
  * no input reaches an undefined conversion. Adding and removing 1.5 * 2^23 rounds in the FPU's
- * default mode without a libm call (|x| <= 127 here, far below 2^22). */
+ * default mode without a libm call (|x| <= KWK_QX_SCALE here, far below 2^22). */
 static int round_clamp(float x, float lim)
 {
     if (!(x == x))
@@ -69,7 +69,10 @@ static int round_clamp(float x, float lim)
     return (int)((x + big) - big);
 }
 
-void kwk_quant_act(const float *x, int64_t n, int group, int8_t *xq, float *xd, int32_t *xs)
+/* f = x * 127 / amax rounded twice: to h (the int8 step) and, times 254, to v. |f| <= 127 and
+ * 254 * (h +- 0.5) is a float, so v lies within 127 of 254 * h: l = v - 254 * h fits int8. */
+void kwk_quant_act(const float *x, int64_t n, int group, int8_t *xh, int8_t *xl, float *xd,
+                   int32_t *xs)
 {
     int64_t ng = (n + group - 1) / group;
     for (int64_t g = 0; g < ng; g++) {
@@ -80,11 +83,13 @@ void kwk_quant_act(const float *x, int64_t n, int group, int8_t *xq, float *xd, 
         float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t s = 0;
         for (int64_t k = k0; k < k0 + group; k++) {
-            int q = k < k1 ? round_clamp(x[k] * id, 127.0f) : 0;
-            xq[k] = (int8_t)q;
-            s += q;
+            float f = k < k1 ? x[k] * id : 0.0f;
+            int h = round_clamp(f, 127.0f), v = round_clamp(f * 254.0f, (float)KWK_QX_SCALE);
+            xh[k] = (int8_t)h;
+            xl[k] = (int8_t)(v - 254 * h);
+            s += v;
         }
-        xd[g] = amax / 127.0f;
+        xd[g] = amax / (float)KWK_QX_SCALE;
         xs[g] = s;
     }
 }
@@ -190,43 +195,52 @@ void kwk_quant_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int6
 
 /* ---- the specification of the quantized matmul -------------------------------------------------- */
 
-static int32_t q8_isum(const struct kwk_q8_block *b, int i, const int8_t *xq)
+/* The 16-bit activation v of column k of a group. */
+static int32_t act_v(const int8_t *xh, const int8_t *xl, int k)
+{
+    return 254 * (int32_t)xh[k] + xl[k];
+}
+
+/* |isum| <= 32 * 127 * KWK_QX_SCALE < 2^31. */
+static int32_t q8_isum(const struct kwk_q8_block *b, int i, const int8_t *xh, const int8_t *xl)
 {
     int32_t s = 0;
     for (int c = 0; c < KWK_Q8_GROUP / 4; c++)
         for (int j = 0; j < 4; j++)
-            s += ((int32_t)b->q[c][i][j] - 128) * xq[4 * c + j];
+            s += ((int32_t)b->q[c][i][j] - 128) * act_v(xh, xl, 4 * c + j);
     return s;
 }
 
-static int32_t q4_isum(const struct kwk_q4_block *b, int i, const int8_t *xq)
+static int32_t q4_isum(const struct kwk_q4_block *b, int i, const int8_t *xh, const int8_t *xl)
 {
     int32_t s = 0;
     for (int c = 0; c < KWK_Q4_GROUP / 8; c++)
         for (int j = 0; j < 4; j++) {
             uint8_t v = b->q[c][i][j];
-            s += (int32_t)(v & 15) * xq[8 * c + j] + (int32_t)(v >> 4) * xq[8 * c + 4 + j];
+            s += (int32_t)(v & 15) * act_v(xh, xl, 8 * c + j) +
+                 (int32_t)(v >> 4) * act_v(xh, xl, 8 * c + 4 + j);
         }
     return s;
 }
 
 /* Groups [g0, g1) of row r for one token's quantized activations (indexed from group g0). */
 static float row_groups(const struct kwk_mat *w, int64_t r, int64_t g0, int64_t g1,
-                        const int8_t *xq, const float *xd, const int32_t *xs)
+                        const int8_t *xh, const int8_t *xl, const float *xd, const int32_t *xs)
 {
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), rb = r / KWK_QROWS;
-    int i = (int)(r % KWK_QROWS);
+    int i = (int)(r % KWK_QROWS), G = kwk_quant_group(w->wtype);
     float s = 0.0f;
     for (int64_t g = g0; g < g1; g++) {
         int64_t j = g - g0;
+        const int8_t *h = xh + j * G, *l = xl + j * G;
         if (w->wtype == KWK_W_Q8) {
             const struct kwk_q8_block *b = (const struct kwk_q8_block *)w->data + rb * ng + g;
             float d = kwk_f16_to_f32(b->d[i]);
-            s += (float)q8_isum(b, i, xq + j * KWK_Q8_GROUP) * (d * xd[j]);
+            s += (float)q8_isum(b, i, h, l) * (d * xd[j]);
         } else {
             const struct kwk_q4_block *b = (const struct kwk_q4_block *)w->data + rb * ng + g;
             float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);
-            s += (float)q4_isum(b, i, xq + j * KWK_Q4_GROUP) * (d * xd[j]);
+            s += (float)q4_isum(b, i, h, l) * (d * xd[j]);
             s += m * (xd[j] * (float)xs[j]);
         }
     }
@@ -239,7 +253,7 @@ void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, fl
 {
     int G = kwk_quant_group(w->wtype);
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
-    int8_t xq[KWK_QX_COLS];
+    int8_t xh[KWK_QX_COLS], xl[KWK_QX_COLS];
     float xd[KWK_QX_COLS / KWK_Q4_GROUP];
     int32_t xs[KWK_QX_COLS / KWK_Q4_GROUP];
     for (int t = 0; t < n_tok; t++) {
@@ -249,9 +263,9 @@ void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, fl
             yt[r] = 0.0f;
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
             int64_t g1 = KWK_MIN(ng, g0 + gc);
-            kwk_quant_act(xt + g0 * G, KWK_MIN(w->cols, g1 * G) - g0 * G, G, xq, xd, xs);
+            kwk_quant_act(xt + g0 * G, KWK_MIN(w->cols, g1 * G) - g0 * G, G, xh, xl, xd, xs);
             for (int64_t r = r0; r < r1; r++)
-                yt[r] += row_groups(w, r, g0, g1, xq, xd, xs);
+                yt[r] += row_groups(w, r, g0, g1, xh, xl, xd, xs);
         }
     }
 }

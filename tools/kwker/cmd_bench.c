@@ -1,6 +1,8 @@
 /* cmd_bench.c - kwker bench: prompt (pp) and generation (tg) tokens per second of one model,
- * medians over repetitions, as text or one JSON object. */
+ * medians over repetitions, as text or one JSON object (read by bench/side_by_side.py).
+ * Runs on the main thread; the decoder's pool runs the kernels. */
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +32,34 @@ static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static const char *precision_name(int p)
+{
+    return p == KWK_PRECISION_PRESERVE ? "preserve" : p == KWK_PRECISION_BALANCED ? "balanced"
+         : p == KWK_PRECISION_INT4 ? "int4" : "?";
+}
+
+/* s as a JSON string: a model path may hold quotes, backslashes or control bytes. */
+static void put_json_str(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+/* Peak resident memory of this process in KiB (Linux reports ru_maxrss in KiB), -1 if unknown. */
+static long peak_rss_kib(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
 }
 
 static int parse(int argc, char **argv, struct bench_opts *o)
@@ -127,17 +157,25 @@ int cmd_bench(int argc, char **argv)
     double tg_tps = o.n_gen ? o.n_gen / median(tg, o.reps) : 0.0;
     int threads = o.params.n_threads ? o.params.n_threads : kwk_default_threads();
     const char *isa = kwk_isa_name(kwk_isa());
-    if (o.json)
-        printf("{\"model\": \"%s\", \"arch\": \"%s\", \"n_params\": %lld, \"precision\": %d, "
-               "\"isa\": \"%s\", \"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d, "
-               "\"load_s\": %.3f, \"pp_tps\": %.2f, \"tg_tps\": %.2f}\n",
-               o.model, info.arch_name, (long long)info.n_params, o.params.precision, isa,
-               threads, o.n_prompt, o.n_gen, o.reps, t_load, pp_tps, tg_tps);
-    else
-        printf("model %s (%s, %.1fM params), isa %s, %d threads, load %.2f s\n"
-               "pp%d: %.2f tokens/s\ntg%d: %.2f tokens/s   (medians of %d)\n",
-               o.model, info.arch_name, info.n_params / 1e6, isa, threads, t_load, o.n_prompt,
-               pp_tps, o.n_gen, tg_tps, o.reps);
+    long rss = peak_rss_kib();
+    if (o.json) {
+        printf("{\"model\": ");
+        put_json_str(o.model);
+        printf(", \"arch\": ");
+        put_json_str(info.arch_name);
+        printf(", \"n_params\": %lld, \"precision\": %d, \"precision_name\": \"%s\", "
+               "\"isa\": \"%s\", \"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
+               "\"reps\": %d, \"load_s\": %.3f, \"pp_tps\": %.2f, \"tg_tps\": %.2f, "
+               "\"peak_rss_kib\": %ld}\n",
+               (long long)info.n_params, o.params.precision, precision_name(o.params.precision),
+               isa, threads, o.n_prompt, o.n_gen, o.reps, t_load, pp_tps, tg_tps, rss);
+    } else {
+        printf("model %s (%s, %.1fM params), precision %s, isa %s, %d threads, load %.2f s\n"
+               "pp%d: %.2f tokens/s\ntg%d: %.2f tokens/s   (medians of %d)\n"
+               "peak resident memory: %.1f MiB\n",
+               o.model, info.arch_name, info.n_params / 1e6, precision_name(o.params.precision),
+               isa, threads, t_load, o.n_prompt, pp_tps, o.n_gen, tg_tps, o.reps, rss / 1024.0);
+    }
     rc = 0;
 out:
     kwk_decoder_free(d);
