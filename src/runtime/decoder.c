@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "runtime/packcache.h"
 #include "runtime/packed.h"
 #include "runtime/runtime.h"
 
@@ -31,6 +32,8 @@ void kwk_decoder_free(kwk_decoder *d)
     kwk_pool_free(d->pool);
     kwk_packed_free(d->packed);
     kwk_free(d->tokens);
+    kwk_free(d->row_slot);
+    kwk_free(d->row_pos);
     float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->x,    d->xn,     d->q,
                      d->kx,      d->vx,      d->att,      d->gate, d->up,     d->scores,
                      d->logits};
@@ -43,8 +46,13 @@ static int decoder_alloc(struct kwk_decoder *d)
 {
     const struct kwk_config *c = d->c;
     size_t nb = (size_t)d->n_batch;
-    size_t cache = (size_t)c->n_layers * (size_t)d->max_len;
-    size_t dff = (size_t)c->d_ff;
+    size_t cache, dff = (size_t)c->d_ff;
+    if (kwk_mul_size((size_t)d->n_slots * (size_t)c->n_layers, (size_t)d->max_len, &cache))
+        return -1;
+    d->row_slot = kwk_calloc(nb, sizeof(int));
+    d->row_pos = kwk_calloc(nb, sizeof(int));
+    if (!d->row_slot || !d->row_pos)
+        return -1;
     return alloc_floats(&d->k_cache, cache, (size_t)d->kv_dim) ||
            alloc_floats(&d->v_cache, cache, (size_t)d->kv_dim) ||
            alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
@@ -62,6 +70,13 @@ static int decoder_alloc(struct kwk_decoder *d)
 kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params *p,
                              struct kwk_err *err)
 {
+    return kwk_decoder_new_slots(m, p, 1, 0, err);
+}
+
+struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
+                                          const struct kwk_decoder_params *p, int n_slots,
+                                          int n_batch, struct kwk_err *err)
+{
     struct kwk_decoder_params defaults;
     if (!p) {
         kwk_decoder_params_init(&defaults);
@@ -77,9 +92,11 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
         return NULL;
     }
     if (p->max_cache_len < 0 || p->max_cache_len > (1 << 24) || p->n_threads < 0 ||
-        p->n_threads > 1024) {
-        kwk_err_set(err, KWK_EARG, "max_cache_len %d or n_threads %d out of range",
-                    p->max_cache_len, p->n_threads);
+        p->n_threads > 1024 || n_slots < 1 || n_slots > 4096 || n_batch < 0 ||
+        n_batch > (1 << 16)) {
+        kwk_err_set(err, KWK_EARG,
+                    "max_cache_len %d, n_threads %d, slots %d or batch %d out of range",
+                    p->max_cache_len, p->n_threads, n_slots, n_batch);
         return NULL;
     }
     struct kwk_decoder *d = kwk_calloc(1, sizeof *d);
@@ -92,7 +109,8 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
     d->max_len = p->max_cache_len;
     if (d->max_len == 0)
         d->max_len = c->max_position > 0 ? KWK_MIN(c->max_position, 4096) : 4096;
-    d->n_batch = KWK_MIN(d->max_len, KWK_DEFAULT_BATCH);
+    d->n_slots = n_slots;
+    d->n_batch = n_batch ? n_batch : KWK_MIN(d->max_len, KWK_DEFAULT_BATCH);
     d->q_dim = c->n_heads * c->head_dim;
     d->kv_dim = c->n_kv_heads * c->head_dim;
     d->tokens = kwk_calloc((size_t)d->max_len, sizeof(int32_t));
@@ -105,7 +123,13 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
     d->layers = m->layers;
     d->lm_head = &m->lm_head;
     if (p->precision != KWK_PRECISION_PRESERVE) {
-        d->packed = kwk_packed_new(m, p->precision, d->pool, err);
+        struct kwk_packcache_opts cache = {p->cache_dir, p->cache_max_bytes, NULL, 0};
+        if (p->cache_max_bytes < 0) {
+            kwk_err_set(err, KWK_EARG, "cache_max_bytes %lld is negative",
+                        (long long)p->cache_max_bytes);
+            goto out_err;
+        }
+        d->packed = kwk_packed_new(m, p->precision, &cache, d->pool, err);
         if (!d->packed)
             goto out_err;
         d->layers = kwk_packed_layers(d->packed);
@@ -113,8 +137,8 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
     }
     return d;
 out_nomem:
-    kwk_err_set(err, -ENOMEM, "out of memory for a decoder with %d cache positions",
-                p->max_cache_len);
+    kwk_err_set(err, -ENOMEM, "out of memory for a decoder with %d slots of %d cache positions",
+                n_slots, d ? d->max_len : p->max_cache_len);
 out_err:
     kwk_decoder_free(d);
     return NULL;
@@ -152,10 +176,12 @@ const float *kwk_decoder_logits(const kwk_decoder *d)
     return d->logits;
 }
 
-/* Output norm and lm_head for n rows of d->x into y (row stride n_vocab). */
+/* Output norm and lm_head for n rows of d->x into y (row stride n_vocab): rows x, x + 1, ...
+ * or, with idx, rows x + idx[i]. */
 struct head_task {
     struct kwk_decoder *d;
     const float *x;
+    const int *idx;
     int n;
 };
 
@@ -165,9 +191,11 @@ static void head_norm_run(void *ctx, int ith, int nth)
     int dm = t->d->c->d_model;
     long lo, hi;
     kwk_split_range(t->n, ith, nth, 1, &lo, &hi);
-    for (long i = lo; i < hi; i++)
-        t->d->k->rmsnorm(t->d->xn + i * dm, t->x + i * dm, t->d->m->out_norm, dm,
+    for (long i = lo; i < hi; i++) {
+        long row = t->idx ? t->idx[i] : i;
+        t->d->k->rmsnorm(t->d->xn + i * dm, t->x + row * dm, t->d->m->out_norm, dm,
                          t->d->c->rms_eps);
+    }
 }
 
 struct lm_task {
@@ -186,12 +214,18 @@ static void lm_run(void *ctx, int ith, int nth)
         t->d->k->matmul(w, t->d->xn, t->n, t->y, (long)w->rows, lo, hi);
 }
 
-static void compute_logits(struct kwk_decoder *d, const float *x, int n, float *y)
+static void compute_logits(struct kwk_decoder *d, const float *x, const int *idx, int n,
+                           float *y)
 {
-    struct head_task ht = {.d = d, .x = x, .n = n};
+    struct head_task ht = {.d = d, .x = x, .idx = idx, .n = n};
     kwk_pool_run(d->pool, head_norm_run, &ht);
     struct lm_task lt = {.d = d, .n = n, .y = y};
     kwk_pool_run(d->pool, lm_run, &lt);
+}
+
+void kwk_logits_rows(struct kwk_decoder *d, const int *rows, int n, float *y)
+{
+    compute_logits(d, d->x, rows, n, y);
 }
 
 int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logits, int mode)
@@ -209,14 +243,14 @@ int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logit
         memcpy(d->tokens + d->pos, ids + done, sizeof(int32_t) * (size_t)n);
         kwk_forward_chunk(d, ids + done, n);
         if (mode == KWK_LOGITS_ALL && logits)
-            compute_logits(d, d->x, n, logits + (size_t)done * nv);
+            compute_logits(d, d->x, NULL, n, logits + (size_t)done * nv);
         done += n;
         if (done == n_ids && mode != KWK_LOGITS_NONE) {
             const float *last_x = d->x + (size_t)(n - 1) * d->c->d_model;
             if (mode == KWK_LOGITS_ALL && logits)
                 memcpy(d->logits, logits + (size_t)(n_ids - 1) * nv, nv * sizeof(float));
             else
-                compute_logits(d, last_x, 1, d->logits);
+                compute_logits(d, last_x, NULL, 1, d->logits);
             if (mode == KWK_LOGITS_LAST && logits)
                 memcpy(logits, d->logits, nv * sizeof(float));
         }

@@ -47,9 +47,15 @@ struct tok_task {
     struct kwk_decoder *d;
     const struct kwk_layer *l;
     int layer;
-    int n;   /* tokens in the chunk */
-    int pos; /* position of the first */
+    int n; /* rows in the chunk */
 };
+
+/* Offset of (slot, layer, position 0) in the K and V caches. */
+static size_t kv_base(const struct kwk_decoder *d, int slot, int layer)
+{
+    return (((size_t)slot * (size_t)d->c->n_layers + (size_t)layer) * (size_t)d->max_len) *
+           (size_t)d->kv_dim;
+}
 
 static void add_bias(float *y, const float *b, int n)
 {
@@ -64,7 +70,7 @@ static void qk_prepare(struct tok_task *t, int tok)
     struct kwk_decoder *d = t->d;
     const struct kwk_config *c = d->c;
     const struct kwk_layer *l = t->l;
-    int hd = c->head_dim, p = t->pos + tok;
+    int hd = c->head_dim, p = d->row_pos[tok];
     float *q = d->q + (size_t)tok * d->q_dim;
     float *k = d->kx + (size_t)tok * d->kv_dim;
     float *v = d->vx + (size_t)tok * d->kv_dim;
@@ -81,7 +87,7 @@ static void qk_prepare(struct tok_task *t, int tok)
             d->k->rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, c->rms_eps);
         kwk_rope_apply(k + h * hd, hd, d->inv_freq, p);
     }
-    size_t off = ((size_t)t->layer * d->max_len + p) * d->kv_dim;
+    size_t off = kv_base(d, d->row_slot[tok], t->layer) + (size_t)p * d->kv_dim;
     memcpy(d->k_cache + off, k, sizeof(float) * d->kv_dim);
     memcpy(d->v_cache + off, v, sizeof(float) * d->kv_dim);
 }
@@ -100,14 +106,15 @@ static void attend_head(struct tok_task *t, int tok, int h, float *scores)
 {
     struct kwk_decoder *d = t->d;
     const struct kwk_config *c = d->c;
-    int hd = c->head_dim, p = t->pos + tok;
+    int hd = c->head_dim, p = d->row_pos[tok];
     int kvh = h / (c->n_heads / c->n_kv_heads);
     int first = 0;
     if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0)
         first = p - c->sliding_window + 1;
     const float *q = d->q + (size_t)tok * d->q_dim + (size_t)h * hd;
-    const float *kc = d->k_cache + (size_t)t->layer * d->max_len * d->kv_dim + (size_t)kvh * hd;
-    const float *vc = d->v_cache + (size_t)t->layer * d->max_len * d->kv_dim + (size_t)kvh * hd;
+    size_t base = kv_base(d, d->row_slot[tok], t->layer) + (size_t)kvh * hd;
+    const float *kc = d->k_cache + base;
+    const float *vc = d->v_cache + base;
     float scale = 1.0f / sqrtf((float)hd);
     int n = p - first + 1;
     for (int j = 0; j < n; j++)
@@ -173,7 +180,7 @@ static void swiglu_run(void *ctx, int ith, int nth)
 
 /* ---- one layer, one chunk ---------------------------------------------------------------------- */
 
-static void layer_forward(struct kwk_decoder *d, int layer, int n, int pos, const float *next_norm)
+static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *next_norm)
 {
     const struct kwk_layer *l = &d->layers[layer];
     struct mm_job qkv[3] = {
@@ -183,7 +190,7 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, int pos, cons
     };
     matmul(d, n, 3, qkv);
 
-    struct tok_task tt = {.d = d, .l = l, .layer = layer, .n = n, .pos = pos};
+    struct tok_task tt = {.d = d, .l = l, .layer = layer, .n = n};
     kwk_pool_run(d->pool, qk_prepare_run, &tt);
     kwk_pool_run(d->pool, attend_run, &tt);
 
@@ -207,7 +214,7 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, int pos, cons
     kwk_pool_run(d->pool, rows_run, &rt2);
 }
 
-void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n)
+void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n)
 {
     const struct kwk_model *m = d->m;
     int dm = d->c->d_model;
@@ -217,7 +224,16 @@ void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n)
     kwk_pool_run(d->pool, rows_run, &rt);
     for (int L = 0; L < d->c->n_layers; L++) {
         const float *next = L + 1 < d->c->n_layers ? d->layers[L + 1].attn_norm : NULL;
-        layer_forward(d, L, n, d->pos, next);
+        layer_forward(d, L, n, next);
     }
+}
+
+void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n)
+{
+    for (int i = 0; i < n; i++) {
+        d->row_slot[i] = 0;
+        d->row_pos[i] = d->pos + i;
+    }
+    kwk_forward_rows(d, ids, n);
     d->pos += n;
 }

@@ -13,8 +13,10 @@ struct kwk_decoder {
     const struct kwk_kernels *k;
     struct kwk_pool *pool;
     int n_threads;
-    int max_len;  /* KV positions */
-    int pos;      /* positions filled */
+    int max_len;  /* KV positions per slot */
+    int n_slots;  /* KV slots: independent sequences (1 for a plain decoder, max_batch for an
+                     engine); slot 0 is the one the public decoder API reads and appends to */
+    int pos;      /* positions filled in slot 0 */
     int32_t *tokens; /* [max_len] the ids whose K/V fill the cache, for prompt reuse */
     int n_batch;  /* tokens per forward chunk (scratch rows) */
     int q_dim;    /* n_heads * head_dim */
@@ -23,8 +25,10 @@ struct kwk_decoder {
     const struct kwk_mat *lm_head;  /* [n_vocab][d_model] */
     struct kwk_packed *packed;      /* weights repacked for balanced / int4; NULL for preserve */
 
-    float *k_cache;  /* [n_layers][max_len][kv_dim] */
-    float *v_cache;  /* [n_layers][max_len][kv_dim] */
+    float *k_cache;  /* [n_slots][n_layers][max_len][kv_dim] */
+    float *v_cache;  /* [n_slots][n_layers][max_len][kv_dim] */
+    int *row_slot;   /* [n_batch] slot of each row of the chunk being run */
+    int *row_pos;    /* [n_batch] position of each row in its slot */
     float *inv_freq; /* [head_dim/2] rotary frequencies, scaling applied */
 
     /* scratch, n_batch rows each */
@@ -48,8 +52,21 @@ void kwk_rope_freqs(const struct kwk_config *c, float *inv);
 /* Rotate one head vector x[head_dim] at position pos (rotate-half layout, as transformers). */
 void kwk_rope_apply(float *x, int head_dim, const float *inv, int pos);
 
-/* Run n tokens (n <= n_batch) at positions d->pos .. d->pos+n-1 through every layer, leaving the
- * final hidden states (before the output norm) in d->x, and append their K/V to the cache. */
+/* A decoder with n_slots KV slots and scratch for n_batch rows a pass (0: the default). */
+struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
+                                          const struct kwk_decoder_params *p, int n_slots,
+                                          int n_batch, struct kwk_err *err);
+
+/* Run n tokens (n <= n_batch) through every layer: row i is token ids[i] of slot d->row_slot[i]
+ * at position d->row_pos[i]. Leaves the final hidden states (before the output norm) in d->x
+ * and writes each row's K/V into its slot. A row attends to positions 0 .. row_pos[i] of its own
+ * slot, so rows of one slot must come in position order and cover every position not already
+ * in the cache. Each row's result is bitwise independent of the other rows (batch invariance). */
+void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n);
+/* The same for n tokens of slot 0 at positions d->pos .. d->pos+n-1; advances d->pos. */
 void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n);
+
+/* Output norm and lm_head of rows[n] of d->x into y[n][n_vocab]. */
+void kwk_logits_rows(struct kwk_decoder *d, const int *rows, int n, float *y);
 
 #endif
