@@ -1,0 +1,287 @@
+/* step.c - one scheduling step of the serving engine: admit queued requests into KV slots, build
+ * one batch of rows (a decode token per running request, lookup candidates when few run, prompt
+ * chunks in the budget left), run it through the model, and turn the logits into tokens and
+ * events. Stepping thread only. */
+#include <errno.h>
+#include <string.h>
+
+#include "engine/engine.h"
+
+/* Longest prefix of the slot's cache that a prompt can reuse: at most n - 1 tokens, so the last
+ * prompt token is read again and yields the logits of the first new token. */
+static int common_prefix(const struct kwk_slot *s, const int32_t *ids, int n)
+{
+    int keep = 0, limit = KWK_MIN(s->len, n - 1);
+    while (keep < limit && s->tokens[keep] == ids[keep])
+        keep++;
+    return keep;
+}
+
+/* The free slot for prompt ids[n]: the longest reusable prefix, else the least recently used. */
+static int pick_slot(const struct kwk_engine *e, const int32_t *ids, int n, int *keep)
+{
+    int best = -1, best_keep = -1;
+    for (int i = 0; i < e->prm.max_batch; i++) {
+        const struct kwk_slot *s = &e->slots[i];
+        if (s->req)
+            continue;
+        int k = common_prefix(s, ids, n);
+        if (k > best_keep || (k == best_keep && s->last_used < e->slots[best].last_used)) {
+            best = i;
+            best_keep = k;
+        }
+    }
+    *keep = best_keep;
+    return best;
+}
+
+/* Called by the sequence for each token it records: the TOKEN event. Non-zero cancels. */
+static int on_token(void *user, int32_t tok, const char *text, size_t len)
+{
+    struct kwk_req *r = user;
+    int i = r->out.n_tokens - 1, nt = r->p.top_logprobs;
+    struct kwk_event ev = {
+        .type = KWK_EVENT_TOKEN,
+        .id = r->id,
+        .token = tok,
+        .logprob = r->out.logprobs[i],
+        .n_top = nt,
+        .top_ids = nt ? r->out.top_ids + (size_t)i * nt : NULL,
+        .top_lps = nt ? r->out.top_lps + (size_t)i * nt : NULL,
+        .text = text,
+        .len = len,
+    };
+    r->e->step_tokens++;
+    r->fn(r->user, &ev);
+    return atomic_load(&r->cancel);
+}
+
+/* Output arrays and the sequence state of a request entering its slot. */
+static int req_start(struct kwk_engine *e, struct kwk_req *r, struct kwk_err *err)
+{
+    size_t cap = (size_t)KWK_MAX(r->p.max_new_tokens, 1), nt = (size_t)r->p.top_logprobs;
+    r->out.tokens = kwk_malloc(cap * sizeof(int32_t));
+    r->out.logprobs = kwk_malloc(cap * sizeof(float));
+    if (nt) {
+        r->out.top_ids = kwk_malloc(cap * nt * sizeof(int32_t));
+        r->out.top_lps = kwk_malloc(cap * nt * sizeof(float));
+    }
+    if (!r->out.tokens || !r->out.logprobs || (nt && (!r->out.top_ids || !r->out.top_lps)))
+        return kwk_err_set(err, -ENOMEM, "out of memory for a request's output");
+    r->out.cap = (int)cap;
+    r->p.on_token = on_token;
+    r->p.user = r;
+    r->seq_ready = 1;
+    return kwk_gen_seq_init(&r->g, e->n_vocab, r->prompt, r->n_prompt, &r->p, &r->out, err);
+}
+
+/* Move queued requests into free slots (first come, first served); end the canceled ones. */
+static void admit(struct kwk_engine *e, double now)
+{
+    struct kwk_req *admitted = NULL, *canceled = NULL;
+    pthread_mutex_lock(&e->mu);
+    struct kwk_req **link = &e->q_head, *prev = NULL;
+    while (*link) {
+        struct kwk_req *r = *link;
+        int keep = 0, slot = -1;
+        int cancel = atomic_load(&r->cancel);
+        if (!cancel && (slot = pick_slot(e, r->prompt, r->n_prompt, &keep)) < 0)
+            break; /* no free slot: later requests wait behind this one */
+        *link = r->next;
+        if (e->q_tail == r)
+            e->q_tail = prev;
+        e->n_queued--;
+        if (cancel) {
+            r->next = canceled;
+            canceled = r;
+            continue;
+        }
+        r->slot = slot;
+        r->n_read = keep;
+        r->state = REQ_PREFILL;
+        r->t_admit = now;
+        e->slots[slot].req = r;
+        e->slots[slot].len = keep;
+        e->n_running++;
+        r->next = admitted;
+        admitted = r;
+    }
+    pthread_mutex_unlock(&e->mu);
+    while (canceled) {
+        struct kwk_req *r = canceled;
+        canceled = r->next;
+        kwk_engine_finish(e, r, 0, NULL);
+    }
+    while (admitted) {
+        struct kwk_req *r = admitted;
+        admitted = r->next;
+        struct kwk_err err = {0};
+        if (req_start(e, r, &err) < 0) {
+            kwk_engine_finish(e, r, err.code, err.msg);
+            continue;
+        }
+        r->out.prompt_reused = r->n_read;
+        pthread_mutex_lock(&e->mu);
+        e->st.prompt_reused += (uint64_t)r->n_read;
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+/* A row of the batch: token id at (slot, position). */
+static void add_row(struct kwk_engine *e, int *n, int slot, int pos, int32_t id)
+{
+    e->row_ids[*n] = id;
+    e->row_req[*n] = slot;
+    e->d->row_slot[*n] = slot;
+    e->d->row_pos[*n] = pos;
+    (*n)++;
+}
+
+/* Lookup candidates a running request may add: they cost compute in every row, so only while
+ * few requests decode, where the step is bound by reading the weights rather than by math. */
+static int spec_allowance(const struct kwk_engine *e, const struct kwk_req *r, int n_decode)
+{
+    int per = 8 / KWK_MAX(n_decode, 1) - 1;
+    int room = e->d->max_len - e->slots[r->slot].len - 1;
+    int left = r->p.max_new_tokens - r->out.n_tokens - 1;
+    return KWK_MAX(0, KWK_MIN(KWK_MIN(per, r->p.lookup), KWK_MIN(room, left)));
+}
+
+/* Turn one request's logits into tokens; end it when it is done. */
+static void consume(struct kwk_engine *e, struct kwk_req *r, const struct kwk_plan *pl, double now)
+{
+    struct kwk_slot *s = &e->slots[r->slot];
+    struct kwk_err err = {0};
+    size_t nv = (size_t)e->n_vocab;
+    const float *row = e->logits + (size_t)pl->first_logit * nv;
+    if (r->state == REQ_PREFILL) {
+        r->state = REQ_DECODE;
+        if (r->p.max_new_tokens == 0) {
+            r->out.finish_reason = KWK_FINISH_LENGTH;
+            kwk_engine_finish(e, r, 0, NULL);
+            return;
+        }
+        if (kwk_gen_seq_next(&r->g, row, &r->pending, &err) < 0)
+            goto failed;
+        r->t_first = now;
+    } else {
+        int base = s->len, kept = 0;
+        s->tokens[base] = r->pending;
+        for (int j = 0; j <= pl->n_cand && !r->g.done; j++) {
+            int32_t tok;
+            if (kwk_gen_seq_next(&r->g, row + (size_t)j * nv, &tok, &err) < 0)
+                goto failed;
+            r->pending = tok;
+            if (j < pl->n_cand && tok == pl->cand[j]) {
+                s->tokens[base + 1 + j] = tok;
+                kept++;
+                continue;
+            }
+            break;
+        }
+        s->len = base + 1 + kept;
+        r->out.n_steps++;
+        r->out.n_proposed += pl->n_cand;
+        r->out.n_accepted += kept;
+    }
+    if (!r->g.done && s->len >= e->d->max_len)
+        r->out.finish_reason = KWK_FINISH_LENGTH, r->g.done = 1;
+    if (r->g.done)
+        kwk_engine_finish(e, r, 0, NULL);
+    return;
+failed:
+    kwk_engine_finish(e, r, err.code ? err.code : KWK_ERUNTIME, err.msg);
+}
+
+int kwk_engine_run_step(struct kwk_engine *e)
+{
+    double t0 = kwk_engine_now();
+    int nb = e->prm.max_batch;
+    e->step_tokens = 0;
+    admit(e, t0);
+    for (int i = 0; i < nb; i++) {
+        struct kwk_req *r = e->slots[i].req;
+        if (r && atomic_load(&r->cancel)) {
+            r->out.finish_reason = KWK_FINISH_CANCELED;
+            kwk_engine_finish(e, r, 0, NULL);
+        }
+    }
+
+    /* Decode rows first (one per running request, plus candidates), then prompt chunks in
+     * first-come order within the budget. */
+    struct kwk_plan *plans = e->plans;
+    int n_rows = 0, n_logits = 0, n_decode = 0, n_prompt_rows = 0;
+    for (int i = 0; i < nb; i++)
+        n_decode += e->slots[i].req && e->slots[i].req->state == REQ_DECODE;
+    for (int i = 0; i < nb; i++) {
+        struct kwk_req *r = e->slots[i].req;
+        plans[i].first_logit = -1;
+        plans[i].n_cand = plans[i].n_prompt = 0;
+        if (!r || r->state != REQ_DECODE)
+            continue;
+        struct kwk_slot *s = &e->slots[i];
+        int allow = spec_allowance(e, r, n_decode);
+        if (allow > 0)
+            plans[i].n_cand = kwk_gen_seq_lookup(&r->g, plans[i].cand, allow);
+        plans[i].first_logit = n_logits;
+        add_row(e, &n_rows, i, s->len, r->pending);
+        e->logit_rows[n_logits++] = n_rows - 1;
+        for (int j = 0; j < plans[i].n_cand; j++) {
+            add_row(e, &n_rows, i, s->len + 1 + j, plans[i].cand[j]);
+            e->logit_rows[n_logits++] = n_rows - 1;
+        }
+    }
+    for (;;) {
+        /* the prefilling request submitted first that still has prompt left this step */
+        struct kwk_req *next = NULL;
+        for (int i = 0; i < nb; i++) {
+            struct kwk_req *r = e->slots[i].req;
+            if (r && r->state == REQ_PREFILL && plans[i].n_prompt == 0 &&
+                (!next || r->id < next->id))
+                next = r;
+        }
+        int budget = e->prm.prefill_chunk - n_prompt_rows;
+        if (!next || budget <= 0)
+            break;
+        struct kwk_slot *s = &e->slots[next->slot];
+        int k = KWK_MIN(budget, next->n_prompt - next->n_read);
+        for (int j = 0; j < k; j++) {
+            int pos = next->n_read + j;
+            s->tokens[pos] = next->prompt[pos];
+            add_row(e, &n_rows, next->slot, pos, next->prompt[pos]);
+        }
+        plans[next->slot].n_prompt = k;
+        n_prompt_rows += k;
+        next->n_read += k;
+        s->len = next->n_read;
+        if (next->n_read == next->n_prompt) {
+            plans[next->slot].first_logit = n_logits;
+            e->logit_rows[n_logits++] = n_rows - 1;
+        }
+    }
+
+    if (n_rows > 0) {
+        kwk_forward_rows(e->d, e->row_ids, n_rows);
+        if (n_logits > 0)
+            kwk_logits_rows(e->d, e->logit_rows, n_logits, e->logits);
+        double now = kwk_engine_now();
+        for (int i = 0; i < nb; i++) {
+            struct kwk_req *r = e->slots[i].req;
+            if (r && plans[i].first_logit >= 0)
+                consume(e, r, &plans[i], now);
+        }
+    }
+
+    double t1 = kwk_engine_now();
+    pthread_mutex_lock(&e->mu);
+    if (n_rows > 0) {
+        e->st.steps++;
+        e->st.batch_rows += (uint64_t)n_rows;
+        e->st.busy_s += t1 - t0;
+    }
+    e->st.prompt_tokens += (uint64_t)n_prompt_rows;
+    e->st.generated_tokens += e->step_tokens;
+    int left = e->n_queued + e->n_running;
+    pthread_mutex_unlock(&e->mu);
+    return left;
+}
