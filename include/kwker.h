@@ -143,6 +143,12 @@ struct kwk_decoder_params {
     int max_cache_len; /* KV cache positions; 0 = min(max_position, 4096) */
     int n_threads;     /* 0 = kwk_default_threads() */
     int precision;     /* enum kwk_precision */
+    /* Packed-weight cache for balanced / int4: a directory holding one pack file per model x
+     * precision, keyed by the weights' content (created if missing). NULL or "" = no cache.
+     * Borrowed: read during kwk_decoder_new only. An unusable directory only logs a warning. */
+    const char *cache_dir;
+    int64_t cache_max_bytes; /* the directory's size limit, least recently used packs removed
+                              * first; 0 = $KWKER_CACHE_MAX (bytes, K/M/G suffix) or 16 GiB */
 };
 
 KWK_API void kwk_decoder_params_init(struct kwk_decoder_params *p);
@@ -477,6 +483,7 @@ struct kwk_engine_params {
     int precision;     /* enum kwk_precision */
     int prefill_chunk; /* prompt tokens read per step, all requests together; 0 = 256 */
     int max_queue;     /* requests waiting for a slot; 0 = 4096 (submit fails KWK_ELIMIT beyond) */
+    const char *cache_dir; /* packed-weight cache, as in kwk_decoder_params (NULL: none) */
 };
 
 KWK_API void kwk_engine_params_init(struct kwk_engine_params *p);

@@ -34,7 +34,27 @@ class _DecoderParams(ctypes.Structure):
         ("max_cache_len", ctypes.c_int),
         ("n_threads", ctypes.c_int),
         ("precision", ctypes.c_int),
+        ("cache_dir", ctypes.c_char_p),
+        ("cache_max_bytes", ctypes.c_int64),
     ]
+
+
+def default_cache_dir():
+    """The packed-weight cache directory that cache_dir=True means: $KWKER_CACHE, or else
+    ~/.cache/kwker/packs (None when $KWKER_CACHE is "" or "off")."""
+    env = os.environ.get("KWKER_CACHE")
+    if env is not None:
+        return None if env in ("", "off") else env
+    return os.path.join(os.path.expanduser("~"), ".cache", "kwker", "packs")
+
+
+def _cache_dir_arg(cache_dir):
+    if cache_dir is None or cache_dir is False:
+        return None
+    if cache_dir is True:
+        d = default_cache_dir()
+        return None if d is None else os.fsencode(d)
+    return os.fsencode(os.fspath(cache_dir))
 
 
 _TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
@@ -83,6 +103,22 @@ class _GenOutput(ctypes.Structure):
 
 
 _FINISH = {0: None, 1: "stop", 2: "length", 3: "canceled"}
+_TOP_MAX = 20  # KWK_SAMPLER_TOP_MAX
+
+
+class GenerateOutput:
+    """What KwkDecoder.generate returns when logprobs are asked for (see its docstring)."""
+
+    def __init__(self, sequences, tokens, logprobs, top_logprobs, text, finish_reason):
+        self.sequences = sequences
+        self.tokens = tokens
+        self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
+        self.text = text
+        self.finish_reason = finish_reason
+
+    def __repr__(self):
+        return "GenerateOutput(tokens=%r, finish_reason=%r)" % (self.tokens, self.finish_reason)
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _F32P = ctypes.POINTER(ctypes.c_float)
 _bound = False
@@ -172,16 +208,74 @@ def _like(ids, kind, shape2d, template):
     return ids.tolist()
 
 
+def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature=1.0, top_k=50,
+               top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+               frequency_penalty=0.0, logit_bias=None, seed=None, generator=None, eos=(),
+               stop=None, tok=None, prompt_cache=True, lookup=8, top_logprobs=0):
+    """struct kwk_gen_params for generate()'s arguments (eos: a list of ids; stop: strings, which
+    need tok, a kwker.Tokenizer). Returns (params, buffers the params point into: keep them
+    alive while the params are used)."""
+    p = _GenParams()
+    _bind().kwk_gen_params_init(ctypes.byref(p))
+    p.max_new_tokens = int(max_new_tokens)
+    sp = p.sampling
+    sp.do_sample = int(bool(do_sample))
+    sp.temperature = float(temperature)
+    sp.top_k = int(top_k or 0)
+    sp.top_p = float(top_p)
+    sp.min_p = float(min_p or 0.0)
+    sp.repetition_penalty = float(repetition_penalty)
+    sp.presence_penalty = float(presence_penalty)
+    sp.frequency_penalty = float(frequency_penalty)
+    sp.min_new_tokens = int(min_new_tokens or 0)
+    if generator is not None and seed is None:
+        seed = generator.initial_seed()
+    sp.seed = int(seed or 0) & 0xFFFFFFFFFFFFFFFF
+    keep = []  # ctypes buffers that must outlive the call
+    if logit_bias:
+        b_ids = np.asarray([int(k) for k in logit_bias], dtype=np.int32)
+        b_val = np.asarray([float(v) for v in logit_bias.values()], dtype=np.float32)
+        keep += [b_ids, b_val]
+        p.logit_bias_ids = b_ids.ctypes.data_as(_I32P)
+        p.logit_bias = b_val.ctypes.data_as(_F32P)
+        p.n_logit_bias = len(b_ids)
+    eos = np.asarray(list(eos), dtype=np.int32)
+    keep.append(eos)
+    p.eos_ids = eos.ctypes.data_as(_I32P)
+    p.n_eos = len(eos)
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop:
+        arr = (ctypes.c_char_p * len(stop))(*[s_.encode() for s_ in stop])
+        keep.append(arr)
+        p.stop = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
+        p.n_stop = len(stop)
+    if tok is not None:
+        p.tok = tok._h
+    p.prompt_cache = int(bool(prompt_cache))
+    p.lookup = int(lookup or 0)
+    p.top_logprobs = int(top_logprobs or 0)
+    return p, keep
+
+
 class KwkDecoder:
     """A model plus a KV cache of max_cache_len positions, run by libkwker on the CPU.
 
     model: a folder (config.json + safetensors), a .gguf file, or a Hugging Face id found in the
     local Hugging Face cache. precision: "preserve" (the checkpoint's own numbers, float32 math).
     Not thread-safe: use one decoder per thread (they may load the same files).
+    max_batch: the slots of the serving engine that generate_batch() uses (default 8).
+    cache_dir (balanced / int4 only): None or False packs at every load; True keeps packed
+    weights in default_cache_dir() ($KWKER_CACHE or ~/.cache/kwker/packs); a path uses that
+    directory. cache_max_bytes: its size limit (None: $KWKER_CACHE_MAX or 16 GiB), least
+    recently used packs removed first. A cache that cannot be used only logs a warning.
     """
 
     def __init__(self, model, max_cache_len=2048, precision="preserve", n_threads=None,
-                 weights=None):
+                 weights=None, cache_dir=None, cache_max_bytes=None, max_batch=None):
+        self._engine = None
+        self.max_batch = int(max_batch) if max_batch else None
+        self.n_threads = n_threads
         if weights is not None:
             precision = weights
         if precision not in _PRECISIONS:
@@ -200,7 +294,11 @@ class KwkDecoder:
         self.info = info
         self.vocab_size = info.n_vocab
         self.eos_token_id = [info.eos_ids[i] for i in range(info.n_eos)]
-        params = _DecoderParams(int(max_cache_len), int(n_threads or 0), _PRECISIONS[precision])
+        cache_arg = _cache_dir_arg(cache_dir)  # bytes kept alive until kwk_decoder_new returns
+        if cache_max_bytes is not None and int(cache_max_bytes) < 0:
+            raise ValueError("cache_max_bytes must be >= 0")
+        params = _DecoderParams(int(max_cache_len), int(n_threads or 0), _PRECISIONS[precision],
+                                cache_arg, int(cache_max_bytes or 0))
         self._dec = L.kwk_decoder_new(self._model, ctypes.byref(params), ctypes.byref(err))
         if not self._dec:
             raise_err(err)
@@ -208,6 +306,9 @@ class KwkDecoder:
         self.precision = precision
 
     def close(self):
+        if getattr(self, "_engine", None) is not None:
+            self._engine.close()  # before the model it runs on
+            self._engine = None
         if getattr(self, "_dec", None):
             self._lib.kwk_decoder_free(self._dec)
             self._dec = None
@@ -270,9 +371,15 @@ class KwkDecoder:
                  temperature=1.0, top_k=50, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
                  presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, seed=None,
                  generator=None, eos_token_id=None, stop=None, lookup=8, draft=None, n_draft=4,
-                 streamer=None, prompt_cache=True, tokenizer=None):
+                 streamer=None, prompt_cache=True, tokenizer=None, logprobs=False,
+                 top_logprobs=0, return_dict_in_generate=False):
         """Generate after input_ids; returns prompt + new tokens in the same kind (list, numpy,
-        torch) and shape ([n] or [1, n]) as input_ids.
+        torch) and shape ([n] or [1, n]) as input_ids. With logprobs=True, top_logprobs=k > 0
+        or return_dict_in_generate=True it returns a GenerateOutput instead: .sequences (that
+        same value), .tokens (the new ids), .logprobs (float32 numpy [n_new]: log-softmax of the
+        raw logits at the chosen token, OpenAI's logprobs), .top_logprobs (per new token a list
+        of k (id, logprob) pairs, most likely first, lower id first on ties; k <= 20), .text
+        and .finish_reason.
 
         Greedy by default (Hugging Face's defaults otherwise: top_k 50 applies with
         do_sample=True). eos_token_id: an id, a list, None for the model's own, [] never stops
@@ -282,53 +389,30 @@ class KwkDecoder:
         tokens are those of plain decoding. prompt_cache reuses the KV cache prefix shared with the
         previous call. seed / generator (a torch.Generator: its initial seed) make sampling
         reproducible. streamer: an object with put(token_ids) and end() (transformers' streamers)
-        or a callable(token_id, text). After the call, self.stats holds prompt_reused,
-        proposed, accepted, steps, finish_reason and text.
+        or a callable(token_id, text). tokenizer: a kwker.Tokenizer for the text (default: the
+        one shipped with the model, when it has one). After the call, self.stats holds
+        prompt_reused, proposed, accepted, steps, finish_reason and text (None only when there
+        is no tokenizer).
         """
+        n_top = int(top_logprobs or 0)
+        if not 0 <= n_top <= _TOP_MAX:
+            raise ValueError("top_logprobs must be in [0, %d]" % _TOP_MAX)
         ids, kind, shape2d = _as_ids(input_ids)
         if len(ids) == 0:
             raise ValueError("input_ids is empty")
         L = self._lib
-        p = _GenParams()
-        L.kwk_gen_params_init(ctypes.byref(p))
-        p.max_new_tokens = int(max_new_tokens)
-        sp = p.sampling
-        sp.do_sample = int(bool(do_sample))
-        sp.temperature = float(temperature)
-        sp.top_k = int(top_k or 0)
-        sp.top_p = float(top_p)
-        sp.min_p = float(min_p or 0.0)
-        sp.repetition_penalty = float(repetition_penalty)
-        sp.presence_penalty = float(presence_penalty)
-        sp.frequency_penalty = float(frequency_penalty)
-        sp.min_new_tokens = int(min_new_tokens or 0)
-        if generator is not None and seed is None:
-            seed = generator.initial_seed()
-        sp.seed = int(seed or 0) & 0xFFFFFFFFFFFFFFFF
-        keep = []  # ctypes buffers that must outlive the call
-        if logit_bias:
-            b_ids = np.asarray([int(k) for k in logit_bias], dtype=np.int32)
-            b_val = np.asarray([float(v) for v in logit_bias.values()], dtype=np.float32)
-            keep += [b_ids, b_val]
-            p.logit_bias_ids = b_ids.ctypes.data_as(_I32P)
-            p.logit_bias = b_val.ctypes.data_as(_F32P)
-            p.n_logit_bias = len(b_ids)
-        eos = np.asarray(self._eos_list(eos_token_id), dtype=np.int32)
-        keep.append(eos)
-        p.eos_ids = eos.ctypes.data_as(_I32P)
-        p.n_eos = len(eos)
         if isinstance(stop, str):
             stop = [stop]
-        tok = tokenizer or (self.tokenizer() if (stop or streamer is not None) else None)
-        if stop:
-            arr = (ctypes.c_char_p * len(stop))(*[s_.encode() for s_ in stop])
-            keep.append(arr)
-            p.stop = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p))
-            p.n_stop = len(stop)
-        if tok is not None:
-            p.tok = tok._h
-        p.prompt_cache = int(bool(prompt_cache))
-        p.lookup = int(lookup or 0)
+        tok = tokenizer or self._tokenizer_if_any()
+        if tok is None and (stop or streamer is not None):
+            tok = self.tokenizer()  # raises the reason the model's tokenizer did not load
+        p, keep = gen_params(
+            max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
+            generator=generator, eos=self._eos_list(eos_token_id), stop=stop, tok=tok,
+            prompt_cache=prompt_cache, lookup=lookup)
         if draft is not None:
             p.draft = draft._dec
             p.n_draft = int(n_draft)
@@ -351,6 +435,14 @@ class KwkDecoder:
         out = _GenOutput()
         out.tokens = out_tokens.ctypes.data_as(_I32P)
         out.cap = n_cap
+        out_lps = np.zeros(n_cap, dtype=np.float32)
+        out.logprobs = out_lps.ctypes.data_as(_F32P)
+        p.top_logprobs = n_top
+        if n_top:
+            top_ids = np.zeros((n_cap, n_top), dtype=np.int32)
+            top_lps = np.zeros((n_cap, n_top), dtype=np.float32)
+            out.top_ids = top_ids.ctypes.data_as(_I32P)
+            out.top_lps = top_lps.ctypes.data_as(_F32P)
         err = KwkErr()
         rc = L.kwk_generate(self._dec, ids.ctypes.data_as(_I32P), len(ids), ctypes.byref(p),
                             ctypes.byref(out), ctypes.byref(err))
@@ -367,9 +459,53 @@ class KwkDecoder:
             "accepted": out.n_accepted, "steps": out.n_steps,
             "finish_reason": _FINISH.get(out.finish_reason), "text": text,
         }
-        full = np.concatenate([ids, out_tokens[: min(out.n_tokens, n_cap)]])
+        n_new = min(out.n_tokens, n_cap)
+        full = np.concatenate([ids, out_tokens[:n_new]])
         template = input_ids if kind != "list" else None
-        return _like(full, kind, shape2d, template)
+        seqs = _like(full, kind, shape2d, template)
+        if not (logprobs or n_top or return_dict_in_generate):
+            return seqs
+        tops = None
+        if n_top:
+            tops = [list(zip(top_ids[i].tolist(), top_lps[i].tolist())) for i in range(n_new)]
+        return GenerateOutput(seqs, out_tokens[:n_new].tolist(), out_lps[:n_new].copy(), tops,
+                              text, self.stats["finish_reason"])
+
+    def engine(self):
+        """The serving engine over this decoder's model (kwker.serve.Engine with max_batch
+        slots of max_cache_len positions, made on first use; it has its own KV cache)."""
+        if self._engine is None:
+            from .serve import Engine
+            self._engine = Engine(self, max_batch=self.max_batch or 8,
+                                  n_threads=self.n_threads)
+        return self._engine
+
+    def generate_batch(self, prompts, max_new_tokens=16, **kw):
+        """Generate after each prompt together, batched by the serving engine (see engine());
+        up to max_batch (the constructor's, default 8) advance in one forward pass. kw are
+        generate()'s sampling and stopping arguments (no draft or streamer). Returns a list with
+        what generate() returns for each prompt alone: the same tokens, prompt + new ones."""
+        eng = self.engine()
+        reqs = []
+        for prompt in prompts:
+            ids, kind, shape2d = _as_ids(prompt)
+            reqs.append((eng.submit(ids, max_new_tokens=max_new_tokens, **kw), ids, kind,
+                         shape2d, prompt))
+        outs = []
+        for req, ids, kind, shape2d, prompt in reqs:
+            new = np.asarray(req.result(), dtype=np.int32)
+            full = np.concatenate([ids, new])
+            outs.append(_like(full, kind, shape2d, prompt if kind != "list" else None))
+        return outs
+
+    def _tokenizer_if_any(self):
+        """The model's own tokenizer, or None when it has none (tried once)."""
+        if self._tokenizer is None and not getattr(self, "_no_tokenizer", False):
+            try:
+                self.tokenizer()
+            except KwkError:
+                self._no_tokenizer = True
+        return self._tokenizer
 
     def generate_greedy(self, input_ids, max_new_tokens=16, eos_token_id=None):
         """Plain greedy decoding without speculation or prompt reuse (the reference path)."""

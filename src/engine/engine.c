@@ -56,6 +56,7 @@ kwk_engine *kwk_engine_new(const kwk_model *m, const struct kwk_engine_params *p
     dp.max_cache_len = prm.max_cache_len;
     dp.n_threads = prm.n_threads;
     dp.precision = prm.precision;
+    dp.cache_dir = prm.cache_dir;
     /* A step holds every running request's decode row and candidates, plus prompt chunks. */
     e->spec_cap = prm.max_batch * (1 + KWK_ENGINE_MAX_SPEC);
     int n_batch = prm.prefill_chunk + e->spec_cap;
@@ -63,6 +64,7 @@ kwk_engine *kwk_engine_new(const kwk_model *m, const struct kwk_engine_params *p
     if (!e->d)
         goto fail;
     prm.max_cache_len = e->d->max_len;
+    prm.cache_dir = NULL; /* borrowed for kwk_decoder_new only */
     prm.prefill_chunk = KWK_MIN(prm.prefill_chunk, e->d->max_len);
     e->prm = prm;
     e->n_vocab = e->d->c->n_vocab;

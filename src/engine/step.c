@@ -96,6 +96,19 @@ static void admit(struct kwk_engine *e, double now)
             canceled = r;
             continue;
         }
+        /* A longer prefix held by another slot (running or free) is copied rather than read
+         * again: a shared system prompt costs a memcpy per request instead of a forward pass. */
+        int src = -1, src_keep = keep;
+        for (int i = 0; i < e->prm.max_batch; i++) {
+            int k = i == slot ? 0 : common_prefix(&e->slots[i], r->prompt, r->n_prompt);
+            if (k > src_keep)
+                src = i, src_keep = k;
+        }
+        if (src >= 0) {
+            kwk_kv_copy(e->d, slot, src, src_keep);
+            memcpy(e->slots[slot].tokens, e->slots[src].tokens, sizeof(int32_t) * src_keep);
+            keep = src_keep;
+        }
         r->slot = slot;
         r->n_read = keep;
         r->state = REQ_PREFILL;

@@ -30,6 +30,9 @@
 
 #include "kernels/kernels.h"
 
+/* Changing a block struct, a group size, the row interleaving or the numbers packing computes
+ * must bump KWK_PACK_FORMAT_VERSION (runtime/packcache.h), or cached pack files stay in use. */
+
 /* Rows interleaved per block. */
 #define KWK_QROWS 16
 /* Columns per group (one scale per row per group). */

@@ -123,7 +123,8 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
     d->layers = m->layers;
     d->lm_head = &m->lm_head;
     if (p->precision != KWK_PRECISION_PRESERVE) {
-        struct kwk_packcache_opts cache = {p->cache_dir, p->cache_max_bytes, NULL, 0};
+        struct kwk_packcache_opts cache = {.dir = p->cache_dir,
+                                           .max_bytes = p->cache_max_bytes};
         if (p->cache_max_bytes < 0) {
             kwk_err_set(err, KWK_EARG, "cache_max_bytes %lld is negative",
                         (long long)p->cache_max_bytes);
@@ -256,6 +257,17 @@ int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logit
         }
     }
     return 0;
+}
+
+void kwk_kv_copy(struct kwk_decoder *d, int dst, int src, int n)
+{
+    size_t row = (size_t)d->kv_dim, len = (size_t)n * row * sizeof(float);
+    for (int L = 0; L < d->c->n_layers; L++) {
+        size_t to = ((size_t)dst * (size_t)d->c->n_layers + (size_t)L) * (size_t)d->max_len * row;
+        size_t from = ((size_t)src * (size_t)d->c->n_layers + (size_t)L) * (size_t)d->max_len * row;
+        memcpy(d->k_cache + to, d->k_cache + from, len);
+        memcpy(d->v_cache + to, d->v_cache + from, len);
+    }
 }
 
 int32_t kwk_argmax(const float *x, int n)

@@ -2,10 +2,12 @@
  * in parallel on the decoder's pool. Built on the decoder's owner thread; read-only after. */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/quant.h"
+#include "runtime/packcache.h"
 #include "runtime/packed.h"
 
 struct kwk_packed {
@@ -15,6 +17,7 @@ struct kwk_packed {
     int n_bufs;
     int64_t n_weights;        /* weights of the packed matrices */
     size_t n_bytes;           /* bytes of their blocks */
+    struct kwk_packcache *cache; /* the pack file the blocks are mapped from, or NULL */
 };
 
 /* Matrices of a layer, in the order of kwk_layer; names for KWKER_INT4_KEEP8. */
@@ -136,7 +139,68 @@ static int run_jobs(struct pack_job *jobs, int n_jobs, struct kwk_pool *pool,
     return 0;
 }
 
-struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision, struct kwk_pool *pool,
+/* The pack cache's key for m: the bytes of every tensor of its files (the matrices are made from
+ * them; a GGUF's quantized tensors are far fewer bytes than their float32 expansion) and what
+ * else turns those into the matrices. NULL sources (in-memory models) key on the matrices. */
+static int pack_sources(const struct kwk_model *m, struct kwk_packcache_opts *o)
+{
+    int n = m->gguf ? m->gguf->n_tensors : 0;
+    for (int i = 0; i < m->n_st; i++)
+        n += m->st[i].n_tensors;
+    if (n == 0)
+        return 0;
+    struct kwk_pack_source *s = kwk_calloc((size_t)n, sizeof *s);
+    if (!s)
+        return -1;
+    int k = 0;
+    for (int i = 0; m->gguf && i < m->gguf->n_tensors; i++)
+        s[k++] = (struct kwk_pack_source){m->gguf->tensors[i].data, m->gguf->tensors[i].nbytes};
+    for (int j = 0; j < m->n_st; j++)
+        for (int i = 0; i < m->st[j].n_tensors; i++)
+            s[k++] = (struct kwk_pack_source){m->st[j].tensors[i].data, m->st[j].tensors[i].nbytes};
+    const struct kwk_config *c = &m->cfg;
+    const int64_t shape[] = {m->gguf != NULL, c->arch, c->n_vocab, c->n_layers, c->d_model,
+                             c->n_heads, c->n_kv_heads, c->head_dim, c->d_ff,
+                             c->tie_embeddings, c->qkv_bias, c->qk_norm};
+    o->salt ^= kwk_hash64(shape, sizeof shape, 0x5eed);
+    o->sources = s;
+    o->n_sources = n;
+    return 0;
+}
+
+/* A pack file names its format version, but a change to packing that forgets to bump it would
+ * go unseen: pack the smallest matrix of each target type again and compare (0.1% of packing
+ * SmolLM2-135M). 1 = the mapped blocks are what this build packs. */
+static int cached_blocks_match(const struct pack_job *jobs, int n_jobs, struct kwk_pool *pool)
+{
+    int ok = 1;
+    for (int i = 0; i < n_jobs && ok; i++) {
+        const struct kwk_mat *d = jobs[i].dst;
+        int first = 1, best = i;
+        for (int j = 0; j < n_jobs; j++) {
+            const struct kwk_mat *o = jobs[j].dst;
+            if (o->wtype == d->wtype && j < i)
+                first = 0; /* this type was checked at its first matrix */
+            const struct kwk_mat *cur = jobs[best].dst;
+            if (o->wtype == d->wtype && o->rows * o->cols < cur->rows * cur->cols)
+                best = j;
+        }
+        size_t bytes;
+        const struct kwk_mat *b = jobs[best].dst;
+        if (!first || kwk_quant_bytes(b->wtype, b->rows, b->cols, &bytes))
+            continue;
+        struct kwk_mat fresh = {b->wtype, b->rows, b->cols,
+                                kwk_malloc_aligned(bytes ? bytes : 64)};
+        struct pack_job job = {jobs[best].src, &fresh, 0};
+        if (fresh.data && !run_jobs(&job, 1, pool, NULL))
+            ok = !memcmp(fresh.data, b->data, bytes);
+        kwk_free_aligned((void *)fresh.data);
+    }
+    return ok;
+}
+
+struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
+                                  const struct kwk_packcache_opts *cache, struct kwk_pool *pool,
                                   struct kwk_err *err)
 {
     if (precision != KWK_PRECISION_BALANCED && precision != KWK_PRECISION_INT4) {
@@ -144,46 +208,102 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision, stru
         return NULL;
     }
     double t0 = kwk_time_s();
+    const char *label = precision == KWK_PRECISION_INT4 ? "int4" : "balanced";
     int n_layers = m->cfg.n_layers, n_mats = 7 * n_layers + 1;
     unsigned keep8 = precision == KWK_PRECISION_INT4 ? keep8_mask() : 0;
     struct pack_job *jobs = NULL;
+    struct kwk_pack_entry *ents = NULL;
+    struct kwk_packcache_opts opts = {0};
     struct kwk_packed *p = kwk_calloc(1, sizeof *p);
     if (!p)
         goto out_nomem;
     p->layers = kwk_calloc((size_t)n_layers, sizeof *p->layers);
     p->bufs = kwk_calloc((size_t)n_mats, sizeof *p->bufs);
     jobs = kwk_calloc((size_t)n_mats, sizeof *jobs);
-    if (!p->layers || !p->bufs || !jobs)
+    ents = kwk_calloc((size_t)n_mats, sizeof *ents);
+    if (!p->layers || !p->bufs || !jobs || !ents)
         goto out_nomem;
+    /* First every matrix's target type and size, so the pack cache can key on exactly what is
+     * packed; then storage: a mapped pack file, or blocks of our own. */
     int n_jobs = 0;
     for (int L = 0; L < n_layers; L++) {
         p->layers[L] = m->layers[L]; /* norms and biases: the model's, shared */
         for (int w = 0; w < 7; w++) {
             int wt = precision == KWK_PRECISION_INT4 && !(keep8 >> w & 1) ? KWK_W_Q4 : KWK_W_Q8;
-            struct kwk_mat *dst = layer_mat(&p->layers[L], w);
-            jobs[n_jobs] = (struct pack_job){layer_mat(&m->layers[L], w), dst, 0};
-            if (alloc_mat(p, jobs[n_jobs].src, dst, wt, err))
-                goto out_err;
-            n_jobs++;
+            jobs[n_jobs++] = (struct pack_job){layer_mat(&m->layers[L], w),
+                                               layer_mat(&p->layers[L], w), 0};
+            *jobs[n_jobs - 1].dst = (struct kwk_mat){wt, 0, 0, NULL};
         }
     }
     int wt_head = precision == KWK_PRECISION_INT4 && !(keep8 >> M_HEAD & 1) ? KWK_W_Q4 : KWK_W_Q8;
-    jobs[n_jobs] = (struct pack_job){&m->lm_head, &p->lm_head, 0};
-    if (alloc_mat(p, &m->lm_head, &p->lm_head, wt_head, err))
-        goto out_err;
-    n_jobs++;
-    if (run_jobs(jobs, n_jobs, pool, err))
-        goto out_err;
+    jobs[n_jobs++] = (struct pack_job){&m->lm_head, &p->lm_head, 0};
+    p->lm_head.wtype = wt_head;
+    for (int i = 0; i < n_jobs; i++) {
+        struct kwk_mat *d = jobs[i].dst;
+        d->rows = jobs[i].src->rows;
+        d->cols = jobs[i].src->cols;
+        if (kwk_quant_bytes(d->wtype, d->rows, d->cols, &ents[i].bytes)) {
+            kwk_err_set(err, KWK_ELIMIT, "a %lld x %lld matrix is too large to pack",
+                        (long long)d->rows, (long long)d->cols);
+            goto out_err;
+        }
+        ents[i] = (struct kwk_pack_entry){jobs[i].src, d, ents[i].bytes};
+    }
+    if (cache)
+        opts = *cache;
+    opts.label = label;
+    opts.sources = NULL; /* ours to make (and free) */
+    opts.n_sources = 0;
+    if (opts.dir && opts.dir[0] && pack_sources(m, &opts))
+        goto out_nomem;
+    int cached = kwk_packcache_open(&opts, ents, n_jobs, pool, &p->cache);
+    for (int tries = 0; cached == KWK_PACKCACHE_HIT && !cached_blocks_match(jobs, n_jobs, pool);
+         tries++) {
+        kwk_log(KWK_LOG_WARN, "pack cache: %s: its blocks differ from what this build packs "
+                "(a packing change without a KWK_PACK_FORMAT_VERSION bump?); packing again",
+                kwk_packcache_path(p->cache));
+        kwk_packcache_discard(p->cache);
+        p->cache = NULL;
+        cached = tries ? KWK_PACKCACHE_OFF
+                       : kwk_packcache_open(&opts, ents, n_jobs, pool, &p->cache);
+    }
+    for (int i = 0; i < n_jobs; i++) {
+        struct kwk_mat *d = jobs[i].dst;
+        if (cached == KWK_PACKCACHE_OFF && alloc_mat(p, jobs[i].src, d, d->wtype, err))
+            goto out_err;
+        if (cached != KWK_PACKCACHE_OFF) {
+            p->n_weights += d->rows * d->cols;
+            p->n_bytes += ents[i].bytes;
+        }
+    }
+    if (cached != KWK_PACKCACHE_HIT) {
+        /* a layer at a time, so a progress bar can move */
+        char what[64];
+        snprintf(what, sizeof what, "packing %s", label);
+        struct kwk_progress bar;
+        kwk_progress_init(&bar, what);
+        for (int i = 0; i < n_jobs; i += 7) {
+            if (run_jobs(jobs + i, KWK_MIN(7, n_jobs - i), pool, err))
+                goto out_err;
+            kwk_progress_update(&bar, KWK_MIN(i + 7, n_jobs), n_jobs);
+        }
+        kwk_progress_end(&bar);
+        kwk_packcache_commit(p->cache, pool);
+    }
     kwk_free(jobs);
-    kwk_log(KWK_LOG_INFO, "packed %s: %lld weights in %.1f MB, %.3f bits per weight, %.2f s",
-            precision == KWK_PRECISION_INT4 ? "int4" : "balanced", (long long)p->n_weights,
-            (double)p->n_bytes / 1e6, 8.0 * (double)p->n_bytes / (double)p->n_weights,
-            kwk_time_s() - t0);
+    kwk_free(ents);
+    kwk_free((void *)opts.sources);
+    kwk_log(KWK_LOG_INFO, "%s %s: %lld weights in %.1f MB, %.3f bits per weight, %.2f s",
+            cached == KWK_PACKCACHE_HIT ? "mapped packed" : "packed", label,
+            (long long)p->n_weights, (double)p->n_bytes / 1e6,
+            8.0 * (double)p->n_bytes / (double)p->n_weights, kwk_time_s() - t0);
     return p;
 out_nomem:
     kwk_err_set(err, -ENOMEM, "out of memory packing the model");
 out_err:
     kwk_free(jobs);
+    kwk_free(ents);
+    kwk_free((void *)opts.sources);
     kwk_packed_free(p);
     return NULL;
 }
@@ -194,6 +314,7 @@ void kwk_packed_free(struct kwk_packed *p)
         return;
     for (int i = 0; i < p->n_bufs; i++)
         kwk_free_aligned(p->bufs[i]);
+    kwk_packcache_free(p->cache);
     kwk_free(p->bufs);
     kwk_free(p->layers);
     kwk_free(p);

@@ -8,10 +8,15 @@
 
 struct kwk_packed;
 
+struct kwk_packcache_opts;
+
 /* Repack every layer matrix and the lm_head of m for precision (enum kwk_precision, not
- * PRESERVE). Norms and biases are shared with the model. NULL with err on failure
- * (KWK_EUNSUPPORTED while a precision is not implemented). */
-struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision, struct kwk_pool *pool,
+ * PRESERVE). Norms and biases are shared with the model. With cache (NULL = none; see
+ * runtime/packcache.h) the blocks are mapped from a pack file when one matches, or written to
+ * one. NULL with err on failure (KWK_EUNSUPPORTED while a precision is not implemented); the
+ * cache never makes it fail. */
+struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
+                                  const struct kwk_packcache_opts *cache, struct kwk_pool *pool,
                                   struct kwk_err *err);
 void kwk_packed_free(struct kwk_packed *p);
 /* [n_layers] layers whose matrices are the packed ones. */

@@ -66,6 +66,9 @@ void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n);
 /* The same for n tokens of slot 0 at positions d->pos .. d->pos+n-1; advances d->pos. */
 void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n);
 
+/* Copy positions 0 .. n-1 of slot src's K/V into slot dst (every layer). */
+void kwk_kv_copy(struct kwk_decoder *d, int dst, int src, int n);
+
 /* Output norm and lm_head of rows[n] of d->x into y[n][n_vocab]. */
 void kwk_logits_rows(struct kwk_decoder *d, const int *rows, int n, float *y);
 

@@ -23,6 +23,11 @@ for _p in (str(PY_DIR), str(TEST_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+# Packed-weight caches made by tests (CLI runs default to the user's cache) stay in a temporary
+# folder of this session, never in ~/.cache; tests of the cache itself pass their own folders.
+if "KWKER_CACHE" not in os.environ:
+    os.environ["KWKER_CACHE"] = tempfile.mkdtemp(prefix="kwker-test-cache-")
+
 # Tolerance of the acceptance: max|kwker - ref| <= REL_TOL * (max(ref) - min(ref)).
 REL_TOL = 1e-5
 

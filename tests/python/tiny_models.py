@@ -378,9 +378,8 @@ def kwk_worker(job_path, out_path):
         save()
         return
 
-    class Params(ctypes.Structure):
-        _fields_ = [("max_cache_len", ctypes.c_int), ("n_threads", ctypes.c_int),
-                    ("precision", ctypes.c_int)]
+    # the binding's mirror of struct kwk_decoder_params: one place to follow the header
+    from kwker.decode import _DecoderParams as Params
 
     class Info(ctypes.Structure):
         _fields_ = [("arch", ctypes.c_int), ("n_vocab", ctypes.c_int),

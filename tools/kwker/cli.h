@@ -20,5 +20,9 @@ int cli_parse_ids(const char *s, int *ids, int cap);
 int cli_parse_int(const char *s, int lo, int hi, int *out);
 /* enum kwk_precision for "preserve" | "balanced" | "int8" | "int4", or -1. */
 int cli_parse_precision(const char *s);
+/* The packed-weight cache directory for --cache-dir v (NULL when the option is absent): "off"
+ * means none (NULL); absent, $KWKER_CACHE ("" or "off": none) or else ~/.cache/kwker/packs.
+ * The cache only matters for --precision balanced / int8 / int4. */
+const char *cli_cache_dir(const char *v);
 
 #endif

@@ -1,4 +1,5 @@
 /* cli_common.c - option parsing helpers shared by the kwker subcommands. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,4 +42,19 @@ int cli_parse_precision(const char *s)
     if (!strcmp(s, "int4"))
         return KWK_PRECISION_INT4;
     return -1;
+}
+
+const char *cli_cache_dir(const char *v)
+{
+    static char home_dir[4096];
+    if (v)
+        return strcmp(v, "off") ? v : NULL;
+    const char *env = getenv("KWKER_CACHE");
+    if (env)
+        return env[0] && strcmp(env, "off") ? env : NULL;
+    const char *home = getenv("HOME");
+    if (!home || !home[0])
+        return NULL;
+    int n = snprintf(home_dir, sizeof home_dir, "%s/.cache/kwker/packs", home);
+    return n > 0 && (size_t)n < sizeof home_dir ? home_dir : NULL;
 }

@@ -17,6 +17,7 @@ void cli_gen_opts_init(struct cli_gen_opts *o, int n_predict)
 {
     memset(o, 0, sizeof *o);
     kwk_decoder_params_init(&o->dec);
+    o->dec.cache_dir = cli_cache_dir(NULL);
     kwk_sampler_params_init(&o->smp);
     o->temperature = -1;
     o->top_k = -1;
@@ -55,6 +56,8 @@ void cli_gen_usage(FILE *f)
             "  -t, --threads N          compute threads (default: the cores)\n"
             "  -c, --max-cache-len N    KV cache positions (default min(model max, 4096))\n"
             "  --precision P            preserve | balanced | int8 | int4\n"
+            "  --cache-dir DIR          packed-weight cache for balanced/int4 (default\n"
+            "                           $KWKER_CACHE or ~/.cache/kwker/packs; off: none)\n"
             "  --stats                  print prompt/reuse/speed/finish figures to stderr\n");
 }
 
@@ -141,6 +144,8 @@ static int parse_valued(struct cli_gen_opts *o, const char *a, const char *v)
         return cli_parse_int(v, 2, 1 << 24, &o->dec.max_cache_len);
     if (is(a, "--precision", NULL, NULL))
         return (o->dec.precision = cli_parse_precision(v)) < 0 ? -1 : 0;
+    if (is(a, "--cache-dir", NULL, NULL))
+        return o->dec.cache_dir = cli_cache_dir(v), 0;
     return 1;
 }
 

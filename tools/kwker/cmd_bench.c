@@ -55,16 +55,31 @@ static void put_json_str(const char *s)
     putchar('"');
 }
 
-/* Peak resident memory of this process in KiB (Linux reports ru_maxrss in KiB), -1 if unknown. */
+/* Peak resident memory of this process in KiB, -1 if unknown. VmHWM is the high-water mark of
+ * this program's own address space; ru_maxrss (the fallback off Linux) also carries the parent's
+ * resident size at fork across exec, which would charge a large parent's memory to us. */
 static long peak_rss_kib(void)
 {
+    long kib = -1;
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) {
+            kib = strtol(line + 6, NULL, 10);
+            break;
+        }
+    if (f)
+        fclose(f);
     struct rusage ru;
-    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+    if (kib < 0 && getrusage(RUSAGE_SELF, &ru) == 0)
+        kib = ru.ru_maxrss;
+    return kib;
 }
 
 static int parse(int argc, char **argv, struct bench_opts *o)
 {
     kwk_decoder_params_init(&o->params);
+    o->params.cache_dir = cli_cache_dir(NULL);
     o->n_prompt = 512;
     o->n_gen = 128;
     o->reps = 3;
@@ -89,6 +104,8 @@ static int parse(int argc, char **argv, struct bench_opts *o)
             bad = cli_parse_int(v, 1, 1024, &o->params.n_threads);
         else if (!strcmp(a, "--precision"))
             bad = (o->params.precision = cli_parse_precision(v)) < 0;
+        else if (!strcmp(a, "--cache-dir"))
+            o->params.cache_dir = cli_cache_dir(v);
         else
             return -1;
         if (bad)
@@ -122,7 +139,7 @@ int cmd_bench(int argc, char **argv)
     struct bench_opts o = {0};
     if (parse(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: kwker bench --model M [--precision P] [-p 512] [-n 128] [-t N] "
-                        "[-r 3] [--json]\n");
+                        "[-r 3] [--json] [--cache-dir DIR|off]\n");
         return 2;
     }
     o.params.max_cache_len = o.n_prompt + o.n_gen;
@@ -130,7 +147,8 @@ int cmd_bench(int argc, char **argv)
     struct kwk_err err = {0};
     kwk_decoder *d = NULL;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)o.n_prompt);
-    double *pp = calloc((size_t)o.reps, sizeof(double)), *tg = calloc((size_t)o.reps, sizeof(double));
+    double *pp = calloc((size_t)o.reps, sizeof(double));
+    double *tg = calloc((size_t)o.reps, sizeof(double));
     double t_load = now_s();
     kwk_model *m = kwk_model_load(o.model, &err);
     t_load = now_s() - t_load;

@@ -55,6 +55,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kwker perplexity --model M --file TEXT [--precision "
                "preserve|balanced|int8|int4] [--chunks 20] [--ctx 512] [-t N]\n"
+               "       [--cache-dir DIR|off]\n"
                "  llama.cpp's protocol: chunks of --ctx tokens, each scored on its second half;\n"
                "  --chunks 0 scores every whole chunk of the file.\n");
 }
@@ -62,6 +63,7 @@ static void usage(FILE *f)
 static int parse(int argc, char **argv, struct ppl_opts *o)
 {
     kwk_decoder_params_init(&o->params);
+    o->params.cache_dir = cli_cache_dir(NULL);
     o->n_chunks = 20;
     o->ctx = 512;
     for (int i = 1; i < argc; i++) {
@@ -83,6 +85,8 @@ static int parse(int argc, char **argv, struct ppl_opts *o)
             bad = cli_parse_int(v, 1, 1024, &o->params.n_threads);
         else if (!strcmp(a, "--precision") || !strcmp(a, "--weights"))
             bad = (o->params.precision = cli_parse_precision(v)) < 0;
+        else if (!strcmp(a, "--cache-dir"))
+            o->params.cache_dir = cli_cache_dir(v);
         else {
             fprintf(stderr, "kwker perplexity: unknown option '%s'\n", a);
             return -1;

@@ -1,0 +1,484 @@
+/* test_packcache.c - the packed-weight cache on in-memory models: a cached pack equals a fresh
+ * one byte for byte; changed weights, corrupt, truncated, old-format and stale files are packed
+ * again; LRU eviction; an unusable directory; two processes packing at once. Main thread. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/pool.h"
+#include "kernels/quant.h"
+#include "model/model.h"
+#include "runtime/packcache.h"
+#include "runtime/packed.h"
+#include "test.h"
+
+#define N_LAYERS 2
+#define D_MODEL 72 /* not a multiple of the 32-column group */
+#define D_FF 100
+#define N_VOCAB 50
+
+struct tmodel {
+    struct kwk_model m;
+    struct kwk_layer layers[N_LAYERS];
+    float *bufs[7 * N_LAYERS + 1];
+};
+
+static uint64_t rng_state;
+static float rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 40) / (double)(1ull << 24)) - 0.5f;
+}
+
+static struct kwk_mat make_mat(struct tmodel *t, int i, int64_t rows, int64_t cols)
+{
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    for (int64_t k = 0; k < rows * cols; k++)
+        w[k] = rnd();
+    t->bufs[i] = w;
+    return (struct kwk_mat){KWK_W_F32, rows, cols, w};
+}
+
+static void model_init(struct tmodel *t, uint64_t seed)
+{
+    memset(t, 0, sizeof *t);
+    rng_state = seed;
+    t->m.cfg.n_layers = N_LAYERS;
+    t->m.layers = t->layers;
+    int i = 0;
+    for (int L = 0; L < N_LAYERS; L++) {
+        struct kwk_layer *l = &t->layers[L];
+        l->wq = make_mat(t, i++, D_MODEL, D_MODEL);
+        l->wk = make_mat(t, i++, 24, D_MODEL);
+        l->wv = make_mat(t, i++, 24, D_MODEL);
+        l->wo = make_mat(t, i++, D_MODEL, D_MODEL);
+        l->w_gate = make_mat(t, i++, D_FF, D_MODEL);
+        l->w_up = make_mat(t, i++, D_FF, D_MODEL);
+        l->w_down = make_mat(t, i++, D_MODEL, D_FF);
+    }
+    t->m.lm_head = make_mat(t, i++, N_VOCAB, D_MODEL);
+}
+
+static void model_free(struct tmodel *t)
+{
+    for (size_t i = 0; i < KWK_ARRAY_LEN(t->bufs); i++)
+        free(t->bufs[i]);
+}
+
+static struct kwk_pool *pool;
+
+static struct kwk_packed *pack(const struct tmodel *t, int prec, const char *dir, int64_t max)
+{
+    struct kwk_packcache_opts o = {.dir = dir, .max_bytes = max};
+    struct kwk_err err = {0};
+    struct kwk_packed *p = kwk_packed_new(&t->m, prec, dir ? &o : NULL, pool, &err);
+    T_CHECK(p != NULL, "kwk_packed_new: %s", err.msg);
+    return p;
+}
+
+/* Every packed matrix of a and b: same type, shape and bytes. */
+static int same_blocks(const struct kwk_packed *a, const struct kwk_packed *b)
+{
+    const struct kwk_mat *ma[7 * N_LAYERS + 1], *mb[7 * N_LAYERS + 1];
+    int n = 0;
+    for (int L = 0; L < N_LAYERS; L++) {
+        const struct kwk_layer *la = &kwk_packed_layers(a)[L], *lb = &kwk_packed_layers(b)[L];
+        const struct kwk_mat *xa[] = {&la->wq, &la->wk, &la->wv, &la->wo, &la->w_gate,
+                                      &la->w_up, &la->w_down};
+        const struct kwk_mat *xb[] = {&lb->wq, &lb->wk, &lb->wv, &lb->wo, &lb->w_gate,
+                                      &lb->w_up, &lb->w_down};
+        for (int w = 0; w < 7; w++, n++) {
+            ma[n] = xa[w];
+            mb[n] = xb[w];
+        }
+    }
+    ma[n] = kwk_packed_lm_head(a);
+    mb[n++] = kwk_packed_lm_head(b);
+    for (int i = 0; i < n; i++) {
+        size_t bytes;
+        if (ma[i]->wtype != mb[i]->wtype || ma[i]->rows != mb[i]->rows ||
+            ma[i]->cols != mb[i]->cols || ma[i]->data == mb[i]->data ||
+            kwk_quant_bytes(ma[i]->wtype, ma[i]->rows, ma[i]->cols, &bytes) ||
+            memcmp(ma[i]->data, mb[i]->data, bytes))
+            return 0;
+    }
+    return 1;
+}
+
+/* The pack files of dir (not temporaries): how many, and the name of the one with `label`. */
+static int list_packs(const char *dir, const char *label, char *name, size_t cap)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.')
+            continue;
+        n++;
+        if (label && name && strstr(de->d_name, label))
+            snprintf(name, cap, "%s/%s", dir, de->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+static int count_tmp(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL)
+        n += strstr(de->d_name, ".tmp.") != NULL;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static ino_t inode(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? st.st_ino : 0;
+}
+
+/* Whether path is still the file open as fd. Holding fd keeps its inode number from being
+ * reused, so a file replaced by a rename is always told apart. */
+static int same_file(int fd, const char *path)
+{
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino &&
+           a.st_dev == b.st_dev;
+}
+
+static void patch(const char *path, long off, const void *bytes, size_t n)
+{
+    int fd = open(path, O_WRONLY);
+    T_TRUE(fd >= 0 && pwrite(fd, bytes, n, off) == (ssize_t)n);
+    close(fd);
+}
+
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+static char root[256];
+
+static void mkdir_in(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", root, name);
+    mkdir(out, 0755);
+}
+
+/* The pack file's own checksum, recomputed the way packcache.c defines it (1 MiB chunks of the
+ * file without its checksum field, each hashed with its index as seed, then the chunk hashes). */
+static uint64_t recompute_checksum(const uint8_t *p, size_t size)
+{
+    const size_t chunk = (size_t)1 << 20, at = 24;
+    const uint8_t *rp[2] = {p, p + at + 8};
+    size_t rn[2] = {at, size - at - 8};
+    uint64_t hs[4096];
+    long n = 0;
+    for (int r = 0; r < 2; r++)
+        for (size_t off = 0; off < rn[r]; off += chunk, n++)
+            hs[n] = kwk_hash64(rp[r] + off, KWK_MIN(chunk, rn[r] - off), (uint64_t)n);
+    return kwk_hash64(hs, (size_t)n * 8, 2);
+}
+
+static void test_hash(void)
+{
+    uint8_t buf[1000];
+    for (int i = 0; i < 1000; i++)
+        buf[i] = (uint8_t)(i * 7);
+    uint64_t h = kwk_hash64(buf, sizeof buf, 0);
+    T_EQ(h, kwk_hash64(buf, sizeof buf, 0));
+    T_TRUE(h != kwk_hash64(buf, sizeof buf, 1));
+    T_TRUE(h != kwk_hash64(buf, sizeof buf - 1, 0));
+    for (int i = 0; i < 1000; i += 37) {
+        buf[i] ^= 0x10;
+        T_TRUE(h != kwk_hash64(buf, sizeof buf, 0));
+        buf[i] ^= 0x10;
+    }
+}
+
+static void test_round_trip(const char *dir, int prec, const char *label)
+{
+    struct tmodel t;
+    model_init(&t, 11);
+    struct kwk_packed *ref = pack(&t, prec, NULL, 0);
+    struct kwk_packed *first = pack(&t, prec, dir, 0); /* miss: packs into a new file */
+    char path[600] = "";
+    list_packs(dir, label, path, sizeof path);
+    T_TRUE(path[0] != '\0');
+    T_EQ(count_tmp(dir), 0);
+    int held = open(path, O_RDONLY);
+    struct kwk_packed *second = pack(&t, prec, dir, 0); /* hit: maps it */
+    T_TRUE(same_file(held, path));
+    T_TRUE(ref && first && second && same_blocks(ref, first) && same_blocks(ref, second));
+    kwk_packed_free(second);
+
+    /* a changed checkpoint gets a file of its own */
+    int before = list_packs(dir, NULL, NULL, 0);
+    t.bufs[13][5] += 0.25f; /* layer 1's w_down */
+    struct kwk_packed *changed_ref = pack(&t, prec, NULL, 0);
+    struct kwk_packed *changed = pack(&t, prec, dir, 0);
+    T_EQ(list_packs(dir, NULL, NULL, 0), before + 1);
+    T_TRUE(changed && changed_ref && same_blocks(changed, changed_ref) &&
+           !same_blocks(changed, ref));
+    T_TRUE(same_file(held, path)); /* the old one is still there, untouched */
+    close(held);
+    kwk_packed_free(changed);
+    kwk_packed_free(changed_ref);
+    kwk_packed_free(first);
+    kwk_packed_free(ref);
+    model_free(&t);
+}
+
+/* Damage the pack of model seed 11 with fn, then load: it must be replaced (new inode) and give
+ * the fresh blocks. */
+static void expect_rebuilt(const char *dir, const char *what, void (*fn)(const char *))
+{
+    struct tmodel t;
+    model_init(&t, 11);
+    struct kwk_packed *ref = pack(&t, KWK_PRECISION_BALANCED, NULL, 0);
+    kwk_packed_free(pack(&t, KWK_PRECISION_BALANCED, dir, 0));
+    char path[600] = "";
+    list_packs(dir, "balanced", path, sizeof path);
+    int held = open(path, O_RDONLY);
+    fn(path);
+    struct kwk_packed *p = pack(&t, KWK_PRECISION_BALANCED, dir, 0);
+    T_CHECK(inode(path) != 0 && !same_file(held, path), "%s: the pack file was not replaced",
+            what);
+    T_CHECK(p && same_blocks(p, ref), "%s: blocks differ from a fresh pack", what);
+    /* and the new file is good: a hit */
+    close(held);
+    held = open(path, O_RDONLY);
+    kwk_packed_free(p);
+    p = pack(&t, KWK_PRECISION_BALANCED, dir, 0);
+    T_CHECK(same_file(held, path) && p && same_blocks(p, ref), "%s: rebuilt file not reused",
+            what);
+    close(held);
+    kwk_packed_free(p);
+    kwk_packed_free(ref);
+    model_free(&t);
+}
+
+static void corrupt_data(const char *path)
+{
+    uint8_t b;
+    int fd = open(path, O_RDWR);
+    T_TRUE(pread(fd, &b, 1, file_size(path) - 100) == 1);
+    b ^= 0x01;
+    T_TRUE(pwrite(fd, &b, 1, file_size(path) - 100) == 1);
+    close(fd);
+}
+
+static void corrupt_table(const char *path)
+{
+    int64_t rows = 9999;
+    patch(path, 64 + 8, &rows, sizeof rows); /* first record's rows */
+}
+
+static void truncate_file(const char *path)
+{
+    T_EQ(truncate(path, file_size(path) - 100), 0);
+}
+
+static void truncate_header(const char *path)
+{
+    T_EQ(truncate(path, 10), 0);
+}
+
+static void old_version(const char *path)
+{
+    uint32_t v = KWK_PACK_FORMAT_VERSION - 1;
+    patch(path, 8, &v, sizeof v);
+}
+
+/* Packing changed but nobody bumped the version: blocks differ yet the checksum is right. */
+static void stale_blocks(const char *path)
+{
+    int fd = open(path, O_RDWR);
+    size_t size = (size_t)file_size(path);
+    uint8_t *buf = malloc(size);
+    T_TRUE(pread(fd, buf, size, 0) == (ssize_t)size);
+    uint64_t off; /* of matrix 1 (layer 0's wk, the smallest: the one packed again to check) */
+    memcpy(&off, buf + 64 + 40 + 24, 8);
+    buf[off + 10] ^= 0x40;
+    uint64_t sum = recompute_checksum(buf, size);
+    memcpy(buf + 24, &sum, 8);
+    T_TRUE(pwrite(fd, buf, size, 0) == (ssize_t)size);
+    close(fd);
+    free(buf);
+}
+
+static void test_rebuilds(void)
+{
+    char dir[300];
+    mkdir_in(dir, sizeof dir, "rebuild");
+    expect_rebuilt(dir, "corrupt byte", corrupt_data);
+    expect_rebuilt(dir, "corrupt table", corrupt_table);
+    expect_rebuilt(dir, "truncated", truncate_file);
+    expect_rebuilt(dir, "truncated header", truncate_header);
+    expect_rebuilt(dir, "older format", old_version);
+    expect_rebuilt(dir, "stale blocks", stale_blocks);
+    uint32_t v = 0;
+    char path[600] = "";
+    list_packs(dir, "balanced", path, sizeof path);
+    int fd = open(path, O_RDONLY);
+    T_TRUE(pread(fd, &v, 4, 8) == 4);
+    close(fd);
+    T_EQ(v, KWK_PACK_FORMAT_VERSION);
+    T_EQ(list_packs(dir, NULL, NULL, 0), 1);
+    T_EQ(count_tmp(dir), 0);
+}
+
+static void set_age(const char *path, int seconds_ago)
+{
+    struct timespec ts[2];
+    clock_gettime(CLOCK_REALTIME, &ts[0]);
+    ts[0].tv_sec -= seconds_ago;
+    ts[1] = ts[0];
+    T_EQ(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+static void test_lru(void)
+{
+    char dir[300], pa[600] = "", pb[600] = "";
+    mkdir_in(dir, sizeof dir, "lru");
+    struct tmodel a, b, c, d;
+    model_init(&a, 1);
+    model_init(&b, 2);
+    model_init(&c, 3);
+    model_init(&d, 4);
+    /* every model's pack has the same size: room for two and a half */
+    kwk_packed_free(pack(&a, KWK_PRECISION_BALANCED, dir, 0));
+    list_packs(dir, "balanced", pa, sizeof pa);
+    int64_t limit = file_size(pa) * 5 / 2;
+    set_age(pa, 300);
+    kwk_packed_free(pack(&b, KWK_PRECISION_BALANCED, dir, limit));
+    T_EQ(list_packs(dir, NULL, NULL, 0), 2);
+    /* b's name: the file other than a's */
+    DIR *dd = opendir(dir);
+    struct dirent *de;
+    while ((de = readdir(dd)) != NULL)
+        if (de->d_name[0] != '.' && !strstr(pa, de->d_name))
+            snprintf(pb, sizeof pb, "%s/%s", dir, de->d_name);
+    closedir(dd);
+    set_age(pb, 200);
+    kwk_packed_free(pack(&a, KWK_PRECISION_BALANCED, dir, limit)); /* a used: now the newest */
+    kwk_packed_free(pack(&c, KWK_PRECISION_BALANCED, dir, limit)); /* over: b goes */
+    T_EQ(list_packs(dir, NULL, NULL, 0), 2);
+    T_TRUE(inode(pa) != 0);
+    T_EQ(inode(pb), 0);
+    /* a stale temporary (a day old) counts and goes first; a young one is left alone */
+    char stale[600], young[600];
+    snprintf(stale, sizeof stale, "%s/.x.kwkpack.tmp.1.1", dir);
+    snprintf(young, sizeof young, "%s/.y.kwkpack.tmp.1.2", dir);
+    FILE *f = fopen(stale, "w");
+    fputs("x", f);
+    fclose(f);
+    f = fopen(young, "w");
+    fputs("y", f);
+    fclose(f);
+    set_age(stale, 2 * 86400);
+    kwk_packed_free(pack(&d, KWK_PRECISION_BALANCED, dir, limit));
+    T_EQ(inode(stale), 0);
+    T_TRUE(inode(young) != 0);
+    T_EQ(list_packs(dir, NULL, NULL, 0), 2);
+    unlink(young);
+    model_free(&a);
+    model_free(&b);
+    model_free(&c);
+    model_free(&d);
+}
+
+static void test_unusable_dir(void)
+{
+    char file[300], dir[400];
+    snprintf(file, sizeof file, "%s/plain-file", root);
+    FILE *f = fopen(file, "w");
+    fputs("not a directory", f);
+    fclose(f);
+    snprintf(dir, sizeof dir, "%s/sub", file);
+    struct tmodel t;
+    model_init(&t, 11);
+    struct kwk_packed *ref = pack(&t, KWK_PRECISION_INT4, NULL, 0);
+    struct kwk_packed *p = pack(&t, KWK_PRECISION_INT4, dir, 0); /* warns, packs in memory */
+    T_TRUE(p && ref && same_blocks(p, ref));
+    kwk_packed_free(p);
+    kwk_packed_free(ref);
+    model_free(&t);
+}
+
+/* Two processes pack the same model into an empty directory at once. */
+static void test_concurrent(void)
+{
+    char dir[300];
+    mkdir_in(dir, sizeof dir, "concurrent");
+    pid_t kids[2];
+    for (int k = 0; k < 2; k++) {
+        kids[k] = fork();
+        if (kids[k] == 0) {
+            pool = kwk_pool_new(2); /* the parent's workers do not exist here */
+            struct tmodel t;
+            model_init(&t, 21);
+            struct kwk_packed *ref = pack(&t, KWK_PRECISION_INT4, NULL, 0);
+            struct kwk_packed *p = pack(&t, KWK_PRECISION_INT4, dir, 0);
+            int ok = p && ref && same_blocks(p, ref) && t_failed == 0;
+            if (!ok)
+                fprintf(stderr, "child %d: p %p ref %p failed %d\n", k, (void *)p, (void *)ref,
+                        t_failed);
+            _exit(ok ? 0 : 1);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        int status = -1;
+        waitpid(kids[k], &status, 0);
+        T_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d: status %d", k, status);
+    }
+    T_EQ(list_packs(dir, NULL, NULL, 0), 1);
+    T_EQ(count_tmp(dir), 0);
+    struct tmodel t;
+    model_init(&t, 21);
+    struct kwk_packed *ref = pack(&t, KWK_PRECISION_INT4, NULL, 0);
+    char path[600] = "";
+    list_packs(dir, "int4", path, sizeof path);
+    int held = open(path, O_RDONLY);
+    struct kwk_packed *p = pack(&t, KWK_PRECISION_INT4, dir, 0);
+    T_TRUE(p && same_blocks(p, ref) && same_file(held, path));
+    close(held);
+    kwk_packed_free(p);
+    kwk_packed_free(ref);
+    model_free(&t);
+}
+
+int main(void)
+{
+    snprintf(root, sizeof root, "/tmp/kwk_test_packcache_%ld", (long)getpid());
+    mkdir(root, 0755);
+    pool = kwk_pool_new(2);
+    test_hash();
+    char dir[300];
+    mkdir_in(dir, sizeof dir, "round");
+    test_round_trip(dir, KWK_PRECISION_BALANCED, "balanced");
+    test_round_trip(dir, KWK_PRECISION_INT4, "int4");
+    test_rebuilds();
+    test_lru();
+    test_unusable_dir();
+    test_concurrent();
+    kwk_pool_free(pool);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", root);
+    return t_report("test_packcache");
+}
