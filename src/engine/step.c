@@ -81,12 +81,18 @@ static void admit(struct kwk_engine *e, double now)
     struct kwk_req *admitted = NULL, *canceled = NULL;
     pthread_mutex_lock(&e->mu);
     struct kwk_req **link = &e->q_head, *prev = NULL;
+    int full = 0;
     while (*link) {
         struct kwk_req *r = *link;
         int keep = 0, slot = -1;
         int cancel = atomic_load(&r->cancel);
-        if (!cancel && (slot = pick_slot(e, r->prompt, r->n_prompt, &keep)) < 0)
-            break; /* no free slot: later requests wait behind this one */
+        /* no free slot: this request and every later one wait (canceled ones still leave) */
+        if (!cancel && (full || (slot = pick_slot(e, r->prompt, r->n_prompt, &keep)) < 0)) {
+            full = 1;
+            prev = r;
+            link = &r->next;
+            continue;
+        }
         *link = r->next;
         if (e->q_tail == r)
             e->q_tail = prev;
