@@ -38,6 +38,7 @@ struct kwk_req {
     int state;                  /* enum req_state */
     int slot;
     int n_read;                 /* prompt tokens in the slot's cache */
+    int copy_src;               /* admission: slot whose first n_read positions are copied */
     int32_t pending;
     struct kwk_gen_seq g;
     struct kwk_gen_output out;  /* tokens, logprobs, top arrays owned here */

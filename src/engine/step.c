@@ -78,7 +78,7 @@ static int req_start(struct kwk_engine *e, struct kwk_req *r, struct kwk_err *er
 /* Move queued requests into free slots (first come, first served); end the canceled ones. */
 static void admit(struct kwk_engine *e, double now)
 {
-    struct kwk_req *admitted = NULL, *canceled = NULL;
+    struct kwk_req *admitted = NULL, *canceled = NULL, **admitted_tail = &admitted;
     pthread_mutex_lock(&e->mu);
     struct kwk_req **link = &e->q_head, *prev = NULL;
     int full = 0;
@@ -110,10 +110,10 @@ static void admit(struct kwk_engine *e, double now)
             if (k > src_keep)
                 src = i, src_keep = k;
         }
+        r->copy_src = src;
         if (src >= 0) {
-            kwk_kv_copy(e->d, slot, src, src_keep);
-            memcpy(e->slots[slot].tokens, e->slots[src].tokens, sizeof(int32_t) * src_keep);
             keep = src_keep;
+            memcpy(e->slots[slot].tokens, e->slots[src].tokens, sizeof(int32_t) * (size_t)keep);
         }
         r->slot = slot;
         r->n_read = keep;
@@ -122,8 +122,11 @@ static void admit(struct kwk_engine *e, double now)
         e->slots[slot].req = r;
         e->slots[slot].len = keep;
         e->n_running++;
-        r->next = admitted;
-        admitted = r;
+        /* in admission order: a request may copy from a slot admitted just before it, whose
+         * own copy must then come first */
+        r->next = NULL;
+        *admitted_tail = r;
+        admitted_tail = &r->next;
     }
     pthread_mutex_unlock(&e->mu);
     while (canceled) {
@@ -134,6 +137,10 @@ static void admit(struct kwk_engine *e, double now)
     while (admitted) {
         struct kwk_req *r = admitted;
         admitted = r->next;
+        /* outside the lock: slots' caches belong to this thread, and submitters need not wait
+         * for a copy of many megabytes */
+        if (r->copy_src >= 0)
+            kwk_kv_copy(e->d, r->slot, r->copy_src, r->n_read);
         struct kwk_err err = {0};
         if (req_start(e, r, &err) < 0) {
             kwk_engine_finish(e, r, err.code, err.msg);
