@@ -16,7 +16,6 @@ each sequence's logits in numpy, as the engine picks its tokens in C.
 """
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -39,24 +38,20 @@ def kwker_child(job):
     from kwker.serve import Engine
     eng = Engine(job["model"], precision=job["precision"], max_batch=job["batch"],
                  max_cache_len=job["n_prompt"] + job["n_gen"] + 8, n_threads=job["threads"],
-                 prefill_chunk=512, cache_dir=job.get("cache_dir"))
-    n_vocab = eng.n_vocab
+                 prefill_chunk=512)
+    n_vocab = eng.vocab_size
 
     def once():
         t0 = time.perf_counter()
         reqs = [eng.submit(prompt_ids(b, job["n_prompt"], n_vocab), max_new_tokens=job["n_gen"],
                            lookup=0, eos_token_id=[]) for b in range(job["batch"])]
-        first = [None] * len(reqs)
-        last = t0
         eng.run_until_done()
         t_end = time.perf_counter()
-        for i, r in enumerate(reqs):
+        for r in reqs:
             assert len(r.tokens) == job["n_gen"], (len(r.tokens), r.finish_reason)
-            first[i] = r.stats.get("ttft_s", 0.0)
-            last = t_end
-        t_first = t0 + max(first)
-        return (job["batch"] * job["n_gen"] / (last - t0),
-                job["batch"] * (job["n_gen"] - 1) / max(last - t_first, 1e-9))
+        t_first = t0 + max(r.ttft_s for r in reqs)
+        return (job["batch"] * job["n_gen"] / (t_end - t0),
+                job["batch"] * (job["n_gen"] - 1) / max(t_end - t_first, 1e-9))
 
     once()
     res = [once() for _ in range(job["reps"])]
@@ -174,8 +169,7 @@ def main(argv=None):
             for B in [int(x) for x in a.batches.split(",")]:
                 common = dict(batch=B, n_prompt=a.n_prompt, n_gen=a.n_gen, threads=a.threads,
                               reps=a.reps)
-                jk = dict(common, side="kwker", model=str(files["kwker"][kp]), precision=kp,
-                          cache_dir=os.environ.get("KWKER_CACHE"))
+                jk = dict(common, side="kwker", model=str(files["kwker"][kp]), precision=kp)
                 jl = dict(common, side="llama", model=str(files["llama"][lf]))
                 ks, ls = [], []
                 for _ in range(a.runs):
