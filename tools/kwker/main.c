@@ -11,6 +11,7 @@ struct command {
     const char *help;
 };
 
+
 static const struct command commands[] = {
     {"generate", cmd_generate, "generate from ids, a prompt or a chat message (streamed)"},
     {"bench", cmd_bench, "measure prompt and generation tokens/s"},
@@ -19,6 +20,7 @@ static const struct command commands[] = {
     {"tokenize", cmd_tokenize, "print the token ids and pieces of a text (or decode ids)"},
     {"perplexity", cmd_perplexity, "perplexity of a text file, llama.cpp's protocol"},
     {"chat", cmd_chat, "chat on the terminal with a model's chat template, streaming"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching)"},
     /* KWK_CLI_COMMANDS: subcommands from other modules are listed here */
 };
 

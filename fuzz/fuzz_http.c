@@ -1,0 +1,79 @@
+/* fuzz_http.c - libFuzzer target for `kwker serve`'s request parsing (tools/kwker/serve/openai.c,
+ * included whole: the server lives in the CLI, not the library). Input: one byte choosing the
+ * route (even: /v1/chat/completions, odd: /v1/completions) and the auth check's split, then the
+ * request body. A body that parses is then written back as a response, SSE chunks and an error,
+ * with logprobs made from its bytes, so the builders see every string the parser lets through. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../tools/kwker/serve/openai.c"
+
+#define FUZZ_MAX_INPUT (256 * 1024)
+
+static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
+{
+    struct srv_lp lps[4];
+    memset(lps, 0, sizeof lps);
+    for (int i = 0; i < 4; i++) {
+        lps[i].token = (int32_t)(i < (int)size ? data[i] : i) * 131;
+        lps[i].logprob = -(float)i;
+        lps[i].n_top = r->top_logprobs;
+        for (int k = 0; k < r->top_logprobs; k++) {
+            lps[i].top_ids[k] = k;
+            lps[i].top_lps[k] = -(float)k;
+        }
+    }
+    struct srv_ctx c = {.kind = r->kind, .id = "fuzz-1", .created = 1, .model = r->model,
+                        .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
+                        .include_usage = r->include_usage};
+    struct srv_buf b = {0};
+    /* the request's own text (content of the first message or the prompt) as the reply */
+    const char *text = r->prompt;
+    size_t len = r->prompt_len;
+    json_t *m0 = json_array_get(r->messages, 0);
+    if (m0) {
+        text = json_string_value(json_object_get(m0, "content"));
+        len = json_string_length(json_object_get(m0, "content"));
+    }
+    srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
+    srv_sse_role(&b, &c);
+    srv_sse_content(&b, &c, text, len, lps, 4);
+    srv_sse_finish(&b, &c, KWK_FINISH_LENGTH);
+    srv_sse_usage(&b, &c, 3, 4);
+    srv_sse_done(&b);
+    srv_buf_free(&b);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1 || size > FUZZ_MAX_INPUT)
+        return 0;
+    int kind = (data[0] & 1) ? SRV_COMPLETION : SRV_CHAT;
+    const char *body = (const char *)data + 1;
+    size_t len = size - 1;
+    struct srv_limits lim = {.n_vocab = 49152, .max_cache_len = 2048};
+    struct srv_req r;
+    struct srv_err e;
+    if (srv_req_parse(&r, kind, body, len, &lim, &e) == 0) {
+        build_all(&r, (const uint8_t *)body, len);
+        srv_req_free(&r);
+    } else {
+        char *j = srv_json_error(&e);
+        free(j);
+    }
+    /* the bearer check on a NUL-terminated copy of a prefix, against a key from the input */
+    size_t split = len < 64 ? len : 64;
+    char *hdr = malloc(split + 1), *key = malloc(split + 1);
+    if (hdr && key) {
+        memcpy(hdr, body, split);
+        hdr[split] = 0;
+        memcpy(key, body + len - split, split);
+        key[split] = 0;
+        srv_auth_ok(hdr, key);
+        srv_auth_ok(NULL, key);
+    }
+    free(hdr);
+    free(key);
+    return 0;
+}

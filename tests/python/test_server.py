@@ -1,0 +1,745 @@
+"""`kwker serve`, the OpenAI-compatible HTTP server, run as a subprocess on the real
+SmolLM2-135M-Instruct GGUF and driven by the official `openai` client, by raw HTTP and by raw
+sockets (abuse: bad and deeply nested JSON, oversized bodies and headers, slow headers, a client
+that disconnects mid-stream, 1,000 concurrent streams, 10,000 idle keep-alive connections).
+
+The binary is $KWKER_BIN or <repo>/build/kwker (a missing binary fails the tests); the model is
+$KWK_SMOLLM2_GGUF or <repo>/models/SmolLM2-135M-Instruct.Q4_1.gguf. The references are the server
+itself run with one request at a time, and `kwker generate` for greedy text. Nothing here asserts
+on time: deadlines only bound how long a test may hang.
+"""
+import asyncio
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+import openai
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
+KEY = "sk-kwker-test-key"
+STARTUP_S = 300  # loading the model under ASan can be slow
+CHATS = ["What is the capital of France?", "Name three colors.", "Say hello in Spanish.",
+         "What is 2 + 2?", "Write a haiku about rain.", "Who wrote Hamlet?",
+         "List two fruits.", "What is the largest ocean?"]
+
+
+def model_path():
+    env = os.environ.get("KWK_SMOLLM2_GGUF")
+    path = Path(env) if env else REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        pytest.fail("SmolLM2 GGUF not found at %s: run scripts/setup" % path)
+    return str(path)
+
+
+def kwker_bin():
+    if not BIN.exists():
+        pytest.fail("kwker binary not found at %s: build it (scripts/build) or set KWKER_BIN" % BIN)
+    return str(BIN)
+
+
+def raise_nofile():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class Server:
+    """A `kwker serve` subprocess on a free port (--port 0; the port is read from its log)."""
+
+    def __init__(self, *args):
+        self.log_file = tempfile.NamedTemporaryFile(prefix="kwker-serve-", suffix=".log",
+                                                    delete=False)
+        env = dict(os.environ)
+        env.pop("KWKER_API_KEY", None)
+        self.proc = subprocess.Popen(
+            [kwker_bin(), "serve", "--model", model_path(), "--port", "0", "--threads", "2"] +
+            [str(a) for a in args], stdout=subprocess.DEVNULL, stderr=self.log_file, env=env)
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            m = re.search(r"listening on http://[^:]+:(\d+)", self.log())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None:
+                pytest.fail("kwker serve exited with %s:\n%s" % (self.proc.returncode, self.log()))
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                pytest.fail("kwker serve did not start:\n%s" % self.log())
+            time.sleep(0.1)
+        self.pid = self.proc.pid
+        self.base = "http://127.0.0.1:%d" % self.port
+
+    def log(self):
+        with open(self.log_file.name, errors="replace") as f:
+            return f.read()
+
+    def client(self, key=KEY, **kw):
+        return OpenAI(api_key=key, base_url=self.base + "/v1", max_retries=0, timeout=600, **kw)
+
+    def threads(self):
+        with open("/proc/%d/status" % self.pid) as f:
+            return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
+
+    def stop(self):
+        """SIGTERM; the server must exit 0 (an ASan report would make it fail)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                pytest.fail("kwker serve did not stop on SIGTERM:\n%s" % self.log()[-4000:])
+        rc = self.proc.returncode
+        log = self.log()
+        os.unlink(self.log_file.name)
+        assert rc == 0, "kwker serve exited with %d:\n%s" % (rc, log[-8000:])
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server("--api-key", KEY, "--max-batch", 8, "--max-cache-len", 1024, "--timeout", 4)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return srv.client()
+
+
+@pytest.fixture(scope="module")
+def model_id(client):
+    return client.models.list().data[0].id
+
+
+def request(port, method, path, body=None, headers=None, key=KEY, timeout=600):
+    """(status, parsed JSON or raw bytes) of one HTTP request."""
+    h = {"Content-Type": "application/json"}
+    if key:
+        h["Authorization"] = "Bearer " + key
+    h.update(headers or {})
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+    finally:
+        c.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, data
+
+
+def metrics(port):
+    status, data = request(port, "GET", "/metrics", key=None)
+    assert status == 200
+    out = {}
+    for line in data.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_for(pred, what, timeout=300):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail("timed out waiting for " + what)
+        time.sleep(0.1)
+
+
+def chat(client, model, text, **kw):
+    kw.setdefault("max_tokens", 16)
+    return client.chat.completions.create(model=model,
+                                          messages=[{"role": "user", "content": text}], **kw)
+
+
+# ---- the endpoints through the openai client ------------------------------------------------
+
+def test_models(client, srv):
+    models = client.models.list().data
+    assert len(models) == 1
+    assert models[0].id == Path(model_path()).name[:-len(".gguf")]
+    assert models[0].object == "model"
+    assert client.models.retrieve(models[0].id).id == models[0].id
+    status, body = request(srv.port, "GET", "/health", key=None)
+    assert status == 200 and body == {"status": "ok"}
+
+
+def test_chat(client, model_id):
+    r = chat(client, model_id, "What is the capital of France?", temperature=0, max_tokens=24)
+    assert r.object == "chat.completion"
+    assert r.id.startswith("chatcmpl-") and r.model == model_id
+    assert len(r.choices) == 1 and r.choices[0].index == 0
+    msg = r.choices[0].message
+    assert msg.role == "assistant" and "Paris" in msg.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens >= 1
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_completions(client, model_id):
+    r = client.completions.create(model=model_id, prompt="The capital of France is",
+                                  max_tokens=8, temperature=0, logprobs=2)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    c = r.choices[0]
+    assert c.finish_reason == "length" and r.usage.completion_tokens == 8
+    assert "".join(c.logprobs.tokens) == c.text
+    assert len(c.logprobs.token_logprobs) == 8 and all(lp <= 0 for lp in c.logprobs.token_logprobs)
+    assert all(len(t) == 2 for t in c.logprobs.top_logprobs)
+    assert c.logprobs.text_offset[0] == 0
+    # a prompt given as token ids reads the same as its text
+    r2 = client.completions.create(model=model_id, prompt=[[504, 3575, 282, 4649, 314]],
+                                   max_tokens=4, temperature=0)
+    assert r2.usage.prompt_tokens == 5
+
+
+def test_chat_equals_generate(client, model_id):
+    """temperature 0 is greedy: the same text as `kwker generate --chat` (greedy by default)."""
+    for text in CHATS[:2]:
+        p = subprocess.run([kwker_bin(), "generate", "--model", model_path(), "--chat", text,
+                            "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        r = chat(client, model_id, text, temperature=0, max_tokens=20)
+        assert r.choices[0].message.content == p.stdout.rstrip("\n") or \
+            r.choices[0].message.content == p.stdout
+
+
+def test_completion_equals_generate(client, model_id):
+    prompt = "Once upon a time"
+    p = subprocess.run([kwker_bin(), "generate", "--model", model_path(), "--prompt", prompt,
+                        "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = client.completions.create(model=model_id, prompt=prompt, max_tokens=20, temperature=0)
+    assert r.choices[0].text in (p.stdout, p.stdout.rstrip("\n"))
+
+
+def test_stream_with_usage(client, model_id):
+    whole = chat(client, model_id, "Name three colors.", temperature=0, max_tokens=12)
+    chunks = list(chat(client, model_id, "Name three colors.", temperature=0, max_tokens=12,
+                       stream=True, stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == \
+        whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    # completions stream too, without usage unless asked
+    cs = list(client.completions.create(model=model_id, prompt="Once upon a time",
+                                        max_tokens=6, temperature=0, stream=True))
+    assert all(c.usage is None for c in cs)
+    assert "".join(c.choices[0].text for c in cs) == client.completions.create(
+        model=model_id, prompt="Once upon a time", max_tokens=6, temperature=0).choices[0].text
+
+
+def test_stream_raw_format(srv, model_id):
+    """The wire format: SSE `data: {...}` events ending with `data: [DONE]`."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=600)
+    body = json.dumps({"model": model_id, "prompt": "Hello", "max_tokens": 3,
+                       "temperature": 0, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              KEY.encode() + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    raw = recv_all(s)
+    status, headers, events = parse_sse_response(raw)
+    assert status == 200 and "text/event-stream" in headers.get("content-type", "")
+    assert events[-1] == "[DONE]"
+    assert all(json.loads(e)["object"] == "text_completion" for e in events[:-1])
+
+
+def test_stop(client, model_id):
+    full = client.completions.create(model=model_id, prompt="The capital of France is",
+                                     max_tokens=8, temperature=0).choices[0].text
+    assert "." in full
+    r = client.completions.create(model=model_id, prompt="The capital of France is",
+                                  max_tokens=8, temperature=0, stop=["."])
+    assert r.choices[0].text == full[:full.index(".")]
+    assert r.choices[0].finish_reason == "stop"
+    r = client.completions.create(model=model_id, prompt="The capital of France is",
+                                  max_tokens=8, temperature=0, stop=".")
+    assert r.choices[0].text == full[:full.index(".")]
+
+
+def test_seed_reproducible(client, model_id):
+    kw = dict(temperature=1.0, max_tokens=16)
+    a = chat(client, model_id, "Write a haiku about rain.", seed=7, **kw)
+    b = chat(client, model_id, "Write a haiku about rain.", seed=7, **kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    others = {chat(client, model_id, "Write a haiku about rain.", seed=s, **kw)
+              .choices[0].message.content for s in (8, 9, 10)}
+    assert len(others | {a.choices[0].message.content}) > 1, "seeds do not change the draws"
+
+
+def test_chat_logprobs(client, model_id):
+    r = chat(client, model_id, "Say hello in Spanish.", temperature=0, max_tokens=6,
+             logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for t in content:
+        assert len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+        # greedy: the chosen token is the most likely one
+        assert t.token == t.top_logprobs[0].token
+        assert abs(t.logprob - t.top_logprobs[0].logprob) < 1e-6
+        assert bytes(t.bytes) == t.token.encode()
+
+
+# ---- auth and bad input ------------------------------------------------------------------------
+
+def test_auth(srv, model_id):
+    with pytest.raises(openai.AuthenticationError):
+        srv.client(key="sk-wrong").models.list()
+    with pytest.raises(openai.AuthenticationError):
+        chat(srv.client(key=KEY + "x"), model_id, "hi")
+    status, body = request(srv.port, "GET", "/v1/models", key=None)
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+    status, body = request(srv.port, "POST", "/v1/chat/completions", key=None,
+                           body={"model": model_id, "messages": [{"role": "user",
+                                                                  "content": "hi"}]})
+    assert status == 401
+    status, body = request(srv.port, "GET", "/v1/models", key=None,
+                           headers={"Authorization": "Basic " + KEY})
+    assert status == 401
+    # /health and /metrics are open (probes and scrapers)
+    assert request(srv.port, "GET", "/health", key=None)[0] == 200
+
+
+BAD_CHAT = [
+    ("malformed JSON", '{"model": "M", "messages": [', None, "invalid_json"),
+    ("not an object", '[1, 2]', None, "invalid_json"),
+    ("trailing garbage", '{"model": "M", "messages": []} x', None, "invalid_json"),
+    ("no messages", {"model": "M"}, "messages", None),
+    ("messages not a list", {"model": "M", "messages": "hi"}, "messages", None),
+    ("empty messages", {"model": "M", "messages": []}, "messages", None),
+    ("message not an object", {"model": "M", "messages": ["hi"]}, "messages", None),
+    ("unknown role", {"model": "M", "messages": [{"role": "wizard", "content": "x"}]},
+     "messages", None),
+    ("content a number", {"model": "M", "messages": [{"role": "user", "content": 5}]},
+     "messages", None),
+    ("image part", {"model": "M", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages", None),
+    ("max_tokens a string", {"max_tokens": "5"}, "max_tokens", "invalid_type"),
+    ("max_tokens 0", {"max_tokens": 0}, "max_tokens", "invalid_value"),
+    ("max_tokens too large", {"max_tokens": 100000}, "max_tokens", "invalid_value"),
+    ("temperature a string", {"temperature": "hot"}, "temperature", "invalid_type"),
+    ("temperature 3", {"temperature": 3}, "temperature", "invalid_value"),
+    ("top_p 1.5", {"top_p": 1.5}, "top_p", "invalid_value"),
+    ("n 2", {"n": 2}, "n", "invalid_value"),
+    ("stop of 5", {"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+    ("stop a number", {"stop": 5}, "stop", "invalid_type"),
+    ("logit_bias range", {"logit_bias": {"5": 101}}, "logit_bias", "invalid_value"),
+    ("logit_bias id", {"logit_bias": {"99999999": 1}}, "logit_bias", "invalid_value"),
+    ("logit_bias key", {"logit_bias": {"abc": 1}}, "logit_bias", "invalid_value"),
+    ("top_logprobs alone", {"top_logprobs": 2}, "top_logprobs", "invalid_value"),
+    ("top_logprobs 21", {"logprobs": True, "top_logprobs": 21}, "top_logprobs",
+     "invalid_value"),
+    ("stream a string", {"stream": "yes"}, "stream", "invalid_type"),
+    ("stream_options without stream", {"stream_options": {"include_usage": True}},
+     "stream_options", "invalid_value"),
+    ("presence_penalty 3", {"presence_penalty": 3}, "presence_penalty", "invalid_value"),
+    ("seed a float", {"seed": 1.5}, "seed", "invalid_type"),
+    ("user a number", {"user": 5}, "user", "invalid_type"),
+    ("model a number", {"model": 5}, "model", "invalid_type"),
+]
+
+
+@pytest.mark.parametrize("name,body,param,code", BAD_CHAT, ids=[b[0] for b in BAD_CHAT])
+def test_bad_chat_400(srv, model_id, name, body, param, code):
+    if isinstance(body, dict) and "model" in body:  # a whole body
+        body = dict(body, model=model_id) if body["model"] == "M" else body
+    elif isinstance(body, dict):  # fields added to a good body
+        body = dict({"model": model_id, "messages": [{"role": "user", "content": "hi"}]}, **body)
+    status, r = request(srv.port, "POST", "/v1/chat/completions", body=body)
+    assert status == 400, (status, r)
+    err = r["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["type"] == "invalid_request_error"
+    if param:
+        assert err["param"] == param
+    if code:
+        assert err["code"] == code
+
+
+def test_bad_completions_400(srv, model_id):
+    cases = [({"prompt": 5}, "prompt"), ({"prompt": [1, "a"]}, "prompt"),
+             ({"prompt": [-1]}, "prompt"), ({"prompt": [10 ** 9]}, "prompt"),
+             ({"prompt": ["a", "b"]}, "prompt"), ({}, "prompt"),
+             ({"prompt": "x", "echo": True}, "echo"),
+             ({"prompt": "x", "logprobs": True}, "logprobs"),
+             ({"prompt": "x", "best_of": 2}, "best_of"), ({"prompt": "x", "suffix": "y"}, "suffix")]
+    for extra, param in cases:
+        status, r = request(srv.port, "POST", "/v1/completions", body=dict(model=model_id, **extra))
+        assert status == 400, (extra, status, r)
+        assert r["error"]["param"] == param, (extra, r)
+
+
+def test_context_length_400(srv, client, model_id):
+    long_text = "hello " * 1500  # over the 1024 positions of the test server
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model_id, long_text)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model_id, prompt="hello", max_tokens=1024)
+    assert e.value.body["code"] == "context_length_exceeded"
+    status, r = request(srv.port, "POST", "/v1/completions",
+                        body={"model": model_id, "prompt": list(range(1, 1100))})
+    assert status == 400 and r["error"]["code"] == "context_length_exceeded"
+
+
+def test_deep_json_400(srv, model_id):
+    body = '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "x": %s%s}' % (
+        model_id, "[" * 100000, "]" * 100000)
+    status, r = request(srv.port, "POST", "/v1/chat/completions", body=body)
+    assert status == 400 and r["error"]["code"] == "invalid_json"
+    # brackets inside strings are text, not nesting
+    ok = {"model": model_id, "messages": [{"role": "user", "content": "[" * 200 + "\\\"{"}],
+          "max_tokens": 1, "temperature": 0}
+    assert request(srv.port, "POST", "/v1/chat/completions", body=ok)[0] == 200
+
+
+def test_unknown_model_404(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        chat(client, "gpt-4o", "hi")
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+
+
+def test_not_found_and_method(srv):
+    status, r = request(srv.port, "GET", "/v1/nothing")
+    assert status == 404 and r["error"]["type"] == "not_found_error"
+    status, r = request(srv.port, "POST", "/v2/chat", body={})
+    assert status == 404
+    status, r = request(srv.port, "DELETE", "/v1/models")
+    assert status == 405
+
+
+def test_body_too_large_413(srv, model_id):
+    # Content-Length over the limit: refused before the body is read
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=600)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 2000000\r\n\r\n" + b"{" * 1000)
+    status, _, body = parse_response(recv_all(s))
+    assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+    # a chunked body with no length: read, dropped, then refused
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=600)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              KEY.encode() + b"\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    piece = b" " * 65536
+    for _ in range(20):
+        s.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+    s.sendall(b"0\r\n\r\n")
+    status, _, body = parse_response(recv_all(s))
+    assert status == 413
+
+
+def test_huge_header_closed(srv):
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=600)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200000 + b"\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        return  # closed while we were still sending: the outcome we want
+    raw = recv_all(s)
+    assert raw == b"" or int(raw.split(b" ", 2)[1]) in (400, 413, 431), raw[:200]
+    assert request(srv.port, "GET", "/health", key=None)[0] == 200
+
+
+def test_slow_header_closed(srv):
+    """A client that never finishes its headers is closed by --timeout (4 s here)."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=600)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    s.settimeout(120)
+    assert recv_all(s) == b""  # closed without an answer
+    assert request(srv.port, "GET", "/health", key=None)[0] == 200
+
+
+# ---- lifetimes and concurrency ------------------------------------------------------------------
+
+def test_disconnect_mid_stream_frees_slot(srv, model_id):
+    before = metrics(srv.port)
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=600)
+    body = json.dumps({"model": model_id, "prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 900,
+                       "temperature": 0, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while got.count(b"data: ") < 2:
+        d = s.recv(4096)
+        assert d, "the stream ended early"
+        got += d
+    wait_for(lambda: metrics(srv.port)["kwker_engine_running"] == 1, "the request to run")
+    s.close()
+    wait_for(lambda: metrics(srv.port)["kwker_engine_running"] == 0, "the slot to be freed")
+    after = metrics(srv.port)
+    key = 'kwker_engine_requests_total{outcome="canceled"}'
+    assert after[key] == before.get(key, 0) + 1
+    assert after["kwker_client_aborts_total"] == before["kwker_client_aborts_total"] + 1
+    # the server goes on serving
+    assert request(srv.port, "GET", "/health", key=None)[0] == 200
+
+
+def solo_and_together(fn, inputs):
+    alone = [fn(x) for x in inputs]
+    with concurrent.futures.ThreadPoolExecutor(len(inputs)) as ex:
+        together = list(ex.map(fn, inputs))
+    return alone, together
+
+
+def reply_of(r):
+    c = r.choices[0]
+    return (c.message.content, [t.token for t in c.logprobs.content], c.finish_reason,
+            r.usage.prompt_tokens, r.usage.completion_tokens)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.9, top_p=0.95)],
+                         ids=["greedy", "seeded"])
+def test_eight_at_once_match_alone(srv, client, model_id, sampling):
+    def one(i):
+        return reply_of(chat(client, model_id, CHATS[i], max_tokens=24, logprobs=True,
+                             seed=1000 + i, **sampling))
+    alone, together = solo_and_together(one, range(8))
+    for i in range(8):
+        assert together[i] == alone[i], "request %d: alone %r, with 7 others %r" % (
+            i, alone[i], together[i])
+    m = metrics(srv.port)
+    assert m["kwker_engine_batch_size_mean"] >= 1
+
+
+# ---- load ---------------------------------------------------------------------------------------
+
+def recv_all(s):
+    out = b""
+    while True:
+        try:
+            d = s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not d:
+            break
+        out += d
+    s.close()
+    return out
+
+
+def dechunk(body):
+    out, i = b"", 0
+    while True:
+        j = body.index(b"\r\n", i)
+        n = int(body[i:j].split(b";")[0], 16)
+        if n == 0:
+            return out
+        out += body[j + 2:j + 2 + n]
+        assert body[j + 2 + n:j + 4 + n] == b"\r\n", "bad chunk framing"
+        i = j + 4 + n
+
+
+def parse_response(raw):
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = dechunk(body)
+    return status, headers, body
+
+
+def parse_sse_response(raw):
+    status, headers, body = parse_response(raw)
+    text = body.decode()
+    assert text.endswith("\n\n")
+    events = []
+    for block in text.split("\n\n")[:-1]:
+        assert block.startswith("data: "), block
+        events.append(block[len("data: "):])
+    return status, headers, events
+
+
+async def stream_one(port, body):
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+            KEY.encode() + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    await w.drain()
+    raw = await r.read()
+    w.close()
+    return raw
+
+
+def stream_text(raw):
+    status, _, events = parse_sse_response(raw)
+    assert status == 200
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    return "".join(c["choices"][0]["text"] for c in chunks)
+
+
+def test_load_1000_streams(model_id):
+    """1,000 streaming clients at once on loopback: every response whole and right."""
+    raise_nofile()
+    s = Server("--api-key", KEY, "--max-batch", 32, "--max-cache-len", 64, "--quiet")
+    try:
+        # one-token prompts and two new tokens: 2,000 token rows in all, so that the test is
+        # about the server (and finishes in minutes under ASan), not the model's speed
+        prompts = [[504], [9690], [4548], [378]]
+        bodies = [json.dumps({"model": model_id, "prompt": p, "max_tokens": 2, "temperature": 0,
+                              "stream": True}).encode() for p in prompts]
+        expect = [stream_text(asyncio.run(stream_one(s.port, b))) for b in bodies]
+
+        async def all_of_them():
+            return await asyncio.wait_for(asyncio.gather(
+                *[stream_one(s.port, bodies[i % 4]) for i in range(1000)]), timeout=1800)
+        raws = asyncio.run(all_of_them())
+        bad = [i for i, raw in enumerate(raws) if stream_text(raw) != expect[i % 4]]
+        assert not bad, "%d responses differ, e.g. #%d" % (len(bad), bad[0])
+        m = metrics(s.port)
+        assert m['kwker_http_requests_total{status="200"}'] >= 1004
+        assert m["kwker_engine_running"] == 0 and m["kwker_engine_queued"] == 0
+    finally:
+        s.stop()
+
+
+def test_10000_idle_keepalive(model_id):
+    """10,000 idle keep-alive connections are held by one event-loop thread."""
+    n = 10000
+    assert raise_nofile() >= n + 200, "RLIMIT_NOFILE too low for this test"
+    s = Server("--max-batch", 2, "--max-cache-len", 256, "--timeout", 600, "--quiet")
+    socks = []
+    try:
+        threads_before = s.threads()
+        req = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        for _ in range(n):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=600)
+            c.sendall(req)
+            socks.append(c)
+        for c in socks:  # each answered once, then left idle and open
+            got = b""
+            while not got.endswith(b'{"status":"ok"}'):
+                d = c.recv(4096)
+                assert d, "a keep-alive connection was closed"
+                got += d
+            assert got.startswith(b"HTTP/1.1 200")
+        m = metrics(s.port)
+        assert m["kwker_http_connections"] >= n
+        assert s.threads() == threads_before, "threads grew with connections"
+        status, r = request(s.port, "POST", "/v1/completions", key=None,
+                            body={"model": model_id, "prompt": "Hi", "max_tokens": 2,
+                                  "temperature": 0})
+        assert status == 200 and r["usage"]["completion_tokens"] == 2
+        for c in socks[::1000]:  # a held connection still works
+            c.sendall(req)
+            assert c.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()
+
+
+def test_keep_alive(srv, model_id):
+    """Several requests, POSTs included, on one connection."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=600)
+    h = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+    body = json.dumps({"model": model_id, "prompt": "Hi", "max_tokens": 2, "temperature": 0})
+    for path, b in [("/v1/completions", body), ("/v1/nothing", body),
+                    ("/v1/completions", "{bad"), ("/v1/completions", body)]:
+        c.request("POST", path, body=b, headers=h)
+        r = c.getresponse()
+        r.read()
+        assert r.status in (200, 400, 404)
+        assert not r.will_close, "the server closed a keep-alive connection after " + path
+    c.close()
+
+
+def test_default_model():
+    """No --model: the bundled SmolLM2 GGUF; its path is a model name too."""
+    env = dict(os.environ)
+    log = tempfile.NamedTemporaryFile(prefix="kwker-serve-", suffix=".log", delete=False)
+    proc = subprocess.Popen([kwker_bin(), "serve", "--port", "0", "--threads", "2",
+                             "--max-cache-len", "128", "--max-batch", "1"],
+                            stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=str(REPO))
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while not re.search(r"listening on http://[^:]+:(\d+)", Path(log.name).read_text()):
+            assert proc.poll() is None, Path(log.name).read_text()
+            assert time.monotonic() < deadline, "did not start"
+            time.sleep(0.1)
+        port = int(re.search(r"listening on http://[^:]+:(\d+)", Path(log.name).read_text())
+                   .group(1))
+        status, r = request(port, "GET", "/v1/models", key=None)
+        assert status == 200 and r["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1"
+        for name, want in [("SmolLM2-135M-Instruct.Q4_1", 200),
+                           ("models/SmolLM2-135M-Instruct.Q4_1.gguf", 200), ("other", 404)]:
+            status, r = request(port, "POST", "/v1/completions", key=None,
+                                body={"model": name, "prompt": "Hi", "max_tokens": 1})
+            assert status == want, (name, r)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=120)
+        text = Path(log.name).read_text()
+        os.unlink(log.name)
+    assert rc == 0, text[-4000:]
+
+
+def test_shutdown_with_requests_in_flight(model_id):
+    """SIGTERM while streams and a non-streaming request run: each client gets a well-formed end
+    (the engine cancels them), and the server exits 0 with every request freed (ASan checks)."""
+    s = Server("--max-batch", 2, "--max-cache-len", 512, "--quiet")
+    socks = []
+    try:
+        for stream in (True, True, True, False):  # 2 running, 2 queued
+            body = json.dumps({"model": model_id, "prompt": "1, 2, 3, 4,", "max_tokens": 400,
+                               "temperature": 0, "stream": stream}).encode()
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=600)
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                      % len(body) + body)
+            socks.append(c)
+        wait_for(lambda: metrics(s.port)["kwker_engine_running"] == 2, "two running requests")
+    finally:
+        s.stop()
+    for c in socks:
+        raw = recv_all(c)
+        if not raw:
+            continue  # closed at shutdown before any answer: allowed
+        status, headers, body = parse_response(raw)
+        assert status == 200
+        if "event-stream" in headers.get("content-type", ""):
+            assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_python_module_runs_cli():
+    """python -m kwker.serve execs the same binary with the same flags."""
+    env = dict(os.environ, KWKER_CLI=kwker_bin(), PYTHONPATH=str(REPO / "python"))
+    p = subprocess.run(["python3", "-m", "kwker.serve", "--help"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "usage: kwker serve" in p.stdout

@@ -1,0 +1,964 @@
+/* http.c - `kwker serve`'s HTTP side over libmicrohttpd: one epoll event-loop thread owns every
+ * connection; requests go to the engine (kwk_engine_submit) and come back as events on the
+ * engine's thread, which only copies them into the request and resumes its connection. srv_run
+ * runs on the main thread; on_request / stream_read / on_completed on the event-loop thread;
+ * on_event on the engine's thread.
+ *
+ * Lifetimes: a request (struct rq) is reference-counted under its mutex. References: the
+ * connection (dropped in on_completed, whichever way the request ends), the engine (taken before
+ * kwk_engine_submit, dropped at the request's DONE event, which the engine always sends), and a
+ * streaming response (dropped in its free callback). Whoever drops the last one frees it, so an
+ * event for a request whose client is gone finds valid memory until DONE. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve.h"
+
+struct srv {
+    const struct srv_opts *o;
+    kwk_model *m;
+    kwk_tokenizer *tok;
+    kwk_template *tpl;       /* NULL when the model has no chat template */
+    kwk_engine *e;
+    int32_t eos[8];
+    int n_eos;
+    struct srv_limits lim;
+    char model_id[256];
+    const char *model_path;  /* --model as given, or the default's path: also a valid name */
+    int64_t created;
+    struct MHD_Daemon *d;
+    pthread_mutex_t mu;      /* guards closing against the engine being freed */
+    int closing;
+    _Atomic uint64_t next_id;
+    uint64_t id_salt;
+    struct srv_metrics met;
+};
+
+enum rq_state { RQ_NEW, RQ_BODY, RQ_WAIT, RQ_STREAM, RQ_ANSWERED };
+enum rq_route { R_OTHER, R_CHAT, R_COMPLETION };
+
+struct rq {
+    struct srv *s;
+    pthread_mutex_t mu;
+    int refs;
+    struct MHD_Connection *conn;
+    /* event-loop thread only */
+    int state, route, status, is_post;
+    char method[8], path[96];
+    double t0, t_submit;
+    struct srv_buf body;
+    int too_large;
+    struct srv_req req;
+    struct srv_ctx ctx;
+    char id[48];
+    uint64_t eid;             /* the engine's id, 0 until submitted */
+    struct srv_buf out;       /* stream bytes formatted, not yet handed to MHD */
+    size_t out_off;
+    int role_sent, end_sent;
+    /* shared with the engine thread, under mu */
+    int suspended, conn_gone, done;
+    struct srv_buf text;      /* settled text not yet sent (stream) or all of it */
+    struct srv_lp *lps;
+    int n_lps, cap_lps;
+    int n_tokens, n_prompt, finish, estatus;
+    double t_first;
+    char err_msg[256];
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static struct rq *rq_new(struct srv *s, struct MHD_Connection *c, const char *method,
+                         const char *url)
+{
+    struct rq *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    if (pthread_mutex_init(&r->mu, NULL)) {
+        free(r);
+        return NULL;
+    }
+    r->s = s;
+    r->conn = c;
+    r->refs = 1;
+    r->t0 = now_s();
+    snprintf(r->method, sizeof r->method, "%s", method);
+    snprintf(r->path, sizeof r->path, "%s", url);
+    return r;
+}
+
+static void rq_free(struct rq *r)
+{
+    srv_buf_free(&r->body);
+    srv_buf_free(&r->out);
+    srv_buf_free(&r->text);
+    srv_req_free(&r->req);
+    free(r->lps);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* Drop one reference; frees on the last. */
+static void rq_unref(struct rq *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (last)
+        rq_free(r);
+}
+
+/* ---- plain responses ------------------------------------------------------------------------- */
+
+static enum MHD_Result respond(struct rq *r, int status, const char *type, const char *body,
+                               size_t len)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    r->status = status;
+    r->state = RQ_ANSWERED;
+    return rc;
+}
+
+static enum MHD_Result respond_json(struct rq *r, int status, struct srv_buf *b)
+{
+    if (b->err) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                  "\"server_error\",\"param\":null,\"code\":null}}";
+        return respond(r, 500, "application/json", oom, sizeof oom - 1);
+    }
+    return respond(r, status, "application/json", b->p ? b->p : "", b->len);
+}
+
+static enum MHD_Result respond_err(struct rq *r, const struct srv_err *e)
+{
+    char *body = srv_json_error(e);
+    struct srv_buf b = {.p = body, .len = body ? strlen(body) : 0, .err = !body};
+    enum MHD_Result rc = respond_json(r, e->http, &b);
+    free(body);
+    return rc;
+}
+
+static enum MHD_Result fail(struct rq *r, int http, const char *type, const char *param,
+                            const char *code, const char *msg)
+{
+    struct srv_err e;
+    srv_err_set(&e, http, type, param, code, "%s", msg);
+    return respond_err(r, &e);
+}
+
+/* ---- GET routes ------------------------------------------------------------------------------ */
+
+static json_t *model_obj(const struct srv *s)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_id, "object", "model",
+                     "created", (json_int_t)s->created, "owned_by", "kwker", "max_model_len",
+                     s->lim.max_cache_len);
+}
+
+static enum MHD_Result send_json_obj(struct rq *r, json_t *j)
+{
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    struct srv_buf b = {.p = txt, .len = txt ? strlen(txt) : 0, .err = !txt};
+    enum MHD_Result rc = respond_json(r, 200, &b);
+    free(txt);
+    json_decref(j);
+    return rc;
+}
+
+static int engine_stats(struct srv *s, struct kwk_engine_stats *st)
+{
+    int ok = 0;
+    memset(st, 0, sizeof *st);
+    pthread_mutex_lock(&s->mu);
+    if (!s->closing) {
+        kwk_engine_get_stats(s->e, st);
+        ok = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+static enum MHD_Result get_route(struct rq *r)
+{
+    struct srv *s = r->s;
+    if (!strcmp(r->path, "/health")) {
+        static const char ok[] = "{\"status\":\"ok\"}";
+        return respond(r, 200, "application/json", ok, sizeof ok - 1);
+    }
+    if (!strcmp(r->path, "/metrics")) {
+        struct kwk_engine_stats st;
+        struct srv_buf b = {0};
+        /* the daemon from the connection: s->d may not be stored yet for the first requests */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_DAEMON);
+        const union MHD_DaemonInfo *di =
+            ci ? MHD_get_daemon_info(ci->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
+        engine_stats(s, &st);
+        srv_metrics_render(&b, &s->met, &st, di ? di->num_connections : 0);
+        enum MHD_Result rc =
+            b.err ? fail(r, 500, "server_error", NULL, NULL, "out of memory")
+                  : respond(r, 200, "text/plain; version=0.0.4", b.p ? b.p : "", b.len);
+        srv_buf_free(&b);
+        return rc;
+    }
+    if (!strcmp(r->path, "/v1/models"))
+        return send_json_obj(r, json_pack("{s:s, s:[o]}", "object", "list", "data",
+                                          model_obj(s)));
+    if (!strncmp(r->path, "/v1/models/", 11) && !strcmp(r->path + 11, s->model_id))
+        return send_json_obj(r, model_obj(s));
+    if (!strncmp(r->path, "/v1/models/", 11))
+        return fail(r, 404, "invalid_request_error", "model", "model_not_found",
+                    "The model does not exist");
+    return fail(r, 404, "not_found_error", NULL, "not_found", "Not found");
+}
+
+/* ---- the engine's events (engine thread) ----------------------------------------------------- */
+
+static void add_lp(struct rq *r, const struct kwk_event *ev)
+{
+    if (r->n_lps == r->cap_lps) {
+        int cap = r->cap_lps ? r->cap_lps * 2 : 16;
+        struct srv_lp *l = realloc(r->lps, sizeof *l * (size_t)cap);
+        if (!l)
+            return; /* logprobs of this token are lost; the text is not */
+        r->lps = l;
+        r->cap_lps = cap;
+    }
+    struct srv_lp *l = &r->lps[r->n_lps++];
+    l->token = ev->token;
+    l->logprob = ev->logprob;
+    l->n_top = ev->n_top < SRV_MAX_TOP ? ev->n_top : SRV_MAX_TOP;
+    if (l->n_top > 0 && ev->top_ids && ev->top_lps) {
+        memcpy(l->top_ids, ev->top_ids, sizeof(int32_t) * (size_t)l->n_top);
+        memcpy(l->top_lps, ev->top_lps, sizeof(float) * (size_t)l->n_top);
+    } else {
+        l->n_top = 0;
+    }
+}
+
+static void on_done(struct rq *r, const struct kwk_event *ev)
+{
+    struct srv_metrics *m = &r->s->met;
+    r->done = 1;
+    r->finish = ev->finish_reason;
+    r->estatus = ev->status;
+    r->n_prompt = ev->n_prompt;
+    r->n_tokens = ev->n_tokens;
+    if (ev->status && ev->err_msg)
+        snprintf(r->err_msg, sizeof r->err_msg, "%s", ev->err_msg);
+    atomic_fetch_add_explicit(&m->prompt_tokens, (uint64_t)ev->n_prompt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->completion_tokens, (uint64_t)ev->n_tokens,
+                              memory_order_relaxed);
+    if (r->t_first > 0) {
+        atomic_fetch_add_explicit(&m->ttft_us_sum, (uint64_t)((r->t_first - r->t_submit) * 1e6),
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&m->ttft_count, 1, memory_order_relaxed);
+    }
+}
+
+/* Copy and return: the engine's step waits for this. */
+static void on_event(void *user, const struct kwk_event *ev)
+{
+    struct rq *r = user;
+    struct MHD_Connection *wake = NULL;
+    int last = 0;
+    pthread_mutex_lock(&r->mu);
+    if (ev->type == KWK_EVENT_TOKEN) {
+        if (r->t_first == 0)
+            r->t_first = now_s();
+        r->n_tokens++;
+        if (!r->conn_gone) {
+            srv_buf_add(&r->text, ev->text, ev->len);
+            if (r->req.logprobs)
+                add_lp(r, ev);
+        }
+    } else if (ev->type == KWK_EVENT_DONE) {
+        on_done(r, ev);
+        last = --r->refs == 0;
+    }
+    /* a non-streaming request waits for DONE only: no wake-up per token */
+    if (r->suspended && !r->conn_gone &&
+        (r->done || (r->req.stream && (r->text.len || r->n_lps)))) {
+        r->suspended = 0;
+        wake = r->conn;
+    }
+    pthread_mutex_unlock(&r->mu);
+    /* outside our mutex: MHD takes its own lock, which its thread holds when it calls us */
+    if (wake)
+        MHD_resume_connection(wake);
+    if (last)
+        rq_free(r);
+}
+
+/* ---- streaming (event-loop thread) ----------------------------------------------------------- */
+
+/* Format what arrived since the last call into r->out. Returns 1 when something was added, 0
+ * when the request has nothing new (then the connection is suspended under the same lock the
+ * engine thread checks, so a wake-up cannot be missed). */
+static int stream_fill(struct rq *r)
+{
+    struct srv_buf text = {0};
+    struct srv_lp *lps = NULL;
+    int n_lps = 0, done;
+    pthread_mutex_lock(&r->mu);
+    done = r->done;
+    if (!r->text.len && !r->n_lps && !done && r->role_sent) {
+        r->suspended = 1;
+        MHD_suspend_connection(r->conn);
+        pthread_mutex_unlock(&r->mu);
+        return 0;
+    }
+    text = r->text;
+    memset(&r->text, 0, sizeof r->text);
+    lps = r->lps;
+    n_lps = r->n_lps;
+    r->lps = NULL;
+    r->n_lps = r->cap_lps = 0;
+    pthread_mutex_unlock(&r->mu);
+
+    r->out.len = 0;
+    r->out_off = 0;
+    if (!r->role_sent && r->ctx.kind == SRV_CHAT)
+        srv_sse_role(&r->out, &r->ctx);
+    r->role_sent = 1;
+    if (text.len || n_lps)
+        srv_sse_content(&r->out, &r->ctx, text.p, text.len, lps, n_lps);
+    if (done) {
+        if (r->estatus) {
+            struct srv_err e;
+            srv_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                        r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
+            srv_sse_error(&r->out, &e);
+        } else {
+            srv_sse_finish(&r->out, &r->ctx, r->finish);
+            if (r->ctx.include_usage)
+                srv_sse_usage(&r->out, &r->ctx, r->n_prompt, r->n_tokens);
+        }
+        srv_sse_done(&r->out);
+        r->end_sent = 1;
+    }
+    srv_buf_free(&text);
+    free(lps);
+    return 1;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct rq *r = cls;
+    (void)pos;
+    while (r->out_off == r->out.len) {
+        if (r->end_sent)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!stream_fill(r))
+            return 0; /* suspended until the engine has more */
+        if (r->out.err)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = r->out.len - r->out_off;
+    if (n > max)
+        n = max;
+    memcpy(buf, r->out.p + r->out_off, n);
+    r->out_off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls)
+{
+    rq_unref(cls);
+}
+
+static enum MHD_Result start_stream(struct rq *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, r, stream_free);
+    if (!resp) {
+        rq_unref(r);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    r->status = 200;
+    r->state = RQ_STREAM;
+    atomic_fetch_add_explicit(&r->s->met.streams, 1, memory_order_relaxed);
+    return rc;
+}
+
+/* ---- a non-streaming answer once DONE came (event-loop thread) ------------------------------- */
+
+static enum MHD_Result answer(struct rq *r)
+{
+    pthread_mutex_lock(&r->mu);
+    if (!r->done) {
+        r->suspended = 1;
+        MHD_suspend_connection(r->conn);
+        pthread_mutex_unlock(&r->mu);
+        return MHD_YES;
+    }
+    pthread_mutex_unlock(&r->mu);
+    /* after DONE the engine no longer touches r: the fields below are final */
+    if (r->estatus) {
+        struct srv_err e;
+        srv_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                    r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
+        return respond_err(r, &e);
+    }
+    struct srv_buf b = {0};
+    srv_json_response(&b, &r->ctx, r->text.p, r->text.len, r->lps, r->n_lps, r->finish,
+                      r->n_prompt, r->n_tokens);
+    enum MHD_Result rc = respond_json(r, 200, &b);
+    srv_buf_free(&b);
+    return rc;
+}
+
+/* ---- prompts --------------------------------------------------------------------------------- */
+
+/* The chat messages through the model's template, then encoded without added special tokens
+ * (the template writes them), as apply_chat_template(tokenize=True). */
+static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
+                    struct srv_err *e)
+{
+    struct kwk_err err = {0};
+    char *ctx_text = NULL, *text = NULL;
+    size_t len = 0;
+    int rc = -1;
+    if (!s->tpl) {
+        srv_err_set(e, 400, "invalid_request_error", "messages", "no_chat_template",
+                    "the model has no chat template: use /v1/completions");
+        return -1;
+    }
+    json_t *ctx = json_pack("{s:O, s:n, s:n, s:b}", "messages", q->messages, "tools",
+                            "documents", "add_generation_prompt", 1);
+    const char *bos = kwk_tokenizer_bos_token(s->tok), *eos = kwk_tokenizer_eos_token(s->tok);
+    if (ctx && bos)
+        json_object_set_new(ctx, "bos_token", json_string(bos));
+    if (ctx && eos)
+        json_object_set_new(ctx, "eos_token", json_string(eos));
+    if (!ctx || !(ctx_text = json_dumps(ctx, JSON_COMPACT))) {
+        srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    if (kwk_template_render(s->tpl, ctx_text, strlen(ctx_text), NULL, &text, &len, &err)) {
+        srv_err_set(e, 400, "invalid_request_error", "messages", "chat_template_error",
+                    "the chat template refused the messages: %s", err.msg);
+        goto out;
+    }
+    int st = kwk_tokenizer_encode_alloc(s->tok, text, len, 0, ids, n);
+    if (st < 0) {
+        srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing: %s", kwk_status_str(st));
+        goto out;
+    }
+    rc = 0;
+out:
+    kwk_string_free(text);
+    free(ctx_text);
+    json_decref(ctx);
+    return rc;
+}
+
+/* The prompt ids of a request into *ids (library-allocated unless the request carried ids). */
+static int prompt_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n, int *own,
+                      struct srv_err *e)
+{
+    *own = 1;
+    if (q->kind == SRV_CHAT)
+        return chat_ids(s, q, ids, n, e);
+    if (q->prompt_ids) {
+        *ids = q->prompt_ids;
+        *n = (size_t)q->n_prompt_ids;
+        *own = 0;
+        return 0;
+    }
+    /* add_special: the tokenizer's own BOS etc., as tokenizer(prompt) in transformers */
+    int st = kwk_tokenizer_encode_alloc(s->tok, q->prompt, q->prompt_len, 1, ids, n);
+    if (st < 0) {
+        srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing: %s", kwk_status_str(st));
+        return -1;
+    }
+    return 0;
+}
+
+static int check_length(struct srv *s, struct srv_req *q, size_t n, int *max_new,
+                        struct srv_err *e)
+{
+    size_t ctx = (size_t)s->lim.max_cache_len;
+    if (n == 0) {
+        srv_err_set(e, 400, "invalid_request_error", q->kind == SRV_CHAT ? "messages" : "prompt",
+                    "invalid_value", "the prompt is empty");
+        return -1;
+    }
+    if (n >= ctx || (q->max_tokens > 0 && n + (size_t)q->max_tokens > ctx)) {
+        srv_err_set(e, 400, "invalid_request_error", q->kind == SRV_CHAT ? "messages" : "prompt",
+                    "context_length_exceeded",
+                    "This model's maximum context length is %zu tokens. However, you requested "
+                    "%zu tokens (%zu in the prompt, %d for the completion).",
+                    ctx, n + (size_t)(q->max_tokens > 0 ? q->max_tokens : 1), n,
+                    q->max_tokens > 0 ? q->max_tokens : 1);
+        return -1;
+    }
+    *max_new = q->max_tokens > 0 ? q->max_tokens : (int)(ctx - n);
+    return 0;
+}
+
+static uint64_t random_seed(void)
+{
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+        seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    return seed;
+}
+
+static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
+                       struct kwk_gen_params *p)
+{
+    kwk_gen_params_init(p);
+    p->max_new_tokens = max_new;
+    struct kwk_sampler_params *sp = &p->sampling;
+    kwk_sampler_params_init(sp);
+    sp->do_sample = q->sample;
+    sp->temperature = q->temperature;
+    sp->top_k = q->top_k; /* OpenAI has no top-k: off unless asked */
+    sp->top_p = q->top_p;
+    sp->min_p = q->min_p;
+    sp->presence_penalty = q->presence_penalty;
+    sp->frequency_penalty = q->frequency_penalty;
+    sp->seed = q->seed_given ? q->seed : random_seed();
+    p->logit_bias_ids = q->bias_ids;
+    p->logit_bias = q->bias;
+    p->n_logit_bias = q->n_bias;
+    p->eos_ids = s->eos;
+    p->n_eos = s->n_eos;
+    p->stop = (const char *const *)q->stop;
+    p->n_stop = q->n_stop;
+    p->tok = s->tok;
+    p->prompt_cache = 1;
+    p->top_logprobs = q->logprobs ? q->top_logprobs : 0;
+}
+
+static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struct srv_err *e)
+{
+    struct srv *s = r->s;
+    struct kwk_gen_params p;
+    struct kwk_err err = {0};
+    gen_params(s, &r->req, max_new, &p);
+    pthread_mutex_lock(&r->mu);
+    r->refs++; /* the engine's, dropped at DONE */
+    pthread_mutex_unlock(&r->mu);
+    r->t_submit = now_s();
+    uint64_t id = 0;
+    pthread_mutex_lock(&s->mu);
+    if (!s->closing)
+        id = kwk_engine_submit(s->e, ids, (int)n, &p, on_event, r, &err);
+    else
+        err.code = KWK_ECANCELED;
+    pthread_mutex_unlock(&s->mu);
+    if (id) {
+        r->eid = id;
+        return 0;
+    }
+    rq_unref(r); /* no event will come: the connection still holds r */
+    if (err.code == KWK_EARG || err.code == KWK_ERANGE)
+        srv_err_set(e, 400, "invalid_request_error", NULL, "invalid_value", "%s", err.msg);
+    else if (err.code == KWK_ELIMIT || err.code == KWK_ECANCELED)
+        srv_err_set(e, 503, "server_error", NULL, "server_busy",
+                    "the server is busy or shutting down: %s",
+                    err.msg[0] ? err.msg : kwk_status_str(err.code));
+    else
+        srv_err_set(e, 500, "server_error", NULL, NULL, "%s",
+                    err.msg[0] ? err.msg : kwk_status_str(err.code));
+    return -1;
+}
+
+/* ---- POST routes ----------------------------------------------------------------------------- */
+
+static void init_ctx(struct rq *r)
+{
+    struct srv *s = r->s;
+    uint64_t n = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed);
+    snprintf(r->id, sizeof r->id, "%s-%016llx", r->route == R_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)((n * 0x9e3779b97f4a7c15ull) ^ s->id_salt));
+    r->ctx.kind = r->req.kind;
+    r->ctx.id = r->id;
+    r->ctx.created = (int64_t)time(NULL);
+    r->ctx.model = s->model_id;
+    r->ctx.tok = s->tok;
+    r->ctx.logprobs = r->req.logprobs;
+    r->ctx.top_logprobs = r->req.top_logprobs;
+    r->ctx.include_usage = r->req.include_usage;
+}
+
+static enum MHD_Result body_done(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_err e = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int own = 0, max_new = 0;
+    enum MHD_Result rc;
+    if (r->too_large) {
+        srv_err_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                    "the request body is larger than %zu bytes", s->o->max_body);
+        return respond_err(r, &e);
+    }
+    int kind = r->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
+    if (srv_req_parse(&r->req, kind, r->body.p ? r->body.p : "", r->body.len, &s->lim, &e))
+        return respond_err(r, &e);
+    srv_buf_free(&r->body);
+    if (strcmp(r->req.model, s->model_id) && strcmp(r->req.model, s->model_path)) {
+        srv_err_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                    "The model '%.128s' does not exist; this server serves '%.128s'",
+                    r->req.model, s->model_id);
+        return respond_err(r, &e);
+    }
+    if (prompt_ids(s, &r->req, &ids, &n, &own, &e) || check_length(s, &r->req, n, &max_new, &e) ||
+        submit(r, ids, n, max_new, &e)) {
+        rc = respond_err(r, &e);
+        goto out;
+    }
+    init_ctx(r);
+    if (r->req.stream) {
+        rc = start_stream(r);
+    } else {
+        r->state = RQ_WAIT;
+        rc = answer(r);
+    }
+out:
+    if (own)
+        kwk_tokenizer_mem_free(ids);
+    return rc;
+}
+
+static int post_route(const char *path)
+{
+    if (!strcmp(path, "/v1/chat/completions"))
+        return R_CHAT;
+    if (!strcmp(path, "/v1/completions"))
+        return R_COMPLETION;
+    return R_OTHER;
+}
+
+/* Headers are in. MHD keeps a connection alive only when the answer is queued after the whole
+ * request was read (an answer queued now discards the body and closes), so every answer waits
+ * for the final call but one: a declared body over the limit, refused without reading it. */
+static enum MHD_Result first_call(struct rq *r, const char *method)
+{
+    struct srv *s = r->s;
+    r->is_post = !strcmp(method, MHD_HTTP_METHOD_POST);
+    r->route = r->is_post ? post_route(r->path) : R_OTHER;
+    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (r->route != R_OTHER && cl && strtoull(cl, NULL, 10) > s->o->max_body) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->o->max_body);
+        return fail(r, 413, "invalid_request_error", NULL, "request_too_large", msg);
+    }
+    r->state = RQ_BODY;
+    return MHD_YES;
+}
+
+/* The whole request is read: answer it or hand it to the engine. */
+static enum MHD_Result dispatch(struct rq *r)
+{
+    struct srv *s = r->s;
+    if (!strncmp(r->path, "/v1/", 4) && s->o->api_key && s->o->api_key[0]) {
+        const char *auth = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                       MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!srv_auth_ok(auth, s->o->api_key))
+            return fail(r, 401, "authentication_error", NULL, "invalid_api_key",
+                        auth ? "Incorrect API key provided"
+                             : "You didn't provide an API key: send 'Authorization: Bearer KEY'");
+    }
+    if (!strcmp(r->method, MHD_HTTP_METHOD_GET) || !strcmp(r->method, MHD_HTTP_METHOD_HEAD))
+        return get_route(r);
+    if (!r->is_post)
+        return fail(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+                    "method not allowed");
+    if (r->route == R_OTHER)
+        return fail(r, 404, "not_found_error", NULL, "not_found", "Not found");
+    return body_done(r);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *data,
+                                  size_t *size, void **con_cls)
+{
+    struct srv *s = cls;
+    struct rq *r = *con_cls;
+    (void)version;
+    if (!r) {
+        if (!(r = rq_new(s, c, method, url)))
+            return MHD_NO;
+        *con_cls = r;
+        return first_call(r, method);
+    }
+    switch (r->state) {
+    case RQ_BODY:
+        if (*size) {
+            /* bodies of other routes are read and dropped; over the limit: read on, 413 */
+            if (r->body.len + *size > s->o->max_body)
+                r->too_large = 1;
+            else if (r->route != R_OTHER)
+                srv_buf_add(&r->body, data, *size);
+            if (r->body.err)
+                return MHD_NO;
+            *size = 0;
+            return MHD_YES;
+        }
+        return dispatch(r);
+    case RQ_WAIT:
+        return answer(r);
+    default:
+        *size = 0;
+        return MHD_YES;
+    }
+}
+
+static void log_request(struct rq *r, enum MHD_RequestTerminationCode toe)
+{
+    static const char *const why[] = {"", " (error)", " (timeout)", " (shutdown)",
+                                      " (read error)", " (client gone)"};
+    fprintf(stderr, "%s %s %d tokens=%d ms=%.1f%s\n", r->method, r->path, r->status,
+            r->n_tokens, (now_s() - r->t0) * 1e3, (unsigned)toe < 6 ? why[toe] : "");
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct srv *s = cls;
+    struct rq *r = *con_cls;
+    (void)c;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    srv_metrics_status(&s->met, r->status);
+    pthread_mutex_lock(&r->mu);
+    if (s->o->log_requests)
+        log_request(r, toe);
+    r->conn_gone = 1;
+    uint64_t cancel = !r->done ? r->eid : 0;
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (cancel) {
+        atomic_fetch_add_explicit(&s->met.client_aborts, 1, memory_order_relaxed);
+        pthread_mutex_lock(&s->mu);
+        if (!s->closing)
+            kwk_engine_cancel(s->e, cancel);
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (last)
+        rq_free(r);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    fprintf(stderr, "kwker serve: http: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+/* ---- start and stop (main thread) ------------------------------------------------------------ */
+
+/* 10,000 idle keep-alive connections need as many descriptors: take the hard limit. */
+static rlim_t raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl))
+        return 1024;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return rl.rlim_cur;
+}
+
+/* The bundled default model: models/ under the working directory, else beside the build tree
+ * or the installed package that holds this executable. */
+static const char *default_model(char *buf, size_t cap)
+{
+    static const char rel[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (access(rel, R_OK) == 0)
+        return rel;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return rel;
+    exe[n] = 0;
+    for (int up = 1; up <= 3; up++) {
+        char *slash = strrchr(exe, '/');
+        if (!slash)
+            break;
+        *slash = 0;
+        snprintf(buf, cap, "%s/%s", exe, rel);
+        if (access(buf, R_OK) == 0)
+            return buf;
+    }
+    return rel;
+}
+
+static void model_name(struct srv *s, const char *path)
+{
+    if (s->o->model_name) {
+        snprintf(s->model_id, sizeof s->model_id, "%.200s", s->o->model_name);
+        return;
+    }
+    const char *base = strrchr(path, '/');
+    base = base && base[1] ? base + 1 : path;
+    snprintf(s->model_id, sizeof s->model_id, "%.200s", base);
+    size_t n = strlen(s->model_id);
+    if (n > 5 && !strcmp(s->model_id + n - 5, ".gguf"))
+        s->model_id[n - 5] = 0;
+}
+
+static int load(struct srv *s, const char *path)
+{
+    struct kwk_err err = {0};
+    struct kwk_model_info info;
+    if (!(s->tok = kwk_tokenizer_load(path, &err)) || !(s->m = kwk_model_load(path, &err)))
+        goto fail;
+    kwk_model_get_info(s->m, &info);
+    s->n_eos = info.n_eos < 8 ? info.n_eos : 8;
+    memcpy(s->eos, info.eos_ids, sizeof(int32_t) * (size_t)s->n_eos);
+    if (s->n_eos == 0) {
+        int n = kwk_tokenizer_eos_ids(s->tok, s->eos, 8);
+        s->n_eos = n < 0 ? 0 : n > 8 ? 8 : n;
+    }
+    const char *src = kwk_tokenizer_chat_template(s->tok);
+    if (src && !(s->tpl = kwk_template_new(src, strlen(src), NULL, &err)))
+        goto fail;
+    if (!src)
+        fprintf(stderr, "kwker serve: the model has no chat template: only /v1/completions\n");
+    s->lim.n_vocab = info.n_vocab;
+    s->lim.max_cache_len = s->o->engine.max_cache_len;
+    if (!s->lim.max_cache_len) /* the engine's default */
+        s->lim.max_cache_len =
+            info.max_position > 0 && info.max_position < 4096 ? info.max_position : 4096;
+    struct kwk_engine_params ep = s->o->engine;
+    ep.max_cache_len = s->lim.max_cache_len;
+    if (!(s->e = kwk_engine_new(s->m, &ep, &err)) || kwk_engine_start(s->e, &err))
+        goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "kwker serve: %s: %s\n", path,
+            err.msg[0] ? err.msg : kwk_status_str(err.code));
+    return -1;
+}
+
+static struct MHD_Daemon *start_daemon(struct srv *s, unsigned max_conn)
+{
+    const struct srv_opts *o = s->o;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    int gai = getaddrinfo(o->host, port, &hints, &ai);
+    if (gai) {
+        fprintf(stderr, "kwker serve: --host %s: %s\n", o->host, gai_strerror(gai));
+        return NULL;
+    }
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+        /* the logger first, as MHD wants, so its messages all carry our prefix */
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_CONNECTION_LIMIT, max_conn, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, o->max_header,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!d)
+        fprintf(stderr, "kwker serve: cannot listen on %s:%d (%s)\n", o->host, o->port,
+                strerror(errno));
+    return d;
+}
+
+/* Stop taking requests, end the ones in flight (their DONE events resume every suspended
+ * connection, as MHD_stop_daemon requires), then close the connections. */
+static void shutdown_all(struct srv *s)
+{
+    if (s->d)
+        MHD_quiesce_daemon(s->d);
+    pthread_mutex_lock(&s->mu);
+    s->closing = 1;
+    pthread_mutex_unlock(&s->mu);
+    kwk_engine_free(s->e);
+    s->e = NULL;
+    if (s->d) {
+        usleep(200 * 1000); /* let the loop write the final chunks it was woken for */
+        MHD_stop_daemon(s->d);
+    }
+    kwk_template_free(s->tpl);
+    kwk_tokenizer_free(s->tok);
+    kwk_model_free(s->m);
+}
+
+int srv_run(const struct srv_opts *o)
+{
+    struct srv *s = calloc(1, sizeof *s);
+    char buf[PATH_MAX + 64];
+    int sig = 0, rc = 1;
+    sigset_t set;
+    if (!s)
+        return 1;
+    s->o = o;
+    s->created = (int64_t)time(NULL);
+    s->id_salt = random_seed();
+    pthread_mutex_init(&s->mu, NULL);
+    /* before any thread starts, so every thread inherits the mask and sigwait gets them */
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    rlim_t nofile = raise_nofile();
+    unsigned max_conn = o->max_connections > 0 ? (unsigned)o->max_connections
+                        : nofile > 128 ? (unsigned)(nofile - 64 > 1000000 ? 1000000 : nofile - 64)
+                                       : 64u;
+    const char *path = o->model ? o->model : default_model(buf, sizeof buf);
+    s->model_path = path;
+    model_name(s, path);
+    if (load(s, path))
+        goto out;
+    if (!(s->d = start_daemon(s, max_conn)))
+        goto out;
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    fprintf(stderr, "kwker serve: listening on http://%s:%u (model %s, %d slots, %d positions "
+                    "each, %u connections)\n",
+            o->host, di ? di->port : (unsigned)o->port, s->model_id,
+            o->engine.max_batch ? o->engine.max_batch : 8, s->lim.max_cache_len, max_conn);
+    sigwait(&set, &sig);
+    fprintf(stderr, "kwker serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
+    rc = 0;
+out:
+    shutdown_all(s);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return rc;
+}

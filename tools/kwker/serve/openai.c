@@ -1,0 +1,839 @@
+/* openai.c - OpenAI request bodies to struct srv_req, and response / SSE chunk JSON, with no
+ * HTTP in sight (the fuzz target drives it directly). Any thread; one request per call. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve.h"
+
+#define INVALID "invalid_request_error"
+
+void srv_err_set(struct srv_err *e, int http, const char *type, const char *param,
+                 const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    e->http = http;
+    e->type = type;
+    e->param = param;
+    e->code = code;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- buffers --------------------------------------------------------------------------------- */
+
+void srv_buf_add(struct srv_buf *b, const void *data, size_t n)
+{
+    if (b->err || n == 0)
+        return;
+    if (n > SIZE_MAX / 2 - b->len) {
+        b->err = 1;
+        return;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->err = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void srv_buf_str(struct srv_buf *b, const char *s)
+{
+    srv_buf_add(b, s, strlen(s));
+}
+
+void srv_buf_free(struct srv_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---- depth pre-scan -------------------------------------------------------------------------- */
+
+int srv_json_depth_ok(const char *s, size_t len, int max_depth)
+{
+    int depth = 0, in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\')
+                i++; /* the escaped byte cannot end the string */
+            else if (c == '"')
+                in_str = 0;
+        } else if (c == '"') {
+            in_str = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max_depth)
+                return 0;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            depth--;
+        }
+    }
+    return 1;
+}
+
+/* ---- field readers: each returns 0 (absent or valid) or -1 with e set ------------------------ */
+
+static int bad_type(struct srv_err *e, const char *key, const char *want)
+{
+    srv_err_set(e, 400, INVALID, key, "invalid_type", "'%s' must be %s", key, want);
+    return -1;
+}
+
+static int bad_value(struct srv_err *e, const char *key, const char *why)
+{
+    srv_err_set(e, 400, INVALID, key, "invalid_value", "'%s' %s", key, why);
+    return -1;
+}
+
+/* A number in [lo, hi] (null = absent). *given says whether it was there. */
+static int get_num(json_t *o, const char *key, double lo, double hi, double *out, int *given)
+{
+    json_t *v = json_object_get(o, key);
+    if (given)
+        *given = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v))
+        return -2;
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return -3;
+    *out = x;
+    if (given)
+        *given = 1;
+    return 0;
+}
+
+static int num_field(json_t *o, const char *key, double lo, double hi, double *out, int *given,
+                     struct srv_err *e)
+{
+    int rc = get_num(o, key, lo, hi, out, given);
+    if (rc == -2)
+        return bad_type(e, key, "a number");
+    if (rc == -3) {
+        srv_err_set(e, 400, INVALID, key, "invalid_value", "'%s' must be in [%g, %g]", key, lo,
+                    hi);
+        return -1;
+    }
+    return 0;
+}
+
+static int int_field(json_t *o, const char *key, json_int_t lo, json_int_t hi, json_int_t *out,
+                     int *given, struct srv_err *e)
+{
+    json_t *v = json_object_get(o, key);
+    *given = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v))
+        return bad_type(e, key, "an integer");
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi) {
+        srv_err_set(e, 400, INVALID, key, "invalid_value", "'%s' must be in [%lld, %lld]", key,
+                    (long long)lo, (long long)hi);
+        return -1;
+    }
+    *out = x;
+    *given = 1;
+    return 0;
+}
+
+static int bool_field(json_t *o, const char *key, int *out, struct srv_err *e)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v))
+        return bad_type(e, key, "a boolean");
+    *out = json_is_true(v);
+    return 0;
+}
+
+static char *dup_n(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+static int oom(struct srv_err *e)
+{
+    srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return -1;
+}
+
+/* ---- chat messages --------------------------------------------------------------------------- */
+
+/* content: a string, or an array of {"type": "text", "text": ...} parts joined; null allowed
+ * for an assistant message (tool calls are not supported, so it renders as empty). */
+static int message_content(json_t *c, const char *role, struct srv_buf *b, struct srv_err *e)
+{
+    if (!c || json_is_null(c)) {
+        if (strcmp(role, "assistant"))
+            return bad_value(e, "messages", "content is required except for assistant messages");
+        return 0;
+    }
+    if (json_is_string(c)) {
+        srv_buf_add(b, json_string_value(c), json_string_length(c));
+        return 0;
+    }
+    if (!json_is_array(c))
+        return bad_type(e, "messages", "a list of messages whose content is a string or a "
+                                       "list of text parts");
+    size_t i;
+    json_t *part;
+    json_array_foreach(c, i, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !type)
+            return bad_type(e, "messages", "content parts that are objects with a 'type'");
+        if (strcmp(type, "text"))
+            return bad_value(e, "messages", "content parts other than 'text' are not supported");
+        if (!json_is_string(text))
+            return bad_type(e, "messages", "text parts with a string 'text'");
+        srv_buf_add(b, json_string_value(text), json_string_length(text));
+    }
+    return 0;
+}
+
+static int is_role(const char *r)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        if (!strcmp(r, roles[i]))
+            return 1;
+    return 0;
+}
+
+/* One message into {role, content} for the template. "developer" (OpenAI's newer name for the
+ * system role) is given to templates as "system", which is the role they know. */
+static int add_message(json_t *out, json_t *m, struct srv_err *e)
+{
+    struct srv_buf b = {0};
+    int rc = -1;
+    if (!json_is_object(m))
+        return bad_type(e, "messages", "a list of objects");
+    const char *role = json_string_value(json_object_get(m, "role"));
+    if (!role)
+        return bad_type(e, "messages", "a list of messages each with a string 'role'");
+    if (!is_role(role))
+        return bad_value(e, "messages", "has a role that is not system, developer, user, "
+                                        "assistant or tool");
+    if (message_content(json_object_get(m, "content"), role, &b, e))
+        goto out;
+    srv_buf_add(&b, "", 1); /* never a NULL pointer for an empty content */
+    if (b.err)
+        goto out_oom;
+    json_t *msg = json_pack("{s:s, s:s%}", "role", strcmp(role, "developer") ? role : "system",
+                            "content", b.p, b.len - 1);
+    if (!msg || json_array_append_new(out, msg))
+        goto out_oom;
+    rc = 0;
+    goto out;
+out_oom:
+    oom(e);
+out:
+    srv_buf_free(&b);
+    return rc;
+}
+
+static int parse_messages(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    json_t *ms = json_object_get(root, "messages");
+    if (!ms || json_is_null(ms)) {
+        srv_err_set(e, 400, INVALID, "messages", "missing_required_parameter",
+                    "'messages' is required");
+        return -1;
+    }
+    if (!json_is_array(ms))
+        return bad_type(e, "messages", "a list of messages");
+    if (json_array_size(ms) == 0)
+        return bad_value(e, "messages", "must not be empty");
+    if (!(r->messages = json_array()))
+        return oom(e);
+    size_t i;
+    json_t *m;
+    json_array_foreach(ms, i, m)
+    {
+        if (add_message(r->messages, m, e))
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- completions prompt ---------------------------------------------------------------------- */
+
+static int prompt_ids(struct srv_req *r, json_t *a, const struct srv_limits *lim,
+                      struct srv_err *e)
+{
+    size_t n = json_array_size(a);
+    if (n == 0)
+        return bad_value(e, "prompt", "must not be empty");
+    if (n > (size_t)lim->max_cache_len)
+        goto too_long;
+    if (!(r->prompt_ids = malloc(sizeof(int32_t) * n)))
+        return oom(e);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v))
+            return bad_type(e, "prompt", "a string, a list of token ids, or a list of one of "
+                                         "those");
+        json_int_t id = json_integer_value(v);
+        if (id < 0 || id >= lim->n_vocab)
+            return bad_value(e, "prompt", "has a token id outside the vocabulary");
+        r->prompt_ids[i] = (int32_t)id;
+    }
+    r->n_prompt_ids = (int)n;
+    return 0;
+too_long:
+    srv_err_set(e, 400, INVALID, "prompt", "context_length_exceeded",
+                "This model's maximum context length is %d tokens; the prompt has %zu",
+                lim->max_cache_len, n);
+    return -1;
+}
+
+/* prompt: a string, a list of token ids, or a list holding one of those (one choice: n = 1). */
+static int parse_prompt(struct srv_req *r, json_t *root, const struct srv_limits *lim,
+                        struct srv_err *e)
+{
+    json_t *p = json_object_get(root, "prompt");
+    if (!p || json_is_null(p)) {
+        srv_err_set(e, 400, INVALID, "prompt", "missing_required_parameter",
+                    "'prompt' is required");
+        return -1;
+    }
+    if (json_is_array(p) && json_array_size(p) >= 1 && !json_is_integer(json_array_get(p, 0))) {
+        if (json_array_size(p) > 1)
+            return bad_value(e, "prompt", "may hold one prompt only (one choice per request)");
+        p = json_array_get(p, 0);
+    }
+    if (json_is_string(p)) {
+        r->prompt_len = json_string_length(p);
+        if (!(r->prompt = dup_n(json_string_value(p), r->prompt_len)))
+            return oom(e);
+        return 0;
+    }
+    if (json_is_array(p))
+        return prompt_ids(r, p, lim, e);
+    return bad_type(e, "prompt", "a string, a list of token ids, or a list of one of those");
+}
+
+/* ---- sampling and the rest ------------------------------------------------------------------- */
+
+static int parse_stop(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    json_t *s = json_object_get(root, "stop");
+    if (!s || json_is_null(s))
+        return 0;
+    if (json_is_string(s)) {
+        if (json_string_length(s) == 0)
+            return 0;
+        if (!(r->stop[0] = dup_n(json_string_value(s), json_string_length(s))))
+            return oom(e);
+        r->n_stop = 1;
+        return 0;
+    }
+    if (!json_is_array(s))
+        return bad_type(e, "stop", "a string or a list of strings");
+    if (json_array_size(s) > SRV_MAX_STOP)
+        return bad_value(e, "stop", "may hold at most 4 strings");
+    size_t i;
+    json_t *v;
+    json_array_foreach(s, i, v)
+    {
+        if (!json_is_string(v))
+            return bad_type(e, "stop", "a string or a list of strings");
+        if (json_string_length(v) == 0 || memchr(json_string_value(v), 0, json_string_length(v)))
+            continue;
+        if (!(r->stop[r->n_stop] = dup_n(json_string_value(v), json_string_length(v))))
+            return oom(e);
+        r->n_stop++;
+    }
+    return 0;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100]} */
+static int parse_bias(struct srv_req *r, json_t *root, const struct srv_limits *lim,
+                      struct srv_err *e)
+{
+    json_t *b = json_object_get(root, "logit_bias");
+    if (!b || json_is_null(b))
+        return 0;
+    if (!json_is_object(b))
+        return bad_type(e, "logit_bias", "an object mapping token ids to numbers");
+    size_t n = json_object_size(b);
+    if (n == 0)
+        return 0;
+    if (n > 1024)
+        return bad_value(e, "logit_bias", "may hold at most 1024 tokens");
+    r->bias_ids = malloc(sizeof(int32_t) * n);
+    r->bias = malloc(sizeof(float) * n);
+    if (!r->bias_ids || !r->bias)
+        return oom(e);
+    const char *key;
+    json_t *v;
+    json_object_foreach(b, key, v)
+    {
+        char *end;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (end == key || *end || errno || id < 0 || id >= lim->n_vocab)
+            return bad_value(e, "logit_bias", "keys must be token ids in the vocabulary");
+        if (!json_is_number(v))
+            return bad_type(e, "logit_bias", "an object mapping token ids to numbers");
+        double x = json_number_value(v);
+        if (!isfinite(x) || x < -100 || x > 100)
+            return bad_value(e, "logit_bias", "values must be in [-100, 100]");
+        r->bias_ids[r->n_bias] = (int32_t)id;
+        r->bias[r->n_bias++] = (float)x;
+    }
+    return 0;
+}
+
+/* OpenAI samples by default (temperature 1); temperature 0 is greedy, as is top_p 0. */
+static int parse_sampling(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    json_int_t k = 0, seed = 0;
+    int given;
+    r->temperature = 1.0;
+    r->top_p = 1.0;
+    if (num_field(root, "temperature", 0, 2, &r->temperature, NULL, e) ||
+        num_field(root, "top_p", 0, 1, &r->top_p, NULL, e) ||
+        num_field(root, "min_p", 0, 1, &r->min_p, NULL, e) ||
+        num_field(root, "presence_penalty", -2, 2, &r->presence_penalty, NULL, e) ||
+        num_field(root, "frequency_penalty", -2, 2, &r->frequency_penalty, NULL, e) ||
+        int_field(root, "top_k", -1, INT32_MAX, &k, &given, e))
+        return -1;
+    r->top_k = k > 0 ? (int)k : 0; /* vLLM's -1 and 0 both mean off */
+    if (int_field(root, "seed", INT64_MIN, INT64_MAX, &seed, &given, e))
+        return -1;
+    r->seed_given = given;
+    r->seed = (uint64_t)seed;
+    r->sample = r->temperature > 0 && r->top_p > 0;
+    if (!r->sample) {
+        r->temperature = 1.0;
+        r->top_p = 1.0;
+    }
+    return 0;
+}
+
+static int parse_max_tokens(struct srv_req *r, json_t *root, const struct srv_limits *lim,
+                            struct srv_err *e)
+{
+    json_int_t v = 0;
+    int given = 0;
+    const char *key = r->kind == SRV_CHAT && json_object_get(root, "max_completion_tokens")
+                          ? "max_completion_tokens"
+                          : "max_tokens";
+    r->max_tokens = -1;
+    if (int_field(root, key, 1, lim->max_cache_len, &v, &given, e))
+        return -1;
+    if (given)
+        r->max_tokens = (int)v;
+    return 0;
+}
+
+static int parse_logprobs(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    json_int_t v = 0;
+    int given = 0;
+    if (r->kind == SRV_COMPLETION) {
+        /* completions: logprobs is the number of alternatives (0 = the chosen token only) */
+        if (int_field(root, "logprobs", 0, SRV_MAX_TOP, &v, &given, e))
+            return -1;
+        r->logprobs = given;
+        r->top_logprobs = (int)v;
+        return 0;
+    }
+    if (bool_field(root, "logprobs", &r->logprobs, e) ||
+        int_field(root, "top_logprobs", 0, SRV_MAX_TOP, &v, &given, e))
+        return -1;
+    if (given && v > 0 && !r->logprobs)
+        return bad_value(e, "top_logprobs", "needs 'logprobs' set to true");
+    r->top_logprobs = (int)v;
+    return 0;
+}
+
+/* Fields we accept only at their default value (they ask for things not implemented). */
+static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
+{
+    json_int_t n = 1;
+    int given, echo = 0;
+    if (int_field(root, "n", 1, 128, &n, &given, e))
+        return -1;
+    if (n != 1)
+        return bad_value(e, "n", "must be 1 (one choice per request)");
+    if (kind == SRV_COMPLETION) {
+        if (int_field(root, "best_of", 1, 1, &n, &given, e) || bool_field(root, "echo", &echo, e))
+            return -1;
+        if (echo)
+            return bad_value(e, "echo", "is not supported");
+        json_t *suffix = json_object_get(root, "suffix");
+        if (suffix && !json_is_null(suffix))
+            return bad_value(e, "suffix", "is not supported");
+    }
+    json_t *user = json_object_get(root, "user");
+    if (user && !json_is_null(user) && !json_is_string(user))
+        return bad_type(e, "user", "a string");
+    return 0;
+}
+
+static int parse_stream(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    if (bool_field(root, "stream", &r->stream, e))
+        return -1;
+    json_t *so = json_object_get(root, "stream_options");
+    if (!so || json_is_null(so))
+        return 0;
+    if (!json_is_object(so))
+        return bad_type(e, "stream_options", "an object");
+    if (!r->stream)
+        return bad_value(e, "stream_options", "is only allowed when 'stream' is true");
+    return bool_field(so, "include_usage", &r->include_usage, e);
+}
+
+static int parse_model(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    json_t *m = json_object_get(root, "model");
+    if (!m || json_is_null(m)) {
+        srv_err_set(e, 400, INVALID, "model", "missing_required_parameter",
+                    "'model' is required");
+        return -1;
+    }
+    if (!json_is_string(m))
+        return bad_type(e, "model", "a string");
+    if (!(r->model = dup_n(json_string_value(m), json_string_length(m))))
+        return oom(e);
+    return 0;
+}
+
+static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *lim,
+                      struct srv_err *e)
+{
+    if (!json_is_object(root)) {
+        srv_err_set(e, 400, INVALID, NULL, "invalid_json", "the body must be a JSON object");
+        return -1;
+    }
+    if (parse_model(r, root, e))
+        return -1;
+    if (r->kind == SRV_CHAT ? parse_messages(r, root, e) : parse_prompt(r, root, lim, e))
+        return -1;
+    if (parse_max_tokens(r, root, lim, e) || parse_sampling(r, root, e) ||
+        parse_stop(r, root, e) || parse_bias(r, root, lim, e) || parse_logprobs(r, root, e) ||
+        parse_unsupported(root, r->kind, e) || parse_stream(r, root, e))
+        return -1;
+    return 0;
+}
+
+int srv_req_parse(struct srv_req *r, int kind, const char *body, size_t len,
+                  const struct srv_limits *lim, struct srv_err *e)
+{
+    json_error_t jerr;
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    if (!srv_json_depth_ok(body, len, SRV_MAX_DEPTH)) {
+        srv_err_set(e, 400, INVALID, NULL, "invalid_json", "JSON nested deeper than %d levels",
+                    SRV_MAX_DEPTH);
+        return -1;
+    }
+    /* JSON_REJECT_DUPLICATES: two "model" keys would be read as either one by other parsers */
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        srv_err_set(e, 400, INVALID, NULL, "invalid_json",
+                    "We could not parse the JSON body of your request: %s (at byte %d)",
+                    jerr.text, jerr.position);
+        return -1;
+    }
+    int rc = parse_root(r, root, lim, e);
+    json_decref(root);
+    if (rc)
+        srv_req_free(r);
+    return rc;
+}
+
+void srv_req_free(struct srv_req *r)
+{
+    free(r->model);
+    json_decref(r->messages);
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    free(r->bias_ids);
+    free(r->bias);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- responses ------------------------------------------------------------------------------- */
+
+const char *srv_finish_name(int finish)
+{
+    return finish == KWK_FINISH_LENGTH ? "length" : "stop";
+}
+
+/* A JSON string of bytes that may not be valid UTF-8 (one token of a multi-byte character):
+ * invalid sequences become U+FFFD, as OpenAI shows such tokens. */
+static json_t *json_text(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    if (j)
+        return j;
+    struct srv_buf b = {0};
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        json_t *t = k && i + k <= n && c ? json_stringn(s + i, k) : NULL;
+        if (t) {
+            srv_buf_add(&b, s + i, k);
+            json_decref(t);
+            i += k;
+        } else {
+            srv_buf_add(&b, "\xef\xbf\xbd", 3);
+            i++;
+        }
+    }
+    j = b.err ? NULL : json_stringn(b.p ? b.p : "", b.len);
+    srv_buf_free(&b);
+    return j;
+}
+
+/* A token's text (its own decode; may be part of a character) into buf. */
+static size_t token_text(const kwk_tokenizer *tok, int32_t id, char *buf, size_t cap)
+{
+    size_t len = 0;
+    if (!tok || kwk_tokenizer_decode(tok, &id, 1, 0, buf, cap, &len) < 0)
+        return (size_t)snprintf(buf, cap, "token_id:%d", (int)id);
+    return len;
+}
+
+static json_t *bytes_array(const char *s, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)s[i]));
+    return a;
+}
+
+/* Chat: {"token", "logprob", "bytes", "top_logprobs": [...]} for one token. */
+static json_t *chat_lp_entry(const struct srv_ctx *c, int32_t id, float lp, int with_top,
+                             const struct srv_lp *l)
+{
+    char buf[256];
+    size_t n = token_text(c->tok, id, buf, sizeof buf);
+    if (n >= sizeof buf)
+        n = sizeof buf - 1;
+    json_t *o = json_object();
+    json_object_set_new(o, "token", json_text(buf, n));
+    json_object_set_new(o, "logprob", json_real(lp));
+    json_object_set_new(o, "bytes", bytes_array(buf, n));
+    if (with_top) {
+        json_t *tops = json_array();
+        for (int k = 0; k < l->n_top && k < c->top_logprobs; k++)
+            json_array_append_new(tops, chat_lp_entry(c, l->top_ids[k], l->top_lps[k], 0, NULL));
+        json_object_set_new(o, "top_logprobs", tops);
+    }
+    return o;
+}
+
+static json_t *chat_logprobs(const struct srv_ctx *c, const struct srv_lp *lps, int n)
+{
+    json_t *content = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(content,
+                              chat_lp_entry(c, lps[i].token, lps[i].logprob, 1, &lps[i]));
+    return json_pack("{s:o, s:n}", "content", content, "refusal");
+}
+
+/* Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. */
+static json_t *completion_logprobs(struct srv_ctx *c, const struct srv_lp *lps, int n)
+{
+    json_t *toks = json_array(), *tlps = json_array(), *tops = json_array(),
+           *offs = json_array();
+    char buf[256];
+    for (int i = 0; i < n; i++) {
+        size_t len = token_text(c->tok, lps[i].token, buf, sizeof buf);
+        if (len >= sizeof buf)
+            len = sizeof buf - 1;
+        json_array_append_new(toks, json_text(buf, len));
+        json_array_append_new(tlps, json_real(lps[i].logprob));
+        json_array_append_new(offs, json_integer((json_int_t)c->text_offset));
+        c->text_offset += len;
+        if (c->top_logprobs > 0) {
+            json_t *t = json_object();
+            for (int k = 0; k < lps[i].n_top && k < c->top_logprobs; k++) {
+                size_t l2 = token_text(c->tok, lps[i].top_ids[k], buf, sizeof buf);
+                json_t *key = json_text(buf, l2 < sizeof buf ? l2 : sizeof buf - 1);
+                if (key)
+                    json_object_set_new(t, json_string_value(key), json_real(lps[i].top_lps[k]));
+                json_decref(key);
+            }
+            json_array_append_new(tops, t);
+        } else {
+            json_array_append_new(tops, json_null());
+        }
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", tlps,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
+static json_t *logprobs_json(struct srv_ctx *c, const struct srv_lp *lps, int n)
+{
+    if (!c->logprobs)
+        return json_null();
+    return c->kind == SRV_CHAT ? chat_logprobs(c, lps, n) : completion_logprobs(c, lps, n);
+}
+
+static json_t *usage_json(int n_prompt, int n_completion)
+{
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", n_prompt, "completion_tokens",
+                     n_completion, "total_tokens", n_prompt + n_completion);
+}
+
+/* The fields every response and chunk starts with. */
+static json_t *envelope(const struct srv_ctx *c, const char *object)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", c->id, "object", object, "created",
+                     (json_int_t)c->created, "model", c->model, "system_fingerprint", "kwker");
+}
+
+static void dump_into(struct srv_buf *out, json_t *j, const char *prefix, const char *suffix)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (!s) {
+        out->err = 1;
+    } else {
+        srv_buf_str(out, prefix);
+        srv_buf_str(out, s);
+        srv_buf_str(out, suffix);
+    }
+    free(s);
+    json_decref(j);
+}
+
+void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
+                       const struct srv_lp *lps, int n_lps, int finish, int n_prompt,
+                       int n_completion)
+{
+    int chat = c->kind == SRV_CHAT;
+    json_t *r = envelope(c, chat ? "chat.completion" : "text_completion");
+    json_t *choice = json_pack("{s:i, s:o, s:s}", "index", 0, "logprobs",
+                               logprobs_json(c, lps, n_lps), "finish_reason",
+                               srv_finish_name(finish));
+    json_t *t = json_text(text ? text : "", text ? len : 0);
+    if (chat)
+        json_object_set_new(choice, "message",
+                            json_pack("{s:s, s:o, s:n}", "role", "assistant", "content", t,
+                                      "refusal"));
+    else
+        json_object_set_new(choice, "text", t);
+    json_object_set_new(r, "choices", json_pack("[o]", choice));
+    json_object_set_new(r, "usage", usage_json(n_prompt, n_completion));
+    dump_into(out, r, "", "");
+}
+
+/* A chunk with one choice: delta (chat) or text (completions). */
+static void chunk(struct srv_buf *out, const struct srv_ctx *c, json_t *delta_or_text,
+                  json_t *logprobs, const char *finish)
+{
+    int chat = c->kind == SRV_CHAT;
+    json_t *r = envelope(c, chat ? "chat.completion.chunk" : "text_completion");
+    json_t *choice = json_pack("{s:i, s:o, s:o}", "index", 0, chat ? "delta" : "text",
+                               delta_or_text, "logprobs", logprobs);
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(r, "choices", json_pack("[o]", choice));
+    if (c->include_usage)
+        json_object_set_new(r, "usage", json_null());
+    dump_into(out, r, "data: ", "\n\n");
+}
+
+void srv_sse_role(struct srv_buf *out, const struct srv_ctx *c)
+{
+    chunk(out, c, json_pack("{s:s, s:s, s:n}", "role", "assistant", "content", "", "refusal"),
+          json_null(), NULL);
+}
+
+void srv_sse_content(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
+                     const struct srv_lp *lps, int n_lps)
+{
+    json_t *t = json_text(text ? text : "", text ? len : 0);
+    json_t *lp = logprobs_json(c, lps, n_lps);
+    chunk(out, c, c->kind == SRV_CHAT ? json_pack("{s:o}", "content", t) : t, lp, NULL);
+}
+
+void srv_sse_finish(struct srv_buf *out, const struct srv_ctx *c, int finish)
+{
+    chunk(out, c, c->kind == SRV_CHAT ? json_object() : json_string(""), json_null(),
+          srv_finish_name(finish));
+}
+
+void srv_sse_usage(struct srv_buf *out, const struct srv_ctx *c, int n_prompt,
+                   int n_completion)
+{
+    json_t *r = envelope(c, c->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    json_object_set_new(r, "choices", json_array());
+    json_object_set_new(r, "usage", usage_json(n_prompt, n_completion));
+    dump_into(out, r, "data: ", "\n\n");
+}
+
+static json_t *error_json(const struct srv_err *e)
+{
+    json_t *m = json_text(e->msg, strlen(e->msg));
+    json_t *in = json_pack("{s:o, s:s, s:o, s:o}", "message", m ? m : json_string(""), "type",
+                           e->type ? e->type : "server_error", "param",
+                           e->param ? json_string(e->param) : json_null(), "code",
+                           e->code ? json_string(e->code) : json_null());
+    return json_pack("{s:o}", "error", in);
+}
+
+void srv_sse_error(struct srv_buf *out, const struct srv_err *e)
+{
+    dump_into(out, error_json(e), "data: ", "\n\n");
+}
+
+void srv_sse_done(struct srv_buf *out)
+{
+    srv_buf_str(out, "data: [DONE]\n\n");
+}
+
+char *srv_json_error(const struct srv_err *e)
+{
+    json_t *j = error_json(e);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return s;
+}
+
+int srv_auth_ok(const char *header, const char *key)
+{
+    static const char prefix[] = "Bearer ";
+    if (!header)
+        return 0;
+    size_t hn = strlen(header), kn = strlen(key), pn = sizeof prefix - 1;
+    /* every byte of the expected value is compared, whatever the presented one holds */
+    unsigned diff = hn != pn + kn;
+    for (size_t i = 0; i < pn + kn; i++) {
+        unsigned char want = (unsigned char)(i < pn ? prefix[i] : key[i - pn]);
+        unsigned char got = (unsigned char)(i < hn ? header[i] : 0);
+        diff |= (unsigned)(want ^ got);
+    }
+    return diff == 0;
+}

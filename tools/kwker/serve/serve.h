@@ -1,0 +1,182 @@
+/* serve.h - `kwker serve`: the OpenAI-compatible HTTP server's internal contract. openai.c parses
+ * request bodies into struct srv_req and builds response / SSE chunk JSON (no HTTP, no threads:
+ * any thread, one request per call); metrics.c keeps the server's counters (any thread); http.c
+ * is the libmicrohttpd glue (its event-loop thread and the engine's event thread). */
+#ifndef KWK_SERVE_H
+#define KWK_SERVE_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kwker.h"
+
+/* ---- options (cmd_serve.c fills them, http.c runs them) -------------------------------------- */
+
+struct srv_opts {
+    const char *model;       /* path or id; the bundled default when not given */
+    const char *model_name;  /* the id /v1/models shows and requests must name */
+    const char *host;        /* IPv4 or IPv6 literal, or a host name resolved once */
+    int port;                /* 0: any free port (the bound port is logged) */
+    const char *api_key;     /* NULL or "": no auth */
+    struct kwk_engine_params engine;
+    int timeout_s;           /* idle / slow clients are closed after this many seconds */
+    size_t max_body;         /* request bodies over this get 413 */
+    size_t max_header;       /* per-connection memory for the request line and headers */
+    int max_connections;     /* 0: as many as the file-descriptor limit allows */
+    int log_requests;        /* one stderr line per request */
+};
+
+/* ---- parsed requests ------------------------------------------------------------------------- */
+
+enum srv_kind { SRV_CHAT = 1, SRV_COMPLETION = 2 };
+
+#define SRV_MAX_STOP 4
+#define SRV_MAX_DEPTH 64      /* JSON nesting a request body may have */
+#define SRV_MAX_TOP 20        /* top_logprobs (OpenAI's limit) */
+
+/* What the parser checks against. */
+struct srv_limits {
+    int n_vocab;        /* token ids (prompt ids, logit_bias keys) must be below */
+    int max_cache_len;  /* max_tokens must be at most */
+};
+
+/* An OpenAI error: HTTP status, then the fields of {"error": {...}}. type/param/code are static
+ * strings (param and code may be NULL: JSON null). */
+struct srv_err {
+    int http;
+    const char *type;
+    const char *param;
+    const char *code;
+    char msg[320];
+};
+
+/* One /v1/chat/completions or /v1/completions body. Owned strings and arrays; srv_req_free. */
+struct srv_req {
+    int kind;                   /* enum srv_kind */
+    char *model;
+    json_t *messages;           /* chat: [{role, content: string}] ready for the template */
+    char *prompt;               /* completions: text (NUL-terminated, prompt_len bytes) */
+    size_t prompt_len;
+    int32_t *prompt_ids;        /* completions: token ids instead of text */
+    int n_prompt_ids;
+    int max_tokens;             /* -1: until eos or the context is full */
+    int sample;                 /* 0: greedy (temperature 0) */
+    double temperature, top_p, min_p;
+    int top_k;                  /* 0 off */
+    double presence_penalty, frequency_penalty;
+    int seed_given;
+    uint64_t seed;
+    char *stop[SRV_MAX_STOP];
+    int n_stop;
+    int32_t *bias_ids;          /* [n_bias] */
+    float *bias;
+    int n_bias;
+    int logprobs;               /* 1: per-token logprobs in the reply */
+    int top_logprobs;           /* alternatives per token, 0..SRV_MAX_TOP */
+    int stream;
+    int include_usage;
+};
+
+/* Nesting depth of a JSON text (brackets outside strings); a cheap pass run before jansson, whose
+ * parser recurses. Returns 1 when depth <= max_depth. Thread-safe. */
+int srv_json_depth_ok(const char *s, size_t len, int max_depth);
+
+/* Parse body[len] of kind into r (zeroed first). Returns 0, or -1 with e filled (400 and the
+ * parameter at fault) and r freed. Does not render templates or tokenize. Thread-safe. */
+int srv_req_parse(struct srv_req *r, int kind, const char *body, size_t len,
+                  const struct srv_limits *lim, struct srv_err *e);
+void srv_req_free(struct srv_req *r);
+
+/* Fill e; msg is printf-formatted. */
+void srv_err_set(struct srv_err *e, int http, const char *type, const char *param,
+                 const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* ---- a growable byte buffer with a sticky error ---------------------------------------------- */
+
+struct srv_buf {
+    char *p;
+    size_t len, cap;
+    int err;                    /* set once an append failed; later appends do nothing */
+};
+
+void srv_buf_add(struct srv_buf *b, const void *data, size_t n);
+void srv_buf_str(struct srv_buf *b, const char *s);
+void srv_buf_free(struct srv_buf *b);
+
+/* ---- responses ------------------------------------------------------------------------------- */
+
+/* One generated token's logprobs as the engine reported it. */
+struct srv_lp {
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[SRV_MAX_TOP];
+    float top_lps[SRV_MAX_TOP];
+};
+
+/* What the response builders need to know about a request besides its output. */
+struct srv_ctx {
+    int kind;
+    const char *id;             /* "chatcmpl-..." / "cmpl-..." */
+    int64_t created;
+    const char *model;
+    const kwk_tokenizer *tok;   /* for logprob token strings; may be NULL */
+    int logprobs, top_logprobs;
+    int include_usage;
+    size_t text_offset;         /* completions logprobs: bytes of text before the next token */
+};
+
+/* {"error": {...}} as a malloc'd NUL-terminated string, NULL when out of memory. */
+char *srv_json_error(const struct srv_err *e);
+
+/* The whole non-streaming response (chat.completion / text_completion). finish is enum
+ * kwk_finish. Appends to out. */
+void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
+                       const struct srv_lp *lps, int n_lps, int finish, int n_prompt,
+                       int n_completion);
+
+/* SSE events appended to out: the chat role chunk; a content chunk (text and logprobs since the
+ * last one); the chunk with finish_reason; the usage chunk; "data: [DONE]". */
+void srv_sse_role(struct srv_buf *out, const struct srv_ctx *c);
+void srv_sse_content(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
+                     const struct srv_lp *lps, int n_lps);
+void srv_sse_finish(struct srv_buf *out, const struct srv_ctx *c, int finish);
+void srv_sse_usage(struct srv_buf *out, const struct srv_ctx *c, int n_prompt,
+                   int n_completion);
+void srv_sse_error(struct srv_buf *out, const struct srv_err *e);
+void srv_sse_done(struct srv_buf *out);
+
+/* "stop" / "length" for a kwk_finish (a cancelled request reads "stop"). */
+const char *srv_finish_name(int finish);
+
+/* Compare a presented Authorization header value with "Bearer <key>" in time that depends only
+ * on the key's length. Returns 1 on a match. Thread-safe. */
+int srv_auth_ok(const char *header, const char *key);
+
+/* ---- metrics --------------------------------------------------------------------------------- */
+
+#define SRV_N_STATUS 600
+
+struct srv_metrics {
+    _Atomic uint64_t by_status[SRV_N_STATUS]; /* finished requests by HTTP status */
+    _Atomic uint64_t prompt_tokens, completion_tokens;
+    _Atomic uint64_t streams;                 /* streaming requests started */
+    _Atomic uint64_t client_aborts;           /* requests ended by a client going away */
+    _Atomic uint64_t ttft_us_sum, ttft_count; /* submit to first token, as the server saw it */
+};
+
+void srv_metrics_status(struct srv_metrics *m, int http);
+/* Prometheus text exposition of m and the engine's snapshot st, appended to out. */
+void srv_metrics_render(struct srv_buf *out, const struct srv_metrics *m,
+                        const struct kwk_engine_stats *st, unsigned connections);
+
+/* ---- the server ------------------------------------------------------------------------------ */
+
+/* Load the model, start the engine and the HTTP daemon, serve until SIGINT / SIGTERM. Returns
+ * the process exit code. Main thread. */
+int srv_run(const struct srv_opts *o);
+
+#endif
