@@ -421,7 +421,7 @@ struct kwk_gen_params {
     int prompt_cache;              /* 1: keep the cached prefix shared with this prompt */
     int lookup;                    /* n-gram lookup: up to this many candidate tokens a step */
     kwk_decoder *draft;            /* a smaller model with the same vocabulary, or NULL */
-    int n_draft;                   /* tokens the draft proposes a step */
+    int n_draft;                   /* tokens the draft proposes at first (then adaptive) */
     kwk_token_fn on_token;
     void *user;
     int top_logprobs;              /* 0..KWK_SAMPLER_TOP_MAX alternatives recorded per token */

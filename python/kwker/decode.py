@@ -306,9 +306,10 @@ class KwkDecoder:
         self.precision = precision
 
     def close(self):
-        if getattr(self, "_engine", None) is not None:
-            self._engine.close()  # before the model it runs on
-            self._engine = None
+        # engines over this decoder's model end first (generate_batch's and any Engine(self))
+        for eng in list(getattr(self, "_engines", ())):
+            eng.close()
+        self._engine = None
         if getattr(self, "_dec", None):
             self._lib.kwk_decoder_free(self._dec)
             self._dec = None

@@ -21,6 +21,15 @@ struct kwk_gen_seq {
     int stop_cut;          /* a stop string ended the text */
     int32_t top_ids[KWK_SAMPLER_TOP_MAX]; /* of the token being chosen */
     float top_lps[KWK_SAMPLER_TOP_MAX];
+    /* Adaptive lookup: how often the lookup's next-token guess was right, learned from every
+     * token chosen (proposed or not), so a candidate is checked only when its expected gain
+     * pays for its row in the verification pass. */
+    float lk_rate[4];      /* [match length 1..3] moving hit rate of the first candidate */
+    float lk_cont;         /* moving hit rate right after a hit (a copy run continuing) */
+    int lk_prev_hit;       /* the previous token was guessed right */
+    int dr_n;              /* draft proposals for the next step: p->n_draft at first, then
+                            * transformers' heuristic schedule (+2 after a step that kept them
+                            * all, -1 otherwise) */
 };
 
 /* Check p, reset out and set up g for prompt[n_prompt] (the prompt's tokens enter the sampler's
@@ -39,7 +48,8 @@ int kwk_gen_seq_next(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
                      struct kwk_err *err);
 
 /* Prompt lookup: up to max tokens that followed the latest earlier occurrence of the sequence's
- * last n-gram (longest n first). Returns how many were written to cand. */
+ * last n-gram (longest n first), fewer (down to 0) when the hit rates learned so far say the
+ * extra verification rows would cost more than they save. Returns how many were written. */
 int kwk_gen_seq_lookup(const struct kwk_gen_seq *g, int32_t *cand, int max);
 
 #endif

@@ -10,6 +10,14 @@
 #define MAX_SPEC 16
 /* Longest n-gram the lookup matches, shortest first tried last. */
 #define LOOKUP_NGRAM_MAX 3
+/* Cost of a verification pass with k >= 1 candidates, in single-token passes: 1 + FIRST +
+ * EACH * (k - 1). */
+#define LOOKUP_COST_FIRST 0.30
+#define LOOKUP_COST_EACH 0.05
+/* Weight of the newest token in the moving hit rates (about the last 8 tokens count). */
+#define LOOKUP_RATE_STEP 0.125f
+_Static_assert(LOOKUP_NGRAM_MAX < sizeof(((struct kwk_gen_seq *)0)->lk_rate) / sizeof(float),
+               "lk_rate has a slot per match length");
 
 void kwk_gen_params_init(struct kwk_gen_params *p)
 {
@@ -45,6 +53,70 @@ static int text_append(struct kwk_gen_seq *g, const char *s, size_t n)
     o->text_len += n;
     o->text[o->text_len] = '\0';
     return 0;
+}
+
+/* Where the latest earlier occurrence of the sequence's last n-gram ends (longest n first), with
+ * n in *ng; -1 when nothing matches. The token at the returned index is the lookup's guess. */
+static int lookup_match(const int32_t *s, int n, int *ng)
+{
+    for (int k = LOOKUP_NGRAM_MAX; k >= 1; k--) {
+        if (n <= k)
+            continue;
+        for (int i = n - k - 1; i >= 0; i--)
+            if (memcmp(s + i, s + n - k, sizeof(int32_t) * (size_t)k) == 0) {
+                *ng = k;
+                return i + k;
+            }
+    }
+    return -1;
+}
+
+/* How many of up to max candidates to check: the count that maximizes expected tokens per unit
+ * of pass time. Candidate j (1-based) is kept with probability about a * c^(j-1) (a: hit rate
+ * of this match length, c: of a copy run continuing); a pass with k candidates costs about
+ * 1 + LOOKUP_COST_FIRST + LOOKUP_COST_EACH * (k - 1) single-token passes (rough figures from
+ * SmolLM2-135M in float32 on 2 busy cores: the second row costs most, later rows little). The
+ * choice only changes speed: every candidate is checked, so the tokens stay exact. */
+static int lookup_count(const struct kwk_gen_seq *g, int ng, int max)
+{
+    double a = g->lk_rate[ng], c = g->lk_cont, gain = 1.0, best = 1.0, pj = a;
+    int k_best = 0;
+    for (int k = 1; k <= max; k++) {
+        gain += pj;
+        pj *= c;
+        double rate = gain / (1.0 + LOOKUP_COST_FIRST + LOOKUP_COST_EACH * (k - 1));
+        if (rate > best) {
+            best = rate;
+            k_best = k;
+        }
+    }
+    return k_best;
+}
+
+int kwk_gen_seq_lookup(const struct kwk_gen_seq *g, int32_t *cand, int max)
+{
+    int ng = 0, at = lookup_match(g->seq, g->n_seq, &ng);
+    if (at < 0)
+        return 0;
+    int k = 0, want = lookup_count(g, ng, max);
+    while (k < want && at + k < g->n_seq)
+        cand[k] = g->seq[at + k], k++;
+    return k;
+}
+
+/* Learn from the token about to be recorded whether the lookup would have guessed it. */
+static void lookup_learn(struct kwk_gen_seq *g, int32_t tok)
+{
+    int ng = 0, at = lookup_match(g->seq, g->n_seq, &ng);
+    if (at < 0) {
+        g->lk_prev_hit = 0;
+        return;
+    }
+    int hit = g->seq[at] == tok;
+    g->lk_rate[ng] += LOOKUP_RATE_STEP * ((float)hit - g->lk_rate[ng]);
+    if (g->lk_prev_hit)
+        g->lk_cont += LOOKUP_RATE_STEP * ((float)hit - g->lk_cont);
+    g->lk_prev_hit = hit;
 }
 
 /* Cut the text at the first stop string that ends in the new bytes; 1 when one was found. */
@@ -112,6 +184,8 @@ static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
         }
     }
     o->n_tokens++;
+    if (g->p->lookup > 0)
+        lookup_learn(g, tok);
     g->seq[g->n_seq++] = tok;
     kwk_sampler_accept(g->sampler, tok, 0);
     for (int e = 0; e < g->p->n_eos; e++)
@@ -165,28 +239,6 @@ int kwk_gen_seq_next(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
     return 0;
 }
 
-/* Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's last
- * n-gram (longest n first). */
-int kwk_gen_seq_lookup(const struct kwk_gen_seq *g, int32_t *cand, int max)
-{
-    const int32_t *s = g->seq;
-    int n = g->n_seq;
-    for (int ng = LOOKUP_NGRAM_MAX; ng >= 1; ng--) {
-        if (n <= ng)
-            continue;
-        for (int i = n - ng - 1; i >= 0; i--) {
-            if (memcmp(s + i, s + n - ng, sizeof(int32_t) * (size_t)ng) != 0)
-                continue;
-            int k = 0;
-            while (k < max && i + ng + k < n)
-                cand[k] = s[i + ng + k], k++;
-            if (k > 0)
-                return k;
-        }
-    }
-    return 0;
-}
-
 /* A draft model's greedy proposals after the current sequence. */
 static int draft_candidates(struct kwk_gen_seq *g, int32_t *cand, int max)
 {
@@ -223,7 +275,7 @@ static int step(struct gen_call *c, int32_t *pending, struct kwk_err *err)
     int n_cand = 0;
     batch[0] = *pending;
     if (want > 0 && g->p->draft)
-        n_cand = draft_candidates(g, batch + 1, KWK_MIN(want, g->p->n_draft));
+        n_cand = draft_candidates(g, batch + 1, KWK_MIN(want, g->dr_n));
     else if (want > 0 && g->p->lookup > 0)
         n_cand = kwk_gen_seq_lookup(g, batch + 1, KWK_MIN(want, g->p->lookup));
     int base = d->pos;
@@ -246,6 +298,8 @@ static int step(struct gen_call *c, int32_t *pending, struct kwk_err *err)
         break;
     }
     g->out->n_accepted += kept;
+    if (g->p->draft && n_cand > 0)
+        g->dr_n = kept == n_cand ? KWK_MIN(g->dr_n + 2, MAX_SPEC) : KWK_MAX(g->dr_n - 1, 1);
     /* the cache holds the pending token and the kept candidates; the rest is dropped */
     kwk_decoder_truncate(d, base + 1 + kept);
     return 0;
@@ -298,6 +352,12 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
             return kwk_err_set(err, rc, "prompt token %d (id %d) is out of range", i, prompt[i]);
     memcpy(g->seq, prompt, sizeof(int32_t) * (size_t)n_prompt);
     g->n_seq = n_prompt;
+    /* priors until the reply's own tokens speak: longer matches guess better */
+    g->lk_rate[1] = 0.2f;
+    g->lk_rate[2] = 0.35f;
+    g->lk_rate[3] = 0.5f;
+    g->lk_cont = 0.7f;
+    g->dr_n = KWK_MAX(p->n_draft, 0);
     return 0;
 }
 

@@ -203,6 +203,104 @@ def test_seeded_sampling_same_with_and_without_lookup(smol):
         runs.append(smol.generate(ids, max_new_tokens=40, do_sample=True, temperature=0.9,
                                   top_p=0.95, seed=1234, lookup=lookup, prompt_cache=False))
     assert runs[0] == runs[1] == runs[2]
+    for seed in (1, 2, 3):  # the same text too, for several seeds
+        texts = []
+        for lookup in (8, 0):
+            smol.generate(ids, max_new_tokens=40, do_sample=True, temperature=0.7, seed=seed,
+                          lookup=lookup, prompt_cache=False)
+            texts.append(smol.stats["text"])
+        assert texts[0] == texts[1] and texts[0], (seed, texts)
     other = smol.generate(ids, max_new_tokens=40, do_sample=True, temperature=0.9, top_p=0.95,
                           seed=99, lookup=0, prompt_cache=False)
     assert other != runs[0]
+
+
+def log_softmax(rows):
+    rows = np.asarray(rows, dtype=np.float64)
+    m = rows.max(axis=-1, keepdims=True)
+    return rows - m - np.log(np.exp(rows - m).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("name", ["llama_odd", "qwen3"])
+@pytest.mark.parametrize("mode", ["greedy", "sample"])
+def test_logprobs_match_transformers_raw_logits(name, mode):
+    import torch
+    path = tiny_models.build(name)
+    hf = tiny_models.load_hf(path)
+    dec = kwker.KwkDecoder(str(path), max_cache_len=256, n_threads=2)
+    rng = np.random.default_rng(21)
+    base = rng.integers(0, dec.vocab_size, size=5).tolist()
+    prompt = base * 3 + rng.integers(0, dec.vocab_size, size=2).tolist()
+    opt = dict(do_sample=True, temperature=1.3, top_k=40, seed=8) if mode == "sample" else {}
+    k = 5
+    # a twin of the model as draft: most tokens come from rows of batched verification passes
+    twin = kwker.KwkDecoder(str(path), max_cache_len=256, n_threads=2)
+    res = dec.generate(prompt, max_new_tokens=24, eos_token_id=[], draft=twin, logprobs=True,
+                       top_logprobs=k, prompt_cache=False, **opt)
+    twin.close()
+    assert isinstance(res, kwker.decode.GenerateOutput)
+    assert res.sequences == prompt + res.tokens and len(res.tokens) == 24
+    assert res.finish_reason == "length"
+    assert dec.stats["accepted"] > 0
+    with torch.no_grad():
+        ref = log_softmax(tiny_models.hf_logits(hf, res.sequences))[len(prompt) - 1:-1]
+    want = ref[np.arange(24), res.tokens]
+    np.testing.assert_allclose(res.logprobs, want, atol=1e-5, rtol=0)
+    assert len(res.top_logprobs) == 24
+    for j, top in enumerate(res.top_logprobs):
+        ids_ = [t for t, _ in top]
+        lps = np.array([lp for _, lp in top])
+        assert len(top) == k and len(set(ids_)) == k
+        assert np.all(np.diff(lps) <= 0), "top_logprobs not sorted"
+        order = sorted(range(dec.vocab_size), key=lambda i: (-ref[j, i], i))[:k]
+        # the same set as transformers' top k (ties within rounding may swap places)
+        np.testing.assert_allclose(lps, np.sort(ref[j])[::-1][:k], atol=1e-5, rtol=0)
+        assert set(ids_) == set(order) or np.ptp(ref[j][order[-1:] + ids_[-1:]]) < 1e-5
+        # consistent with the chosen token's logprob
+        if res.tokens[j] in ids_:
+            assert abs(lps[ids_.index(res.tokens[j])] - res.logprobs[j]) < 1e-6
+        else:
+            assert res.logprobs[j] <= lps[-1] + 1e-6
+        if mode == "greedy":
+            assert ids_[0] == res.tokens[j]
+    # the plain return is unchanged without logprobs, and the tokens are the same
+    again = dec.generate(prompt, max_new_tokens=24, eos_token_id=[], lookup=0,
+                         prompt_cache=False, **opt)
+    assert again == res.sequences
+    only = dec.generate(prompt, max_new_tokens=3, eos_token_id=[], logprobs=True)
+    assert only.top_logprobs is None and only.logprobs.shape == (3,)
+    with pytest.raises(ValueError):
+        dec.generate(prompt, max_new_tokens=3, top_logprobs=21)
+    dec.close()
+
+
+def test_stats_text_without_an_explicit_tokenizer(smol):
+    tok = smol.tokenizer()
+    ids = tok.encode(chat("Say hi."))
+    smol2 = kwker.KwkDecoder(smollm2_path(), max_cache_len=256)
+    out = smol2.generate(ids, max_new_tokens=8)
+    assert smol2.stats["text"] == tok.decode(out[len(ids):], skip_special_tokens=True)
+    smol2.close()
+    # a model folder without a tokenizer: no text, and no error
+    dec = kwker.KwkDecoder(str(tiny_models.build("llama_tied")), max_cache_len=64)
+    dec.generate([1, 2, 3], max_new_tokens=2)
+    assert dec.stats["text"] is None
+    with pytest.raises(kwker.KwkError):
+        dec.generate([1, 2, 3], max_new_tokens=2, stop=["x"])
+    dec.close()
+
+
+def test_int4_draft_of_smollm2_is_exact(smol):
+    """The same checkpoint at int4 is a real draft for the preserve decoder (same tokenizer,
+    ~5x fewer weight bytes): greedy output identical, most proposals kept."""
+    tok = smol.tokenizer()
+    draft = kwker.KwkDecoder(smollm2_path(), max_cache_len=1024, precision="int4")
+    for user in (QUOTING, "Explain how photosynthesis works to a ten-year-old."):
+        ids = tok.encode(chat(user))
+        ref = smol.generate_greedy(ids, max_new_tokens=40)
+        got = smol.generate(ids, max_new_tokens=40, lookup=0, draft=draft, n_draft=4,
+                            prompt_cache=False)
+        assert got == ref
+        assert 0 < smol.stats["accepted"] <= smol.stats["proposed"]
+        assert smol.stats["steps"] < smol.stats["generated"]
+    draft.close()

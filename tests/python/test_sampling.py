@@ -342,3 +342,63 @@ def test_validation_errors():
         s.process(np.full(3, -np.inf, np.float32))
     with pytest.raises(ValueError):
         s.process(np.zeros(4, np.float32))
+
+
+def test_chi_square_with_lookup_speculation():
+    """Sampling through KwkDecoder.generate with n-gram lookup on: the tokens chosen in the rows
+    of verification passes (a pending token plus candidates in one batched pass) follow the
+    processed distribution of the model's own logits at that position."""
+    import kwker
+    import tiny_models
+    dec = kwker.KwkDecoder(str(tiny_models.build("llama_tied")), max_cache_len=64, n_threads=1)
+    V = dec.vocab_size
+    base = [37, 101, 222, 309]
+    prompt = base * 4
+    bias = {t: 5.0 for t in base}  # the pattern is likely, so lookup's copies are often right
+    opt = dict(do_sample=True, temperature=1.0, top_k=6, logit_bias=bias)
+    runs, proposed, accepted = [], 0, 0
+    for seed in range(2500):
+        out = dec.generate(prompt, max_new_tokens=3, eos_token_id=[], lookup=8,
+                           prompt_cache=False, seed=seed, **opt)
+        runs.append(tuple(out[len(prompt):]))
+        proposed += dec.stats["proposed"]
+        accepted += dec.stats["accepted"]
+    assert proposed > 500 and accepted > 100, (proposed, accepted)
+    for depth in (1, 2):
+        # the most frequent history of this depth, and the tokens that followed it
+        hist = max(set(r[:depth] for r in runs), key=lambda h: sum(r[:depth] == h for r in runs))
+        nxt = np.array([r[depth] for r in runs if r[:depth] == hist])
+        assert len(nxt) > 200
+        row = dec.forward(prompt + list(hist))[-1]
+        s = Sampler(V, seed=0, **opt)
+        probs = s.process(row, prompt_ids=prompt, output_ids=list(hist)).astype(np.float64)
+        counts = np.bincount(nxt, minlength=V)
+        p = chi2_p(counts, probs)
+        assert p > 1e-4, "depth %d: draws do not follow the processed distribution (p = %.3g)" % (
+            depth, p)
+    dec.close()
+
+
+def test_same_seed_same_tokens_with_lookup_on_and_off():
+    """A draw depends only on the seed and the position, so speculation cannot change it."""
+    import kwker
+    import tiny_models
+    dec = kwker.KwkDecoder(str(tiny_models.build("qwen2")), max_cache_len=128, n_threads=1)
+    rng = np.random.default_rng(4)
+    base = rng.integers(0, dec.vocab_size, size=5).tolist()
+    prompt = base * 4
+    bias = {t: 4.0 for t in base}
+    differ = 0
+    first = None
+    for seed in range(20):
+        opt = dict(do_sample=True, temperature=0.8, top_p=0.9, seed=seed, logit_bias=bias,
+                   eos_token_id=[], max_new_tokens=30, prompt_cache=False)
+        on = dec.generate(prompt, lookup=8, **opt)
+        st = dict(dec.stats)
+        off = dec.generate(prompt, lookup=0, **opt)
+        assert on == off, "seed %d: lookup changed the sampled tokens" % seed
+        assert dec.stats["proposed"] == 0 and st["generated"] == 30
+        first = first or on
+        differ += on != first
+    assert differ >= 10  # the seeds really matter
+    dec.close()
