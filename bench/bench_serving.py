@@ -38,7 +38,7 @@ def kwker_child(job):
     from kwker.serve import Engine
     eng = Engine(job["model"], precision=job["precision"], max_batch=job["batch"],
                  max_cache_len=job["n_prompt"] + job["n_gen"] + 8, n_threads=job["threads"],
-                 prefill_chunk=512)
+                 prefill_chunk=512, cache_dir=job.get("cache_dir"))
     n_vocab = eng.vocab_size
 
     def once():
@@ -153,6 +153,9 @@ def main(argv=None):
     ap.add_argument("--n-gen", type=int, default=64)
     ap.add_argument("--models-dir", default=str(REPO / ".cache" / "bench-models"))
     ap.add_argument("--json", help="write every record to this file")
+    ap.add_argument("--cache-dir", default=str(REPO / ".cache" / "bench-packs"),
+                    help="Kwker's packed-weight cache (packing is not timed; this only saves "
+                         "the repacking in every child)")
     a = ap.parse_args(argv)
     if a.child:
         job = json.loads(a.child)
@@ -169,7 +172,8 @@ def main(argv=None):
             for B in [int(x) for x in a.batches.split(",")]:
                 common = dict(batch=B, n_prompt=a.n_prompt, n_gen=a.n_gen, threads=a.threads,
                               reps=a.reps)
-                jk = dict(common, side="kwker", model=str(files["kwker"][kp]), precision=kp)
+                jk = dict(common, side="kwker", model=str(files["kwker"][kp]), precision=kp,
+                          cache_dir=a.cache_dir)
                 jl = dict(common, side="llama", model=str(files["llama"][lf]))
                 ks, ls = [], []
                 for _ in range(a.runs):

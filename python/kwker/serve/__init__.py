@@ -35,6 +35,7 @@ from .._lib import KwkErr, KwkError, lib, raise_err
 from ..decode import (_FINISH, _PRECISIONS, _TOP_MAX, KwkDecoder, _ModelInfo, _as_ids,
                       gen_params)
 from ..decode import _bind as _dec_bind
+from ..decode import _cache_dir_arg
 from ..tokenizer import Tokenizer
 
 _I32P = ctypes.POINTER(ctypes.c_int32)
@@ -301,11 +302,12 @@ class Engine:
     decoder must stay open while the engine lives) or a path as KwkDecoder takes.
     max_cache_len: positions per request (prompt + reply); prefill_chunk: prompt tokens read
     per step; max_queue: requests waiting for a slot. tokenizer: for text and stop strings
-    (default: the model's own, when it ships one).
+    (default: the model's own, when it ships one). cache_dir: the packed-weight cache for
+    balanced / int4, as KwkDecoder's (None: none; True: $KWKER_CACHE or ~/.cache/kwker/packs).
     """
 
     def __init__(self, model, max_batch=8, max_cache_len=None, precision=None, n_threads=None,
-                 prefill_chunk=0, max_queue=0, tokenizer=None):
+                 prefill_chunk=0, max_queue=0, tokenizer=None, cache_dir=None):
         L = _bind()
         self._lib = L
         self._e = None
@@ -353,6 +355,8 @@ class Engine:
         p.precision = _PRECISIONS[precision]
         p.prefill_chunk = int(prefill_chunk or 0)
         p.max_queue = int(max_queue or 0)
+        cache = _cache_dir_arg(cache_dir)
+        p.cache_dir = cache  # borrowed by kwk_engine_new only; `cache` outlives the call
         self.vocab_size = info.n_vocab
         self.eos_token_id = [info.eos_ids[i] for i in range(info.n_eos)]
         self._tokenizer = tok
