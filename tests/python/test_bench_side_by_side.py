@@ -1,0 +1,61 @@
+"""Smoke test of bench/side_by_side.py (issue 6's Kwker vs llama.cpp benchmark): the tool runs
+end to end in --quick mode on one pair and its JSON has every field, with positive numbers.
+A test of the tool, never of speed: no figure is compared with another.
+
+Needs the kwker CLI and bw_probe ($KWKER_BIN or <repo>/build/kwker; bw_probe from $KWK_BW_PROBE
+or beside kwker), and llama-cpp-python (scripts/setup --bench installs it): without llama_cpp the
+test is skipped and says why; a missing binary fails it. The random 135M checkpoint and its
+GGUF files are cached in $KWK_TEST_CACHE/bench-models (default /tmp/kwker-test-models)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "side_by_side.py"
+BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
+PROBE = Path(os.environ.get("KWK_BW_PROBE") or BIN.parent / "bw_probe")
+HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
+
+pytestmark = pytest.mark.skipif(
+    not HAVE_LLAMA, reason="llama_cpp (llama-cpp-python) is not importable: run "
+    "scripts/setup --bench to install it")
+
+
+def test_quick_run_writes_complete_json(tmp_path):
+    for p, what in ((BIN, "kwker (set KWKER_BIN)"), (PROBE, "bw_probe (set KWK_BW_PROBE)")):
+        if not p.is_file():
+            pytest.fail("%s not found at %s: build it (scripts/build)" % (what, p))
+    models = Path(os.environ.get("KWK_TEST_CACHE") or "/tmp/kwker-test-models") / "bench-models"
+    out = tmp_path / "sbs.json"
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--precisions", "q4_0",
+           "--models-dir", str(models), "--kwker-bin", str(BIN), "--bw-probe", str(PROBE),
+           "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["settings"]["runs"] == 2
+    assert data["settings"]["n_prompt"] == 64 and data["settings"]["n_gen"] == 16
+    (rec,) = data["results"]
+    assert (rec["model"], rec["kwker_precision"], rec["llama_format"]) == \
+        ("smollm2-135m", "int4", "q4_0")
+    for side in ("kwker", "llama"):
+        runs = rec["runs"][side]
+        assert len(runs) == 2
+        for r in runs:
+            for f in ("pp_tps", "tg_tps", "peak_rss_kib", "bw_before", "bw_after"):
+                assert r[f] > 0, (side, f, r)
+        s = rec[side]
+        for f in ("pp_tps", "tg_tps", "peak_rss_mib", "bw_gbps", "bytes_per_token",
+                  "pct_ceiling"):
+            assert s[f] is not None and s[f] > 0, (side, f, s)
+    assert rec["ratio_pp"] > 0 and rec["ratio_tg"] > 0
+    assert rec["llama"]["base_rss_mib"] > 0
+    # the Markdown table (stdout and JSON) has the header, the separator and the one row
+    table = data["markdown"].splitlines()
+    assert len(table) == 3 and table[2].startswith("| smollm2-135m | int4 | Q4_0 |")
+    assert data["markdown"] in proc.stdout
