@@ -77,7 +77,8 @@ INLINE void tile_q8(const struct tile_args *a, int T)
                 __m256i aw = _mm256_abs_epi8(wv);
                 for (int j = 0; j < T; j++) {
                     int64_t k = g * KWK_Q8_GROUP + k4 * 4;
-                    __m256i xh = bcast4(a->qx->q[a->t + j] + k), xl = bcast4(a->qx->l[a->t + j] + k);
+                    __m256i xh = bcast4(a->qx->q[a->t + j] + k);
+                    __m256i xl = bcast4(a->qx->l[a->t + j] + k);
                     __m256i ph = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xh, wv));
                     __m256i pl = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xl, wv));
                     __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ph, c254),

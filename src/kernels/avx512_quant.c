@@ -1,6 +1,7 @@
 /* avx512_quant.c - the int8 and int4 matmul with AVX-512 VNNI (vpdpbusd): 16 interleaved rows
- * per register, activations quantized on the fly. Pure functions; any thread. Computes the
- * integers of quant_ref.c exactly; float sums agree to rounding (fused multiply-adds). */
+ * per register, activations quantized on the fly to 16 bits as two int8 halves, each with its
+ * own accumulator. Pure functions; any thread. Computes the integers of quant_ref.c exactly;
+ * float sums agree to rounding (fused multiply-adds). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -9,17 +10,20 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* Row blocks x tokens of a register tile: prompt tiles are 2 x 6 (24 accumulators, 2 weight
- * registers, broadcasts folded into vpdpbusd's memory operand), decode tiles 4 x 1 (four
- * independent vpdpbusd chains while the weights stream). */
+/* Row blocks x tokens of a register tile: prompt tiles are 2 x 4 (two int and one float
+ * accumulator each: 24 registers, plus 2 weight registers, broadcasts folded into vpdpbusd's
+ * memory operand), decode tiles 4 x 1 (eight independent vpdpbusd chains while the weights
+ * stream). */
 #define TR 2
-#define TT 6
-#define TT_Q4 4
+#define TT 6 /* the most tokens a tile function is made for */
+#define TT_Q8 4
+#define TT_Q4 3
 #define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP) /* groups of a column pass */
 
 /* Quantized activations of a token block over one column pass. */
 struct qx {
-    int8_t q[KWK_QX_TOKS][KWK_QX_COLS];
+    int8_t q[KWK_QX_TOKS][KWK_QX_COLS]; /* high halves h of v = 254 h + l */
+    int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves */
     float d[KWK_QX_TOKS][QG_MAX];
     int32_t s[KWK_QX_TOKS][QG_MAX];
 };
@@ -29,10 +33,14 @@ INLINE __mmask16 lanes(int64_t n)
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
-/* kwk_quant_act, vectorized with the same arithmetic: |x| max, 127 / amax, x * id rounded to
- * nearest even by cvtps2dq (|x * id| <= 127, so the scalar clamp never changes a value). */
-static void quant_act(const float *x, int64_t n, int G, int8_t *xq, float *xd, int32_t *xs)
+/* kwk_quant_act, vectorized with the same arithmetic: |x| max, 127 / amax, f = x * id rounded
+ * to nearest even by cvtps2dq, to h and (times 254) to v (|f| <= 127, so the scalar clamps
+ * never change a value). */
+static void quant_act(const float *x, int64_t n, int G, int8_t *xh, int8_t *xl, float *xd,
+                      int32_t *xs)
 {
+    const __m512 c254f = _mm512_set1_ps(254.0f);
+    const __m512i c254 = _mm512_set1_epi32(254);
     int64_t ng = (n + G - 1) / G;
     for (int64_t g = 0; g < ng; g++) {
         int64_t k0 = g * G;
@@ -46,11 +54,14 @@ static void quant_act(const float *x, int64_t n, int G, int8_t *xq, float *xd, i
         __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m512i sum = _mm512_setzero_si512();
         for (int p = 0; p < G / 16; p++) {
-            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[p], id));
+            __m512 f = _mm512_mul_ps(v[p], id);
+            __m512i h = _mm512_cvtps_epi32(f), q = _mm512_cvtps_epi32(_mm512_mul_ps(f, c254f));
+            __m512i l = _mm512_sub_epi32(q, _mm512_mullo_epi32(h, c254));
             sum = _mm512_add_epi32(sum, q);
-            _mm_storeu_si128((__m128i *)(xq + k0 + 16 * p), _mm512_cvtsepi32_epi8(q));
+            _mm_storeu_si128((__m128i *)(xh + k0 + 16 * p), _mm512_cvtsepi32_epi8(h));
+            _mm_storeu_si128((__m128i *)(xl + k0 + 16 * p), _mm512_cvtsepi32_epi8(l));
         }
-        xd[g] = amax / 127.0f;
+        xd[g] = amax / (float)KWK_QX_SCALE;
         xs[g] = _mm512_reduce_add_epi32(sum);
     }
 }
@@ -94,27 +105,33 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
     const struct kwk_q8_block *b[4];
     for (int i = 0; i < R; i++)
         b[i] = a->blk[i];
+    const __m512i c254 = _mm512_set1_epi32(254);
     for (int g = 0; g < a->ng; g++) {
-        __m512i acc[4][TT];
+        __m512i acc[4][TT], accl[4][TT];
         for (int i = 0; i < R; i++)
             for (int j = 0; j < T; j++)
-                acc[i][j] = _mm512_setzero_si512();
+                acc[i][j] = accl[i][j] = _mm512_setzero_si512();
         for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
             __m512i wv[4];
             for (int i = 0; i < R; i++)
                 wv[i] = _mm512_loadu_si512(b[i][g].q[k4]);
             for (int j = 0; j < T; j++) {
-                __m512i xb = bcast4(a->qx->q[a->t + j] + g * KWK_Q8_GROUP + k4 * 4);
-                for (int i = 0; i < R; i++)
-                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wv[i], xb);
+                int64_t k = g * KWK_Q8_GROUP + k4 * 4;
+                __m512i xh = bcast4(a->qx->q[a->t + j] + k), xl = bcast4(a->qx->l[a->t + j] + k);
+                for (int i = 0; i < R; i++) {
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wv[i], xh);
+                    accl[i][j] = _mm512_dpbusd_epi32(accl[i][j], wv[i], xl);
+                }
             }
         }
         for (int j = 0; j < T; j++) {
-            /* the weights were stored as w + 128: take 128 * sum(x) back out */
+            /* the weights were stored as w + 128: take 128 * sum(v) back out; |254 * acc| and
+             * 128 * |sum(v)| stay below 2^31 (32 * 255 * 127 * 254, 128 * 32 * KWK_QX_SCALE) */
             __m512i corr = _mm512_set1_epi32(128 * a->qx->s[a->t + j][g]);
             __m512 dx = _mm512_set1_ps(a->qx->d[a->t + j][g]);
             for (int i = 0; i < R; i++) {
-                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
+                __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(acc[i][j], c254), accl[i][j]);
+                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
                 __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
                 __m512 dd = _mm512_mul_ps(dw, dx);
                 facc[i][j] = _mm512_fmadd_ps(s, dd, facc[i][j]);
@@ -136,11 +153,12 @@ INLINE void tile_q4(const struct tile_args *a, int R, int T)
     const struct kwk_q4_block *b[4];
     for (int i = 0; i < R; i++)
         b[i] = a->blk[i];
+    const __m512i c254 = _mm512_set1_epi32(254);
     for (int g = 0; g < a->ng; g++) {
-        __m512i acc[4][TT];
+        __m512i acc[4][TT], accl[4][TT];
         for (int i = 0; i < R; i++)
             for (int j = 0; j < T; j++)
-                acc[i][j] = _mm512_setzero_si512();
+                acc[i][j] = accl[i][j] = _mm512_setzero_si512();
         for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
             __m512i lo[4], hi[4];
             for (int i = 0; i < R; i++) {
@@ -149,11 +167,14 @@ INLINE void tile_q4(const struct tile_args *a, int R, int T)
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
             }
             for (int j = 0; j < T; j++) {
-                const int8_t *xp = a->qx->q[a->t + j] + g * KWK_Q4_GROUP + 8 * c;
-                __m512i xl = bcast4(xp), xh = bcast4(xp + 4);
+                int64_t k = g * KWK_Q4_GROUP + 8 * c;
+                const int8_t *ph = a->qx->q[a->t + j] + k, *pl = a->qx->l[a->t + j] + k;
+                __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4), l0 = bcast4(pl), l1 = bcast4(pl + 4);
                 for (int i = 0; i < R; i++) {
-                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], xl);
-                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[i], xh);
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], h0);
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[i], h1);
+                    accl[i][j] = _mm512_dpbusd_epi32(accl[i][j], lo[i], l0);
+                    accl[i][j] = _mm512_dpbusd_epi32(accl[i][j], hi[i], l1);
                 }
             }
         }
@@ -164,7 +185,8 @@ INLINE void tile_q4(const struct tile_args *a, int R, int T)
             for (int i = 0; i < R; i++) {
                 __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
                 __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].m));
-                __m512 s = _mm512_cvtepi32_ps(acc[i][j]);
+                __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(acc[i][j], c254), accl[i][j]);
+                __m512 s = _mm512_cvtepi32_ps(v);
                 facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, dx), facc[i][j]);
                 facc[i][j] = _mm512_fmadd_ps(m, dsx, facc[i][j]);
             }
@@ -202,7 +224,7 @@ static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, floa
     int G = kwk_quant_group(w->wtype);
     const tile_fn(*tiles)[TT + 1] = w->wtype == KWK_W_Q8 ? tiles_q8 : tiles_q4;
     /* int4 needs two more registers a row block (both nibble halves): fewer tokens a tile */
-    int tt = w->wtype == KWK_W_Q8 ? TT : TT_Q4;
+    int tt = w->wtype == KWK_W_Q8 ? TT_Q8 : TT_Q4;
     size_t bsz = w->wtype == KWK_W_Q8 ? sizeof(struct kwk_q8_block) : sizeof(struct kwk_q4_block);
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
@@ -212,7 +234,7 @@ static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, floa
             int64_t g1 = KWK_MIN(ng, g0 + gc);
             int64_t k0 = g0 * G, nk = KWK_MIN(w->cols, g1 * G) - k0;
             for (int j = 0; j < nt; j++)
-                quant_act(x + (int64_t)(tb + j) * w->cols + k0, nk, G, qx.q[j], qx.d[j],
+                quant_act(x + (int64_t)(tb + j) * w->cols + k0, nk, G, qx.q[j], qx.l[j], qx.d[j],
                           qx.s[j]);
             struct tile_args a = {.qx = &qx, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0,
                                   .r1 = r1, .first = g0 == 0};

@@ -96,18 +96,56 @@ void kwk_quant_act(const float *x, int64_t n, int group, int8_t *xh, int8_t *xl,
 
 /* ---- packing ---------------------------------------------------------------------------------- */
 
+/* Squared error of w against d * q with q chosen by rounding w / d into [-127, 127]. */
+static float q8_err(const float *w, int64_t n, float d, int8_t *q)
+{
+    float id = d > 0.0f ? 1.0f / d : 0.0f, e = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
+        q[k] = (int8_t)round_clamp(w[k] * id, 127.0f);
+        float r = d * (float)q[k] - w[k];
+        e += r * r;
+    }
+    return e;
+}
+
+/* Symmetric 8-bit: w = d * q. Start from amax / 127; then try slightly different steps (smaller
+ * ones clip the extreme value) and for each rounding fit d by least squares: the grid that fits
+ * the bulk of the group often beats the one pinned to its largest value. A trial is judged by
+ * its own rounding's error with the stored (half) d, sum (d q - w)^2 from three sums, in one
+ * pass; rounding again with the chosen d can only lower that error. */
 static void pack_q8_row(struct kwk_q8_block *b, int i, const float *w, int64_t n)
 {
-    float amax = 0.0f;
-    for (int64_t k = 0; k < n; k++)
+    float amax = 0.0f, sww = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
         amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
-    /* round with the stored (half) scale: it is what the kernels multiply by */
-    b->d[i] = kwk_f32_to_f16(amax / 127.0f);
-    float d = kwk_f16_to_f32(b->d[i]), id = d > 0.0f ? 1.0f / d : 0.0f;
-    for (int k = 0; k < KWK_Q8_GROUP; k++) {
-        int q = k < n ? round_clamp(w[k] * id, 127.0f) : 0;
-        b->q[k / 4][i][k % 4] = (uint8_t)(q + 128);
+        sww += w[k] * w[k];
     }
+    int8_t q[KWK_Q8_GROUP] = {0};
+    uint16_t bd = kwk_f32_to_f16(amax / 127.0f);
+    float best = q8_err(w, n, kwk_f16_to_f32(bd), q);
+    for (int s = -8; s <= 24 && amax > 0.0f && n > 1; s++) {
+        if (s == 0)
+            continue;
+        float id = (127.0f + 0.25f * (float)s) / amax;
+        float sqq = 0.0f, sqw = 0.0f;
+        for (int64_t k = 0; k < n; k++) {
+            float fq = (float)round_clamp(w[k] * id, 127.0f);
+            sqq += fq * fq;
+            sqw += fq * w[k];
+        }
+        if (!(sqq > 0.0f) || !(sqw > 0.0f))
+            continue;
+        uint16_t hd = kwk_f32_to_f16(sqw / sqq);
+        float d = kwk_f16_to_f32(hd), e = sww - 2.0f * d * sqw + d * d * sqq;
+        if (e < best) {
+            best = e;
+            bd = hd;
+        }
+    }
+    b->d[i] = bd;
+    q8_err(w, n, kwk_f16_to_f32(bd), q);
+    for (int k = 0; k < KWK_Q8_GROUP; k++)
+        b->q[k / 4][i][k % 4] = (uint8_t)((k < n ? q[k] : 0) + 128);
 }
 
 /* Squared error of w against d * q + m with q chosen by rounding (w - m) / d into [0, 15]. */

@@ -1,9 +1,11 @@
 /* test_quant.c - the int8 / int4 formats: half conversion, packing round trips and their error
  * bound, and every kernel table's quantized matmul against the scalar reference (exactly on data
- * whose float parts are exact, to rounding on random data), on odd shapes and row ranges. */
+ * whose float parts are exact, to rounding on random data), on odd shapes, row ranges and 1-4
+ * pool threads. */
 #include <stdlib.h>
 
 #include "base/base.h"
+#include "base/pool.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "test.h"
@@ -59,10 +61,10 @@ static void test_f16(void)
     T_EQ(kwk_f32_to_f16(1e9f), 0x7bff);
 }
 
-/* int8: every dequantized weight is within half a step (amax / 127) of the original. int4: within
- * one step ((max - min) / 15, plus the half rounding of scale and offset; the least-squares fit
- * may clip an extreme value by up to a step), and the squared error over the matrix is below
- * that of plain rounding to the [min, max] grid (step^2 / 12 a weight). */
+/* Both formats: every dequantized weight is within one step of the original (int8: amax / 127;
+ * int4: (max - min) / 15; plus the half rounding of scale and offset): the least-squares fits
+ * may clip an extreme value by up to a step. int4's squared error over the matrix is below that
+ * of plain rounding to the [min, max] grid (step^2 / 12 a weight). */
 static void test_round_trip(int wt, int64_t rows, int64_t cols)
 {
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
@@ -85,7 +87,7 @@ static void test_round_trip(int wt, int64_t rows, int64_t cols)
                 amax = fabsf(v) > amax ? fabsf(v) : amax;
             }
             double step = wt == KWK_W_Q8 ? amax / 127.0 : (mx - mn) / 15.0;
-            double bound = (wt == KWK_W_Q8 ? 0.5 : 1.0) * step * (1 + 1e-5) + 1e-7;
+            double bound = step * (1 + 1e-5) + 1e-7;
             if (wt == KWK_W_Q4)
                 bound += (fabs(mn) + 15 * step) / 1024.0; /* half rounding of d and m */
             else
@@ -101,7 +103,8 @@ static void test_round_trip(int wt, int64_t rows, int64_t cols)
     }
     T_CHECK(bad == 0, "%s %lldx%lld: %ld weights beyond the error bound (worst %.3f steps)",
             wname(wt), (long long)rows, (long long)cols, bad, worst);
-    T_CHECK(wt == KWK_W_Q8 || se < se_grid, "%s %lldx%lld: squared error %.4g not below plain rounding's %.4g",
+    T_CHECK(wt == KWK_W_Q8 || se < se_grid,
+            "%s %lldx%lld: squared error %.4g not below plain rounding's %.4g",
             wname(wt), (long long)rows, (long long)cols, se, se_grid);
     if (rows * cols > 10000)
         printf("  %s %lldx%lld: RMS error / RMS of plain rounding %.3f\n", wname(wt),
@@ -111,12 +114,13 @@ static void test_round_trip(int wt, int64_t rows, int64_t cols)
     free(w);
 }
 
-/* The activation quantizer: exact for values already on the grid, within half a step otherwise,
- * sums of q, and zero groups. */
+/* The activation quantizer: exact for values already on the int8 grid (h = x, l = 0), sums of v,
+ * padding and zero groups; on random data v = 254 h + l with h the int8 rounding, |l| <= 127,
+ * and v * d within half a step of x. */
 static void test_act(void)
 {
     float x[130];
-    int8_t q[192];
+    int8_t q[192], l[192];
     float d[3];
     int32_t s[3];
     for (int i = 0; i < 130; i++)
@@ -124,29 +128,53 @@ static void test_act(void)
     x[5] = 127.0f;
     x[64] = -127.0f;
     x[128] = 127.0f;
-    kwk_quant_act(x, 130, 64, q, d, s);
+    kwk_quant_act(x, 130, 64, q, l, d, s);
     long bad = 0, sum0 = 0;
     for (int i = 0; i < 128; i++)
-        bad += q[i] != (int8_t)x[i];
+        bad += q[i] != (int8_t)x[i] || l[i] != 0;
     for (int i = 0; i < 64; i++)
-        sum0 += q[i];
+        sum0 += 254 * q[i];
     T_EQ(bad, 0);
     T_EQ(s[0], sum0);
-    T_NEAR(d[0], 1.0f, 0.0f);
-    T_NEAR(d[2], 1.0f, 0.0f);
+    T_NEAR(d[0], 127.0f / 32258.0f, 0.0f);
+    T_NEAR(d[2], 127.0f / 32258.0f, 0.0f);
     bad += q[128] != 127 || q[129] != (int8_t)x[129];
     for (int i = 130; i < 192; i++)
-        bad += q[i] != 0; /* padding past n */
+        bad += q[i] != 0 || l[i] != 0; /* padding past n */
     T_EQ(bad, 0);
+    float r[96];
+    for (int i = 0; i < 96; i++)
+        r[i] = frand(-3.0f, 3.0f) * (i % 17 == 0 ? 10.0f : 1.0f);
+    kwk_quant_act(r, 96, 32, q, l, d, s);
+    long off = 0;
+    double worst = 0.0;
+    for (int g = 0; g < 3; g++) {
+        float amax = 0.0f;
+        int32_t sum = 0;
+        for (int i = 32 * g; i < 32 * g + 32; i++)
+            amax = fabsf(r[i]) > amax ? fabsf(r[i]) : amax;
+        for (int i = 32 * g; i < 32 * g + 32; i++) {
+            int v = 254 * q[i] + l[i];
+            sum += v;
+            off += q[i] != (int)nearbyintf(r[i] * (127.0f / amax)) || l[i] == -128;
+            double e = fabs((double)v * d[g] - r[i]) / d[g];
+            worst = e > worst ? e : worst;
+        }
+        off += sum != s[g];
+        T_NEAR(d[g], amax / 32258.0f, 0.0f);
+    }
+    T_EQ(off, 0);
+    T_CHECK(worst <= 0.5 + 1e-3, "activation error %.4f steps of v (<= 0.5)", worst);
     float z[40] = {0};
-    kwk_quant_act(z, 40, 32, q, d, s);
+    kwk_quant_act(z, 40, 32, q, l, d, s);
     T_NEAR(d[0], 0.0f, 0.0f);
     T_EQ(s[1], 0);
 }
 
-/* Weights and activations on the integer grid (each group holds its extreme values, so every
- * scale is exactly 1): every float operation of every kernel is exact, so the tables must give
- * the reference's numbers bit for bit. That checks the integer dot products exactly. */
+/* Weights and activations on their integer grids (each group holds its extreme values, so every
+ * scale is a power of two): every float product of every kernel is exact and the sums run in
+ * the same order, so the tables must give the reference's numbers bit for bit. That checks the
+ * integer dot products exactly. */
 static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, int n_tok)
 {
     int G = kwk_quant_group(wt);
@@ -161,9 +189,14 @@ static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, i
                 v = wt == KWK_W_Q8 ? -127.0f : 7.0f;
             w[r * cols + k] = v;
         }
+    /* activations: v / 256 for integers |v| <= KWK_QX_SCALE, each group holding the largest,
+     * quantize back to exactly v with the scale 1 / 256 */
     for (int t = 0; t < n_tok; t++)
-        for (int64_t k = 0; k < cols; k++)
-            x[t * cols + k] = k % G == 0 ? 127.0f : (float)((int)(rnd() % 255) - 127);
+        for (int64_t k = 0; k < cols; k++) {
+            int v = (int)(rnd() % (2 * KWK_QX_SCALE + 1)) - KWK_QX_SCALE;
+            v = k % G == 0 ? KWK_QX_SCALE : v;
+            x[t * cols + k] = (float)v / 256.0f;
+        }
 }
 
 static void fill_random(float *w, int64_t rows, int64_t cols, float *x, int n_tok)
@@ -301,7 +334,8 @@ static void test_batch_invariance(void)
                 tabs[ti]->matmul(&m, xt, 1, y1, (long)rows, 0, 16);
                 tabs[ti]->matmul(&m, xt, 1, y1, (long)rows, 16, 21);
                 tabs[ti]->matmul(&m, xt, 1, y1, (long)rows, 21, rows);
-                diff += memcmp(y1, yb + (size_t)t * (size_t)rows, sizeof(float) * (size_t)rows) != 0;
+                diff += memcmp(y1, yb + (size_t)t * (size_t)rows,
+                               sizeof(float) * (size_t)rows) != 0;
             }
             T_CHECK(diff == 0, "%s %s: %ld tokens differ alone vs in a batch", tabs[ti]->name,
                     wname(wts[wi]), diff);
@@ -311,6 +345,60 @@ static void test_batch_invariance(void)
             free(yb);
             free(y1);
         }
+}
+
+/* Threads of a pool split the rows in 16-row blocks, as the runtime does; every thread count
+ * gives the one-call numbers bit for bit. */
+struct mt_job {
+    const struct kwk_kernels *k;
+    const struct kwk_mat *m;
+    const float *x;
+    int n_tok;
+    float *y;
+};
+
+static void mt_run(void *ctx, int ith, int nth)
+{
+    const struct mt_job *j = ctx;
+    int64_t nb = (j->m->rows + KWK_QROWS - 1) / KWK_QROWS;
+    int64_t b0 = nb * ith / nth, b1 = nb * (ith + 1) / nth;
+    int64_t r0 = b0 * KWK_QROWS, r1 = KWK_MIN(j->m->rows, b1 * KWK_QROWS);
+    if (r1 > r0)
+        j->k->matmul(j->m, j->x, j->n_tok, j->y, (long)j->m->rows, r0, r1);
+}
+
+static void test_threads(void)
+{
+    const struct kwk_kernels *tabs[3];
+    int nt = tables(tabs);
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    int64_t rows = 83, cols = 2080;
+    int n_tok = 7;
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
+    float *y1 = malloc(sizeof(float) * (size_t)(n_tok * rows));
+    float *yn = malloc(sizeof(float) * (size_t)(n_tok * rows));
+    fill_random(w, rows, cols, x, n_tok);
+    for (int ti = 0; ti < nt; ti++)
+        for (int wi = 0; wi < 2; wi++) {
+            struct kwk_mat m = pack(wts[wi], w, rows, cols);
+            tabs[ti]->matmul(&m, x, n_tok, y1, (long)rows, 0, rows);
+            for (int n_threads = 1; n_threads <= 4; n_threads++) {
+                struct kwk_pool *pool = kwk_pool_new(n_threads);
+                struct mt_job j = {tabs[ti], &m, x, n_tok, yn};
+                memset(yn, 0, sizeof(float) * (size_t)(n_tok * rows));
+                kwk_pool_run(pool, mt_run, &j);
+                kwk_pool_free(pool);
+                T_CHECK(memcmp(y1, yn, sizeof(float) * (size_t)(n_tok * rows)) == 0,
+                        "%s %s: %d threads differ from one call", tabs[ti]->name,
+                        wname(wts[wi]), n_threads);
+            }
+            kwk_free_aligned((void *)m.data);
+        }
+    free(w);
+    free(x);
+    free(y1);
+    free(yn);
 }
 
 /* The quantized product stays close to the float product of the original weights: relative RMS
@@ -376,6 +464,7 @@ int main(void)
     }
     test_kernels_vs_ref();
     test_batch_invariance();
+    test_threads();
     test_accuracy();
     return t_report("test_quant");
 }
