@@ -57,6 +57,9 @@ struct kwk_map {
  * to data=NULL, size=0 (returned as success; callers decide if that is an error). */
 int kwk_map_file(struct kwk_map *m, const char *path, struct kwk_err *err);
 void kwk_unmap(struct kwk_map *m);
+/* Drop the mapping's pages from this process's resident memory (they are read from the file
+ * again if touched): for checkpoints whose matrices were repacked and are no longer read. */
+void kwk_map_release(const struct kwk_map *m);
 
 /* Read a whole file into a NUL-terminated heap buffer of at most limit bytes. */
 int kwk_read_file(const char *path, size_t limit, char **out, size_t *n, struct kwk_err *err);

@@ -51,6 +51,13 @@ void kwk_unmap(struct kwk_map *m)
     }
 }
 
+void kwk_map_release(const struct kwk_map *m)
+{
+    /* read-only file mappings only: MADV_DONTNEED on anonymous memory would zero it */
+    if (m && m->data)
+        madvise((void *)m->data, m->size, MADV_DONTNEED);
+}
+
 int kwk_read_file(const char *path, size_t limit, char **out, size_t *n, struct kwk_err *err)
 {
     *out = NULL;

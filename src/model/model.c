@@ -462,6 +462,14 @@ out_free:
     return NULL;
 }
 
+void kwk_model_release_pages(const struct kwk_model *m)
+{
+    for (int i = 0; i < m->n_st; i++)
+        kwk_map_release(&m->st[i].map);
+    if (m->gguf)
+        kwk_map_release(&m->gguf->map);
+}
+
 void kwk_model_free(kwk_model *m)
 {
     if (!m)

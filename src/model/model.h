@@ -167,6 +167,11 @@ struct kwk_layer {
     struct kwk_mat w_down;         /* [d_model][d_ff] */
 };
 
+/* Drop the resident pages of the model's file mappings (safetensors shards, GGUF): after its
+ * matrices were repacked they are read only for a few embedding rows a token, which fault back
+ * in. Changes memory use, never results. */
+void kwk_model_release_pages(const struct kwk_model *m);
+
 struct kwk_model {
     struct kwk_config cfg;
     char *path;                    /* what was loaded: folder or .gguf */

@@ -135,6 +135,10 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
             goto out_err;
         d->layers = kwk_packed_layers(d->packed);
         d->lm_head = kwk_packed_lm_head(d->packed);
+        /* Packing (or hashing them for the pack cache) read every checkpoint page; from now on
+         * the packed copy is what runs, so those pages need not stay resident (peak memory of
+         * a balanced / int4 process: the pack, not the pack plus the checkpoint). */
+        kwk_model_release_pages(m);
     }
     return d;
 out_nomem:

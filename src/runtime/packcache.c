@@ -87,8 +87,20 @@ struct hash_task {
     struct region *chunks; /* [n_chunks] */
     uint64_t *out;         /* [n_chunks] */
     long n_chunks;
+    int drop;              /* the regions are read-only file mappings: drop pages once hashed */
     _Atomic long next;     /* relaxed: chunks are independent */
 };
+
+/* The whole pages inside a hashed chunk of a checkpoint file leave this process's resident
+ * memory: a cached pack is what will run, and keeping the checkpoint resident beside it would
+ * double the peak memory of a balanced / int4 process. They fault back in if read again. */
+static void drop_pages(const uint8_t *p, size_t n)
+{
+    uintptr_t page = 4096, lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
 
 static void hash_run(void *ctx, int ith, int nth)
 {
@@ -100,11 +112,14 @@ static void hash_run(void *ctx, int ith, int nth)
         if (i >= t->n_chunks)
             break;
         t->out[i] = kwk_hash64(t->chunks[i].p, t->chunks[i].n, (uint64_t)i);
+        if (t->drop)
+            drop_pages(t->chunks[i].p, t->chunks[i].n);
     }
 }
 
 /* Hash r[n_r] as one key; -1 when out of memory. */
-static int hash_regions(const struct region *r, int n_r, struct kwk_pool *pool, uint64_t *out)
+static int hash_regions(const struct region *r, int n_r, int drop, struct kwk_pool *pool,
+                        uint64_t *out)
 {
     long n_chunks = 0;
     for (int i = 0; i < n_r; i++)
@@ -120,6 +135,7 @@ static int hash_regions(const struct region *r, int n_r, struct kwk_pool *pool, 
     for (int i = 0; i < n_r; i++)
         for (size_t off = 0; off < r[i].n; off += CHUNK)
             t.chunks[t.n_chunks++] = (struct region){r[i].p + off, KWK_MIN(CHUNK, r[i].n - off)};
+    t.drop = drop;
     atomic_init(&t.next, 0);
     if (pool && t.n_chunks > 1)
         kwk_pool_run(pool, hash_run, &t);
@@ -207,7 +223,7 @@ static int content_hash(const struct kwk_packcache_opts *o, const struct kwk_pac
             return -1;
         for (int i = 0; i < o->n_sources; i++)
             r[i] = (struct region){o->sources[i].data, o->sources[i].n};
-        int rc = hash_regions(r, o->n_sources, pool, out);
+        int rc = hash_regions(r, o->n_sources, 1, pool, out);
         kwk_free(r);
         return rc;
     }
@@ -224,7 +240,7 @@ static int content_hash(const struct kwk_packcache_opts *o, const struct kwk_pac
         r[i] = (struct region){s->data, bytes};
     }
     if (!rc)
-        rc = hash_regions(r, n, pool, out);
+        rc = hash_regions(r, n, 0, pool, out);
     kwk_free(r);
     return rc;
 }
@@ -234,7 +250,7 @@ static int file_checksum(const uint8_t *base, size_t size, struct kwk_pool *pool
 {
     size_t at = offsetof(struct pack_head, checksum);
     struct region r[2] = {{base, at}, {base + at + 8, size - at - 8}};
-    return hash_regions(r, 2, pool, out);
+    return hash_regions(r, 2, 0, pool, out);
 }
 
 /* ---- files --------------------------------------------------------------------------------- */

@@ -33,7 +33,8 @@ struct kwk_packcache_opts {
     /* The checkpoint's tensors as stored in its files: when given, their bytes (and salt, which
      * must then cover what turns them into the matrices: config, tying) key the pack instead
      * of the matrices' own bytes: a Q4_1 GGUF's tensors are far fewer bytes than the matrices
-     * dequantized to float32. NULL: the matrices' bytes. kwk_packed_new fills these itself. */
+     * dequantized to float32. NULL: the matrices' bytes. kwk_packed_new fills these itself.
+     * They must lie in read-only file mappings: their pages are dropped once hashed. */
     const struct kwk_pack_source *sources;
     int n_sources;
 };
