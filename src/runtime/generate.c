@@ -197,9 +197,11 @@ static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
         const char *piece;
         size_t len, old = o->text_len;
         int rc = kwk_detok_push(g->detok, tok, &piece, &len);
+        /* A token the tokenizer cannot spell (an id past its vocabulary: a checkpoint whose
+         * embedding table is padded) adds no text; only running out of memory is an error. */
         if (rc == 0 && len)
             rc = text_append(g, piece, len);
-        if (rc < 0)
+        if (rc == -ENOMEM)
             return rc;
         if (g->p->n_stop && find_stop(g, old)) {
             o->finish_reason = KWK_FINISH_STOP;
@@ -235,7 +237,7 @@ int kwk_gen_seq_next(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
         return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
     rc = accept_token(g, *tok, lp);
     if (rc < 0)
-        return kwk_err_set(err, rc, "out of memory for the reply's text");
+        return kwk_err_set(err, rc, "the reply's text: %s", kwk_status_str(rc));
     return 0;
 }
 
