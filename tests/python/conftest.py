@@ -23,6 +23,26 @@ for _p in (str(PY_DIR), str(TEST_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+def smollm2_gguf():
+    """The bundled SmolLM2-135M-Instruct GGUF ($KWK_SMOLLM2_GGUF or models/), which
+    scripts/setup fetches: a missing file fails the test that needs it, never skips it."""
+    env = os.environ.get("KWK_SMOLLM2_GGUF")
+    path = Path(env) if env else REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        pytest.fail("SmolLM2 GGUF not found at %s: run scripts/setup" % path)
+    return str(path)
+
+
+def kwker_bin():
+    """The kwker CLI under test ($KWKER_BIN, which scripts/test points at the ASan build, or
+    build/kwker)."""
+    path = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail("kwker binary not found at %s: build it (scripts/build) or set KWKER_BIN"
+                    % path)
+    return str(path)
+
+
 # Packed-weight caches made by tests (CLI runs default to the user's cache) stay in a temporary
 # folder of this session, never in ~/.cache; tests of the cache itself pass their own folders.
 if "KWKER_CACHE" not in os.environ:

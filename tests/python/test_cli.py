@@ -22,23 +22,10 @@ if "KWKER_LIB" not in os.environ and (BIN.parent / "libkwker.so").exists():
 
 import kwker  # noqa: E402  (after KWKER_LIB is settled)
 from kwker.template import apply_chat_template  # noqa: E402
+from conftest import kwker_bin, smollm2_gguf
 
 N_NEW = 24
 THREADS = "2"
-
-
-def model_path():
-    env = os.environ.get("KWK_SMOLLM2_GGUF")
-    path = Path(env) if env else REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        pytest.fail("SmolLM2 GGUF not found at %s: run scripts/setup" % path)
-    return str(path)
-
-
-def kwker_bin():
-    if not BIN.exists():
-        pytest.fail("kwker binary not found at %s: build it (scripts/build) or set KWKER_BIN" % BIN)
-    return str(BIN)
 
 
 def run(*args, input=None, timeout=300):
@@ -49,8 +36,8 @@ def run(*args, input=None, timeout=300):
 @pytest.fixture(scope="module")
 def ref():
     """(decoder, tokenizer) of the Python binding on the same model."""
-    dec = kwker.KwkDecoder(model_path(), max_cache_len=2048, n_threads=2)
-    tok = kwker.Tokenizer.from_pretrained(model_path())
+    dec = kwker.KwkDecoder(smollm2_gguf(), max_cache_len=2048, n_threads=2)
+    tok = kwker.Tokenizer.from_pretrained(smollm2_gguf())
     yield dec, tok
     dec.close()
 
@@ -69,7 +56,7 @@ def ref_text(ref, ids, **kw):
 
 
 def gen(*args, **kw):
-    p = run("generate", "--model", model_path(), "-t", THREADS, *args, **kw)
+    p = run("generate", "--model", smollm2_gguf(), "-t", THREADS, *args, **kw)
     assert p.returncode == 0, "kwker generate %s failed (%d): %s" % (args, p.returncode,
                                                                      p.stderr)
     assert p.stdout.endswith("\n"), repr(p.stdout)
@@ -165,7 +152,7 @@ def test_seed_reproducible_and_equal_to_python(ref):
     (["--prompt", "x", "--system", "s"], "--system goes with --chat"),
 ])
 def test_bad_generate_flags_exit_2(args, says):
-    p = run("generate", "--model", model_path(), *args)
+    p = run("generate", "--model", smollm2_gguf(), *args)
     assert p.returncode == 2, (args, p.returncode, p.stderr)
     assert says in p.stderr, p.stderr
     assert p.stdout == ""
@@ -205,7 +192,7 @@ def python_chat(ref, turns, system=None, n_new=N_NEW):
 
 def test_chat_through_a_pipe(ref):
     replies = python_chat(ref, CHAT_TURNS, system="You are a friendly assistant.")
-    p = run("chat", "--model", model_path(), "-t", THREADS, "-n", N_NEW, "--stats",
+    p = run("chat", "--model", smollm2_gguf(), "-t", THREADS, "-n", N_NEW, "--stats",
             "--system", "You are a friendly assistant.", input="\n".join(CHAT_TURNS) + "\n")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "".join(r + "\n" for r in replies)
@@ -220,7 +207,7 @@ def test_chat_through_a_pipe(ref):
 def test_chat_reset_and_quit(ref):
     before = python_chat(ref, [CHAT_TURNS[0]])[0]
     after = python_chat(ref, [CHAT_TURNS[1]])[0]
-    p = run("chat", "--model", model_path(), "-t", THREADS, "-n", N_NEW,
+    p = run("chat", "--model", smollm2_gguf(), "-t", THREADS, "-n", N_NEW,
             input="%s\n\n/reset\n%s\n/quit\n%s\n" % tuple(CHAT_TURNS))
     assert p.returncode == 0, p.stderr
     # after /reset the second question is answered as the first of a conversation; an empty
@@ -231,7 +218,7 @@ def test_chat_reset_and_quit(ref):
 
 def test_chat_backslash_continues_the_line(ref):
     want = python_chat(ref, ["Say hello\nin French."])[0]
-    p = run("chat", "--model", model_path(), "-t", THREADS, "-n", N_NEW,
+    p = run("chat", "--model", smollm2_gguf(), "-t", THREADS, "-n", N_NEW,
             input="Say hello\\\nin French.\n")
     assert p.returncode == 0, p.stderr
     assert p.stdout == want + "\n"
@@ -271,7 +258,7 @@ def tmux_session():
 def test_chat_in_a_terminal(ref, tmux_session):
     s = tmux_session
     reply = python_chat(ref, [CHAT_TURNS[0]], n_new=16)[0]
-    cmd = "%s chat --model %s -t 2 -n %%d; echo EXIT=$?" % (kwker_bin(), model_path())
+    cmd = "%s chat --model %s -t 2 -n %%d; echo EXIT=$?" % (kwker_bin(), smollm2_gguf())
     tmux("send-keys", "-t", s, cmd % 16, "Enter")
     wait_for(s, lambda sc: "/reset clears" in sc and sc.rstrip().endswith(">"))
     tmux("send-keys", "-t", s, "-l", CHAT_TURNS[0])

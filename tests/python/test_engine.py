@@ -8,8 +8,6 @@ the plain greedy path by test_generate.py / test_decode_oracle.py); kernels are 
 so equality is exact.
 """
 import asyncio
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,16 +15,7 @@ import pytest
 import kwker
 import tiny_models
 from kwker.serve import Engine
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def smollm2_path():
-    env = os.environ.get("KWK_SMOLLM2_GGUF")
-    path = Path(env) if env else REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        pytest.fail("SmolLM2 GGUF not found at %s: run scripts/setup" % path)
-    return str(path)
+from conftest import smollm2_gguf
 
 
 def chat(user):
@@ -275,7 +264,7 @@ def test_shared_prefix_penalties_eos_and_edges(tiny):
 
 @pytest.fixture(scope="module")
 def smol():
-    dec = kwker.KwkDecoder(smollm2_path(), max_cache_len=512)
+    dec = kwker.KwkDecoder(smollm2_gguf(), max_cache_len=512)
     yield dec
     dec.close()
 

@@ -6,29 +6,18 @@ The reference for every speculative or cached run is the plain greedy path
 test_decode_oracle.py. Kernels are batch invariant (src/kernels/kernels.h), so equality here is
 exact, not approximate.
 """
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kwker
 import tiny_models
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def smollm2_path():
-    env = os.environ.get("KWK_SMOLLM2_GGUF")
-    path = Path(env) if env else REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        pytest.fail("SmolLM2 GGUF not found at %s: run scripts/setup" % path)
-    return str(path)
+from conftest import smollm2_gguf
 
 
 @pytest.fixture(scope="module")
 def smol():
-    dec = kwker.KwkDecoder(smollm2_path(), max_cache_len=1024)
+    dec = kwker.KwkDecoder(smollm2_gguf(), max_cache_len=1024)
     yield dec
     dec.close()
 
@@ -103,7 +92,7 @@ def test_prompt_reuse_across_chat_turns(smol):
     tok = smol.tokenizer()
     turns = ["What is the capital of France?", "And of Italy?", "Which one is larger?"]
     history = []
-    fresh = kwker.KwkDecoder(smollm2_path(), max_cache_len=1024)
+    fresh = kwker.KwkDecoder(smollm2_gguf(), max_cache_len=1024)
     smol.generate(tok.encode(chat("warm-up")), max_new_tokens=2)  # unrelated cache content
     for user in turns:
         ids = tok.encode(chat(user, history))
@@ -277,7 +266,7 @@ def test_logprobs_match_transformers_raw_logits(name, mode):
 def test_stats_text_without_an_explicit_tokenizer(smol):
     tok = smol.tokenizer()
     ids = tok.encode(chat("Say hi."))
-    smol2 = kwker.KwkDecoder(smollm2_path(), max_cache_len=256)
+    smol2 = kwker.KwkDecoder(smollm2_gguf(), max_cache_len=256)
     out = smol2.generate(ids, max_new_tokens=8)
     assert smol2.stats["text"] == tok.decode(out[len(ids):], skip_special_tokens=True)
     smol2.close()
@@ -294,7 +283,7 @@ def test_int4_draft_of_smollm2_is_exact(smol):
     """The same checkpoint at int4 is a real draft for the preserve decoder (same tokenizer,
     ~5x fewer weight bytes): greedy output identical, most proposals kept."""
     tok = smol.tokenizer()
-    draft = kwker.KwkDecoder(smollm2_path(), max_cache_len=1024, precision="int4")
+    draft = kwker.KwkDecoder(smollm2_gguf(), max_cache_len=1024, precision="int4")
     for user in (QUOTING, "Explain how photosynthesis works to a ten-year-old."):
         ids = tok.encode(chat(user))
         ref = smol.generate_greedy(ids, max_new_tokens=40)

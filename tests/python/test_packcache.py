@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PY_DIR, REPO
+from conftest import PY_DIR, REPO, kwker_bin
 import tiny_models
 
 SMOL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -207,13 +207,6 @@ def test_two_processes_at_once(tiny, ids, tmp_path):
         assert np.array_equal(np.load(tmp_path / ("out%d.npy" % k)), ref)
     assert len(packs(cache)) == 1 and not temporaries(cache)
     assert np.array_equal(logits(tiny, "int4", cache, ids), ref)
-
-
-def kwker_bin():
-    b = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
-    if not b.exists():
-        pytest.fail("kwker binary not found at %s (set KWKER_BIN)" % b)
-    return str(b)
 
 
 def test_cli_cache_dir(tiny, tmp_path):

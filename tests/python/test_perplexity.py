@@ -9,27 +9,17 @@ token. The same computation is done here in float64 numpy from the decoder's log
 PPL and its standard error must agree to 1e-4 relative. Bad arguments must give exit code 2 with
 a message. The binary is $KWKER_BIN, else <repo>/build/kwker: a missing binary FAILS the tests.
 """
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, kwker_bin
 
 WIKITEXT = REPO.parent / "shared" / "data" / "text" / "wikitext-2-raw-v1.test.hf-rows-crlf.txt"
 CTX = 128
 CHUNKS = 2
-
-
-def kwker_bin():
-    env = os.environ.get("KWKER_BIN")
-    path = Path(env) if env else REPO / "build" / "kwker"
-    assert path.is_file() and os.access(path, os.X_OK), (
-        "kwker binary not found at %s (build it, or set KWKER_BIN)" % path)
-    return path
 
 
 def run_ppl(*args, timeout=600):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 import openai
+from conftest import kwker_bin, smollm2_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
@@ -33,20 +34,6 @@ STARTUP_S = 300  # loading the model under ASan can be slow
 CHATS = ["What is the capital of France?", "Name three colors.", "Say hello in Spanish.",
          "What is 2 + 2?", "Write a haiku about rain.", "Who wrote Hamlet?",
          "List two fruits.", "What is the largest ocean?"]
-
-
-def model_path():
-    env = os.environ.get("KWK_SMOLLM2_GGUF")
-    path = Path(env) if env else REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        pytest.fail("SmolLM2 GGUF not found at %s: run scripts/setup" % path)
-    return str(path)
-
-
-def kwker_bin():
-    if not BIN.exists():
-        pytest.fail("kwker binary not found at %s: build it (scripts/build) or set KWKER_BIN" % BIN)
-    return str(BIN)
 
 
 def raise_nofile():
@@ -65,7 +52,7 @@ class Server:
         env = dict(os.environ)
         env.pop("KWKER_API_KEY", None)
         self.proc = subprocess.Popen(
-            [kwker_bin(), "serve", "--model", model_path(), "--port", "0", "--threads", "2"] +
+            [kwker_bin(), "serve", "--model", smollm2_gguf(), "--port", "0", "--threads", "2"] +
             [str(a) for a in args], stdout=subprocess.DEVNULL, stderr=self.log_file, env=env)
         deadline = time.monotonic() + STARTUP_S
         while True:
@@ -177,7 +164,7 @@ def chat(client, model, text, **kw):
 def test_models(client, srv):
     models = client.models.list().data
     assert len(models) == 1
-    assert models[0].id == Path(model_path()).name[:-len(".gguf")]
+    assert models[0].id == Path(smollm2_gguf()).name[:-len(".gguf")]
     assert models[0].object == "model"
     assert client.models.retrieve(models[0].id).id == models[0].id
     status, body = request(srv.port, "GET", "/health", key=None)
@@ -215,7 +202,7 @@ def test_completions(client, model_id):
 def test_chat_equals_generate(client, model_id):
     """temperature 0 is greedy: the same text as `kwker generate --chat` (greedy by default)."""
     for text in CHATS[:2]:
-        p = subprocess.run([kwker_bin(), "generate", "--model", model_path(), "--chat", text,
+        p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "--chat", text,
                             "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
         r = chat(client, model_id, text, temperature=0, max_tokens=20)
@@ -225,7 +212,7 @@ def test_chat_equals_generate(client, model_id):
 
 def test_completion_equals_generate(client, model_id):
     prompt = "Once upon a time"
-    p = subprocess.run([kwker_bin(), "generate", "--model", model_path(), "--prompt", prompt,
+    p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "--prompt", prompt,
                         "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     r = client.completions.create(model=model_id, prompt=prompt, max_tokens=20, temperature=0)

@@ -2,11 +2,10 @@
 (tokenizer_config.json / chat_template.jinja), a .jinja file or a GGUF file's
 tokenizer.chat_template."""
 import json
-import os
 import subprocess
 from pathlib import Path
 
-import pytest
+from conftest import kwker_bin
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = (REPO / ".." / "shared" / "data").resolve()
@@ -14,13 +13,6 @@ MESSAGES = [{"role": "system", "content": "Be nice."},
             {"role": "user", "content": "Hi \"there\" 🤗", "name": None},
             {"role": "assistant", "content": "Hello!"},
             {"role": "user", "content": "Bye"}]
-
-
-def kwker_bin():
-    for cand in (os.environ.get("KWKER_BIN"), REPO / "build" / "kwker"):
-        if cand and Path(cand).exists():
-            return str(cand)
-    pytest.fail("the kwker binary is not built (set KWKER_BIN or build into build/)")
 
 
 def cli(model, request, tmp_path, *extra):
