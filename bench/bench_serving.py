@@ -27,7 +27,8 @@ REPO = HERE.parent
 
 
 def prompt_ids(b, n, n_vocab):
-    """Request b's prompt: distinct per request, the same on both sides."""
+    """Request b's prompt: distinct per request and per pass (b counts on), the same on both
+    sides, so no pass can reuse an earlier pass's prompt."""
     return [((b * 1000 + i) * 2654435761) % (1 << 32) % n_vocab for i in range(n)]
 
 
@@ -41,10 +42,14 @@ def kwker_child(job):
                  prefill_chunk=512, cache_dir=job.get("cache_dir"))
     n_vocab = eng.vocab_size
 
+    passes = iter(range(1000))
+
     def once():
+        base = next(passes) * job["batch"]
         t0 = time.perf_counter()
-        reqs = [eng.submit(prompt_ids(b, job["n_prompt"], n_vocab), max_new_tokens=job["n_gen"],
-                           lookup=0, eos_token_id=[]) for b in range(job["batch"])]
+        reqs = [eng.submit(prompt_ids(base + b, job["n_prompt"], n_vocab),
+                           max_new_tokens=job["n_gen"], lookup=0, eos_token_id=[],
+                           prompt_cache=False) for b in range(job["batch"])]
         eng.run_until_done()
         t_end = time.perf_counter()
         for r in reqs:
@@ -99,12 +104,15 @@ def llama_child(job):
             out.append(int(np.argmax(np.ctypeslib.as_array(p, shape=(n_vocab,)))))
         return out
 
+    passes = iter(range(1000))
+
     def once():
+        base = next(passes) * B
         L.llama_memory_clear(mem, True)
         t0 = time.perf_counter()
         rows = []
         for b in range(B):
-            ids = prompt_ids(b, n_p, n_vocab)
+            ids = prompt_ids(base + b, n_p, n_vocab)
             rows += [(t, i, b, int(i == n_p - 1)) for i, t in enumerate(ids)]
         fill(rows)
         if L.llama_decode(ctx, batch) != 0:

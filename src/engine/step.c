@@ -104,8 +104,10 @@ static void admit(struct kwk_engine *e, double now)
         }
         /* A longer prefix held by another slot (running or free) is copied rather than read
          * again: a shared system prompt costs a memcpy per request instead of a forward pass. */
+        if (!r->p.prompt_cache)
+            keep = 0; /* the caller asked for a full read of its prompt */
         int src = -1, src_keep = keep;
-        for (int i = 0; i < e->prm.max_batch; i++) {
+        for (int i = 0; i < e->prm.max_batch && r->p.prompt_cache; i++) {
             int k = i == slot ? 0 : common_prefix(&e->slots[i], r->prompt, r->n_prompt);
             if (k > src_keep)
                 src = i, src_keep = k;

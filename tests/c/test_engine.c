@@ -248,11 +248,24 @@ static void test_stepped(const kwk_model *m, int sample)
     for (int i = 6; i < N_REQ; i++)
         reused += g.reused[i] >= 19;
     T_EQ(reused >= 3, 1);
+    /* prompt_cache = 0: the same prompt again is read in full */
+    struct kwk_gen_params p;
+    gen_params(&p, 5, sample);
+    p.prompt_cache = 0;
+    g.done[5] = 0;
+    g.n[5] = 0;
+    T_EQ(kwk_engine_submit(e, prompts[5], prompt_len[5], &p, on_event, &tags[5], &err) > 0, 1);
+    while (kwk_engine_step(e) > 0)
+        ;
+    T_EQ(g.done[5], 1);
+    T_EQ(g.reused[5], 0);
+    T_EQ(g.n[5], alone_n[5]);
+    T_EQ(memcmp(g.tokens[5], alone[5], sizeof(int32_t) * (size_t)alone_n[5]), 0);
     struct kwk_engine_stats st;
     kwk_engine_get_stats(e, &st);
-    T_EQ((int)st.completed, N_REQ);
+    T_EQ((int)st.completed, N_REQ + 1);
     T_EQ(st.running + st.queued, 0);
-    T_EQ((int)st.generated_tokens, N_REQ * MAX_NEW);
+    T_EQ((int)st.generated_tokens, (N_REQ + 1) * MAX_NEW);
     kwk_engine_free(e);
 }
 
