@@ -535,7 +535,8 @@ KWK_API uint64_t kwk_engine_submit(kwk_engine *e, const int32_t *ids, int n,
                                    const struct kwk_gen_params *p, kwk_event_fn fn, void *user,
                                    struct kwk_err *err);
 /* Ask a request to end: it gets its DONE event (CANCELED) at the next step and its slot is
- * freed. Returns 0, or KWK_ENOTFOUND when the id is unknown or already done. Thread-safe. */
+ * freed. Returns 0, KWK_ENOTFOUND when the id is unknown or already done, KWK_EARG without an
+ * engine. Thread-safe. */
 KWK_API int kwk_engine_cancel(kwk_engine *e, uint64_t id);
 
 /* Run one step on the calling thread: admit queued requests into free slots, then one batched

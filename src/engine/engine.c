@@ -251,6 +251,8 @@ uint64_t kwk_engine_submit(kwk_engine *e, const int32_t *ids, int n,
 int kwk_engine_cancel(kwk_engine *e, uint64_t id)
 {
     int rc = KWK_ENOTFOUND;
+    if (!e)
+        return KWK_EARG;
     pthread_mutex_lock(&e->mu);
     for (struct kwk_req *r = e->q_head; r && rc; r = r->next)
         if (r->id == id) {
@@ -326,6 +328,8 @@ void kwk_engine_stop(kwk_engine *e)
 
 void kwk_engine_get_stats(kwk_engine *e, struct kwk_engine_stats *s)
 {
+    if (!e || !s)
+        return;
     pthread_mutex_lock(&e->mu);
     *s = e->st;
     s->queued = e->n_queued;

@@ -96,7 +96,7 @@ struct hash_task {
  * double the peak memory of a balanced / int4 process. They fault back in if read again. */
 static void drop_pages(const uint8_t *p, size_t n)
 {
-    uintptr_t page = 4096, lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = ((uintptr_t)p + page - 1) & ~(page - 1);
     uintptr_t hi = ((uintptr_t)p + n) & ~(page - 1);
     if (hi > lo)
         madvise((void *)lo, hi - lo, MADV_DONTNEED);

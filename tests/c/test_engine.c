@@ -352,6 +352,7 @@ static void test_cancel_and_free(const kwk_model *m)
     T_EQ(kwk_engine_cancel(e, ids[0]), 0);
     T_EQ(kwk_engine_cancel(e, ids[2]), 0);
     T_EQ(kwk_engine_cancel(e, 999999), KWK_ENOTFOUND);
+    T_EQ(kwk_engine_cancel(NULL, ids[0]), KWK_EARG);
     kwk_engine_step(e);
     T_EQ(g.done[0], 1);
     T_EQ(g.finish[0], KWK_FINISH_CANCELED);
