@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PY_DIR, REPO, kwker_bin
+from conftest import PY_DIR, kwker_bin, smollm2_gguf
 import tiny_models
 
-SMOL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 PRECS = ["balanced", "int4"]
 
 
@@ -228,12 +227,12 @@ def test_cli_cache_dir(tiny, tmp_path):
 @pytest.mark.parametrize("prec", PRECS)
 def test_smollm2_round_trip(prec, tmp_path):
     sm_ids = [1, 9690, 28, 588, 314, 253, 1345, 30, 216, 2, 15]
-    ref = logits(SMOL, prec, None, sm_ids)
-    first = logits(SMOL, prec, tmp_path, sm_ids)
+    ref = logits(smollm2_gguf(), prec, None, sm_ids)
+    first = logits(smollm2_gguf(), prec, tmp_path, sm_ids)
     (path,) = packs(tmp_path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        second = logits(SMOL, prec, tmp_path, sm_ids)
+        second = logits(smollm2_gguf(), prec, tmp_path, sm_ids)
         assert same_file(fd, path)
     finally:
         os.close(fd)
