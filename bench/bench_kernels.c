@@ -1,6 +1,7 @@
-/* bench_kernels.c - matmul speed per instruction set: GB/s of weights streamed for one token
- * (decode) and GFLOP/s for 64 tokens (prompt), on 1 thread and on the whole pool. Prints; asserts
- * nothing. Single-threaded driver. Usage: bench_kernels [rows cols] */
+/* bench_kernels.c - the pool's synchronization cost (an empty task's round trip, an in-task
+ * barrier), then matmul speed per instruction set: GB/s of weights streamed for one token (decode)
+ * and GFLOP/s for 64 tokens (prompt), on 1 thread and on the whole pool. Prints; asserts nothing.
+ * Single-threaded driver. Usage: bench_kernels [rows cols | pool] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +49,62 @@ static double time_job(struct kwk_pool *p, struct job *j, const struct kwk_mat *
     return t / (double)reps;
 }
 
+static void empty_run(void *ctx, int ith, int nth)
+{
+    (void)ctx, (void)ith, (void)nth;
+}
+
+#define BARRIERS_PER_TASK 1000
+
+static void barrier_run(void *ctx, int ith, int nth)
+{
+    (void)ith, (void)nth;
+    for (int i = 0; i < BARRIERS_PER_TASK; i++)
+        kwk_pool_barrier(ctx);
+}
+
+/* What a forward pass pays per synchronization, apart from any imbalance of the work: the
+ * median over passes of back-to-back empty tasks, and of barriers inside one task. */
+static void bench_pool(void)
+{
+    struct kwk_pool *p = kwk_pool_new(0);
+    if (!p)
+        return;
+    double run_ns[9], bar_ns[9];
+    for (int pass = 0; pass < 9; pass++) {
+        int reps = 20000;
+        double t0 = kwk_time_s();
+        for (int i = 0; i < reps; i++)
+            kwk_pool_run(p, empty_run, NULL);
+        run_ns[pass] = (kwk_time_s() - t0) / reps * 1e9;
+        t0 = kwk_time_s();
+        for (int i = 0; i < reps / BARRIERS_PER_TASK * 10; i++)
+            kwk_pool_run(p, barrier_run, p);
+        bar_ns[pass] = (kwk_time_s() - t0) / (reps * 10) * 1e9;
+    }
+    /* insertion sort: nine values */
+    for (int i = 1; i < 9; i++)
+        for (int j = i; j > 0 && run_ns[j] < run_ns[j - 1]; j--) {
+            double r = run_ns[j], b = bar_ns[j];
+            run_ns[j] = run_ns[j - 1], run_ns[j - 1] = r;
+            bar_ns[j] = bar_ns[j - 1], bar_ns[j - 1] = b;
+        }
+    for (int i = 1; i < 9; i++)
+        for (int j = i; j > 0 && bar_ns[j] < bar_ns[j - 1]; j--) {
+            double b = bar_ns[j];
+            bar_ns[j] = bar_ns[j - 1], bar_ns[j - 1] = b;
+        }
+    printf("pool threads=%d  empty task round trip: %.0f ns (min %.0f)  in-task barrier: %.0f ns "
+           "(min %.0f), medians of 9 passes\n",
+           kwk_pool_size(p), run_ns[4], run_ns[0], bar_ns[4], bar_ns[0]);
+    kwk_pool_free(p);
+}
+
 int main(int argc, char **argv)
 {
+    bench_pool();
+    if (argc == 2 && strcmp(argv[1], "pool") == 0)
+        return 0;
     int64_t rows = argc > 2 ? atol(argv[1]) : 4096, cols = argc > 2 ? atol(argv[2]) : 4096;
     int max_tok = 64;
     size_t n_el = (size_t)(rows * cols);

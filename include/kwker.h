@@ -135,8 +135,8 @@ typedef struct kwk_decoder kwk_decoder;
 
 enum kwk_precision {
     KWK_PRECISION_PRESERVE = 0, /* the checkpoint's own numbers, float32 math */
-    KWK_PRECISION_BALANCED = 1, /* 8-bit weights (later issue) */
-    KWK_PRECISION_INT4 = 2,     /* 4-bit weights (later issue) */
+    KWK_PRECISION_BALANCED = 1, /* 8-bit weights, 16-bit activations */
+    KWK_PRECISION_INT4 = 2,     /* 4-bit weights, some kept wider (mix_bits) */
 };
 
 struct kwk_decoder_params {
@@ -149,6 +149,16 @@ struct kwk_decoder_params {
     const char *cache_dir;
     int64_t cache_max_bytes; /* the directory's size limit, least recently used packs removed
                               * first; 0 = $KWKER_CACHE_MAX (bytes, K/M/G suffix) or 16 GiB */
+    /* How balanced / int4 weights are fitted (ignored by preserve): */
+    int mix_bits; /* int4: bits of the matrices it keeps wider (the lm_head, and the value and
+                   * down projections of a third of the layers): 8, 6, or 4 (none kept wider);
+                   * 0 = 6 from a billion parameters, 8 below. Other precisions: 0 only. */
+    const int32_t *calib; /* calibration token ids (NULL: none): activation-aware scales are
+                           * fitted to the model's activations on them (AWQ). Borrowed: read
+                           * during kwk_decoder_new only. Part of the pack cache's key. */
+    int64_t n_calib;
+    int gptq; /* 1: GPTQ on top, fitting each matrix's rounding to its calibration inputs
+               * (needs calib) */
 };
 
 KWK_API void kwk_decoder_params_init(struct kwk_decoder_params *p);
@@ -484,6 +494,10 @@ struct kwk_engine_params {
     int prefill_chunk; /* prompt tokens read per step, all requests together; 0 = 256 */
     int max_queue;     /* requests waiting for a slot; 0 = 4096 (submit fails KWK_ELIMIT beyond) */
     const char *cache_dir; /* packed-weight cache, as in kwk_decoder_params (NULL: none) */
+    int mix_bits;          /* as in kwk_decoder_params */
+    const int32_t *calib;  /* as in kwk_decoder_params (borrowed for kwk_engine_new only) */
+    int64_t n_calib;
+    int gptq;
 };
 
 KWK_API void kwk_engine_params_init(struct kwk_engine_params *p);

@@ -36,7 +36,35 @@ class _DecoderParams(ctypes.Structure):
         ("precision", ctypes.c_int),
         ("cache_dir", ctypes.c_char_p),
         ("cache_max_bytes", ctypes.c_int64),
+        ("mix_bits", ctypes.c_int),
+        ("calib", ctypes.POINTER(ctypes.c_int32)),
+        ("n_calib", ctypes.c_int64),
+        ("gptq", ctypes.c_int),
     ]
+
+
+def _quant_args(precision, mix_bits, calib, gptq, model_path):
+    """Check mix_bits / calib / gptq and give (mix_bits, ids array or None, n, gptq) for the C
+    parameters. calib: token ids (any iterable of ints) or a str, encoded with the model's own
+    tokenizer (no special tokens)."""
+    if mix_bits is not None:
+        if precision != "int4":
+            raise ValueError("mix_bits applies to precision='int4'")
+        if int(mix_bits) not in (4, 6, 8):
+            raise ValueError("mix_bits must be 4, 6 or 8 (or None: 6 from a billion "
+                             "parameters, 8 below)")
+    if gptq and calib is None:
+        raise ValueError("gptq=True needs calib (calibration token ids or text)")
+    ids = None
+    if calib is not None:
+        if isinstance(calib, str):
+            from .tokenizer import Tokenizer
+            calib = Tokenizer.from_pretrained(model_path).encode(calib, add_special_tokens=False)
+        calib = [int(t) for t in calib]
+        if not calib:
+            raise ValueError("calib is empty")
+        ids = (ctypes.c_int32 * len(calib))(*calib)
+    return int(mix_bits or 0), ids, len(ids) if ids is not None else 0, int(bool(gptq))
 
 
 def default_cache_dir():
@@ -269,10 +297,17 @@ class KwkDecoder:
     weights in default_cache_dir() ($KWKER_CACHE or ~/.cache/kwker/packs); a path uses that
     directory. cache_max_bytes: its size limit (None: $KWKER_CACHE_MAX or 16 GiB), least
     recently used packs removed first. A cache that cannot be used only logs a warning.
+    mix_bits (int4 only): bits of the matrices int4 keeps wider (the lm_head, and the value and
+    down projections of a third of the layers): 8, 6 or 4 (none); None = 6 from a billion
+    parameters, 8 below. calib: calibration token ids (or a str, encoded with the model's
+    tokenizer): balanced / int4 weights get activation-aware scales (AWQ) fitted to the model's
+    activations on them; gptq=True adds GPTQ on top (needs calib). Both are part of the pack
+    cache's key: with cache_dir the fitting runs once.
     """
 
     def __init__(self, model, max_cache_len=2048, precision="preserve", n_threads=None,
-                 weights=None, cache_dir=None, cache_max_bytes=None, max_batch=None):
+                 weights=None, cache_dir=None, cache_max_bytes=None, max_batch=None,
+                 mix_bits=None, calib=None, gptq=False):
         self._engine = None
         self.max_batch = int(max_batch) if max_batch else None
         self.n_threads = n_threads
@@ -297,8 +332,10 @@ class KwkDecoder:
         cache_arg = _cache_dir_arg(cache_dir)  # bytes kept alive until kwk_decoder_new returns
         if cache_max_bytes is not None and int(cache_max_bytes) < 0:
             raise ValueError("cache_max_bytes must be >= 0")
+        mix, ids, n_ids, gq = _quant_args(precision, mix_bits, calib, gptq, self.model_path)
+        self._quant = (mix, ids, n_ids, gq)  # an Engine over this decoder packs the same way
         params = _DecoderParams(int(max_cache_len), int(n_threads or 0), _PRECISIONS[precision],
-                                cache_arg, int(cache_max_bytes or 0))
+                                cache_arg, int(cache_max_bytes or 0), mix, ids, n_ids, gq)
         self._dec = L.kwk_decoder_new(self._model, ctypes.byref(params), ctypes.byref(err))
         if not self._dec:
             raise_err(err)

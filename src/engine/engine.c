@@ -57,6 +57,10 @@ kwk_engine *kwk_engine_new(const kwk_model *m, const struct kwk_engine_params *p
     dp.n_threads = prm.n_threads;
     dp.precision = prm.precision;
     dp.cache_dir = prm.cache_dir;
+    dp.mix_bits = prm.mix_bits;
+    dp.calib = prm.calib;
+    dp.n_calib = prm.n_calib;
+    dp.gptq = prm.gptq;
     /* A step holds every running request's decode row and candidates, plus prompt chunks. */
     e->spec_cap = prm.max_batch * (1 + KWK_ENGINE_MAX_SPEC);
     int n_batch = prm.prefill_chunk + e->spec_cap;
@@ -65,6 +69,8 @@ kwk_engine *kwk_engine_new(const kwk_model *m, const struct kwk_engine_params *p
         goto fail;
     prm.max_cache_len = e->d->max_len;
     prm.cache_dir = NULL; /* borrowed for kwk_decoder_new only */
+    prm.calib = NULL;
+    prm.n_calib = 0;
     prm.prefill_chunk = KWK_MIN(prm.prefill_chunk, e->d->max_len);
     e->prm = prm;
     e->n_vocab = e->d->c->n_vocab;

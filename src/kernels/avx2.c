@@ -175,6 +175,7 @@ static void avx2_matmul(const struct kwk_mat *w, const float *x, int n_tok, floa
     switch (w->wtype) {
     case KWK_W_Q8:
     case KWK_W_Q4:
+    case KWK_W_Q6:
         kwk_quant_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
         break;
     case KWK_W_F16:
@@ -203,6 +204,7 @@ static void avx2_mat_row(const struct kwk_mat *w, int64_t r, float *out)
     switch (w->wtype) {
     case KWK_W_Q8:
     case KWK_W_Q4:
+    case KWK_W_Q6:
         kwk_quant_mat_row_ref(w, r, out);
         break;
     case KWK_W_F16:

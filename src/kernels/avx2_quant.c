@@ -1,4 +1,4 @@
-/* avx2_quant.c - the int8 and int4 matmul with AVX2 (maddubs + madd): each 16-row block as two
+/* avx2_quant.c - the int8, int4 and int6 matmul with AVX2 (maddubs + madd): each 16-row block as two
  * registers of 8 rows, activations quantized on the fly to 16 bits as two int8 halves. Pure
  * functions; any thread. Computes the integers of quant_ref.c exactly; float sums agree to
  * rounding (fused multiply-adds). */
@@ -151,12 +151,77 @@ INLINE void tile_q4(const struct tile_args *a, int T)
         put(a->y + (int64_t)j * a->ldy, a->rb, a->r0, a->r1, facc[0][j], facc[1][j], a->first);
 }
 
+/* The high bits of slice 4h + t of a qh vector at bits 4-5 of each byte (quant.h). */
+INLINE __m256i q6_high(__m256i qh, int t, __m256i m30)
+{
+    __m256i v = t == 0 ? _mm256_slli_epi16(qh, 4)
+                : t == 1 ? _mm256_slli_epi16(qh, 2)
+                : t == 2 ? qh
+                         : _mm256_srli_epi16(qh, 2);
+    return _mm256_and_si256(v, m30);
+}
+
+/* int6: tile_q4's loop on u = q + 32 (the nibble with the high bits or'ed on): the two maddubs
+ * of a byte vector add in 16 bits without overflow (2 * 2 * 63 * 127 < 32767); 32 * sum(v)
+ * comes back out at the end of the group. */
+INLINE void tile_q6(const struct tile_args *a, int T)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1), c254 = _mm256_set1_epi16(254);
+    const struct kwk_q6_block *b = a->blk;
+    __m256 facc[2][TT];
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < T; j++)
+            facc[h][j] = _mm256_setzero_ps();
+    for (int g = 0; g < a->ng; g++) {
+        __m256i acc[2][TT];
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < T; j++)
+                acc[h][j] = _mm256_setzero_si256();
+        for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
+            for (int h = 0; h < 2; h++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
+                __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(p, m4),
+                                             q6_high(qh, 2 * (c % 2), m30));
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
+                                             q6_high(qh, 2 * (c % 2) + 1, m30));
+                for (int j = 0; j < T; j++) {
+                    int64_t k = g * KWK_Q6_GROUP + 8 * c;
+                    const int8_t *xh = a->qx->q[a->t + j] + k, *xl = a->qx->l[a->t + j] + k;
+                    __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
+                                                  _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
+                    __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xl)),
+                                                  _mm256_maddubs_epi16(hi, bcast4(xl + 4)));
+                    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sh, c254),
+                                                 _mm256_madd_epi16(sl, ones));
+                    acc[h][j] = _mm256_add_epi32(acc[h][j], s);
+                }
+            }
+        }
+        for (int j = 0; j < T; j++) {
+            __m256i corr = _mm256_set1_epi32(32 * a->qx->s[a->t + j][g]);
+            __m256 dx = _mm256_set1_ps(a->qx->d[a->t + j][g]);
+            for (int h = 0; h < 2; h++) {
+                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
+                __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h][j], corr));
+                facc[h][j] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, dx), facc[h][j]);
+            }
+        }
+    }
+    for (int j = 0; j < T; j++)
+        put(a->y + (int64_t)j * a->ldy, a->rb, a->r0, a->r1, facc[0][j], facc[1][j], a->first);
+}
+
 typedef void (*tile_fn)(const struct tile_args *);
 static void tile_q8_1(const struct tile_args *a) { tile_q8(a, 1); }
 static void tile_q8_2(const struct tile_args *a) { tile_q8(a, 2); }
 static void tile_q4_1(const struct tile_args *a) { tile_q4(a, 1); }
 static void tile_q4_2(const struct tile_args *a) { tile_q4(a, 2); }
+static void tile_q6_1(const struct tile_args *a) { tile_q6(a, 1); }
+static void tile_q6_2(const struct tile_args *a) { tile_q6(a, 2); }
 static const tile_fn tiles_q8[TT + 1] = {NULL, tile_q8_1, tile_q8_2};
+static const tile_fn tiles_q6[TT + 1] = {NULL, tile_q6_1, tile_q6_2};
 static const tile_fn tiles_q4[TT + 1] = {NULL, tile_q4_1, tile_q4_2};
 
 void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
@@ -166,8 +231,12 @@ void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, f
         return;
     struct qx qx;
     int G = kwk_quant_group(w->wtype);
-    const tile_fn *tiles = w->wtype == KWK_W_Q8 ? tiles_q8 : tiles_q4;
-    size_t bsz = w->wtype == KWK_W_Q8 ? sizeof(struct kwk_q8_block) : sizeof(struct kwk_q4_block);
+    const tile_fn *tiles = w->wtype == KWK_W_Q8   ? tiles_q8
+                           : w->wtype == KWK_W_Q6 ? tiles_q6
+                                                  : tiles_q4;
+    size_t bsz = w->wtype == KWK_W_Q8   ? sizeof(struct kwk_q8_block)
+                 : w->wtype == KWK_W_Q6 ? sizeof(struct kwk_q6_block)
+                                        : sizeof(struct kwk_q4_block);
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
     for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {

@@ -191,6 +191,7 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
     switch (w->wtype) {
     case KWK_W_Q8:
     case KWK_W_Q4:
+    case KWK_W_Q6:
         kwk_quant_matmul_avx512(w, x, n_tok, y, ldy, r0, r1);
         break;
     case KWK_W_F16:
@@ -207,7 +208,7 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
 
 static void avx512_mat_row(const struct kwk_mat *w, int64_t r, float *out)
 {
-    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4) {
+    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4 || w->wtype == KWK_W_Q6) {
         kwk_quant_mat_row_ref(w, r, out);
         return;
     }

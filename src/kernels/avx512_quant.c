@@ -1,4 +1,4 @@
-/* avx512_quant.c - the int8 and int4 matmul with AVX-512 VNNI (vpdpbusd): 16 interleaved rows
+/* avx512_quant.c - the int8, int4 and int6 matmul with AVX-512 VNNI (vpdpbusd): 16 interleaved rows
  * per register, activations quantized on the fly to 16 bits as two int8 halves, each with its
  * own accumulator. Pure functions; any thread. Computes the integers of quant_ref.c exactly;
  * float sums agree to rounding (fused multiply-adds). */
@@ -18,6 +18,7 @@
 #define TT 6 /* the most tokens a tile function is made for */
 #define TT_Q8 4
 #define TT_Q4 3
+#define TT_Q6 3
 #define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP) /* groups of a column pass */
 
 /* Quantized activations of a token block over one column pass. */
@@ -197,6 +198,72 @@ INLINE void tile_q4(const struct tile_args *a, int R, int T)
             put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
 }
 
+/* The high bits of slice 4h + t of a qh vector at bits 4-5 of each byte (quant.h): a 16-bit
+ * shift moves bits 2t, 2t+1 there; what crosses a byte boundary falls outside 0x30. */
+INLINE __m512i q6_high(__m512i qh, int t, __m512i m30)
+{
+    __m512i v = t == 0 ? _mm512_slli_epi16(qh, 4)
+                : t == 1 ? _mm512_slli_epi16(qh, 2)
+                : t == 2 ? qh
+                         : _mm512_srli_epi16(qh, 2);
+    return _mm512_and_si512(v, m30);
+}
+
+/* int6: int4's nibble loop with the high bits or'ed on; the stored q + 32 are unsigned like
+ * int8's q + 128, and 32 * sum(v) comes back out (|254 * acc| <= 32 * 63 * 127 * 254). */
+INLINE void tile_q6(const struct tile_args *a, int R, int T)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    __m512 facc[4][TT];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++)
+            facc[i][j] = _mm512_setzero_ps();
+    const struct kwk_q6_block *b[4];
+    for (int i = 0; i < R; i++)
+        b[i] = a->blk[i];
+    const __m512i c254 = _mm512_set1_epi32(254);
+    for (int g = 0; g < a->ng; g++) {
+        __m512i acc[4][TT], accl[4][TT];
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < T; j++)
+                acc[i][j] = accl[i][j] = _mm512_setzero_si512();
+        for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
+            __m512i lo[4], hi[4];
+            for (int i = 0; i < R; i++) {
+                __m512i p = _mm512_loadu_si512(b[i][g].ql[c]);
+                __m512i h = _mm512_loadu_si512(b[i][g].qh[c / 2]);
+                lo[i] = _mm512_or_si512(_mm512_and_si512(p, m4), q6_high(h, 2 * (c % 2), m30));
+                hi[i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), m4),
+                                        q6_high(h, 2 * (c % 2) + 1, m30));
+            }
+            for (int j = 0; j < T; j++) {
+                int64_t k = g * KWK_Q6_GROUP + 8 * c;
+                const int8_t *ph = a->qx->q[a->t + j] + k, *pl = a->qx->l[a->t + j] + k;
+                __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4), l0 = bcast4(pl), l1 = bcast4(pl + 4);
+                for (int i = 0; i < R; i++) {
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], h0);
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[i], h1);
+                    accl[i][j] = _mm512_dpbusd_epi32(accl[i][j], lo[i], l0);
+                    accl[i][j] = _mm512_dpbusd_epi32(accl[i][j], hi[i], l1);
+                }
+            }
+        }
+        for (int j = 0; j < T; j++) {
+            __m512i corr = _mm512_set1_epi32(32 * a->qx->s[a->t + j][g]);
+            __m512 dx = _mm512_set1_ps(a->qx->d[a->t + j][g]);
+            for (int i = 0; i < R; i++) {
+                __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(acc[i][j], c254), accl[i][j]);
+                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
+                __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
+                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, dx), facc[i][j]);
+            }
+        }
+    }
+    for (int j = 0; j < T; j++)
+        for (int i = 0; i < R; i++)
+            put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
+}
+
 /* One function per (format, R, T) used, so every loop bound is a constant and the accumulators
  * stay in registers. */
 typedef void (*tile_fn)(const struct tile_args *);
@@ -216,16 +283,27 @@ typedef void (*tile_fn)(const struct tile_args *);
 
 TILES(q8)
 TILES(q4)
+TILES(q6)
 
 static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                         int64_t r0, int64_t r1)
 {
     struct qx qx;
     int G = kwk_quant_group(w->wtype);
-    const tile_fn(*tiles)[TT + 1] = w->wtype == KWK_W_Q8 ? tiles_q8 : tiles_q4;
-    /* int4 needs two more registers a row block (both nibble halves): fewer tokens a tile */
-    int tt = w->wtype == KWK_W_Q8 ? TT_Q8 : TT_Q4;
-    size_t bsz = w->wtype == KWK_W_Q8 ? sizeof(struct kwk_q8_block) : sizeof(struct kwk_q4_block);
+    const tile_fn(*tiles)[TT + 1] = tiles_q4;
+    /* int4 and int6 need two more registers a row block (both nibble halves): fewer tokens a
+     * tile */
+    int tt = TT_Q4;
+    size_t bsz = sizeof(struct kwk_q4_block);
+    if (w->wtype == KWK_W_Q8) {
+        tiles = tiles_q8;
+        tt = TT_Q8;
+        bsz = sizeof(struct kwk_q8_block);
+    } else if (w->wtype == KWK_W_Q6) {
+        tiles = tiles_q6;
+        tt = TT_Q6;
+        bsz = sizeof(struct kwk_q6_block);
+    }
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
     for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
@@ -266,4 +344,194 @@ void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok,
         return;
     }
     matmul_vnni(w, x, n_tok, y, ldy, r0, r1);
+}
+
+/* ---- packing: the scale search of 16 rows at once ----------------------------------------------
+ * kwk_quant_fit and kwk_quant_code run the same float operations on each row in the same order,
+ * one row per lane, so every sum is rounded exactly as in quant_ref.c: lanes are rows, not
+ * columns (summing a row's columns across lanes would change the order of its float sums). */
+
+/* round_clamp of quant_ref.c: NaN to 0, clamp to [-lim, lim], round to nearest even. */
+INLINE __m512 round_clamp16(__m512 x, __m512 lim, __m512 nlim)
+{
+    __mmask16 ord = _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q);
+    __m512 c = _mm512_min_ps(_mm512_max_ps(x, nlim), lim);
+    return _mm512_maskz_roundscale_ps(ord, c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* kwk_f32_to_f16 then kwk_f16_to_f32, lane by lane: the hardware's nearest-even conversion,
+ * with kwk_f32_to_f16's saturation above 65504 and its NaN. *h gets the halves. */
+INLINE __m512 half_round16(__m512 f, __m256i *h)
+{
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(f), 16),
+                                          _mm512_set1_epi32(0x8000));
+    __m512 a = _mm512_abs_ps(f);
+    __m512i v = _mm512_cvtepu16_epi32(
+        _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    v = _mm512_mask_or_epi32(v, _mm512_cmp_ps_mask(a, _mm512_set1_ps(65504.0f), _CMP_GT_OQ), sign,
+                             _mm512_set1_epi32(0x7bff));
+    v = _mm512_mask_or_epi32(v, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), sign,
+                             _mm512_set1_epi32(0x7e00));
+    *h = _mm512_cvtepi32_epi16(v);
+    return _mm512_cvtph_ps(*h);
+}
+
+INLINE __m512 half16(__m512 f)
+{
+    __m256i h;
+    return half_round16(f, &h);
+}
+
+/* sym_err of quant_ref.c with the int8 clamp (lim 127) or the int6 code (lim 32, then <= 31). */
+INLINE __m512 sym_err16(const __m512 *w, int n, __m512 d, int q6)
+{
+    const __m512 lim = _mm512_set1_ps(q6 ? 32.0f : 127.0f), nlim = _mm512_sub_ps(_mm512_setzero_ps(), lim);
+    const __m512 top = _mm512_set1_ps(31.0f), zero = _mm512_setzero_ps();
+    __mmask16 nz = q6 ? _mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ) : _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
+    __m512 id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d), e = zero;
+    for (int k = 0; k < n; k++) {
+        __m512 q = round_clamp16(_mm512_mul_ps(w[k], id), lim, nlim);
+        if (q6)
+            q = _mm512_min_ps(q, top);
+        __m512 r = _mm512_sub_ps(_mm512_mul_ps(d, q), w[k]);
+        e = _mm512_add_ps(e, _mm512_mul_ps(r, r));
+    }
+    return e;
+}
+
+/* fit_q8 (q6 = 0) and fit_q6 (q6 = 1) of quant_ref.c. */
+static __m512 fit_sym16(const __m512 *w, int n, int q6)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 lim = _mm512_set1_ps(q6 ? 32.0f : 127.0f), nlim = _mm512_sub_ps(zero, lim);
+    const __m512 top = _mm512_set1_ps(31.0f);
+    __m512 amax = zero, wmax = zero, sww = zero;
+    for (int k = 0; k < n; k++) {
+        __m512 a = _mm512_abs_ps(w[k]);
+        __mmask16 gt = _mm512_cmp_ps_mask(a, amax, _CMP_GT_OQ);
+        amax = _mm512_mask_mov_ps(amax, gt, a);
+        wmax = _mm512_mask_mov_ps(wmax, gt, w[k]);
+        sww = _mm512_add_ps(sww, _mm512_mul_ps(w[k], w[k]));
+    }
+    /* int8: amax / 127; int6: -wmax / 32 */
+    __m512 d0 = q6 ? _mm512_div_ps(_mm512_sub_ps(zero, wmax), _mm512_set1_ps(32.0f))
+                   : _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
+    __m512 bd = half16(d0);
+    __m512 best = sym_err16(w, n, bd, q6);
+    __mmask16 live = _mm512_cmp_ps_mask(amax, zero, _CMP_GT_OQ);
+    for (int s = -8; s <= 24 && live && n > 1; s++) {
+        if (s == 0)
+            continue;
+        __m512 id = q6 ? _mm512_div_ps(_mm512_set1_ps(-(32.0f + 0.125f * (float)s)), wmax)
+                       : _mm512_div_ps(_mm512_set1_ps(127.0f + 0.25f * (float)s), amax);
+        __m512 sqq = zero, sqw = zero;
+        for (int k = 0; k < n; k++) {
+            __m512 fq = round_clamp16(_mm512_mul_ps(w[k], id), lim, nlim);
+            if (q6)
+                fq = _mm512_min_ps(fq, top);
+            sqq = _mm512_add_ps(sqq, _mm512_mul_ps(fq, fq));
+            sqw = _mm512_add_ps(sqw, _mm512_mul_ps(fq, w[k]));
+        }
+        __mmask16 ok = live & _mm512_cmp_ps_mask(sqq, zero, _CMP_GT_OQ) &
+                       (q6 ? _mm512_cmp_ps_mask(sqw, zero, _CMP_NEQ_UQ)
+                           : _mm512_cmp_ps_mask(sqw, zero, _CMP_GT_OQ));
+        __m512 d = half16(_mm512_div_ps(sqw, sqq));
+        /* sww - 2 d sqw + d d sqq, in the scalar expression's order */
+        __m512 e = _mm512_sub_ps(sww, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), d), sqw));
+        e = _mm512_add_ps(e, _mm512_mul_ps(_mm512_mul_ps(d, d), sqq));
+        __mmask16 up = ok & _mm512_cmp_ps_mask(e, best, _CMP_LT_OQ);
+        best = _mm512_mask_mov_ps(best, up, e);
+        bd = _mm512_mask_mov_ps(bd, up, d);
+    }
+    return bd;
+}
+
+/* q4_err of quant_ref.c. */
+INLINE __m512 q4_err16(const __m512 *w, int n, __m512 d, __m512 m)
+{
+    const __m512 zero = _mm512_setzero_ps(), lim = _mm512_set1_ps(15.0f);
+    const __m512 nlim = _mm512_set1_ps(-15.0f);
+    __mmask16 pos = _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
+    __m512 id = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), d), e = zero;
+    for (int k = 0; k < n; k++) {
+        __m512 q = round_clamp16(_mm512_mul_ps(_mm512_sub_ps(w[k], m), id), lim, nlim);
+        q = _mm512_max_ps(q, zero); /* -0 and 0 give the same float products */
+        __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(d, q), m), w[k]);
+        e = _mm512_add_ps(e, _mm512_mul_ps(r, r));
+    }
+    return e;
+}
+
+/* fit_q4 of quant_ref.c. */
+static void fit_q4_16(const __m512 *w, int n, __m512 *d_out, __m512 *m_out)
+{
+    const __m512 zero = _mm512_setzero_ps(), lim = _mm512_set1_ps(15.0f);
+    const __m512 nlim = _mm512_set1_ps(-15.0f), fn = _mm512_set1_ps((float)n);
+    __m512 mn = n > 0 ? w[0] : zero, mx = mn;
+    for (int k = 1; k < n; k++) {
+        mn = _mm512_min_ps(w[k], mn); /* w < mn ? w : mn */
+        mx = _mm512_max_ps(w[k], mx);
+    }
+    __m512 range = _mm512_sub_ps(mx, mn);
+    __m512 bd = half16(_mm512_div_ps(range, _mm512_set1_ps(15.0f))), bm = half16(mn);
+    __m512 best = q4_err16(w, n, bd, bm);
+    __mmask16 live = _mm512_cmp_ps_mask(mx, mn, _CMP_GT_OQ);
+    for (int s = -4; s <= 4 && live && n > 1; s++) {
+        if (s == 0)
+            continue;
+        __m512 id = _mm512_div_ps(_mm512_set1_ps(15.0f + 0.1f * (float)s), range);
+        __m512 sq = zero, sqq = zero, sw = zero, sqw = zero;
+        for (int k = 0; k < n; k++) {
+            __m512 fq = round_clamp16(_mm512_mul_ps(_mm512_sub_ps(w[k], mn), id), lim, nlim);
+            fq = _mm512_max_ps(fq, zero);
+            sq = _mm512_add_ps(sq, fq);
+            sqq = _mm512_add_ps(sqq, _mm512_mul_ps(fq, fq));
+            sw = _mm512_add_ps(sw, w[k]);
+            sqw = _mm512_add_ps(sqw, _mm512_mul_ps(fq, w[k]));
+        }
+        __m512 det = _mm512_sub_ps(_mm512_mul_ps(fn, sqq), _mm512_mul_ps(sq, sq));
+        __m512 d = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(fn, sqw), _mm512_mul_ps(sq, sw)), det);
+        __m512 m = _mm512_div_ps(_mm512_sub_ps(sw, _mm512_mul_ps(d, sq)), fn);
+        __mmask16 ok = live & _mm512_cmp_ps_mask(det, zero, _CMP_NLE_UQ) &
+                       _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
+        if (!ok)
+            continue;
+        __m512 hd = half16(d), hm = half16(m);
+        __m512 e = q4_err16(w, n, hd, hm);
+        __mmask16 up = ok & _mm512_cmp_ps_mask(e, best, _CMP_LT_OQ);
+        best = _mm512_mask_mov_ps(best, up, e);
+        bd = _mm512_mask_mov_ps(bd, up, hd);
+        bm = _mm512_mask_mov_ps(bm, up, hm);
+    }
+    *d_out = bd;
+    *m_out = bm;
+}
+
+void kwk_quant_fit_rows_avx512(int wtype, const float *w, int n, float *d, float *m, int8_t *q)
+{
+    __m512 wv[32], dv, mv = _mm512_setzero_ps();
+    for (int k = 0; k < n; k++)
+        wv[k] = _mm512_loadu_ps(w + 16 * k);
+    if (wtype == KWK_W_Q4)
+        fit_q4_16(wv, n, &dv, &mv);
+    else
+        dv = fit_sym16(wv, n, wtype == KWK_W_Q6);
+    _mm512_storeu_ps(d, dv);
+    _mm512_storeu_ps(m, mv);
+    /* kwk_quant_code */
+    const __m512 zero = _mm512_setzero_ps();
+    float lim = wtype == KWK_W_Q8 ? 127.0f : wtype == KWK_W_Q6 ? 32.0f : 15.0f;
+    const __m512 vl = _mm512_set1_ps(lim), nvl = _mm512_set1_ps(-lim);
+    __mmask16 nz = wtype == KWK_W_Q6 ? _mm512_cmp_ps_mask(dv, zero, _CMP_NEQ_UQ)
+                                     : _mm512_cmp_ps_mask(dv, zero, _CMP_GT_OQ);
+    __m512 id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), dv);
+    for (int k = 0; k < n; k++) {
+        __m512 x = wtype == KWK_W_Q4 ? _mm512_sub_ps(wv[k], mv) : wv[k];
+        __m512 c = round_clamp16(_mm512_mul_ps(x, id), vl, nvl);
+        if (wtype == KWK_W_Q4)
+            c = _mm512_max_ps(c, zero);
+        if (wtype == KWK_W_Q6)
+            c = _mm512_min_ps(c, _mm512_set1_ps(31.0f));
+        _mm_storeu_si128((__m128i *)(q + 16 * k), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(c)));
+    }
 }

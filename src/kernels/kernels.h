@@ -16,7 +16,8 @@ enum kwk_wtype {
     /* Packed block formats (kernels/quant.h): data is [rows/16][cols/group] blocks. Kept out of
      * KWK_W_COUNT so loops over the plain types stay as they are. */
     KWK_W_Q8 = 16, /* int8 with a half scale per 32 columns ("balanced") */
-    KWK_W_Q4 = 17  /* int4 with a half scale and offset per 32 columns */
+    KWK_W_Q4 = 17, /* int4 with a half scale and offset per 32 columns */
+    KWK_W_Q6 = 18  /* int6 with a half scale per 32 columns (mix_bits=6) */
 };
 
 /* A weight matrix: rows x cols, row-major ([rows][cols]), borrowed (mmapped or model-owned).

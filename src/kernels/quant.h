@@ -1,8 +1,9 @@
-/* quant.h - the quantized weight formats (int8 "balanced", int4) as block structs, packing from
- * float rows, activation quantization, and the quantized matmul of each instruction set.
+/* quant.h - the quantized weight formats (int8 "balanced", int4, int6) as block structs,
+ * packing from float rows, activation quantization, and the quantized matmul of each
+ * instruction set.
  * Pure functions of their arguments: any thread, concurrently.
  *
- * Both formats interleave 16 rows so that one 64-byte vector holds 4 consecutive columns of each
+ * All formats interleave 16 rows so that one 64-byte vector holds 4 consecutive columns of each
  * of 16 rows: a dot-product instruction (vpdpbusd, or maddubs + madd) then adds 4 products into
  * the 32-bit lane of each row, and a group of columns ends with 16 row sums in one register, with
  * no horizontal reduction. Rows are padded with zero rows to a multiple of 16 and columns with
@@ -19,9 +20,11 @@
  * the product is an exact integer dot product; groups are combined in float:
  *   int8:  y = sum_g (float)isum_g * (d_w * d_x)
  *   int4:  y = sum_g [(float)isum_g * (d_w * d_x) + m_w * (d_x * (float)sum_v_g)]
+ *   int6:  as int8
  * with isum_g = sum_k q_w[k] * v[k] over the group (q_w in [-127,127] for int8, [0,15] for
- * int4, whose weight is d_w * q_w + m_w). quant_ref.c states this in plain C; the SIMD kernels
- * compute the same integers and differ only in the rounding of the float sums. */
+ * int4, whose weight is d_w * q_w + m_w, [-32,31] for int6). quant_ref.c states this in plain
+ * C; the SIMD kernels compute the same integers and differ only in the rounding of the float
+ * sums. */
 #ifndef KWK_QUANT_H
 #define KWK_QUANT_H
 
@@ -58,7 +61,26 @@ struct kwk_q4_block {
 };
 _Static_assert(sizeof(struct kwk_q4_block) == 32 + 32 + 256, "q4 block is 320 bytes");
 
-/* Group size of a quantized wtype (KWK_W_Q8, KWK_W_Q4), 0 for any other. */
+/* int6 (mix_bits=6): 16 rows x 32 columns, 6.5 bits a weight, symmetric: w = d * q with q in
+ * [-32, 31], stored as u = q + 32 in [0, 63] (unsigned, vpdpbusd's weight operand, as int8's
+ * +128: the kernels take 32 * sum(v) back out). The range is one code longer below zero, so
+ * packing gives d the sign that puts the group's largest magnitude at -32: a step of 1/32 of it
+ * rather than 1/31 (4% less RMS error on Gaussian rows). Call columns 4s..4s+3 "slice s" (s < 8),
+ * one 64-byte vector of [row][col%4]. ql holds the low 4 bits of u exactly as int4's nibbles:
+ * slice 2c in the low nibbles of ql[c], slice 2c+1 in its high nibbles. qh holds the high 2
+ * bits, four slices a byte: bits 2(s%4), 2(s%4)+1 of qh[s/4][row][col%4] are bits 4, 5 of u in
+ * slice s. A vector's high bits are then (qh shifted left by 4 - 2(s%4)) & 0x30: one 16-bit
+ * shift (bits that cross into the next byte land outside 0x30) and one and, or'ed onto the
+ * nibble, and each qh load serves the two ql loads (four slices) that share it. */
+#define KWK_Q6_GROUP 32
+struct kwk_q6_block {
+    uint16_t d[KWK_QROWS];                         /* [16] row scales, half: w = d * (u - 32) */
+    uint8_t ql[KWK_Q6_GROUP / 8][KWK_QROWS][4];    /* [col/8][row][col%4], low 4 bits of u */
+    uint8_t qh[KWK_Q6_GROUP / 16][KWK_QROWS][4];   /* [col/16][row][col%4], bits 4-5 of u */
+};
+_Static_assert(sizeof(struct kwk_q6_block) == 32 + 256 + 128, "q6 block is 416 bytes");
+
+/* Group size of a quantized wtype (KWK_W_Q8, KWK_W_Q4, KWK_W_Q6), 0 for any other. */
 int kwk_quant_group(int wtype);
 /* Bytes of the blocks of a rows x cols matrix in wtype: 0 with -1 on overflow or a bad type. */
 int kwk_quant_bytes(int wtype, int64_t rows, int64_t cols, size_t *out);
@@ -70,6 +92,23 @@ int64_t kwk_quant_n_groups(int wtype, int64_t cols);
  * src[i*ld + k] for i < min(16, rows - 16rb), k < cols. */
 void kwk_quant_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int64_t rb,
                          const float *src, long ld);
+
+/* Packing in three public steps, so that GPTQ (runtime/quantfit.c) quantizes column by column on
+ * the grid packing uses: kwk_quant_pack_rows is, bit for bit, kwk_quant_fit on each group of each
+ * row, kwk_quant_code on each value and kwk_quant_pack_codes on the result. */
+
+/* The stored parameters packing chooses for one group of one row, w[n] (0 < n <= group): the
+ * dequantization of code q is d * q + m (m = 0 for symmetric formats), d and m exactly as the
+ * kernels see them (already rounded to half). */
+void kwk_quant_fit(int wtype, const float *w, int n, float *d, float *m);
+/* The code of value w in a group with parameters d, m: the nearest in the format's range
+ * (int8: [-127,127]; int4: [0,15]; int6: its range). */
+int kwk_quant_code(int wtype, float w, float d, float m);
+/* Row block rb of a rows x cols matrix from codes and parameters: q[i*ldq + k] the code of
+ * row 16rb+i, column k (k < cols), d[i*n_groups + g], m[i*n_groups + g] its group's parameters
+ * (as returned by kwk_quant_fit; m ignored by symmetric formats; rows past `rows` are zero). */
+void kwk_quant_pack_codes(int wtype, void *data, int64_t rows, int64_t cols, int64_t rb,
+                          const int8_t *q, long ldq, const float *d, const float *m);
 
 /* Activation quantization of one token: n values of x, padded with zeros to whole groups of
  * `group`: xh and xl [n_groups*group] the int8 halves of v = 254 * xh + xl, xd[n_groups] the

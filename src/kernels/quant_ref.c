@@ -1,4 +1,4 @@
-/* quant_ref.c - the quantized formats in plain C: packing float rows into blocks, activation
+/* quant_ref.c - the quantized formats (int8, int4, int6) in plain C: packing float rows into blocks, activation
  * quantization, and the quantized matmul that every SIMD kernel is tested against. Pure
  * functions; any thread. */
 #include <math.h>
@@ -7,14 +7,29 @@
 #include "base/base.h"
 #include "kernels/quant.h"
 
+/* Every format's group is 32 columns: one stack buffer size serves them all. */
+#define QG 32
+_Static_assert(KWK_Q8_GROUP == QG && KWK_Q4_GROUP == QG && KWK_Q6_GROUP == QG, "groups of 32");
+
 int kwk_quant_group(int wtype)
 {
-    return wtype == KWK_W_Q8 ? KWK_Q8_GROUP : wtype == KWK_W_Q4 ? KWK_Q4_GROUP : 0;
+    switch (wtype) {
+    case KWK_W_Q8:
+        return KWK_Q8_GROUP;
+    case KWK_W_Q4:
+        return KWK_Q4_GROUP;
+    case KWK_W_Q6:
+        return KWK_Q6_GROUP;
+    default:
+        return 0;
+    }
 }
 
 static size_t block_bytes(int wtype)
 {
-    return wtype == KWK_W_Q8 ? sizeof(struct kwk_q8_block) : sizeof(struct kwk_q4_block);
+    return wtype == KWK_W_Q8   ? sizeof(struct kwk_q8_block)
+           : wtype == KWK_W_Q6 ? sizeof(struct kwk_q6_block)
+                               : sizeof(struct kwk_q4_block);
 }
 
 int64_t kwk_quant_n_groups(int wtype, int64_t cols)
@@ -96,13 +111,12 @@ void kwk_quant_act(const float *x, int64_t n, int group, int8_t *xh, int8_t *xl,
 
 /* ---- packing ---------------------------------------------------------------------------------- */
 
-/* Squared error of w against d * q with q chosen by rounding w / d into [-127, 127]. */
-static float q8_err(const float *w, int64_t n, float d, int8_t *q)
+/* Squared error of w against d * q with q chosen by rounding w / d into [-lim, lim]. */
+static float sym_err(const float *w, int n, float d, float lim)
 {
     float id = d > 0.0f ? 1.0f / d : 0.0f, e = 0.0f;
-    for (int64_t k = 0; k < n; k++) {
-        q[k] = (int8_t)round_clamp(w[k] * id, 127.0f);
-        float r = d * (float)q[k] - w[k];
+    for (int k = 0; k < n; k++) {
+        float r = d * (float)round_clamp(w[k] * id, lim) - w[k];
         e += r * r;
     }
     return e;
@@ -113,22 +127,21 @@ static float q8_err(const float *w, int64_t n, float d, int8_t *q)
  * the bulk of the group often beats the one pinned to its largest value. A trial is judged by
  * its own rounding's error with the stored (half) d, sum (d q - w)^2 from three sums, in one
  * pass; rounding again with the chosen d can only lower that error. */
-static void pack_q8_row(struct kwk_q8_block *b, int i, const float *w, int64_t n)
+static float fit_q8(const float *w, int n)
 {
     float amax = 0.0f, sww = 0.0f;
-    for (int64_t k = 0; k < n; k++) {
+    for (int k = 0; k < n; k++) {
         amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
         sww += w[k] * w[k];
     }
-    int8_t q[KWK_Q8_GROUP] = {0};
     uint16_t bd = kwk_f32_to_f16(amax / 127.0f);
-    float best = q8_err(w, n, kwk_f16_to_f32(bd), q);
+    float best = sym_err(w, n, kwk_f16_to_f32(bd), 127.0f);
     for (int s = -8; s <= 24 && amax > 0.0f && n > 1; s++) {
         if (s == 0)
             continue;
         float id = (127.0f + 0.25f * (float)s) / amax;
         float sqq = 0.0f, sqw = 0.0f;
-        for (int64_t k = 0; k < n; k++) {
+        for (int k = 0; k < n; k++) {
             float fq = (float)round_clamp(w[k] * id, 127.0f);
             sqq += fq * fq;
             sqw += fq * w[k];
@@ -142,20 +155,16 @@ static void pack_q8_row(struct kwk_q8_block *b, int i, const float *w, int64_t n
             bd = hd;
         }
     }
-    b->d[i] = bd;
-    q8_err(w, n, kwk_f16_to_f32(bd), q);
-    for (int k = 0; k < KWK_Q8_GROUP; k++)
-        b->q[k / 4][i][k % 4] = (uint8_t)((k < n ? q[k] : 0) + 128);
+    return kwk_f16_to_f32(bd);
 }
 
 /* Squared error of w against d * q + m with q chosen by rounding (w - m) / d into [0, 15]. */
-static float q4_err(const float *w, int64_t n, float d, float m, uint8_t *q)
+static float q4_err(const float *w, int n, float d, float m)
 {
     float id = d > 0.0f ? 1.0f / d : 0.0f, e = 0.0f;
-    for (int64_t k = 0; k < n; k++) {
+    for (int k = 0; k < n; k++) {
         int v = round_clamp((w[k] - m) * id, 15.0f);
-        q[k] = (uint8_t)(v < 0 ? 0 : v);
-        float r = d * (float)q[k] + m - w[k];
+        float r = d * (float)(v < 0 ? 0 : v) + m - w[k];
         e += r * r;
     }
     return e;
@@ -165,22 +174,21 @@ static float q4_err(const float *w, int64_t n, float d, float m, uint8_t *q)
  * slightly different steps, and for each rounding fit d and m by least squares (the rounding of
  * a smaller or larger step often fits the bulk of the values better than the two extremes do).
  * The choice is judged with the stored (half) d and m, which are what the kernels use. */
-static void pack_q4_row(struct kwk_q4_block *b, int i, const float *w, int64_t n)
+static void fit_q4(const float *w, int n, float *d_out, float *m_out)
 {
     float mn = n > 0 ? w[0] : 0.0f, mx = mn;
-    for (int64_t k = 1; k < n; k++) {
+    for (int k = 1; k < n; k++) {
         mn = w[k] < mn ? w[k] : mn;
         mx = w[k] > mx ? w[k] : mx;
     }
-    uint8_t q[KWK_Q4_GROUP];
     uint16_t bd = kwk_f32_to_f16((mx - mn) / 15.0f), bm = kwk_f32_to_f16(mn);
-    float best = q4_err(w, n, kwk_f16_to_f32(bd), kwk_f16_to_f32(bm), q);
+    float best = q4_err(w, n, kwk_f16_to_f32(bd), kwk_f16_to_f32(bm));
     for (int s = -4; s <= 4 && mx > mn && n > 1; s++) {
         if (s == 0)
             continue;
         float id = (15.0f + 0.1f * (float)s) / (mx - mn);
         float sq = 0.0f, sqq = 0.0f, sw = 0.0f, sqw = 0.0f;
-        for (int64_t k = 0; k < n; k++) {
+        for (int k = 0; k < n; k++) {
             int v = round_clamp((w[k] - mn) * id, 15.0f);
             float fq = (float)(v < 0 ? 0 : v);
             sq += fq;
@@ -195,22 +203,157 @@ static void pack_q4_row(struct kwk_q4_block *b, int i, const float *w, int64_t n
         if (!(d > 0.0f))
             continue;
         uint16_t hd = kwk_f32_to_f16(d), hm = kwk_f32_to_f16(m);
-        float e = q4_err(w, n, kwk_f16_to_f32(hd), kwk_f16_to_f32(hm), q);
+        float e = q4_err(w, n, kwk_f16_to_f32(hd), kwk_f16_to_f32(hm));
         if (e < best) {
             best = e;
             bd = hd;
             bm = hm;
         }
     }
-    b->d[i] = bd;
-    b->m[i] = bm;
-    q4_err(w, n, kwk_f16_to_f32(bd), kwk_f16_to_f32(bm), q);
-    /* padding columns meet zero activations: any q is exact; 0 keeps sums small */
-    for (int64_t k = n; k < KWK_Q4_GROUP; k++)
-        q[k] = 0;
-    for (int c = 0; c < KWK_Q4_GROUP / 8; c++)
-        for (int j = 0; j < 4; j++)
-            b->q[c][i][j] = (uint8_t)(q[8 * c + j] | q[8 * c + 4 + j] << 4);
+    *d_out = kwk_f16_to_f32(bd);
+    *m_out = kwk_f16_to_f32(bm);
+}
+
+/* The int6 code of x = w / d: [-32, 31]. */
+static int code_q6(float x)
+{
+    int v = round_clamp(x, 32.0f);
+    return v > 31 ? 31 : v;
+}
+
+/* Squared error of w against d * q with q the int6 code of w / d. */
+static float q6_err(const float *w, int n, float d)
+{
+    float id = d != 0.0f ? 1.0f / d : 0.0f, e = 0.0f;
+    for (int k = 0; k < n; k++) {
+        float r = d * (float)code_q6(w[k] * id) - w[k];
+        e += r * r;
+    }
+    return e;
+}
+
+/* Symmetric 6-bit: w = d * q, q in [-32, 31]. d's sign puts the largest magnitude wmax at -32
+ * (the longer side); then the search of fit_q8: slightly larger or smaller steps (32 - 1 to
+ * 32 + 3 codes across |wmax|: measured on Gaussian rows, wider trials gain nothing), each
+ * rounding's least-squares d judged with its half rounding. */
+static float fit_q6(const float *w, int n)
+{
+    float amax = 0.0f, wmax = 0.0f, sww = 0.0f;
+    for (int k = 0; k < n; k++) {
+        if (fabsf(w[k]) > amax) {
+            amax = fabsf(w[k]);
+            wmax = w[k];
+        }
+        sww += w[k] * w[k];
+    }
+    uint16_t bd = kwk_f32_to_f16(-wmax / 32.0f);
+    float best = q6_err(w, n, kwk_f16_to_f32(bd));
+    for (int s = -8; s <= 24 && amax > 0.0f && n > 1; s++) {
+        if (s == 0)
+            continue;
+        float id = -(32.0f + 0.125f * (float)s) / wmax;
+        float sqq = 0.0f, sqw = 0.0f;
+        for (int k = 0; k < n; k++) {
+            float fq = (float)code_q6(w[k] * id);
+            sqq += fq * fq;
+            sqw += fq * w[k];
+        }
+        if (!(sqq > 0.0f) || !(sqw != 0.0f))
+            continue;
+        uint16_t hd = kwk_f32_to_f16(sqw / sqq);
+        float d = kwk_f16_to_f32(hd), e = sww - 2.0f * d * sqw + d * d * sqq;
+        if (e < best) {
+            best = e;
+            bd = hd;
+        }
+    }
+    return kwk_f16_to_f32(bd);
+}
+
+void kwk_quant_fit(int wtype, const float *w, int n, float *d, float *m)
+{
+    *d = *m = 0.0f;
+    if (wtype == KWK_W_Q8)
+        *d = fit_q8(w, n);
+    else if (wtype == KWK_W_Q6)
+        *d = fit_q6(w, n);
+    else if (wtype == KWK_W_Q4)
+        fit_q4(w, n, d, m);
+}
+
+int kwk_quant_code(int wtype, float w, float d, float m)
+{
+    if (wtype == KWK_W_Q6)
+        return code_q6(w * (d != 0.0f ? 1.0f / d : 0.0f));
+    float id = d > 0.0f ? 1.0f / d : 0.0f;
+    if (wtype == KWK_W_Q8)
+        return round_clamp(w * id, 127.0f);
+    int v = round_clamp((w - m) * id, 15.0f);
+    return v < 0 ? 0 : v;
+}
+
+/* Row i of one block from its n codes (columns past n, which meet zero activations, get code
+ * 0: any code is exact there and 0 keeps sums small). */
+static void put_row(int wtype, void *blk, int i, const int8_t *q, int n, float d, float m)
+{
+    int8_t c[QG] = {0};
+    int G = kwk_quant_group(wtype);
+    if (n > 0)
+        memcpy(c, q, (size_t)n);
+    if (wtype == KWK_W_Q8) {
+        struct kwk_q8_block *b = blk;
+        b->d[i] = kwk_f32_to_f16(d);
+        for (int k = 0; k < G; k++)
+            b->q[k / 4][i][k % 4] = (uint8_t)(c[k] + 128);
+    } else if (wtype == KWK_W_Q6) {
+        struct kwk_q6_block *b = blk;
+        b->d[i] = kwk_f32_to_f16(d);
+        for (int j = 0; j < 4; j++) {
+            unsigned lo[QG / 8] = {0}, hi[QG / 16] = {0};
+            for (int sl = 0; sl < QG / 4; sl++) {
+                unsigned u = (unsigned)(c[4 * sl + j] + 32);
+                lo[sl / 2] |= (u & 15u) << 4 * (sl % 2);
+                hi[sl / 4] |= (u >> 4) << 2 * (sl % 4);
+            }
+            for (int c8 = 0; c8 < QG / 8; c8++)
+                b->ql[c8][i][j] = (uint8_t)lo[c8];
+            for (int c16 = 0; c16 < QG / 16; c16++)
+                b->qh[c16][i][j] = (uint8_t)hi[c16];
+        }
+    } else {
+        struct kwk_q4_block *b = blk;
+        b->d[i] = kwk_f32_to_f16(d);
+        b->m[i] = kwk_f32_to_f16(m);
+        for (int g8 = 0; g8 < G / 8; g8++)
+            for (int j = 0; j < 4; j++)
+                b->q[g8][i][j] = (uint8_t)(c[8 * g8 + j] | c[8 * g8 + 4 + j] << 4);
+    }
+}
+
+static void *block_at(int wtype, void *data, int64_t idx)
+{
+    return (uint8_t *)data + (size_t)idx * block_bytes(wtype);
+}
+
+void kwk_quant_pack_codes(int wtype, void *data, int64_t rows, int64_t cols, int64_t rb,
+                          const int8_t *q, long ldq, const float *d, const float *m)
+{
+    int G = kwk_quant_group(wtype);
+    int64_t ng = kwk_quant_n_groups(wtype, cols);
+    int n_rows = (int)KWK_MIN((int64_t)KWK_QROWS, rows - rb * KWK_QROWS);
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t k0 = g * G;
+        int n = (int)KWK_MIN((int64_t)G, cols - k0);
+        void *blk = block_at(wtype, data, rb * ng + g);
+        for (int i = 0; i < KWK_QROWS; i++) {
+            if (i >= n_rows) {
+                put_row(wtype, blk, i, NULL, 0, 0.0f, 0.0f);
+                continue;
+            }
+            size_t p = (size_t)i * (size_t)ng + (size_t)g;
+            put_row(wtype, blk, i, q + (size_t)i * (size_t)ldq + k0, n, d[p], m ? m[p] : 0.0f);
+        }
+    }
 }
 
 void kwk_quant_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int64_t rb,
@@ -220,13 +363,21 @@ void kwk_quant_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int6
     int64_t ng = kwk_quant_n_groups(wtype, cols);
     int n_rows = (int)KWK_MIN((int64_t)KWK_QROWS, rows - rb * KWK_QROWS);
     for (int64_t g = 0; g < ng; g++) {
-        int64_t k0 = g * G, n = KWK_MIN((int64_t)G, cols - k0);
+        int64_t k0 = g * G;
+        int n = (int)KWK_MIN((int64_t)G, cols - k0);
+        void *blk = block_at(wtype, data, rb * ng + g);
         for (int i = 0; i < KWK_QROWS; i++) {
-            const float *w = i < n_rows ? src + (size_t)i * (size_t)ld + k0 : NULL;
-            if (wtype == KWK_W_Q8)
-                pack_q8_row((struct kwk_q8_block *)data + rb * ng + g, i, w, w ? n : 0);
-            else
-                pack_q4_row((struct kwk_q4_block *)data + rb * ng + g, i, w, w ? n : 0);
+            int8_t q[QG];
+            float d = 0.0f, m = 0.0f;
+            if (i >= n_rows) {
+                put_row(wtype, blk, i, NULL, 0, 0.0f, 0.0f);
+                continue;
+            }
+            const float *w = src + (size_t)i * (size_t)ld + k0;
+            kwk_quant_fit(wtype, w, n, &d, &m);
+            for (int k = 0; k < n; k++)
+                q[k] = (int8_t)kwk_quant_code(wtype, w[k], d, m);
+            put_row(wtype, blk, i, q, n, d, m);
         }
     }
 }
@@ -261,6 +412,22 @@ static int32_t q4_isum(const struct kwk_q4_block *b, int i, const int8_t *xh, co
     return s;
 }
 
+/* u of column k (slice k / 4) of row i: its nibble and its two high bits (quant.h). */
+static int q6_u(const struct kwk_q6_block *b, int i, int k)
+{
+    int sl = k / 4, j = k % 4;
+    int lo = b->ql[sl / 2][i][j] >> 4 * (sl % 2) & 15, hi = b->qh[sl / 4][i][j] >> 2 * (sl % 4) & 3;
+    return lo | hi << 4;
+}
+
+static int32_t q6_isum(const struct kwk_q6_block *b, int i, const int8_t *xh, const int8_t *xl)
+{
+    int32_t s = 0;
+    for (int k = 0; k < KWK_Q6_GROUP; k++)
+        s += (q6_u(b, i, k) - 32) * act_v(xh, xl, k);
+    return s;
+}
+
 /* Groups [g0, g1) of row r for one token's quantized activations (indexed from group g0). */
 static float row_groups(const struct kwk_mat *w, int64_t r, int64_t g0, int64_t g1,
                         const int8_t *xh, const int8_t *xl, const float *xd, const int32_t *xs)
@@ -275,6 +442,10 @@ static float row_groups(const struct kwk_mat *w, int64_t r, int64_t g0, int64_t 
             const struct kwk_q8_block *b = (const struct kwk_q8_block *)w->data + rb * ng + g;
             float d = kwk_f16_to_f32(b->d[i]);
             s += (float)q8_isum(b, i, h, l) * (d * xd[j]);
+        } else if (w->wtype == KWK_W_Q6) {
+            const struct kwk_q6_block *b = (const struct kwk_q6_block *)w->data + rb * ng + g;
+            float d = kwk_f16_to_f32(b->d[i]);
+            s += (float)q6_isum(b, i, h, l) * (d * xd[j]);
         } else {
             const struct kwk_q4_block *b = (const struct kwk_q4_block *)w->data + rb * ng + g;
             float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);
@@ -314,12 +485,17 @@ void kwk_quant_mat_row_ref(const struct kwk_mat *w, int64_t r, float *out)
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), rb = r / KWK_QROWS;
     int i = (int)(r % KWK_QROWS);
     for (int64_t g = 0; g < ng; g++) {
-        float v[KWK_Q4_GROUP > KWK_Q8_GROUP ? KWK_Q4_GROUP : KWK_Q8_GROUP];
+        float v[QG];
         if (w->wtype == KWK_W_Q8) {
             const struct kwk_q8_block *b = (const struct kwk_q8_block *)w->data + rb * ng + g;
             float d = kwk_f16_to_f32(b->d[i]);
             for (int k = 0; k < G; k++)
                 v[k] = d * (float)((int)b->q[k / 4][i][k % 4] - 128);
+        } else if (w->wtype == KWK_W_Q6) {
+            const struct kwk_q6_block *b = (const struct kwk_q6_block *)w->data + rb * ng + g;
+            float d = kwk_f16_to_f32(b->d[i]);
+            for (int k = 0; k < G; k++)
+                v[k] = d * (float)(q6_u(b, i, k) - 32);
         } else {
             const struct kwk_q4_block *b = (const struct kwk_q4_block *)w->data + rb * ng + g;
             float d = kwk_f16_to_f32(b->d[i]), m = kwk_f16_to_f32(b->m[i]);

@@ -48,7 +48,7 @@ static float row_dot(const struct kwk_mat *w, int64_t r, const float *x)
 static void ref_matmul(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                        int64_t r0, int64_t r1)
 {
-    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4) {
+    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4 || w->wtype == KWK_W_Q6) {
         kwk_quant_matmul_ref(w, x, n_tok, y, ldy, r0, r1);
         return;
     }
@@ -59,7 +59,7 @@ static void ref_matmul(const struct kwk_mat *w, const float *x, int n_tok, float
 
 static void ref_mat_row(const struct kwk_mat *w, int64_t r, float *out)
 {
-    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4) {
+    if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4 || w->wtype == KWK_W_Q6) {
         kwk_quant_mat_row_ref(w, r, out);
         return;
     }

@@ -130,7 +130,10 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
                         (long long)p->cache_max_bytes);
             goto out_err;
         }
-        d->packed = kwk_packed_new(m, p->precision, &cache, d->pool, err);
+        struct kwk_quant_opts q = {.mix_bits = p->mix_bits, .calib = p->calib,
+                                   .n_calib = p->n_calib, .gptq = p->gptq,
+                                   .n_threads = d->n_threads};
+        d->packed = kwk_packed_new(m, p->precision, &q, &cache, d->pool, err);
         if (!d->packed)
             goto out_err;
         d->layers = kwk_packed_layers(d->packed);

@@ -14,31 +14,86 @@ struct mm_job {
     long ldy;
 };
 
+struct mm_task;
+/* Work a thread does on the rows it has just computed, for every token of the chunk, before the
+ * task ends: lo[j], hi[j] are its rows of job j. Fusing it here saves a whole pool round trip. */
+typedef void (*mm_post_fn)(const struct mm_task *t, const long *lo, const long *hi);
+
 struct mm_task {
     const struct kwk_kernels *k;
     int n_tok;
     int n_jobs;
+    int unit;     /* 0: each job's rows split on its own in blocks of 16; > 0: the jobs' rows taken
+                     together in units of this many rows (a head), each unit on one thread */
+    mm_post_fn post; /* NULL: none */
+    const void *post_ctx;
     struct mm_job jobs[3];
 };
 
-/* Rows are handed out in blocks of 16 so SIMD kernels work on whole row groups. */
+/* Thread ith's share of the jobs' units (job j holds rows/unit of them, in job order). */
+static void split_units(const struct mm_task *t, int ith, int nth, long *lo, long *hi)
+{
+    long total = 0;
+    for (int j = 0; j < t->n_jobs; j++)
+        total += (long)t->jobs[j].w->rows / t->unit;
+    long u0, u1;
+    kwk_split_range(total, ith, nth, 1, &u0, &u1);
+    long base = 0;
+    for (int j = 0; j < t->n_jobs; j++) {
+        long units = (long)t->jobs[j].w->rows / t->unit;
+        lo[j] = KWK_MAX(u0, base) - base;
+        hi[j] = KWK_MIN(u1, base + units) - base;
+        if (hi[j] < lo[j])
+            hi[j] = lo[j];
+        lo[j] *= t->unit;
+        hi[j] *= t->unit;
+        base += units;
+    }
+}
+
+/* Rows are handed out in blocks of 16 (or whole units, multiples of 16) so SIMD kernels work on
+ * whole row groups. The kernels' batch invariance makes any such split give the same numbers. */
 static void mm_run(void *ctx, int ith, int nth)
 {
     struct mm_task *t = ctx;
+    long lo[3], hi[3];
+    if (t->unit > 0)
+        split_units(t, ith, nth, lo, hi);
+    else
+        for (int j = 0; j < t->n_jobs; j++)
+            kwk_split_range((long)t->jobs[j].w->rows, ith, nth, 16, &lo[j], &hi[j]);
     for (int j = 0; j < t->n_jobs; j++) {
         const struct mm_job *job = &t->jobs[j];
-        long lo, hi;
-        kwk_split_range((long)job->w->rows, ith, nth, 16, &lo, &hi);
-        if (lo < hi)
-            t->k->matmul(job->w, job->x, t->n_tok, job->y, job->ldy, lo, hi);
+        if (lo[j] < hi[j])
+            t->k->matmul(job->w, job->x, t->n_tok, job->y, job->ldy, lo[j], hi[j]);
     }
+    if (t->post)
+        t->post(t, lo, hi);
+}
+
+static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs,
+                        int unit, mm_post_fn post, const void *post_ctx)
+{
+    struct mm_task t = {.k = d->k, .n_tok = n_tok, .n_jobs = n_jobs, .unit = unit,
+                        .post = post, .post_ctx = post_ctx};
+    memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
+    kwk_pool_run(d->pool, mm_run, &t);
 }
 
 static void matmul(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs)
 {
-    struct mm_task t = {.k = d->k, .n_tok = n_tok, .n_jobs = n_jobs};
-    memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
-    kwk_pool_run(d->pool, mm_run, &t);
+    matmul_post(d, n_tok, n_jobs, jobs, 0, NULL, NULL);
+}
+
+/* Tasks split by token leave every thread but the first idle on a one-token chunk (generation):
+ * there the owner runs the task alone, which gives the same rows the same arithmetic and saves
+ * the pool's round trip. */
+static void run_tokens(struct kwk_decoder *d, int n, kwk_task_fn fn, void *ctx)
+{
+    if (n <= 1)
+        fn(ctx, 0, 1);
+    else
+        kwk_pool_run(d->pool, fn, ctx);
 }
 
 /* ---- per-token work: norms, biases, rotary, cache writes, attention --------------------------- */
@@ -64,32 +119,62 @@ static void add_bias(float *y, const float *b, int n)
             y[i] += b[i];
 }
 
-/* Bias, per-head q/k norm and rotary for token t; then its k and v go into the cache. */
-static void qk_prepare(struct tok_task *t, int tok)
+/* Bias, q norm and rotary of query head h of token tok. */
+static void prep_q_head(const struct tok_task *t, int tok, int h)
 {
     struct kwk_decoder *d = t->d;
-    const struct kwk_config *c = d->c;
     const struct kwk_layer *l = t->l;
-    int hd = c->head_dim, p = d->row_pos[tok];
-    float *q = d->q + (size_t)tok * d->q_dim;
-    float *k = d->kx + (size_t)tok * d->kv_dim;
-    float *v = d->vx + (size_t)tok * d->kv_dim;
-    add_bias(q, l->bq, d->q_dim);
-    add_bias(k, l->bk, d->kv_dim);
-    add_bias(v, l->bv, d->kv_dim);
-    for (int h = 0; h < c->n_heads; h++) {
-        if (l->q_norm)
-            d->k->rmsnorm(q + h * hd, q + h * hd, l->q_norm, hd, c->rms_eps);
-        kwk_rope_apply(q + h * hd, hd, d->inv_freq, p);
-    }
+    int hd = d->c->head_dim;
+    float *q = d->q + (size_t)tok * d->q_dim + (size_t)h * hd;
+    add_bias(q, l->bq ? l->bq + (size_t)h * hd : NULL, hd);
+    if (l->q_norm)
+        d->k->rmsnorm(q, q, l->q_norm, hd, d->c->rms_eps);
+    kwk_rope_apply(q, hd, d->inv_freq, d->row_pos[tok]);
+}
+
+/* Cache offset of kv head h of token tok's position in its slot. */
+static size_t kv_at(const struct tok_task *t, int tok, int h)
+{
+    const struct kwk_decoder *d = t->d;
+    return kv_base(d, d->row_slot[tok], t->layer) + (size_t)d->row_pos[tok] * d->kv_dim +
+           (size_t)h * d->c->head_dim;
+}
+
+/* Bias, k norm and rotary of key head h of token tok, then into the cache. */
+static void prep_k_head(const struct tok_task *t, int tok, int h)
+{
+    struct kwk_decoder *d = t->d;
+    const struct kwk_layer *l = t->l;
+    int hd = d->c->head_dim;
+    float *k = d->kx + (size_t)tok * d->kv_dim + (size_t)h * hd;
+    add_bias(k, l->bk ? l->bk + (size_t)h * hd : NULL, hd);
+    if (l->k_norm)
+        d->k->rmsnorm(k, k, l->k_norm, hd, d->c->rms_eps);
+    kwk_rope_apply(k, hd, d->inv_freq, d->row_pos[tok]);
+    memcpy(d->k_cache + kv_at(t, tok, h), k, sizeof(float) * (size_t)hd);
+}
+
+/* Bias of value head h of token tok, then into the cache. */
+static void prep_v_head(const struct tok_task *t, int tok, int h)
+{
+    struct kwk_decoder *d = t->d;
+    int hd = d->c->head_dim;
+    float *v = d->vx + (size_t)tok * d->kv_dim + (size_t)h * hd;
+    add_bias(v, t->l->bv ? t->l->bv + (size_t)h * hd : NULL, hd);
+    memcpy(d->v_cache + kv_at(t, tok, h), v, sizeof(float) * (size_t)hd);
+}
+
+/* Everything between the q/k/v products and attention, for token tok: each head on its own, so
+ * that the fused path (qkv_post) can do it head by head on the thread that computed the head. */
+static void qk_prepare(struct tok_task *t, int tok)
+{
+    const struct kwk_config *c = t->d->c;
+    for (int h = 0; h < c->n_heads; h++)
+        prep_q_head(t, tok, h);
     for (int h = 0; h < c->n_kv_heads; h++) {
-        if (l->k_norm)
-            d->k->rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, c->rms_eps);
-        kwk_rope_apply(k + h * hd, hd, d->inv_freq, p);
+        prep_k_head(t, tok, h);
+        prep_v_head(t, tok, h);
     }
-    size_t off = kv_base(d, d->row_slot[tok], t->layer) + (size_t)p * d->kv_dim;
-    memcpy(d->k_cache + off, k, sizeof(float) * d->kv_dim);
-    memcpy(d->v_cache + off, v, sizeof(float) * d->kv_dim);
 }
 
 static void qk_prepare_run(void *ctx, int ith, int nth)
@@ -99,6 +184,21 @@ static void qk_prepare_run(void *ctx, int ith, int nth)
     kwk_split_range(t->n, ith, nth, 1, &lo, &hi);
     for (long i = lo; i < hi; i++)
         qk_prepare(t, (int)i);
+}
+
+/* The qkv task's post step (jobs q, k, v split by head): this thread's heads, every token. */
+static void qkv_post(const struct mm_task *mt, const long *lo, const long *hi)
+{
+    const struct tok_task *t = mt->post_ctx;
+    long hd = t->d->c->head_dim;
+    for (int tok = 0; tok < mt->n_tok; tok++) {
+        for (long h = lo[0] / hd; h < hi[0] / hd; h++)
+            prep_q_head(t, tok, (int)h);
+        for (long h = lo[1] / hd; h < hi[1] / hd; h++)
+            prep_k_head(t, tok, (int)h);
+        for (long h = lo[2] / hd; h < hi[2] / hd; h++)
+            prep_v_head(t, tok, (int)h);
+    }
 }
 
 /* Causal attention of one query head over the cache, with Mistral's sliding window when set. */
@@ -178,6 +278,30 @@ static void swiglu_run(void *ctx, int ith, int nth)
         t->d->k->swiglu(t->d->gate + i * dff, t->d->up + i * dff, (long)dff);
 }
 
+/* The gate/up task's post step: gate and up are split alike, so this thread owns the same rows of
+ * both and turns them into SiLU(gate) * up for every token. Rows start on multiples of 16, so a
+ * SIMD kernel puts each element in its vector body or its tail exactly as a whole-row call does. */
+static void swiglu_post(const struct mm_task *mt, const long *lo, const long *hi)
+{
+    const struct kwk_decoder *d = mt->post_ctx;
+    size_t dff = (size_t)d->c->d_ff;
+    for (int tok = 0; tok < mt->n_tok; tok++)
+        d->k->swiglu(d->gate + tok * dff + lo[0], d->up + tok * dff + lo[0], hi[0] - lo[0]);
+}
+
+/* Whether the q, k, v products can be split by head with each head's preparation fused in: heads
+ * must be whole row groups, and the head split must not unbalance the threads where the separate
+ * pass would have split tokens evenly. */
+static int qkv_fusable(const struct kwk_decoder *d, const struct kwk_layer *l, int n)
+{
+    const struct kwk_config *c = d->c;
+    int hd = c->head_dim, nth = kwk_pool_size(d->pool);
+    if (hd % 16 != 0 || l->wq.rows != d->q_dim || l->wk.rows != d->kv_dim ||
+        l->wv.rows != d->kv_dim)
+        return 0;
+    return n < nth || (c->n_heads + 2 * c->n_kv_heads) % nth == 0;
+}
+
 /* ---- one layer, one chunk ---------------------------------------------------------------------- */
 
 static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *next_norm)
@@ -188,30 +312,45 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *
         {&l->wk, d->xn, d->kx, d->kv_dim},
         {&l->wv, d->xn, d->vx, d->kv_dim},
     };
-    matmul(d, n, 3, qkv);
-
     struct tok_task tt = {.d = d, .l = l, .layer = layer, .n = n};
-    kwk_pool_run(d->pool, qk_prepare_run, &tt);
+    if (d->capture)
+        kwk_capture_rows(d->capture, layer, KWK_SITE_QKV, d->xn, n);
+    if (qkv_fusable(d, l, n)) {
+        matmul_post(d, n, 3, qkv, d->c->head_dim, qkv_post, &tt);
+    } else {
+        matmul(d, n, 3, qkv);
+        run_tokens(d, n, qk_prepare_run, &tt);
+    }
     kwk_pool_run(d->pool, attend_run, &tt);
 
     /* o-projection into q's buffer (free now), then residual add and the FFN norm */
     struct mm_job o = {&l->wo, d->att, d->q, d->c->d_model};
+    if (d->capture)
+        kwk_capture_rows(d->capture, layer, KWK_SITE_O, d->att, n);
     matmul(d, n, 1, &o);
     struct rows_task rt = {.d = d, .n = n, .norm_w = l->ffn_norm, .add = d->q};
-    kwk_pool_run(d->pool, rows_run, &rt);
+    run_tokens(d, n, rows_run, &rt);
 
     struct mm_job gu[2] = {
         {&l->w_gate, d->xn, d->gate, d->c->d_ff},
         {&l->w_up, d->xn, d->up, d->c->d_ff},
     };
-    matmul(d, n, 2, gu);
-    struct swiglu_task st = {.d = d, .n = n};
-    kwk_pool_run(d->pool, swiglu_run, &st);
+    if (d->capture)
+        kwk_capture_rows(d->capture, layer, KWK_SITE_GU, d->xn, n);
+    if (l->w_gate.rows == d->c->d_ff && l->w_up.rows == d->c->d_ff) {
+        matmul_post(d, n, 2, gu, 0, swiglu_post, d);
+    } else {
+        matmul(d, n, 2, gu);
+        struct swiglu_task st = {.d = d, .n = n};
+        run_tokens(d, n, swiglu_run, &st);
+    }
     struct mm_job down = {&l->w_down, d->gate, d->q, d->c->d_model};
+    if (d->capture)
+        kwk_capture_rows(d->capture, layer, KWK_SITE_DOWN, d->gate, n);
     matmul(d, n, 1, &down);
     /* residual add, then the next layer's attention norm (none after the last layer) */
     struct rows_task rt2 = {.d = d, .n = n, .norm_w = next_norm, .add = d->q};
-    kwk_pool_run(d->pool, rows_run, &rt2);
+    run_tokens(d, n, rows_run, &rt2);
 }
 
 void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n)
@@ -221,7 +360,7 @@ void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n)
     for (int i = 0; i < n; i++)
         d->k->mat_row(&m->tok_emb, ids[i], d->x + (size_t)i * dm);
     struct rows_task rt = {.d = d, .n = n, .norm_w = d->layers[0].attn_norm, .add = NULL};
-    kwk_pool_run(d->pool, rows_run, &rt);
+    run_tokens(d, n, rows_run, &rt);
     for (int L = 0; L < d->c->n_layers; L++) {
         const float *next = L + 1 < d->c->n_layers ? d->layers[L + 1].attn_norm : NULL;
         layer_forward(d, L, n, next);

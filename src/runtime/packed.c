@@ -1,14 +1,18 @@
 /* packed.c - repacking a model's matrices into the int8 / int4 block formats of kernels/quant.h,
  * in parallel on the decoder's pool. Built on the decoder's owner thread; read-only after. */
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/quant.h"
+#include "runtime/calib.h"
 #include "runtime/packcache.h"
 #include "runtime/packed.h"
+#include "runtime/quantfit.h"
+#include "runtime/runtime.h"
 
 struct kwk_packed {
     struct kwk_layer *layers; /* [n_layers] the model's layers with matrices replaced */
@@ -31,15 +35,16 @@ static struct kwk_mat *layer_mat(struct kwk_layer *l, int which)
     return ms[which];
 }
 
-/* int4's mixed precision: which matrices stay at 8 bits. By default the lm_head (its errors go
- * straight into every logit) and the value and down projections (the ones that move the logits
- * most at 4 bits, as llama.cpp's Q4_K_M also finds) of the layers more_bits_layer picks: 6.10
- * bits per weight on SmolLM2-135M, under Q4_K_M's 6.17. KWKER_INT4_KEEP8 (a comma list of
- * q,k,v,o,gate,up,down,head, or "none") overrides it for measurements, in every layer
- * (bit M_COUNT of the mask says "every layer"). */
-static unsigned keep8_mask(void)
+/* int4's mixed precision: which matrices stay wider (mix_bits: 8 or 6 bits). By default the
+ * lm_head (its errors go straight into every logit) and the value and down projections (the
+ * ones that move the logits most at 4 bits, as llama.cpp's Q4_K_M also finds) of the layers
+ * more_bits_layer picks: 6.10 bits per weight on SmolLM2-135M at 8, under Q4_K_M's 6.17;
+ * mix_bits 4 keeps none. KWKER_INT4_KEEP8 (a comma list of q,k,v,o,gate,up,down,head, or
+ * "none") overrides it for measurements, in every layer (bit M_COUNT of the mask says "every
+ * layer"); the mask is part of the pack cache's key. */
+static unsigned keep8_mask(int mix_bits)
 {
-    unsigned mask = 1u << M_HEAD | 1u << M_V | 1u << M_DOWN;
+    unsigned mask = mix_bits == 4 ? 0 : 1u << M_HEAD | 1u << M_V | 1u << M_DOWN;
     const char *env = getenv("KWKER_INT4_KEEP8");
     if (!env)
         return mask;
@@ -106,25 +111,6 @@ static void pack_run(void *ctx, int ith, int nth)
         kwk_quant_pack_rows(job->dst->wtype, (void *)job->dst->data, rows, cols, rb, buf,
                             (long)cols);
     }
-}
-
-/* Give dst the source's shape in wtype and storage of its own. */
-static int alloc_mat(struct kwk_packed *p, const struct kwk_mat *src, struct kwk_mat *dst,
-                     int wtype, struct kwk_err *err)
-{
-    size_t bytes;
-    if (kwk_quant_bytes(wtype, src->rows, src->cols, &bytes))
-        return kwk_err_set(err, KWK_ELIMIT, "a %lld x %lld matrix is too large to pack",
-                           (long long)src->rows, (long long)src->cols);
-    void *data = kwk_malloc_aligned(bytes ? bytes : 64);
-    if (!data)
-        return kwk_err_set(err, -ENOMEM, "out of memory packing a %lld x %lld matrix",
-                           (long long)src->rows, (long long)src->cols);
-    p->bufs[p->n_bufs++] = data;
-    *dst = (struct kwk_mat){wtype, src->rows, src->cols, data};
-    p->n_weights += src->rows * src->cols;
-    p->n_bytes += bytes;
-    return 0;
 }
 
 static int run_jobs(struct pack_job *jobs, int n_jobs, struct kwk_pool *pool,
@@ -215,29 +201,191 @@ static int cached_blocks_match(const struct pack_job *jobs, int n_jobs, struct k
     return ok;
 }
 
+/* ---- calibration: activation-aware scales and GPTQ ------------------------------------------ */
+
+/* What calibration changes in one layer, besides its packed matrices: the scales s that
+ * multiply the columns of the matrices reading a site are divided out of whatever writes that
+ * site (AWQ): the attention and FFN norm weights, the value projection's rows (and bias) for
+ * the o-projection's input, the up projection's rows for the down projection's input. */
+struct layer_fit {
+    float *s[KWK_SITE_COUNT]; /* [site dim] column scales of the site's readers (NULL: none) */
+    float *v_row;             /* [kv_dim] 1 / s of the o-projection, per value row */
+    float *up_row;            /* [d_ff] 1 / s of the down projection */
+};
+
+/* The o-projection's input channel h*hd+e comes from value row (h / group)*hd+e: one scale must
+ * serve every query head of a KV group, so the scales come from the group's mean |x|. */
+static void group_absmean(const struct kwk_config *c, const float *in, float *out)
+{
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    for (int g = 0; g < c->n_kv_heads; g++)
+        for (int e = 0; e < hd; e++) {
+            float sum = 0.0f;
+            for (int h = g * group; h < (g + 1) * group; h++)
+                sum += in[h * hd + e];
+            for (int h = g * group; h < (g + 1) * group; h++)
+                out[h * hd + e] = sum / (float)group;
+        }
+}
+
+/* KWKER_AWQ_ALPHA=a forces AWQ's exponent (tests: scales that are surely not 1, so that their
+ * folding into norms, value and up rows is exercised; measurements). 1 when set. */
+static int forced_alpha(float *alpha)
+{
+    const char *env = getenv("KWKER_AWQ_ALPHA");
+    char *end;
+    float a = env ? strtof(env, &end) : 0.0f;
+    if (!env || end == env || !(a >= 0.0f && a <= 1.0f))
+        return 0;
+    *alpha = a;
+    return 1;
+}
+
+/* AWQ's scales for exponent alpha: absmean^alpha normalised so that sqrt(max * min) = 1 (as
+ * kwk_awq_scales makes them; a channel never seen active gets the smallest seen mean). */
+static void awq_scales_at(const struct kwk_calib_input *in, float alpha, float *s)
+{
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t j = 0; j < in->dim; j++)
+        if (in->absmean[j] > 0.0f) {
+            lo = lo > 0.0f && lo < in->absmean[j] ? lo : in->absmean[j];
+            hi = hi > in->absmean[j] ? hi : in->absmean[j];
+        }
+    for (int64_t j = 0; j < in->dim; j++)
+        s[j] = lo > 0.0f ? powf(in->absmean[j] > 0.0f ? in->absmean[j] : lo, alpha) : 1.0f;
+    float norm = lo > 0.0f ? sqrtf(powf(lo, alpha) * powf(hi, alpha)) : 1.0f;
+    for (int64_t j = 0; j < in->dim; j++)
+        s[j] /= norm;
+}
+
+static int fit_layer(const struct kwk_model *m, const struct kwk_capture *cap, int L,
+                     const struct kwk_layer *dst, struct layer_fit *f, struct kwk_pool *pool,
+                     struct kwk_err *err)
+{
+    const struct kwk_config *c = &m->cfg;
+    const struct kwk_layer *l = &m->layers[L];
+    const struct kwk_mat *qkv[3] = {&l->wq, &l->wk, &l->wv}, *gu[2] = {&l->w_gate, &l->w_up};
+    const struct kwk_mat *o[1] = {&l->wo}, *down[1] = {&l->w_down};
+    const int t_qkv[3] = {dst->wq.wtype, dst->wk.wtype, dst->wv.wtype};
+    const int t_gu[2] = {dst->w_gate.wtype, dst->w_up.wtype};
+    const int t_o[1] = {dst->wo.wtype}, t_down[1] = {dst->w_down.wtype};
+    const struct kwk_mat *const *mats[KWK_SITE_COUNT] = {qkv, o, gu, down};
+    const int *types[KWK_SITE_COUNT] = {t_qkv, t_o, t_gu, t_down};
+    const int n_mats[KWK_SITE_COUNT] = {3, 1, 2, 1};
+    for (int site = 0; site < KWK_SITE_COUNT; site++) {
+        struct kwk_calib_input in = *kwk_capture_input(cap, L, site);
+        float *grouped = NULL;
+        if (site == KWK_SITE_O) {
+            grouped = kwk_malloc((size_t)in.dim * sizeof(float));
+            if (!grouped)
+                return kwk_err_set(err, -ENOMEM, "out of memory for calibration scales");
+            group_absmean(c, in.absmean, grouped);
+            in.absmean = grouped;
+        }
+        float alpha = 0.0f;
+        int rc = kwk_awq_scales(mats[site], types[site], n_mats[site], &in, f->s[site], &alpha,
+                                pool, err);
+        if (!rc && forced_alpha(&alpha))
+            awq_scales_at(&in, alpha, f->s[site]);
+        kwk_free(grouped);
+        if (rc)
+            return rc;
+        kwk_log(KWK_LOG_DEBUG, "calibration: layer %d %s: alpha %.2f", L,
+                (const char *const[]){"qkv", "o", "gate/up", "down"}[site], (double)alpha);
+    }
+    /* value row g*hd+e feeds o's columns h*hd+e of the query heads h of group g, which share
+     * one scale (group_absmean): take the group's first head's */
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    for (int g = 0; g < c->n_kv_heads; g++)
+        for (int e = 0; e < hd; e++)
+            f->v_row[g * hd + e] = 1.0f / f->s[KWK_SITE_O][g * group * hd + e];
+    for (int r = 0; r < c->d_ff; r++)
+        f->up_row[r] = 1.0f / f->s[KWK_SITE_DOWN][r];
+    return 0;
+}
+
+/* GPTQ's dampening: this fraction of the mean diagonal is added to the Hessian's diagonal (the
+ * paper's 0.01), which keeps it invertible when calibration is short. */
+#define GPTQ_DAMP 0.01f
+
+/* Pack one matrix with the calibration's scales (col over its columns, row over its rows; either
+ * NULL) and, with gptq, GPTQ against its input. */
+static int pack_fitted(const struct kwk_mat *src, struct kwk_mat *dst, const float *col,
+                       const float *row, const struct kwk_calib_input *in, int gptq,
+                       struct kwk_pool *pool, struct kwk_err *err)
+{
+    if (gptq)
+        return kwk_gptq_pack(src, col, row, in, GPTQ_DAMP, dst, pool, err);
+    return kwk_scaled_pack(src, col, row, dst, pool, err);
+}
+
+/* ---- the pack ----------------------------------------------------------------------------------- */
+
+/* The wider type int4 keeps some matrices in. */
+static int mix_wtype(const struct kwk_model *m, int mix_bits)
+{
+    if (mix_bits == 0)
+        mix_bits = m->n_params >= 1000000000 ? 6 : 8;
+    return mix_bits == 8 ? KWK_W_Q8 : mix_bits == 6 ? KWK_W_Q6 : KWK_W_Q4;
+}
+
+/* Vectors calibration rewrites (norms, value bias), stored beside the blocks in the pack file
+ * so that a cached pack needs no calibration run: a 1 x n float matrix each. */
+enum { V_ATTN_NORM, V_FFN_NORM, V_BV, V_COUNT };
+
 struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
+                                  const struct kwk_quant_opts *q,
                                   const struct kwk_packcache_opts *cache, struct kwk_pool *pool,
                                   struct kwk_err *err)
 {
+    struct kwk_quant_opts qo = {0};
+    if (q)
+        qo = *q;
     if (precision != KWK_PRECISION_BALANCED && precision != KWK_PRECISION_INT4) {
         kwk_err_set(err, KWK_EARG, "precision %d has no packed form", precision);
         return NULL;
     }
+    if (qo.mix_bits && (precision != KWK_PRECISION_INT4 ||
+                        (qo.mix_bits != 4 && qo.mix_bits != 6 && qo.mix_bits != 8))) {
+        kwk_err_set(err, KWK_EARG, "mix_bits %d: int4 takes 4, 6 or 8 (others take none)",
+                    qo.mix_bits);
+        return NULL;
+    }
+    if (qo.n_calib < 0 || (qo.n_calib > 0) != (qo.calib != NULL) ||
+        qo.n_calib > KWK_CALIB_MAX_TOKENS) {
+        kwk_err_set(err, KWK_EARG, "calibration: %lld token ids (at most %d)",
+                    (long long)qo.n_calib, KWK_CALIB_MAX_TOKENS);
+        return NULL;
+    }
+    if (qo.gptq && !qo.n_calib) {
+        kwk_err_set(err, KWK_EARG, "gptq needs calibration token ids (calib)");
+        return NULL;
+    }
     double t0 = kwk_time_s();
     const char *label = precision == KWK_PRECISION_INT4 ? "int4" : "balanced";
-    int n_layers = m->cfg.n_layers, n_mats = 7 * n_layers + 1;
-    unsigned keep8 = precision == KWK_PRECISION_INT4 ? keep8_mask() : 0;
+    const struct kwk_config *c = &m->cfg;
+    int n_layers = c->n_layers, n_mats = 7 * n_layers + 1;
+    int calib = qo.n_calib > 0, n_vecs = calib ? V_COUNT * n_layers : 0;
+    unsigned keep8 = precision == KWK_PRECISION_INT4 ? keep8_mask(qo.mix_bits) : 0;
+    int wide = precision == KWK_PRECISION_INT4 ? mix_wtype(m, qo.mix_bits) : KWK_W_Q8;
     struct pack_job *jobs = NULL;
     struct kwk_pack_entry *ents = NULL;
+    struct kwk_mat *vec_src = NULL, *vec_dst = NULL;
+    struct layer_fit fit;
+    memset(&fit, 0, sizeof fit);
+    float *fit_mem = NULL;
+    struct kwk_capture *cap = NULL;
     struct kwk_packcache_opts opts = {0};
     struct kwk_packed *p = kwk_calloc(1, sizeof *p);
     if (!p)
         goto out_nomem;
     p->layers = kwk_calloc((size_t)n_layers, sizeof *p->layers);
-    p->bufs = kwk_calloc((size_t)n_mats, sizeof *p->bufs);
+    p->bufs = kwk_calloc((size_t)(n_mats + n_vecs), sizeof *p->bufs);
     jobs = kwk_calloc((size_t)n_mats, sizeof *jobs);
-    ents = kwk_calloc((size_t)n_mats, sizeof *ents);
-    if (!p->layers || !p->bufs || !jobs || !ents)
+    ents = kwk_calloc((size_t)(n_mats + n_vecs), sizeof *ents);
+    vec_src = kwk_calloc((size_t)n_vecs + 1, sizeof *vec_src);
+    vec_dst = kwk_calloc((size_t)n_vecs + 1, sizeof *vec_dst);
+    if (!p->layers || !p->bufs || !jobs || !ents || !vec_src || !vec_dst)
         goto out_nomem;
     /* First every matrix's target type and size, so the pack cache can key on exactly what is
      * packed; then storage: a mapped pack file, or blocks of our own. */
@@ -246,13 +394,13 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         p->layers[L] = m->layers[L]; /* norms and biases: the model's, shared */
         for (int w = 0; w < 7; w++) {
             int wt = precision == KWK_PRECISION_INT4 && !keeps8(keep8, w, L, n_layers) ? KWK_W_Q4
-                                                                                        : KWK_W_Q8;
+                                                                                        : wide;
             jobs[n_jobs++] = (struct pack_job){layer_mat(&m->layers[L], w),
                                                layer_mat(&p->layers[L], w), 0};
             *jobs[n_jobs - 1].dst = (struct kwk_mat){wt, 0, 0, NULL};
         }
     }
-    int wt_head = precision == KWK_PRECISION_INT4 && !(keep8 >> M_HEAD & 1) ? KWK_W_Q4 : KWK_W_Q8;
+    int wt_head = precision == KWK_PRECISION_INT4 && !(keep8 >> M_HEAD & 1) ? KWK_W_Q4 : wide;
     jobs[n_jobs++] = (struct pack_job){&m->lm_head, &p->lm_head, 0};
     p->lm_head.wtype = wt_head;
     for (int i = 0; i < n_jobs; i++) {
@@ -266,63 +414,149 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         }
         ents[i] = (struct kwk_pack_entry){jobs[i].src, d, ents[i].bytes};
     }
+    int n_ents = n_jobs;
+    for (int L = 0; L < n_layers && calib; L++) {
+        const struct kwk_layer *l = &m->layers[L];
+        const float *srcs[V_COUNT] = {l->attn_norm, l->ffn_norm, l->bv};
+        const int64_t lens[V_COUNT] = {c->d_model, c->d_model, (int64_t)c->n_kv_heads * c->head_dim};
+        for (int v = 0; v < V_COUNT; v++) {
+            int i = L * V_COUNT + v;
+            if (!srcs[v])
+                continue; /* no value bias */
+            vec_src[i] = (struct kwk_mat){KWK_W_F32, 1, lens[v], srcs[v]};
+            vec_dst[i] = (struct kwk_mat){KWK_W_F32, 1, lens[v], NULL};
+            ents[n_ents++] = (struct kwk_pack_entry){&vec_src[i], &vec_dst[i],
+                                                     (size_t)lens[v] * sizeof(float)};
+        }
+    }
     if (cache)
         opts = *cache;
     opts.label = label;
     opts.sources = NULL; /* ours to make (and free) */
     opts.n_sources = 0;
+    if (calib) {
+        opts.salt ^= kwk_hash64(qo.calib, (size_t)qo.n_calib * sizeof(int32_t), 0xca11b);
+        opts.salt ^= qo.gptq ? 0x6e7071ull : 0;
+    }
+    opts.salt ^= (uint64_t)keep8 * 0x9e3779b97f4a7c15ull; /* KWKER_INT4_KEEP8 changes types */
     if (opts.dir && opts.dir[0] && pack_sources(m, &opts))
         goto out_nomem;
-    int cached = kwk_packcache_open(&opts, ents, n_jobs, pool, &p->cache);
-    for (int tries = 0; cached == KWK_PACKCACHE_HIT && !cached_blocks_match(jobs, n_jobs, pool);
-         tries++) {
+    int cached = kwk_packcache_open(&opts, ents, n_ents, pool, &p->cache);
+    /* a fitted pack cannot be checked by packing a matrix again without its calibration */
+    for (int tries = 0; cached == KWK_PACKCACHE_HIT && !calib &&
+                        !cached_blocks_match(jobs, n_jobs, pool); tries++) {
         kwk_log(KWK_LOG_WARN, "pack cache: %s: its blocks differ from what this build packs "
                 "(a packing change without a KWK_PACK_FORMAT_VERSION bump?); packing again",
                 kwk_packcache_path(p->cache));
         kwk_packcache_discard(p->cache);
         p->cache = NULL;
         cached = tries ? KWK_PACKCACHE_OFF
-                       : kwk_packcache_open(&opts, ents, n_jobs, pool, &p->cache);
+                       : kwk_packcache_open(&opts, ents, n_ents, pool, &p->cache);
     }
-    for (int i = 0; i < n_jobs; i++) {
-        struct kwk_mat *d = jobs[i].dst;
-        if (cached == KWK_PACKCACHE_OFF && alloc_mat(p, jobs[i].src, d, d->wtype, err))
-            goto out_err;
-        if (cached != KWK_PACKCACHE_OFF) {
+    for (int i = 0; i < n_ents; i++) {
+        struct kwk_mat *d = ents[i].dst;
+        if (cached == KWK_PACKCACHE_OFF) {
+            void *data = kwk_malloc_aligned(ents[i].bytes ? ents[i].bytes : 64);
+            if (!data)
+                goto out_nomem;
+            p->bufs[p->n_bufs++] = data;
+            d->data = data;
+        }
+        if (i < n_jobs) {
             p->n_weights += d->rows * d->cols;
             p->n_bytes += ents[i].bytes;
         }
     }
     if (cached != KWK_PACKCACHE_HIT) {
-        /* a layer at a time, so a progress bar can move */
+        if (calib) {
+            if (kwk_calib_capture(m, qo.calib, qo.n_calib, qo.n_threads, &cap, err))
+                goto out_err;
+            size_t per = (size_t)(2 * c->d_model + (int64_t)c->n_heads * c->head_dim +
+                                  2 * (int64_t)c->d_ff + (int64_t)c->n_kv_heads * c->head_dim);
+            fit_mem = kwk_malloc(per * sizeof(float));
+            if (!fit_mem)
+                goto out_nomem;
+        }
         char what[64];
-        snprintf(what, sizeof what, "packing %s", label);
+        snprintf(what, sizeof what, "%s%s %s", calib ? "fitting " : "packing ",
+                 calib ? (qo.gptq ? "(awq + gptq)" : "(awq)") : "", label);
         struct kwk_progress bar;
         kwk_progress_init(&bar, what);
         for (int i = 0; i < n_jobs; i += 7) {
-            if (run_jobs(jobs + i, KWK_MIN(7, n_jobs - i), pool, err))
-                goto out_err;
+            int L = i / 7;
+            if (!calib || L == n_layers) {
+                if (calib && qo.gptq) { /* the lm_head: GPTQ on the output-normed states */
+                    if (pack_fitted(jobs[i].src, jobs[i].dst, NULL, NULL,
+                                    kwk_capture_input(cap, n_layers, 0), 1, pool, err))
+                        goto out_err;
+                } else if (run_jobs(jobs + i, KWK_MIN(7, n_jobs - i), pool, err)) {
+                    goto out_err;
+                }
+            } else {
+                struct layer_fit *f = &fit;
+                float *at = fit_mem; /* one layer's scales at a time */
+                f->s[KWK_SITE_QKV] = at, at += c->d_model;
+                f->s[KWK_SITE_O] = at, at += c->n_heads * c->head_dim;
+                f->s[KWK_SITE_GU] = at, at += c->d_model;
+                f->s[KWK_SITE_DOWN] = at, at += c->d_ff;
+                f->v_row = at, at += c->n_kv_heads * c->head_dim;
+                f->up_row = at;
+                if (fit_layer(m, cap, L, &p->layers[L], f, pool, err))
+                    goto out_err;
+                static const int site_of_mat[7] = {KWK_SITE_QKV, KWK_SITE_QKV, KWK_SITE_QKV,
+                                                   KWK_SITE_O, KWK_SITE_GU, KWK_SITE_GU,
+                                                   KWK_SITE_DOWN};
+                for (int w = 0; w < 7; w++) {
+                    int site = site_of_mat[w];
+                    const float *row = w == M_V ? f->v_row : w == M_UP ? f->up_row : NULL;
+                    if (pack_fitted(jobs[i + w].src, jobs[i + w].dst, f->s[site], row,
+                                    kwk_capture_input(cap, L, site), qo.gptq, pool, err))
+                        goto out_err;
+                }
+                /* what wrote the scaled inputs now writes them divided by s */
+                const struct kwk_layer *l = &m->layers[L];
+                float *an = (float *)vec_dst[L * V_COUNT + V_ATTN_NORM].data;
+                float *fn = (float *)vec_dst[L * V_COUNT + V_FFN_NORM].data;
+                for (int j = 0; j < c->d_model; j++) {
+                    an[j] = l->attn_norm[j] / f->s[KWK_SITE_QKV][j];
+                    fn[j] = l->ffn_norm[j] / f->s[KWK_SITE_GU][j];
+                }
+                if (l->bv) {
+                    float *bv = (float *)vec_dst[L * V_COUNT + V_BV].data;
+                    for (int r = 0; r < c->n_kv_heads * c->head_dim; r++)
+                        bv[r] = l->bv[r] * f->v_row[r];
+                }
+            }
             kwk_progress_update(&bar, KWK_MIN(i + 7, n_jobs), n_jobs);
         }
         kwk_progress_end(&bar);
         kwk_packcache_commit(p->cache, pool);
     }
-    kwk_free(jobs);
-    kwk_free(ents);
-    kwk_free((void *)opts.sources);
+    for (int L = 0; L < n_layers && calib; L++) {
+        p->layers[L].attn_norm = (float *)vec_dst[L * V_COUNT + V_ATTN_NORM].data;
+        p->layers[L].ffn_norm = (float *)vec_dst[L * V_COUNT + V_FFN_NORM].data;
+        if (m->layers[L].bv)
+            p->layers[L].bv = (float *)vec_dst[L * V_COUNT + V_BV].data;
+    }
     kwk_log(KWK_LOG_INFO, "%s %s: %lld weights in %.1f MB, %.3f bits per weight, %.2f s",
             cached == KWK_PACKCACHE_HIT ? "mapped packed" : "packed", label,
             (long long)p->n_weights, (double)p->n_bytes / 1e6,
             8.0 * (double)p->n_bytes / (double)p->n_weights, kwk_time_s() - t0);
-    return p;
+    goto out;
 out_nomem:
     kwk_err_set(err, -ENOMEM, "out of memory packing the model");
 out_err:
+    kwk_packed_free(p);
+    p = NULL;
+out:
+    kwk_capture_free(cap);
+    kwk_free(fit_mem);
+    kwk_free(vec_src);
+    kwk_free(vec_dst);
     kwk_free(jobs);
     kwk_free(ents);
     kwk_free((void *)opts.sources);
-    kwk_packed_free(p);
-    return NULL;
+    return p;
 }
 
 void kwk_packed_free(struct kwk_packed *p)

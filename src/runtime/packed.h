@@ -10,12 +10,22 @@ struct kwk_packed;
 
 struct kwk_packcache_opts;
 
+/* How the weights are fitted (kwk_decoder_params has the same fields and their meaning). */
+struct kwk_quant_opts {
+    int mix_bits;         /* int4: 8, 6 or 4; 0 = by the model's size */
+    const int32_t *calib; /* calibration token ids, NULL = none */
+    int64_t n_calib;
+    int gptq;
+    int n_threads;        /* for the calibration run's own decoder (0 = default) */
+};
+
 /* Repack every layer matrix and the lm_head of m for precision (enum kwk_precision, not
- * PRESERVE). Norms and biases are shared with the model. With cache (NULL = none; see
- * runtime/packcache.h) the blocks are mapped from a pack file when one matches, or written to
- * one. NULL with err on failure (KWK_EUNSUPPORTED while a precision is not implemented); the
- * cache never makes it fail. */
+ * PRESERVE). Norms and biases are the model's, except where calibration folds scales into them
+ * (then the packed layers carry their own). q may be NULL (defaults). With cache (NULL = none;
+ * see runtime/packcache.h) the blocks are mapped from a pack file when one matches, or written
+ * to one. NULL with err on failure; the cache never makes it fail. */
 struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
+                                  const struct kwk_quant_opts *q,
                                   const struct kwk_packcache_opts *cache, struct kwk_pool *pool,
                                   struct kwk_err *err);
 void kwk_packed_free(struct kwk_packed *p);

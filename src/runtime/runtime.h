@@ -24,6 +24,7 @@ struct kwk_decoder {
     const struct kwk_layer *layers; /* [n_layers]: the model's own, or repacked (packed) */
     const struct kwk_mat *lm_head;  /* [n_vocab][d_model] */
     struct kwk_packed *packed;      /* weights repacked for balanced / int4; NULL for preserve */
+    struct kwk_capture *capture;    /* calibration: keeps the matrices' inputs (NULL: off) */
 
     float *k_cache;  /* [n_slots][n_layers][max_len][kv_dim] */
     float *v_cache;  /* [n_slots][n_layers][max_len][kv_dim] */
@@ -43,6 +44,17 @@ struct kwk_decoder {
     float *scores; /* [n_threads][max_len] attention weights per thread */
     float *logits; /* [n_vocab] last row of logits */
 };
+
+/* The inputs a calibration capture sees (runtime/calib.h): where each layer's matrices read. */
+enum kwk_site {
+    KWK_SITE_QKV = 0, /* normed input of q, k, v       [d_model] */
+    KWK_SITE_O = 1,   /* attention output, input of o  [n_heads * head_dim] */
+    KWK_SITE_GU = 2,  /* normed input of gate, up      [d_model] */
+    KWK_SITE_DOWN = 3,/* SiLU(gate) * up, input of down [d_ff] */
+    KWK_SITE_COUNT
+};
+/* Hand n rows of one site's input (row stride dim) to the capture (runtime/calib.c). */
+void kwk_capture_rows(struct kwk_capture *c, int layer, int site, const float *x, int n);
 
 /* Index of the largest of x[n], the first on ties (torch.argmax's choice). */
 int32_t kwk_argmax(const float *x, int n);

@@ -77,7 +77,7 @@ static struct kwk_packed *pack(const struct tmodel *t, int prec, const char *dir
 {
     struct kwk_packcache_opts o = {.dir = dir, .max_bytes = max};
     struct kwk_err err = {0};
-    struct kwk_packed *p = kwk_packed_new(&t->m, prec, dir ? &o : NULL, pool, &err);
+    struct kwk_packed *p = kwk_packed_new(&t->m, prec, NULL, dir ? &o : NULL, pool, &err);
     T_CHECK(p != NULL, "kwk_packed_new: %s", err.msg);
     return p;
 }

@@ -1,4 +1,4 @@
-/* test_quant.c - the int8 / int4 formats: half conversion, packing round trips and their error
+/* test_quant.c - the int8 / int4 / int6 formats: half conversion, packing round trips and their error
  * bound, and every kernel table's quantized matmul against the scalar reference (exactly on data
  * whose float parts are exact, to rounding on random data), on odd shapes, row ranges and 1-4
  * pool threads. */
@@ -27,7 +27,7 @@ static float frand(float lo, float hi)
 
 static const char *wname(int wt)
 {
-    return wt == KWK_W_Q8 ? "q8" : "q4";
+    return wt == KWK_W_Q8 ? "q8" : wt == KWK_W_Q6 ? "q6" : "q4";
 }
 
 /* Pack rows x cols floats into a new aligned buffer; data->cols == cols. */
@@ -61,8 +61,8 @@ static void test_f16(void)
     T_EQ(kwk_f32_to_f16(1e9f), 0x7bff);
 }
 
-/* Both formats: every dequantized weight is within one step of the original (int8: amax / 127;
- * int4: (max - min) / 15; plus the half rounding of scale and offset): the least-squares fits
+/* Every format: every dequantized weight is within one step of the original (int8: amax / 127;
+ * int6: two of amax / 31; int4: (max - min) / 15; plus the half rounding of scale and offset): the least-squares fits
  * may clip an extreme value by up to a step. int4's squared error over the matrix is below that
  * of plain rounding to the [min, max] grid (step^2 / 12 a weight). */
 static void test_round_trip(int wt, int64_t rows, int64_t cols)
@@ -86,8 +86,11 @@ static void test_round_trip(int wt, int64_t rows, int64_t cols)
                 mx = v > mx ? v : mx;
                 amax = fabsf(v) > amax ? fabsf(v) : amax;
             }
-            double step = wt == KWK_W_Q8 ? amax / 127.0 : (mx - mn) / 15.0;
-            double bound = step * (1 + 1e-5) + 1e-7;
+            double step = wt == KWK_W_Q8   ? amax / 127.0
+                          : wt == KWK_W_Q6 ? amax / 31.0
+                                           : (mx - mn) / 15.0;
+            /* int6's range is one code shorter on one side, which may clip by one step more */
+            double bound = step * (wt == KWK_W_Q6 ? 2.0 : 1.0) * (1 + 1e-5) + 1e-7;
             if (wt == KWK_W_Q4)
                 bound += (fabs(mn) + 15 * step) / 1024.0; /* half rounding of d and m */
             else
@@ -103,7 +106,7 @@ static void test_round_trip(int wt, int64_t rows, int64_t cols)
     }
     T_CHECK(bad == 0, "%s %lldx%lld: %ld weights beyond the error bound (worst %.3f steps)",
             wname(wt), (long long)rows, (long long)cols, bad, worst);
-    T_CHECK(wt == KWK_W_Q8 || se < se_grid,
+    T_CHECK(wt != KWK_W_Q4 || se < se_grid,
             "%s %lldx%lld: squared error %.4g not below plain rounding's %.4g",
             wname(wt), (long long)rows, (long long)cols, se, se_grid);
     if (rows * cols > 10000)
@@ -181,12 +184,13 @@ static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, i
     for (int64_t r = 0; r < rows; r++)
         for (int64_t k = 0; k < cols; k++) {
             int64_t kg = k % G;
-            float v = wt == KWK_W_Q8 ? (float)((int)(rnd() % 255) - 127)
-                                     : (float)((int)(rnd() % 16) - 8);
+            float v = wt == KWK_W_Q8   ? (float)((int)(rnd() % 255) - 127)
+                      : wt == KWK_W_Q6 ? (float)((int)(rnd() % 64) - 32)
+                                       : (float)((int)(rnd() % 16) - 8);
             if (kg == 0)
-                v = wt == KWK_W_Q8 ? 127.0f : -8.0f;
+                v = wt == KWK_W_Q8 ? 127.0f : wt == KWK_W_Q6 ? -32.0f : -8.0f;
             if (kg == 1)
-                v = wt == KWK_W_Q8 ? -127.0f : 7.0f;
+                v = wt == KWK_W_Q8 ? -127.0f : wt == KWK_W_Q6 ? 31.0f : 7.0f;
             w[r * cols + k] = v;
         }
     /* activations: v / 256 for integers |v| <= KWK_QX_SCALE, each group holding the largest,
@@ -281,11 +285,11 @@ static void test_kernels_vs_ref(void)
     static const int64_t rows_list[] = {1, 15, 16, 17, 37, 70};
     static const int64_t cols_list[] = {32, 64, 96, 200, 576};
     static const int toks_list[] = {1, 2, 5, 6, 7, 13, 33};
-    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
     const struct kwk_kernels *tabs[3];
     int nt = tables(tabs);
     for (int ti = 0; ti < nt; ti++)
-        for (int wi = 0; wi < 2; wi++)
+        for (int wi = 0; wi < 3; wi++)
             for (int exact = 0; exact < 2; exact++) {
                 for (size_t a = 0; a < KWK_ARRAY_LEN(rows_list); a++)
                     for (size_t b = 0; b < KWK_ARRAY_LEN(cols_list); b++)
@@ -316,9 +320,9 @@ static void test_batch_invariance(void)
 {
     const struct kwk_kernels *tabs[3];
     int nt = tables(tabs);
-    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
     for (int ti = 0; ti < nt; ti++)
-        for (int wi = 0; wi < 2; wi++) {
+        for (int wi = 0; wi < 3; wi++) {
             int64_t rows = 53, cols = 4160;
             int n_tok = 29;
             float *w = malloc(sizeof(float) * (size_t)(rows * cols));
@@ -371,7 +375,7 @@ static void test_threads(void)
 {
     const struct kwk_kernels *tabs[3];
     int nt = tables(tabs);
-    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
     int64_t rows = 83, cols = 2080;
     int n_tok = 7;
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
@@ -380,7 +384,7 @@ static void test_threads(void)
     float *yn = malloc(sizeof(float) * (size_t)(n_tok * rows));
     fill_random(w, rows, cols, x, n_tok);
     for (int ti = 0; ti < nt; ti++)
-        for (int wi = 0; wi < 2; wi++) {
+        for (int wi = 0; wi < 3; wi++) {
             struct kwk_mat m = pack(wts[wi], w, rows, cols);
             tabs[ti]->matmul(&m, x, n_tok, y1, (long)rows, 0, rows);
             for (int n_threads = 1; n_threads <= 4; n_threads++) {
@@ -413,9 +417,9 @@ static void test_accuracy(void)
         w[i] = frand(-1.0f, 1.0f) * frand(0.0f, 1.0f);
     for (int64_t i = 0; i < n_tok * cols; i++)
         x[i] = frand(-1.0f, 1.0f);
-    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
-    static const double limits[] = {0.01, 0.1};
-    for (int wi = 0; wi < 2; wi++) {
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    static const double limits[] = {0.01, 0.1, 0.03};
+    for (int wi = 0; wi < 3; wi++) {
         struct kwk_mat m = pack(wts[wi], w, rows, cols);
         float *y = malloc(sizeof(float) * (size_t)(n_tok * rows));
         kwk_kernels()->matmul(&m, x, n_tok, y, (long)rows, 0, rows);
@@ -440,6 +444,98 @@ static void test_accuracy(void)
     free(x);
 }
 
+/* kwk_quant_pack_rows is fit + code + pack_codes, byte for byte (GPTQ relies on it), on odd
+ * shapes with codes at a stride wider than the row; every dequantized weight is d * code + m
+ * exactly, with d and m as kwk_quant_fit returns them. */
+static void test_fit_code_pack(int wt, int64_t rows, int64_t cols)
+{
+    int G = kwk_quant_group(wt);
+    int64_t ng = kwk_quant_n_groups(wt, cols);
+    long ldq = (long)cols + 5;
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = frand(-1.0f, 1.0f) * (i % 11 == 0 ? 4.0f : 1.0f) + (i % 3 == 0 ? 0.3f : 0.0f);
+    for (int64_t k = 0; k < cols && rows > 2; k++)
+        w[2 * cols + k] = 0.0f; /* an all-zero row */
+    struct kwk_mat a = pack(wt, w, rows, cols);
+    size_t bytes;
+    kwk_quant_bytes(wt, rows, cols, &bytes);
+    void *b = kwk_malloc_aligned(bytes ? bytes : 64);
+    memset(b, 0x5a, bytes);
+    int8_t *q = malloc((size_t)KWK_QROWS * (size_t)ldq);
+    float *d = malloc(sizeof(float) * KWK_QROWS * (size_t)ng);
+    float *m = malloc(sizeof(float) * KWK_QROWS * (size_t)ng);
+    float *row = malloc(sizeof(float) * (size_t)cols);
+    long off = 0;
+    for (int64_t rb = 0; rb * KWK_QROWS < rows; rb++) {
+        int n_rows = (int)KWK_MIN((int64_t)KWK_QROWS, rows - rb * KWK_QROWS);
+        for (int i = 0; i < n_rows; i++) {
+            const float *wr = w + (rb * KWK_QROWS + i) * cols;
+            for (int64_t g = 0; g < ng; g++) {
+                int n = (int)KWK_MIN((int64_t)G, cols - g * G);
+                float *dp = d + i * ng + g, *mp = m + i * ng + g;
+                kwk_quant_fit(wt, wr + g * G, n, dp, mp);
+                for (int k = 0; k < n; k++)
+                    q[i * ldq + g * G + k] = (int8_t)kwk_quant_code(wt, wr[g * G + k], *dp, *mp);
+            }
+        }
+        kwk_quant_pack_codes(wt, b, rows, cols, rb, q, ldq, d, m);
+        for (int i = 0; i < n_rows; i++) {
+            kwk_quant_mat_row_ref(&a, rb * KWK_QROWS + i, row);
+            for (int64_t k = 0; k < cols; k++) {
+                int64_t p = i * ng + k / G;
+                off += row[k] != d[p] * (float)q[i * ldq + k] + m[p];
+            }
+        }
+    }
+    T_CHECK(memcmp(a.data, b, bytes) == 0, "%s %lldx%lld: pack_rows != fit + code + pack_codes",
+            wname(wt), (long long)rows, (long long)cols);
+    T_CHECK(off == 0, "%s %lldx%lld: %ld weights are not d * code + m", wname(wt),
+            (long long)rows, (long long)cols, off);
+    kwk_free_aligned((void *)a.data);
+    kwk_free_aligned(b);
+    free(w);
+    free(q);
+    free(d);
+    free(m);
+    free(row);
+}
+
+/* Dequantization error of each format on Gaussian rows (groups of 32), relative to the RMS of
+ * the weights: each added bit should about halve it (int8 and int6 symmetric, int4 with an
+ * offset). The figures are printed for the record. */
+static void test_gauss_error(void)
+{
+    int64_t rows = 128, cols = 1024;
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    float *out = malloc(sizeof(float) * (size_t)cols);
+    double ss = 0.0;
+    for (int64_t i = 0; i < rows * cols; i++) {
+        float u1 = frand(1e-7f, 1.0f), u2 = frand(0.0f, 1.0f);
+        w[i] = sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+        ss += (double)w[i] * w[i];
+    }
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q6, KWK_W_Q4};
+    double rel[3];
+    for (int wi = 0; wi < 3; wi++) {
+        struct kwk_mat m = pack(wts[wi], w, rows, cols);
+        double se = 0.0;
+        for (int64_t r = 0; r < rows; r++) {
+            kwk_quant_mat_row_ref(&m, r, out);
+            for (int64_t k = 0; k < cols; k++)
+                se += ((double)out[k] - w[r * cols + k]) * ((double)out[k] - w[r * cols + k]);
+        }
+        rel[wi] = sqrt(se / ss);
+        printf("  gaussian rows, %s: RMS error / RMS weight %.5f\n", wname(wts[wi]), rel[wi]);
+        kwk_free_aligned((void *)m.data);
+    }
+    T_CHECK(rel[0] * 3.0 < rel[1] && rel[1] * 3.0 < rel[2],
+            "errors q8 %.5f, q6 %.5f, q4 %.5f: each two bits at least 3x less", rel[0], rel[1],
+            rel[2]);
+    free(w);
+    free(out);
+}
+
 static void test_sizes(void)
 {
     size_t n;
@@ -447,6 +543,9 @@ static void test_sizes(void)
     T_EQ(n, 2 * 3 * sizeof(struct kwk_q8_block));
     T_EQ(kwk_quant_bytes(KWK_W_Q4, 16, 64, &n), 0);
     T_EQ(n, 2 * sizeof(struct kwk_q4_block));
+    T_EQ(kwk_quant_bytes(KWK_W_Q6, 33, 33, &n), 0);
+    T_EQ(n, 3 * 2 * sizeof(struct kwk_q6_block));
+    T_EQ(kwk_quant_group(KWK_W_Q6), 32);
     T_EQ(kwk_quant_bytes(KWK_W_Q4, INT64_MAX / 2, INT64_MAX / 2, &n), -1);
     T_EQ(kwk_quant_bytes(KWK_W_F32, 16, 64, &n), -1);
 }
@@ -461,7 +560,15 @@ int main(void)
     for (size_t i = 0; i < KWK_ARRAY_LEN(shapes); i++) {
         test_round_trip(KWK_W_Q8, shapes[i][0], shapes[i][1]);
         test_round_trip(KWK_W_Q4, shapes[i][0], shapes[i][1]);
+        test_round_trip(KWK_W_Q6, shapes[i][0], shapes[i][1]);
     }
+    static const int64_t odd[][2] = {{1, 1}, {3, 33}, {17, 95}, {35, 200}, {16, 64}, {47, 7}};
+    for (size_t i = 0; i < KWK_ARRAY_LEN(odd); i++) {
+        test_fit_code_pack(KWK_W_Q8, odd[i][0], odd[i][1]);
+        test_fit_code_pack(KWK_W_Q4, odd[i][0], odd[i][1]);
+        test_fit_code_pack(KWK_W_Q6, odd[i][0], odd[i][1]);
+    }
+    test_gauss_error();
     test_kernels_vs_ref();
     test_batch_invariance();
     test_threads();

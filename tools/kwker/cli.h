@@ -26,4 +26,31 @@ int cli_parse_precision(const char *s);
  * The cache only matters for --precision balanced / int8 / int4. */
 const char *cli_cache_dir(const char *v);
 
+/* How balanced / int4 weights are fitted: --mix-bits, --calib, --calib-tokens, --gptq (the
+ * same on generate, chat, bench, perplexity and serve). */
+struct cli_quant {
+    int mix_bits;           /* 0 = by model size */
+    int gptq;
+    const char *calib_file; /* text whose tokens calibrate, or NULL */
+    int calib_tokens;       /* at most this many of its tokens */
+    int32_t *ids;           /* after cli_quant_load: the calibration ids (library-allocated) */
+    size_t n_ids;
+};
+#define CLI_QUANT_USAGE                                                                        \
+    "  --mix-bits N             int4: bits of the matrices kept wider: 8, 6, 4 (none);\n"       \
+    "                           default 6 from 1B parameters, 8 below\n"                        \
+    "  --calib FILE             fit the packed weights to the model's activations on this\n"    \
+    "                           text (activation-aware scales; part of the pack cache key)\n"   \
+    "  --calib-tokens N         use its first N tokens (default 4096)\n"                        \
+    "  --gptq                   GPTQ on top of --calib\n"
+
+void cli_quant_init(struct cli_quant *q);
+/* Option a with its value v (NULL when none follows). Returns 2 when a and v were consumed, 1
+ * when a alone, 0 when a is not one of these, -1 on a bad or missing value. */
+int cli_quant_parse(struct cli_quant *q, const char *a, const char *v);
+/* After parsing: tokenize the calibration text with the model's tokenizer. 0, or -1 after
+ * printing "kwker <cmd>: ..." to stderr. */
+int cli_quant_load(struct cli_quant *q, const char *model, const char *cmd);
+void cli_quant_free(struct cli_quant *q);
+
 #endif

@@ -1,4 +1,5 @@
 /* cli_common.c - option parsing helpers shared by the kwker subcommands. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,4 +58,86 @@ const char *cli_cache_dir(const char *v)
         return NULL;
     int n = snprintf(home_dir, sizeof home_dir, "%s/.cache/kwker/packs", home);
     return n > 0 && (size_t)n < sizeof home_dir ? home_dir : NULL;
+}
+
+void cli_quant_init(struct cli_quant *q)
+{
+    memset(q, 0, sizeof *q);
+    q->calib_tokens = 4096;
+}
+
+int cli_quant_parse(struct cli_quant *q, const char *a, const char *v)
+{
+    if (!strcmp(a, "--gptq"))
+        return q->gptq = 1, 1;
+    int ours = !strcmp(a, "--mix-bits") || !strcmp(a, "--calib") || !strcmp(a, "--calib-tokens");
+    if (!ours)
+        return 0;
+    if (!v)
+        return -1;
+    if (!strcmp(a, "--calib"))
+        return v[0] ? (q->calib_file = v, 2) : -1;
+    if (!strcmp(a, "--calib-tokens"))
+        return cli_parse_int(v, 1, 1 << 20, &q->calib_tokens) ? -1 : 2;
+    if (cli_parse_int(v, 4, 8, &q->mix_bits) || (q->mix_bits != 4 && q->mix_bits != 6 &&
+                                                 q->mix_bits != 8))
+        return -1;
+    return 2;
+}
+
+/* The calibration text: no more than calib_tokens could need (a token is rarely over 32 bytes),
+ * so a long book is not read whole for 4096 tokens. */
+static char *read_head(const char *path, size_t cap, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = malloc(cap + 1);
+    size_t n = buf ? fread(buf, 1, cap, f) : 0;
+    int bad = !buf || ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+int cli_quant_load(struct cli_quant *q, const char *model, const char *cmd)
+{
+    if (q->gptq && !q->calib_file) {
+        fprintf(stderr, "kwker %s: --gptq needs --calib FILE\n", cmd);
+        return -1;
+    }
+    if (!q->calib_file)
+        return 0;
+    size_t len = 0;
+    char *text = read_head(q->calib_file, (size_t)q->calib_tokens * 32, &len);
+    if (!text) {
+        fprintf(stderr, "kwker %s: --calib %s: %s\n", cmd, q->calib_file, strerror(errno));
+        return -1;
+    }
+    struct kwk_err err = {0};
+    kwk_tokenizer *t = kwk_tokenizer_load(model, &err);
+    int rc = t ? kwk_tokenizer_encode_alloc(t, text, len, 0, &q->ids, &q->n_ids) : err.code;
+    kwk_tokenizer_free(t);
+    free(text);
+    if (rc || q->n_ids == 0) {
+        fprintf(stderr, "kwker %s: --calib %s: %s\n", cmd, q->calib_file,
+                rc ? (err.msg[0] ? err.msg : kwk_status_str(rc)) : "no tokens");
+        return -1;
+    }
+    if (q->n_ids > (size_t)q->calib_tokens)
+        q->n_ids = (size_t)q->calib_tokens;
+    return 0;
+}
+
+void cli_quant_free(struct cli_quant *q)
+{
+    kwk_tokenizer_mem_free(q->ids);
+    q->ids = NULL;
+    q->n_ids = 0;
 }

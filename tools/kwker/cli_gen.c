@@ -16,6 +16,7 @@
 void cli_gen_opts_init(struct cli_gen_opts *o, int n_predict)
 {
     memset(o, 0, sizeof *o);
+    cli_quant_init(&o->quant);
     kwk_decoder_params_init(&o->dec);
     o->dec.cache_dir = cli_cache_dir(NULL);
     kwk_sampler_params_init(&o->smp);
@@ -30,6 +31,7 @@ void cli_gen_opts_init(struct cli_gen_opts *o, int n_predict)
 
 void cli_gen_opts_free(struct cli_gen_opts *o)
 {
+    cli_quant_free(&o->quant);
     free(o->stop);
     o->stop = NULL;
     o->n_stop = 0;
@@ -56,6 +58,7 @@ void cli_gen_usage(FILE *f)
             "  -t, --threads N          compute threads (default: the cores)\n"
             "  -c, --max-cache-len N    KV cache positions (default min(model max, 4096))\n"
             "  --precision P            preserve | balanced | int8 | int4\n"
+            CLI_QUANT_USAGE
             "  --cache-dir DIR          packed-weight cache for balanced/int4 (default\n"
             "                           $KWKER_CACHE or ~/.cache/kwker/packs; off: none)\n"
             "  --stats                  print prompt/reuse/speed/finish figures to stderr\n");
@@ -157,6 +160,15 @@ int cli_gen_parse(struct cli_gen_opts *o, const char *cmd, int argc, char **argv
         return CLI_OPT_OK;
     }
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int q = cli_quant_parse(&o->quant, a, v);
+    if (q < 0) {
+        fprintf(stderr, "kwker %s: bad or missing value for %s\n", cmd, a);
+        return CLI_OPT_BAD;
+    }
+    if (q > 0) {
+        *i += q - 1;
+        return CLI_OPT_OK;
+    }
     int rc = parse_valued(o, a, v ? v : "");
     if (rc == 1)
         return CLI_OPT_NONE;
@@ -222,8 +234,18 @@ int cli_session_open(struct cli_session *s, const struct cli_gen_opts *o, int ne
     memset(s, 0, sizeof *s);
     if (need_tok && !(s->tok = kwk_tokenizer_load(o->model, &err)))
         goto fail;
+    /* the calibration ids live in o->quant (freed with the options) */
+    if (cli_quant_load((struct cli_quant *)&o->quant, o->model, cmd)) {
+        cli_session_close(s);
+        return -1;
+    }
+    struct kwk_decoder_params mp = o->dec;
+    mp.mix_bits = o->quant.mix_bits;
+    mp.calib = o->quant.ids;
+    mp.n_calib = (int64_t)o->quant.n_ids;
+    mp.gptq = o->quant.gptq;
     if (!(s->m = kwk_model_load(o->model, &err)) ||
-        !(s->d = decoder_new_quiet(s->m, &o->dec, &err)))
+        !(s->d = decoder_new_quiet(s->m, &mp, &err)))
         goto fail;
     kwk_model_get_info(s->m, &info);
     s->n_eos = info.n_eos < 8 ? info.n_eos : 8;
@@ -238,7 +260,8 @@ int cli_session_open(struct cli_session *s, const struct cli_gen_opts *o, int ne
         s->cache_len = info.max_position > 0 && info.max_position < 4096 ? info.max_position
                                                                          : 4096;
     if (o->draft) {
-        struct kwk_decoder_params dp = o->dec;
+        struct kwk_decoder_params dp = o->dec; /* the draft is not calibrated */
+        dp.mix_bits = o->quant.mix_bits;
         if (!(s->dm = kwk_model_load(o->draft, &err)) ||
             !(s->dd = decoder_new_quiet(s->dm, &dp, &err)))
             goto fail;

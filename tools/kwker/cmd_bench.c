@@ -12,6 +12,7 @@
 struct bench_opts {
     const char *model;
     struct kwk_decoder_params params;
+    struct cli_quant quant;
     int n_prompt, n_gen, reps, json;
 };
 
@@ -83,11 +84,19 @@ static int parse(int argc, char **argv, struct bench_opts *o)
     o->n_prompt = 512;
     o->n_gen = 128;
     o->reps = 3;
+    cli_quant_init(&o->quant);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        int q = cli_quant_parse(&o->quant, a, v);
+        if (q < 0)
+            return -1;
+        if (q > 0) {
+            i += q - 1;
             continue;
         }
         if (!v)
@@ -139,7 +148,7 @@ int cmd_bench(int argc, char **argv)
     struct bench_opts o = {0};
     if (parse(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: kwker bench --model M [--precision P] [-p 512] [-n 128] [-t N] "
-                        "[-r 3] [--json] [--cache-dir DIR|off]\n");
+                        "[-r 3] [--json] [--cache-dir DIR|off]\n" CLI_QUANT_USAGE);
         return 2;
     }
     o.params.max_cache_len = o.n_prompt + o.n_gen;
@@ -156,6 +165,12 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "kwker bench: %s\n", m ? "out of memory" : err.msg);
         goto out;
     }
+    if (cli_quant_load(&o.quant, o.model, "bench"))
+        goto out;
+    o.params.mix_bits = o.quant.mix_bits;
+    o.params.calib = o.quant.ids;
+    o.params.n_calib = (int64_t)o.quant.n_ids;
+    o.params.gptq = o.quant.gptq;
     d = kwk_decoder_new(m, &o.params, &err);
     if (!d) {
         fprintf(stderr, "kwker bench: %s\n", err.msg);
@@ -198,6 +213,7 @@ int cmd_bench(int argc, char **argv)
 out:
     kwk_decoder_free(d);
     kwk_model_free(m);
+    cli_quant_free(&o.quant);
     free(ids);
     free(pp);
     free(tg);

@@ -27,6 +27,7 @@ struct ppl_opts {
     const char *model;
     const char *file;
     struct kwk_decoder_params params;
+    struct cli_quant quant;
     int n_chunks; /* 0: every whole chunk of the file */
     int ctx;
 };
@@ -55,7 +56,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kwker perplexity --model M --file TEXT [--precision "
                "preserve|balanced|int8|int4] [--chunks 20] [--ctx 512] [-t N]\n"
-               "       [--cache-dir DIR|off]\n"
+               "       [--cache-dir DIR|off] [--mix-bits N] [--calib FILE] [--calib-tokens N]"
+               " [--gptq]\n"
                "  llama.cpp's protocol: chunks of --ctx tokens, each scored on its second half;\n"
                "  --chunks 0 scores every whole chunk of the file.\n");
 }
@@ -66,9 +68,19 @@ static int parse(int argc, char **argv, struct ppl_opts *o)
     o->params.cache_dir = cli_cache_dir(NULL);
     o->n_chunks = 20;
     o->ctx = 512;
+    cli_quant_init(&o->quant);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
+        int q = cli_quant_parse(&o->quant, a, v);
+        if (q < 0) {
+            fprintf(stderr, "kwker perplexity: bad or missing value for %s\n", a);
+            return -1;
+        }
+        if (q > 0) {
+            i += q - 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "kwker perplexity: %s needs a value or is unknown\n", a);
             return -1;
@@ -267,6 +279,12 @@ int cmd_perplexity(int argc, char **argv)
     struct kwk_model_info info;
     kwk_model_get_info(m, &info);
     o.params.max_cache_len = o.ctx;
+    if (cli_quant_load(&o.quant, o.model, "perplexity"))
+        goto out;
+    o.params.mix_bits = o.quant.mix_bits;
+    o.params.calib = o.quant.ids;
+    o.params.n_calib = (int64_t)o.quant.n_ids;
+    o.params.gptq = o.quant.gptq;
     d = kwk_decoder_new(m, &o.params, &err);
     if (!d) {
         fprintf(stderr, "kwker perplexity: %s\n", err.msg);
@@ -310,5 +328,6 @@ out:
     kwk_decoder_free(d);
     kwk_model_free(m);
     kwk_tokenizer_free(tok);
+    cli_quant_free(&o.quant);
     return rc;
 }

@@ -27,6 +27,7 @@ static void usage(FILE *f)
             "                           min(model max, 4096))\n"
             "  -t, --threads N          compute threads (default: the cores)\n"
             "  --precision P            preserve | balanced | int8 | int4\n"
+            CLI_QUANT_USAGE
             "  --cache-dir D            packed-weight cache for balanced / int4 (default\n"
             "                           $KWKER_CACHE or ~/.cache/kwker/packs; off: none)\n"
             "  --max-queue N            requests waiting for a slot before 503 (default 4096)\n"
@@ -91,6 +92,7 @@ int cmd_serve(int argc, char **argv)
     struct srv_opts o;
     memset(&o, 0, sizeof o);
     kwk_engine_params_init(&o.engine);
+    cli_quant_init(&o.quant);
     o.engine.cache_dir = cli_cache_dir(NULL);
     o.host = "127.0.0.1";
     o.port = 8000;
@@ -109,6 +111,15 @@ int cmd_serve(int argc, char **argv)
             o.log_requests = 0;
             continue;
         }
+        int q = cli_quant_parse(&o.quant, a, i < argc ? argv[i] : NULL);
+        if (q < 0) {
+            fprintf(stderr, "kwker serve: bad or missing value for %s\n", a);
+            return 2;
+        }
+        if (q > 0) {
+            i += q - 1;
+            continue;
+        }
         const char *v = i < argc ? argv[i++] : NULL; /* every other option takes a value */
         int rc = parse_opt(&o, a, v ? v : "");
         if (rc == 1) {
@@ -121,5 +132,7 @@ int cmd_serve(int argc, char **argv)
             return 2;
         }
     }
-    return srv_run(&o);
+    int rc = srv_run(&o);
+    cli_quant_free(&o.quant);
+    return rc;
 }

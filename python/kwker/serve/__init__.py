@@ -35,7 +35,7 @@ from .._lib import KwkErr, KwkError, lib, raise_err
 from ..decode import (_FINISH, _PRECISIONS, _TOP_MAX, KwkDecoder, _ModelInfo, _as_ids,
                       gen_params)
 from ..decode import _bind as _dec_bind
-from ..decode import _cache_dir_arg
+from ..decode import _cache_dir_arg, _quant_args
 from ..tokenizer import Tokenizer
 
 _I32P = ctypes.POINTER(ctypes.c_int32)
@@ -54,6 +54,10 @@ class _EngineParams(ctypes.Structure):
         ("prefill_chunk", ctypes.c_int),
         ("max_queue", ctypes.c_int),
         ("cache_dir", ctypes.c_char_p),
+        ("mix_bits", ctypes.c_int),
+        ("calib", ctypes.POINTER(ctypes.c_int32)),
+        ("n_calib", ctypes.c_int64),
+        ("gptq", ctypes.c_int),
     ]
 
 
@@ -304,10 +308,13 @@ class Engine:
     per step; max_queue: requests waiting for a slot. tokenizer: for text and stop strings
     (default: the model's own, when it ships one). cache_dir: the packed-weight cache for
     balanced / int4, as KwkDecoder's (None: none; True: $KWKER_CACHE or ~/.cache/kwker/packs).
+    mix_bits, calib, gptq: as KwkDecoder's (taken from the decoder when it is one of the same
+    precision).
     """
 
     def __init__(self, model, max_batch=8, max_cache_len=None, precision=None, n_threads=None,
-                 prefill_chunk=0, max_queue=0, tokenizer=None, cache_dir=None):
+                 prefill_chunk=0, max_queue=0, tokenizer=None, cache_dir=None, mix_bits=None,
+                 calib=None, gptq=False):
         L = _bind()
         self._lib = L
         self._e = None
@@ -317,6 +324,7 @@ class Engine:
         self._reqs_lock = threading.Lock()
         self._keys = itertools.count(1)
         self._decoder = self._model = None
+        quant = None
         if isinstance(model, KwkDecoder):
             self._decoder = model  # holds the model (and its tokenizer) open
             if not model._model:
@@ -329,6 +337,8 @@ class Engine:
             max_cache_len = model.max_cache_len if max_cache_len is None else max_cache_len
             info = model.info
             tok = tokenizer or model._tokenizer_if_any()
+            if precision == model.precision:  # the decoder's packing, fitted the same way
+                quant = model._quant
         else:
             D = _dec_bind()
             err = KwkErr()
@@ -345,6 +355,10 @@ class Engine:
                 except KwkError:
                     tok = None
         precision = precision or "preserve"
+        if quant is None:
+            quant = _quant_args(precision, mix_bits, calib, gptq,
+                                self._decoder.model_path if self._decoder is not None
+                                else os.fspath(model))
         if precision not in _PRECISIONS:
             raise ValueError("precision must be one of %s" % ", ".join(_PRECISIONS))
         p = _EngineParams()
@@ -357,6 +371,7 @@ class Engine:
         p.max_queue = int(max_queue or 0)
         cache = _cache_dir_arg(cache_dir)
         p.cache_dir = cache  # borrowed by kwk_engine_new only; `cache` outlives the call
+        p.mix_bits, p.calib, p.n_calib, p.gptq = quant  # quant[1] outlives the call too
         self.vocab_size = info.n_vocab
         self.eos_token_id = [info.eos_ids[i] for i in range(info.n_eos)]
         self._tokenizer = tok

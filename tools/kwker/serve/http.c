@@ -861,6 +861,13 @@ static int load(struct srv *s, const char *path)
             info.max_position > 0 && info.max_position < 4096 ? info.max_position : 4096;
     struct kwk_engine_params ep = s->o->engine;
     ep.max_cache_len = s->lim.max_cache_len;
+    struct cli_quant *q = (struct cli_quant *)&s->o->quant;
+    if (cli_quant_load(q, path, "serve"))
+        return -1;
+    ep.mix_bits = q->mix_bits;
+    ep.calib = q->ids;
+    ep.n_calib = (int64_t)q->n_ids;
+    ep.gptq = q->gptq;
     if (!(s->e = kwk_engine_new(s->m, &ep, &err)) || kwk_engine_start(s->e, &err))
         goto fail;
     return 0;
