@@ -4,8 +4,12 @@ llama-perplexity's protocol on both sides.
 
   python3 bench/ppl.py [--chunks 20] [--ctx 512] [-t 2] [--src GGUF] [--text FILE]
                        [--llama f32,q8_0,q4_0,q4_k_m] [--kwker preserve,balanced,int4]
+                       [--calib-text FILE] [--calib-tokens 4096]
                        [--kwker-bin build/kwker] [--kwker-bpw balanced=8.5] [--reuse]
                        [--json out.json]
+
+Kwker variants: precision[+mixN][+calib][+gptq], e.g. int4+mix4+calib+gptq (--mix-bits N,
+--calib FILE with --calib-text's first --calib-tokens tokens, --gptq).
 
 The original is the source GGUF dequantized to F32 (bench/make_gguf.py, which also makes the
 llama.cpp quantizations with llama.cpp's own quantizer). llama.cpp's numbers come from
@@ -92,10 +96,29 @@ def llama_perplexity(path, text, ctx, n_chunks, threads, log, kv_f32=False):
         m.close()
 
 
-def kwker_perplexity(kwker_bin, model, precision, text_path, ctx, n_chunks, threads):
-    cmd = [str(kwker_bin), "perplexity", "--model", str(model), "--precision", precision,
-           "--file", str(text_path), "--chunks", str(n_chunks), "--ctx", str(ctx),
-           "-t", str(threads)]
+def kwker_flags(spec, calib_text=None, calib_tokens=4096):
+    """A Kwker variant: precision[+mixN][+calib][+gptq] (e.g. int4+mix6+calib+gptq) -> flags.
+    +calib uses calib_text (not the scored text: the fit must carry over to unseen text)."""
+    parts = spec.split("+")
+    flags = ["--precision", parts[0]]
+    for p in parts[1:]:
+        if p.startswith("mix"):
+            flags += ["--mix-bits", p[3:]]
+        elif p == "calib":
+            flags += ["--calib", str(calib_text), "--calib-tokens", str(calib_tokens)]
+        elif p == "gptq":
+            flags += ["--gptq"]
+        else:
+            raise SystemExit("unknown Kwker variant part %r in %r" % (p, spec))
+    return flags
+
+
+def kwker_perplexity(kwker_bin, model, precision, text_path, ctx, n_chunks, threads,
+                     calib_text=None, calib_tokens=4096):
+    cmd = [str(kwker_bin), "perplexity", "--model", str(model)] + \
+        kwker_flags(precision, calib_text, calib_tokens) + \
+        ["--file", str(text_path), "--chunks", str(n_chunks), "--ctx", str(ctx),
+         "-t", str(threads)]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -126,8 +149,10 @@ def kwker_packed_bpw(kwker_bin, model, precision, text_path):
     None when the log has no such line (preserve packs nothing: float32, 32 bits)."""
     if precision == "preserve":
         return 32.0
-    cmd = [str(kwker_bin), "perplexity", "--model", str(model), "--precision", precision,
-           "--file", str(text_path), "--chunks", "1", "--ctx", "8"]
+    # calibration changes the numbers, not the matrix types: leave it out (it takes time)
+    spec = "+".join(p for p in precision.split("+") if p not in ("calib", "gptq"))
+    cmd = [str(kwker_bin), "perplexity", "--model", str(model)] + kwker_flags(spec) + \
+        ["--file", str(text_path), "--chunks", "1", "--ctx", "8", "--cache-dir", "off"]
     proc = subprocess.run(cmd, capture_output=True, text=True,
                           env=dict(os.environ, KWKER_LOG="info"))
     m = re.search(r"([0-9.]+) bits per weight", proc.stderr)
@@ -209,6 +234,11 @@ def main(argv=None):
                     help="llama.cpp formats ('' for none); f32 is the original")
     ap.add_argument("--kwker", default="preserve,balanced,int4",
                     help="Kwker precisions on the F32 original ('' for none)")
+    ap.add_argument("--calib-text", default=str(llamacpp.REPO.parent / "shared" / "data" /
+                                                "text" / "war-and-peace.txt"),
+                    help="calibration text of the +calib variants (default War and Peace: "
+                         "not the scored text)")
+    ap.add_argument("--calib-tokens", type=int, default=4096)
     ap.add_argument("--kwker-bin", default=os.environ.get("KWKER_BIN") or str(
         llamacpp.REPO / "build" / "kwker"))
     ap.add_argument("--kwker-bpw", default="",
@@ -256,11 +286,12 @@ def main(argv=None):
     for prec in kwk_precs:
         log("kwker %s on %s" % (prec, paths["f32"]))
         key = cache.key("kwker", a.kwker_bin, prec, paths["f32"], a.text, a.ctx, a.chunks,
-                        a.threads, os.environ.get("KWKER_ISA", ""))
+                        a.threads, os.environ.get("KWKER_ISA", ""),
+                        *((a.calib_text, a.calib_tokens) if "calib" in prec else ()))
         r = cache.get(key)
         if r is None:
             r = kwker_perplexity(a.kwker_bin, paths["f32"], prec, a.text, a.ctx, a.chunks,
-                                 a.threads)
+                                 a.threads, a.calib_text, a.calib_tokens)
             cache.put(key, r)
         else:
             log("  (reused from %s)" % cache.path)

@@ -122,6 +122,7 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
     kwk_rope_freqs(c, d->inv_freq);
     d->layers = m->layers;
     d->lm_head = &m->lm_head;
+    d->out_norm = m->out_norm;
     if (p->precision != KWK_PRECISION_PRESERVE) {
         struct kwk_packcache_opts cache = {.dir = p->cache_dir,
                                            .max_bytes = p->cache_max_bytes};
@@ -138,6 +139,7 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
             goto out_err;
         d->layers = kwk_packed_layers(d->packed);
         d->lm_head = kwk_packed_lm_head(d->packed);
+        d->out_norm = kwk_packed_out_norm(d->packed);
         /* Packing (or hashing them for the pack cache) read every checkpoint page; from now on
          * the packed copy is what runs, so those pages need not stay resident (peak memory of
          * a balanced / int4 process: the pack, not the pack plus the checkpoint). */
@@ -201,7 +203,7 @@ static void head_norm_run(void *ctx, int ith, int nth)
     kwk_split_range(t->n, ith, nth, 1, &lo, &hi);
     for (long i = lo; i < hi; i++) {
         long row = t->idx ? t->idx[i] : i;
-        t->d->k->rmsnorm(t->d->xn + i * dm, t->x + row * dm, t->d->m->out_norm, dm,
+        t->d->k->rmsnorm(t->d->xn + i * dm, t->x + row * dm, t->d->out_norm, dm,
                          t->d->c->rms_eps);
     }
 }

@@ -17,6 +17,7 @@
 struct kwk_packed {
     struct kwk_layer *layers; /* [n_layers] the model's layers with matrices replaced */
     struct kwk_mat lm_head;   /* [n_vocab][d_model] packed */
+    const float *out_norm;    /* [d_model] the model's, or calibration's (scales folded in) */
     void **bufs;              /* [n_bufs] block storage, one per matrix (aligned) */
     int n_bufs;
     int64_t n_weights;        /* weights of the packed matrices */
@@ -319,6 +320,29 @@ static int pack_fitted(const struct kwk_mat *src, struct kwk_mat *dst, const flo
     return kwk_scaled_pack(src, col, row, dst, pool, err);
 }
 
+/* The lm_head with AWQ scales (and GPTQ) against the output-normed states; the output norm's
+ * weights divided by the scales into out_norm. s: scratch of d_model floats. */
+static int fit_head(const struct kwk_model *m, const struct kwk_capture *cap,
+                    const struct kwk_mat *src, struct kwk_mat *dst, float *s, float *out_norm,
+                    int gptq, struct kwk_pool *pool, struct kwk_err *err)
+{
+    const struct kwk_calib_input *in = kwk_capture_input(cap, m->cfg.n_layers, 0);
+    const struct kwk_mat *head[1] = {src};
+    const int wt[1] = {dst->wtype};
+    float alpha = 0.0f;
+    int rc = kwk_awq_scales(head, wt, 1, in, s, &alpha, pool, err);
+    if (rc)
+        return rc;
+    if (forced_alpha(&alpha))
+        awq_scales_at(in, alpha, s);
+    kwk_log(KWK_LOG_DEBUG, "calibration: lm_head: alpha %.2f", (double)alpha);
+    if ((rc = pack_fitted(src, dst, s, NULL, in, gptq, pool, err)))
+        return rc;
+    for (int j = 0; j < m->cfg.d_model; j++)
+        out_norm[j] = m->out_norm[j] / s[j];
+    return 0;
+}
+
 /* ---- the pack ----------------------------------------------------------------------------------- */
 
 /* The wider type int4 keeps some matrices in. */
@@ -365,7 +389,8 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     const char *label = precision == KWK_PRECISION_INT4 ? "int4" : "balanced";
     const struct kwk_config *c = &m->cfg;
     int n_layers = c->n_layers, n_mats = 7 * n_layers + 1;
-    int calib = qo.n_calib > 0, n_vecs = calib ? V_COUNT * n_layers : 0;
+    /* calibration's vectors: each layer's, then the output norm (at V_COUNT * n_layers) */
+    int calib = qo.n_calib > 0, n_vecs = calib ? V_COUNT * n_layers + 1 : 0;
     unsigned keep8 = precision == KWK_PRECISION_INT4 ? keep8_mask(qo.mix_bits) : 0;
     int wide = precision == KWK_PRECISION_INT4 ? mix_wtype(m, qo.mix_bits) : KWK_W_Q8;
     struct pack_job *jobs = NULL;
@@ -429,6 +454,13 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                                                      (size_t)lens[v] * sizeof(float)};
         }
     }
+    if (calib) {
+        int i = V_COUNT * n_layers;
+        vec_src[i] = (struct kwk_mat){KWK_W_F32, 1, c->d_model, m->out_norm};
+        vec_dst[i] = (struct kwk_mat){KWK_W_F32, 1, c->d_model, NULL};
+        ents[n_ents++] = (struct kwk_pack_entry){&vec_src[i], &vec_dst[i],
+                                                 (size_t)c->d_model * sizeof(float)};
+    }
     if (cache)
         opts = *cache;
     opts.label = label;
@@ -484,14 +516,15 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         kwk_progress_init(&bar, what);
         for (int i = 0; i < n_jobs; i += 7) {
             int L = i / 7;
-            if (!calib || L == n_layers) {
-                if (calib && qo.gptq) { /* the lm_head: GPTQ on the output-normed states */
-                    if (pack_fitted(jobs[i].src, jobs[i].dst, NULL, NULL,
-                                    kwk_capture_input(cap, n_layers, 0), 1, pool, err))
-                        goto out_err;
-                } else if (run_jobs(jobs + i, KWK_MIN(7, n_jobs - i), pool, err)) {
+            if (!calib) {
+                if (run_jobs(jobs + i, KWK_MIN(7, n_jobs - i), pool, err))
                     goto out_err;
-                }
+            } else if (L == n_layers) {
+                /* the lm_head: its scales fold into the output norm (the packed head is a
+                 * copy: tied embeddings are still looked up unscaled in the model's table) */
+                if (fit_head(m, cap, jobs[i].src, jobs[i].dst, fit_mem,
+                             (float *)vec_dst[V_COUNT * n_layers].data, qo.gptq, pool, err))
+                    goto out_err;
             } else {
                 struct layer_fit *f = &fit;
                 float *at = fit_mem; /* one layer's scales at a time */
@@ -532,6 +565,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         kwk_progress_end(&bar);
         kwk_packcache_commit(p->cache, pool);
     }
+    p->out_norm = calib ? (const float *)vec_dst[V_COUNT * n_layers].data : m->out_norm;
     for (int L = 0; L < n_layers && calib; L++) {
         p->layers[L].attn_norm = (float *)vec_dst[L * V_COUNT + V_ATTN_NORM].data;
         p->layers[L].ffn_norm = (float *)vec_dst[L * V_COUNT + V_FFN_NORM].data;
@@ -574,6 +608,11 @@ void kwk_packed_free(struct kwk_packed *p)
 const struct kwk_layer *kwk_packed_layers(const struct kwk_packed *p)
 {
     return p->layers;
+}
+
+const float *kwk_packed_out_norm(const struct kwk_packed *p)
+{
+    return p->out_norm;
 }
 
 const struct kwk_mat *kwk_packed_lm_head(const struct kwk_packed *p)

@@ -44,6 +44,26 @@ void kwk_rope_freqs(const struct kwk_config *c, float *inv)
     }
 }
 
+void kwk_rope_table(int head_dim, const float *inv, int pos, float *cs)
+{
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float angle = (float)pos * inv[i];
+        cs[i] = cosf(angle);
+        cs[half + i] = sinf(angle);
+    }
+}
+
+void kwk_rope_rotate(float *x, int head_dim, const float *cs)
+{
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cs[i] - b * cs[half + i];
+        x[i + half] = b * cs[i] + a * cs[half + i];
+    }
+}
+
 void kwk_rope_apply(float *x, int head_dim, const float *inv, int pos)
 {
     int half = head_dim / 2;

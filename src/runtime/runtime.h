@@ -23,6 +23,7 @@ struct kwk_decoder {
     int kv_dim;   /* n_kv_heads * head_dim */
     const struct kwk_layer *layers; /* [n_layers]: the model's own, or repacked (packed) */
     const struct kwk_mat *lm_head;  /* [n_vocab][d_model] */
+    const float *out_norm;          /* [d_model]: the model's, or the packed head's own */
     struct kwk_packed *packed;      /* weights repacked for balanced / int4; NULL for preserve */
     struct kwk_capture *capture;    /* calibration: keeps the matrices' inputs (NULL: off) */
 
@@ -63,6 +64,10 @@ int32_t kwk_argmax(const float *x, int n);
 void kwk_rope_freqs(const struct kwk_config *c, float *inv);
 /* Rotate one head vector x[head_dim] at position pos (rotate-half layout, as transformers). */
 void kwk_rope_apply(float *x, int head_dim, const float *inv, int pos);
+/* The same in two steps, so that a row's angles are computed once for all its heads and layers
+ * (the same numbers as kwk_rope_apply): cs[head_dim] = cos, then sin, of pos * inv[i]. */
+void kwk_rope_table(int head_dim, const float *inv, int pos, float *cs);
+void kwk_rope_rotate(float *x, int head_dim, const float *cs);
 
 /* A decoder with n_slots KV slots and scratch for n_batch rows a pass (0: the default). */
 struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,

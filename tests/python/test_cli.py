@@ -290,3 +290,45 @@ def test_chat_in_a_terminal(ref, tmux_session):
     tmux("send-keys", "-t", s, "C-d")
     screen = wait_for(s, lambda sc: EXITED.search(sc))
     assert "EXIT=0" in screen, screen
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--mix-bits", "5"], "--mix-bits"),
+    (["--mix-bits"], "--mix-bits"),
+    (["--calib"], "--calib"),
+    (["--calib-tokens", "0"], "--calib-tokens"),
+])
+def test_bad_packing_flags_exit_2(args, says):
+    p = run("generate", "--model", smollm2_gguf(), "--prompt", "x", "--precision", "int4", *args)
+    assert p.returncode == 2, (args, p.returncode, p.stderr)
+    assert says in p.stderr, p.stderr
+
+
+def test_packing_flags_refused_with_a_reason(tmp_path):
+    p = run("generate", "--model", smollm2_gguf(), "--prompt", "x", "--precision", "int4",
+            "--gptq")
+    assert p.returncode != 0 and "--gptq needs --calib" in p.stderr, p.stderr
+    p = run("generate", "--model", smollm2_gguf(), "--prompt", "x", "--precision", "int4",
+            "--calib", tmp_path / "missing.txt")
+    assert p.returncode != 0 and "missing.txt" in p.stderr, p.stderr
+    p = run("generate", "--model", smollm2_gguf(), "--prompt", "x", "--precision", "balanced",
+            "--mix-bits", "6")
+    assert p.returncode != 0 and "mix_bits" in p.stderr, p.stderr
+
+
+def test_calibrated_int4_generates_and_is_cached(tmp_path):
+    """--calib tokenizes the text with the model's tokenizer; the fitted pack is cached under a
+    key of its own, and the second run maps it (same text out)."""
+    text = tmp_path / "calib.txt"
+    text.write_text("The history of the city begins with a small settlement on the river. " * 8)
+    args = ["generate", "--model", smollm2_gguf(), "--prompt", "The capital of France is",
+            "-n", "8", "-t", THREADS, "--precision", "int4", "--calib", text,
+            "--calib-tokens", "64", "--gptq", "--cache-dir", tmp_path / "packs"]
+    a = run(*args, timeout=900)
+    assert a.returncode == 0, a.stderr
+    assert a.stdout.strip()
+    packs = list((tmp_path / "packs").glob("*.kwkpack"))
+    assert len(packs) == 1, packs
+    b = run(*args, timeout=900)
+    assert b.returncode == 0 and b.stdout == a.stdout, (a.stdout, b.stdout, b.stderr)
+    assert list((tmp_path / "packs").glob("*.kwkpack")) == packs
