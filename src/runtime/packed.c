@@ -294,6 +294,12 @@ static int fit_layer(const struct kwk_model *m, const struct kwk_capture *cap, i
         kwk_log(KWK_LOG_DEBUG, "calibration: layer %d %s: alpha %.2f", L,
                 (const char *const[]){"qkv", "o", "gate/up", "down"}[site], (double)alpha);
     }
+    return 0;
+}
+
+/* The value and up rows' scales from the o and down projections' (final) column scales. */
+static void rows_of_scales(const struct kwk_config *c, struct layer_fit *f)
+{
     /* value row g*hd+e feeds o's columns h*hd+e of the query heads h of group g, which share
      * one scale (group_absmean): take the group's first head's */
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
@@ -302,7 +308,6 @@ static int fit_layer(const struct kwk_model *m, const struct kwk_capture *cap, i
             f->v_row[g * hd + e] = 1.0f / f->s[KWK_SITE_O][g * group * hd + e];
     for (int r = 0; r < c->d_ff; r++)
         f->up_row[r] = 1.0f / f->s[KWK_SITE_DOWN][r];
-    return 0;
 }
 
 /* GPTQ's dampening: this fraction of the mean diagonal is added to the Hessian's diagonal (the
@@ -318,6 +323,138 @@ static int pack_fitted(const struct kwk_mat *src, struct kwk_mat *dst, const flo
     if (gptq)
         return kwk_gptq_pack(src, col, row, in, GPTQ_DAMP, dst, pool, err);
     return kwk_scaled_pack(src, col, row, dst, pool, err);
+}
+
+/* ---- choosing between AWQ + GPTQ and GPTQ alone ------------------------------------------------ */
+
+/* GPTQ already weighs each input channel by its activations; AWQ's scales on top help on some
+ * matrices (outlier channels) and hurt on others (SmolLM2-135M's lm_head: +4.0% perplexity with
+ * both, +2.1% with GPTQ alone). So with gptq each input site is packed both ways and keeps the
+ * one whose outputs on (up to) EVAL_ROWS kept calibration rows are closer to the float ones. */
+#define EVAL_ROWS 128
+
+struct err_task {
+    const struct kwk_kernels *k;
+    const struct kwk_mat *src, *q; /* float source, its packed form */
+    const float *col, *row;        /* the scales q was packed with (NULL = 1) */
+    const struct kwk_calib_input *in;
+    double *row_err;               /* [rows] */
+    float *scratch;                /* [nth][2 * cols] */
+    _Atomic long next;
+};
+
+static void err_run(void *ctx, int ith, int nth)
+{
+    struct err_task *t = ctx;
+    int64_t cols = t->src->cols, n_rows = t->in->n_rows;
+    int64_t n_eval = KWK_MIN(n_rows, (int64_t)EVAL_ROWS);
+    float *w = t->scratch + (size_t)ith * 2 * (size_t)cols, *wq = w + cols;
+    (void)nth;
+    for (;;) {
+        long r = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (r >= t->src->rows)
+            break;
+        t->k->mat_row(t->src, r, w);
+        t->k->mat_row(t->q, r, wq);
+        float rs = t->row ? t->row[r] : 1.0f;
+        for (int64_t j = 0; j < cols; j++) /* the packed row as the float model sees it */
+            wq[j] = (t->col ? wq[j] / t->col[j] : wq[j]) - w[j] * rs;
+        double e = 0.0;
+        for (int64_t i = 0; i < n_eval; i++) {
+            const float *x = t->in->x + (size_t)(i * n_rows / n_eval) * (size_t)cols;
+            double d = t->k->dot(x, wq, (long)cols);
+            e += d * d;
+        }
+        t->row_err[r] = e;
+    }
+}
+
+/* Squared output error of packed q against src on the kept rows of in; -1 when out of memory. */
+static double output_error(const struct kwk_mat *src, const struct kwk_mat *q, const float *col,
+                           const float *row, const struct kwk_calib_input *in,
+                           struct kwk_pool *pool)
+{
+    int nth = pool ? kwk_pool_size(pool) : 1;
+    struct err_task t = {.k = kwk_kernels(), .src = src, .q = q, .col = col, .row = row,
+                         .in = in};
+    atomic_init(&t.next, 0);
+    t.row_err = kwk_malloc((size_t)src->rows * sizeof(double));
+    t.scratch = kwk_malloc_aligned((size_t)nth * 2 * (size_t)src->cols * sizeof(float));
+    double sum = -1.0;
+    if (t.row_err && t.scratch) {
+        if (pool)
+            kwk_pool_run(pool, err_run, &t);
+        else
+            err_run(&t, 0, 1);
+        sum = 0.0; /* rows in order: the same sum whatever the thread split */
+        for (int64_t r = 0; r < src->rows; r++)
+            sum += t.row_err[r];
+    }
+    kwk_free(t.row_err);
+    kwk_free_aligned(t.scratch);
+    return sum;
+}
+
+static int is_one(const float *s, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        if (s[j] != 1.0f)
+            return 0;
+    return 1;
+}
+
+/* Pack the n matrices src[i] -> dst[i] (row scales rows[i], NULL = none) that read one input
+ * with column scales s; with gptq and scales that are not all 1, also without them, keeping
+ * the closer variant (then s becomes all 1). */
+static int pack_site(const struct kwk_mat *const *src, struct kwk_mat *const *dst,
+                     const float *const *rows, int n, float *s,
+                     const struct kwk_calib_input *in, int gptq, struct kwk_pool *pool,
+                     struct kwk_err *err)
+{
+    int64_t dim = src[0]->cols;
+    for (int i = 0; i < n; i++)
+        if (pack_fitted(src[i], dst[i], s, rows[i], in, gptq, pool, err))
+            return err ? err->code : -1;
+    if (!gptq || is_one(s, dim))
+        return 0;
+    struct kwk_mat alt[3];
+    double e_awq = 0.0, e_alt = 0.0;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        size_t bytes = 0;
+        kwk_quant_bytes(dst[i]->wtype, dst[i]->rows, dst[i]->cols, &bytes);
+        alt[i] = *dst[i];
+        alt[i].data = kwk_malloc_aligned(bytes ? bytes : 64);
+        if (!alt[i].data) {
+            for (int j = 0; j < i; j++)
+                kwk_free_aligned((void *)alt[j].data);
+            return kwk_err_set(err, -ENOMEM, "out of memory fitting a %lld x %lld matrix",
+                               (long long)dst[i]->rows, (long long)dst[i]->cols);
+        }
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        rc = pack_fitted(src[i], &alt[i], NULL, rows[i], in, 1, pool, err);
+        double a = rc ? -1 : output_error(src[i], dst[i], s, rows[i], in, pool);
+        double b = rc ? -1 : output_error(src[i], &alt[i], NULL, rows[i], in, pool);
+        if (!rc && (a < 0 || b < 0))
+            rc = kwk_err_set(err, -ENOMEM, "out of memory measuring a fit");
+        e_awq += a;
+        e_alt += b;
+    }
+    if (!rc && e_alt < e_awq) {
+        for (int i = 0; i < n; i++) {
+            size_t bytes = 0;
+            kwk_quant_bytes(dst[i]->wtype, dst[i]->rows, dst[i]->cols, &bytes);
+            memcpy((void *)dst[i]->data, alt[i].data, bytes);
+        }
+        for (int64_t j = 0; j < dim; j++)
+            s[j] = 1.0f;
+    }
+    kwk_log(KWK_LOG_DEBUG, "calibration: gptq %s (output error %.4g vs %.4g without scales)",
+            !rc && e_alt < e_awq ? "alone" : "with awq scales", e_awq, e_alt);
+    for (int i = 0; i < n; i++)
+        kwk_free_aligned((void *)alt[i].data);
+    return rc;
 }
 
 /* The lm_head with AWQ scales (and GPTQ) against the output-normed states; the output norm's
@@ -336,7 +473,8 @@ static int fit_head(const struct kwk_model *m, const struct kwk_capture *cap,
     if (forced_alpha(&alpha))
         awq_scales_at(in, alpha, s);
     kwk_log(KWK_LOG_DEBUG, "calibration: lm_head: alpha %.2f", (double)alpha);
-    if ((rc = pack_fitted(src, dst, s, NULL, in, gptq, pool, err)))
+    const float *no_rows[1] = {NULL};
+    if ((rc = pack_site(head, &dst, no_rows, 1, s, in, gptq, pool, err)))
         return rc;
     for (int j = 0; j < m->cfg.d_model; j++)
         out_norm[j] = m->out_norm[j] / s[j];
@@ -536,16 +674,28 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                 f->up_row = at;
                 if (fit_layer(m, cap, L, &p->layers[L], f, pool, err))
                     goto out_err;
-                static const int site_of_mat[7] = {KWK_SITE_QKV, KWK_SITE_QKV, KWK_SITE_QKV,
-                                                   KWK_SITE_O, KWK_SITE_GU, KWK_SITE_GU,
-                                                   KWK_SITE_DOWN};
-                for (int w = 0; w < 7; w++) {
-                    int site = site_of_mat[w];
-                    const float *row = w == M_V ? f->v_row : w == M_UP ? f->up_row : NULL;
-                    if (pack_fitted(jobs[i + w].src, jobs[i + w].dst, f->s[site], row,
-                                    kwk_capture_input(cap, L, site), qo.gptq, pool, err))
-                        goto out_err;
-                }
+                /* o and down first: their final scales set the value and up rows' */
+                const struct pack_job *jb = jobs + i;
+                const float *none[3] = {NULL, NULL, NULL};
+                const struct kwk_mat *s_o[1] = {jb[M_O].src}, *s_dn[1] = {jb[M_DOWN].src};
+                struct kwk_mat *d_o[1] = {jb[M_O].dst}, *d_dn[1] = {jb[M_DOWN].dst};
+                if (pack_site(s_o, d_o, none, 1, f->s[KWK_SITE_O],
+                              kwk_capture_input(cap, L, KWK_SITE_O), qo.gptq, pool, err) ||
+                    pack_site(s_dn, d_dn, none, 1, f->s[KWK_SITE_DOWN],
+                              kwk_capture_input(cap, L, KWK_SITE_DOWN), qo.gptq, pool, err))
+                    goto out_err;
+                rows_of_scales(c, f);
+                const struct kwk_mat *s_qkv[3] = {jb[M_Q].src, jb[M_K].src, jb[M_V].src};
+                struct kwk_mat *d_qkv[3] = {jb[M_Q].dst, jb[M_K].dst, jb[M_V].dst};
+                const float *r_qkv[3] = {NULL, NULL, f->v_row};
+                const struct kwk_mat *s_gu[2] = {jb[M_GATE].src, jb[M_UP].src};
+                struct kwk_mat *d_gu[2] = {jb[M_GATE].dst, jb[M_UP].dst};
+                const float *r_gu[2] = {NULL, f->up_row};
+                if (pack_site(s_qkv, d_qkv, r_qkv, 3, f->s[KWK_SITE_QKV],
+                              kwk_capture_input(cap, L, KWK_SITE_QKV), qo.gptq, pool, err) ||
+                    pack_site(s_gu, d_gu, r_gu, 2, f->s[KWK_SITE_GU],
+                              kwk_capture_input(cap, L, KWK_SITE_GU), qo.gptq, pool, err))
+                    goto out_err;
                 /* what wrote the scaled inputs now writes them divided by s */
                 const struct kwk_layer *l = &m->layers[L];
                 float *an = (float *)vec_dst[L * V_COUNT + V_ATTN_NORM].data;
