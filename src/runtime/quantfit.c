@@ -12,10 +12,8 @@
 /* H is dim^2 doubles: beyond this it would not fit any machine Kwker runs on, and dims are
  * passed to the kernels as int token counts. */
 #define MAX_DIM 65536
-/* Largest group a format may have (fit_group's stack buffer). */
-#define MAX_GROUP 256
 
-/* ---- shared helpers ------------------------------------------------------------------------- */
+/* ---- shared helpers -------------------------------------------------------------------------- */
 
 /* An aligned array of n1 * n2 elements of size `elem`; NULL with *rc = KWK_ELIMIT or -ENOMEM. */
 static void *alloc_array(size_t n1, size_t n2, size_t elem, int *rc, struct kwk_err *err)
@@ -67,8 +65,7 @@ static void load_rows(const struct kwk_mat *src, int64_t r0, int n, const float 
 /* dst must be prepared as quantfit.h says; src a matrix mat_row reads. */
 static int check_dst(const struct kwk_mat *src, const struct kwk_mat *dst, struct kwk_err *err)
 {
-    if (!src || !dst || !dst->data || !kwk_quant_group(dst->wtype) ||
-        kwk_quant_group(dst->wtype) > MAX_GROUP)
+    if (!src || !dst || !dst->data || !kwk_quant_group(dst->wtype))
         return kwk_err_set(err, KWK_EARG, "quantfit: no source, or a destination that is not "
                                           "an allocated quantized matrix");
     if (src->rows < 0 || src->cols <= 0 || dst->rows != src->rows || dst->cols != src->cols)
@@ -81,13 +78,28 @@ static int check_dst(const struct kwk_mat *src, const struct kwk_mat *dst, struc
     return 0;
 }
 
+/* Column scales divide the activations: each must be positive and finite. */
+static int check_scales(const float *col_scale, const float *row_scale, int64_t rows,
+                        int64_t cols, struct kwk_err *err)
+{
+    for (int64_t k = 0; col_scale && k < cols; k++)
+        if (!(col_scale[k] > 0.0f) || !isfinite(col_scale[k]))
+            return kwk_err_set(err, KWK_EARG, "quantfit: column scale %lld is %g",
+                               (long long)k, (double)col_scale[k]);
+    for (int64_t r = 0; row_scale && r < rows; r++)
+        if (!isfinite(row_scale[r]))
+            return kwk_err_set(err, KWK_EARG, "quantfit: row scale %lld is %g", (long long)r,
+                               (double)row_scale[r]);
+    return 0;
+}
+
 static int check_calib(const struct kwk_calib_input *in, int64_t cols, struct kwk_err *err)
 {
     if (!in || in->dim != cols || in->n_rows < 0 || (in->n_rows > 0 && !in->x))
         return kwk_err_set(err, KWK_EARG, "quantfit: calibration input of dim %lld for %lld "
                            "columns", in ? (long long)in->dim : -1LL, (long long)cols);
     if (in->n_rows > INT_MAX)
-        return kwk_err_set(err, KWK_ELIMIT, "quantfit: %lld calibration rows", 
+        return kwk_err_set(err, KWK_ELIMIT, "quantfit: %lld calibration rows",
                            (long long)in->n_rows);
     return 0;
 }
@@ -97,7 +109,7 @@ static int64_t n_row_blocks(int64_t rows)
     return (rows + KWK_QROWS - 1) / KWK_QROWS;
 }
 
-/* ---- round-to-nearest packing of W' ----------------------------------------------------------- */
+/* ---- round-to-nearest packing of W' ---------------------------------------------------------- */
 
 struct scaled_task {
     const struct kwk_mat *src;
@@ -127,6 +139,8 @@ int kwk_scaled_pack(const struct kwk_mat *src, const float *col_scale, const flo
                     struct kwk_mat *dst, struct kwk_pool *pool, struct kwk_err *err)
 {
     int rc = check_dst(src, dst, err);
+    if (!rc)
+        rc = check_scales(col_scale, row_scale, src->rows, src->cols, err);
     if (rc)
         return rc;
     struct scaled_task t = {src, col_scale, row_scale, dst, NULL, 0};
@@ -140,7 +154,7 @@ int kwk_scaled_pack(const struct kwk_mat *src, const float *col_scale, const flo
     return 0;
 }
 
-/* ---- GPTQ: H, its factorisation, the column sweep --------------------------------------------- */
+/* ---- GPTQ: H, its factorisation, the column sweep -------------------------------------------- */
 
 /* H = X'^T X' through the kernels' float matmul: with Xt = X'^T ([dim][n_rows]) as a matrix and
  * its rows as tokens, y[t][r] = sum_k Xt[r][k] Xt[t][k] = H[t][r]. Float sums, as GPTQ's own
@@ -164,39 +178,86 @@ static void gram_run(void *ctx, int ith, int nth)
                 t->h[c * t->xt.rows + r] = 0.0f;
 }
 
-/* Upper Cholesky B = R^T R in place (upper triangle of b, [n][n] double), right-looking so the
- * trailing update is a contiguous axpy per row (vectorizes without -ffast-math), rows of the
- * update shared among threads by index (i % nth) with one barrier per step: n^3 / 6
- * multiply-adds. Row j is final after step j, so rows are divided by their pivots at the end.
- * Every element sees the same operations whatever the thread count. */
+/* Upper Cholesky B = R^T R in place (upper triangle of b, [n][n] double), right-looking:
+ * elimination step j subtracts (b_ji / b_jj) * row j from every later row i, a contiguous axpy
+ * (vectorizes without -ffast-math). Steps go in panels of CHOL_NB: thread 0 applies a panel's
+ * steps to the panel's own rows, then the threads share the later rows (i % nth), applying the
+ * panel's steps to CHOL_KC columns at a time so each row chunk is read from memory once per
+ * panel rather than once per step (unblocked, every step streams the whole trailing matrix:
+ * memory-bound). Each element sees the same operations in the same order as unblocked, on any
+ * thread count: n^3 / 6 multiply-adds. Row j is final after step j, so rows are divided by
+ * their pivots at the end. */
+#define CHOL_NB 32
+#define CHOL_KC 512
+
 struct chol_task {
     struct kwk_pool *pool;
     double *b;
     long n;
-    long failed_at; /* first non-positive pivot, or -1 (written by thread 0 only) */
+    long failed_at; /* first non-positive pivot, or -1 (written by thread 0 before a barrier) */
 };
+
+/* Steps j0..j1-1 on rows j0..j1-1; the first bad pivot, or -1. */
+static long chol_panel(double *b, long n, long j0, long j1)
+{
+    for (long j = j0; j < j1; j++) {
+        double piv = b[j * n + j];
+        if (!(piv > 0.0) || !isfinite(piv))
+            return j;
+        const double *restrict bj = b + j * n;
+        for (long i = j + 1; i < j1; i++) {
+            double f = bj[i] / piv;
+            double *restrict bi = b + i * n;
+            for (long k = i; k < n; k++)
+                bi[k] -= f * bj[k];
+        }
+    }
+    return -1;
+}
+
+/* Steps j0..j1-1 on a later row i. */
+static void chol_trail(double *b, long n, long j0, long j1, long i)
+{
+    double f[CHOL_NB];
+    for (long j = j0; j < j1; j++)
+        f[j - j0] = b[j * n + i] / b[j * n + j];
+    double *restrict bi = b + i * n;
+    for (long k0 = i; k0 < n; k0 += CHOL_KC) {
+        long k1 = KWK_MIN(n, k0 + CHOL_KC), j = j0;
+        /* four steps per pass over the chunk: the same subtractions in the same order, with
+         * one load and store of bi per four (the loop was bound by them) */
+        for (; j + 4 <= j1; j += 4) {
+            const double *restrict b0 = b + j * n, *restrict b1 = b0 + n;
+            const double *restrict b2 = b1 + n, *restrict b3 = b2 + n;
+            double f0 = f[j - j0], f1 = f[j - j0 + 1], f2 = f[j - j0 + 2], f3 = f[j - j0 + 3];
+            for (long k = k0; k < k1; k++)
+                bi[k] = (((bi[k] - f0 * b0[k]) - f1 * b1[k]) - f2 * b2[k]) - f3 * b3[k];
+        }
+        for (; j < j1; j++) {
+            const double *restrict bj = b + j * n;
+            double fj = f[j - j0];
+            for (long k = k0; k < k1; k++)
+                bi[k] -= fj * bj[k];
+        }
+    }
+}
 
 static void chol_run(void *ctx, int ith, int nth)
 {
     struct chol_task *t = ctx;
     long n = t->n;
     double *b = t->b;
-    for (long j = 0; j < n; j++) {
-        double piv = b[j * n + j];
-        if (!(piv > 0.0) || !isfinite(piv)) {
-            if (ith == 0)
-                t->failed_at = j;
-            return; /* every thread read the same pivot: all leave here, none waits */
-        }
-        const double *restrict bj = b + j * n;
-        for (long i = j + 1; i < n; i++) {
-            if (i % nth != ith)
-                continue;
-            double f = bj[i] / piv;
-            double *restrict bi = b + i * n;
-            for (long k = i; k < n; k++)
-                bi[k] -= f * bj[k];
-        }
+    for (long j0 = 0; j0 < n; j0 += CHOL_NB) {
+        long j1 = KWK_MIN(n, j0 + CHOL_NB);
+        if (ith == 0)
+            t->failed_at = chol_panel(b, n, j0, j1);
+        if (nth > 1)
+            kwk_pool_barrier(t->pool);
+        if (t->failed_at >= 0)
+            return; /* every thread sees it after the barrier: all leave, none waits */
+        for (long i = j1; i < n; i++)
+            if (i % nth == ith)
+                chol_trail(b, n, j0, j1, i);
         if (nth > 1)
             kwk_pool_barrier(t->pool);
     }
@@ -211,15 +272,20 @@ static void chol_run(void *ctx, int ith, int nth)
 
 /* With B = J H J (J reverses the order) = R^T R: H = V V^T with V = J R^T J upper, so the upper
  * Cholesky factor of H^-1 is U = V^-1 = J Z^T J with Z = R^-1: U[n-1-c][n-1-i] = Z[i][c]. One
- * factorisation and one triangular inverse (n^3 / 6 each) rather than GPTQ's three steps. Each
- * column c of Z is a back substitution written as one row of U, so threads take columns from a
- * counter, largest first, and never share a row. (Feeding back w_j - q_j of the original
- * weights through V directly would skip the inverse, but its sums cancel: measured 3-6% more
- * output error on ill-conditioned H in float.) */
+ * factorisation and one triangular inverse (n^3 / 6 each) rather than GPTQ's three steps.
+ * Column c of Z is a back substitution, z_i = -(sum_{i<k<=c} R_ik z_k) / R_ii, written as row
+ * n-1-c of U. Threads take INV_NC adjacent columns at a time from a counter (largest first) and
+ * never share a row of U; the group's dot products run INV_KC columns of R's row at a time, so
+ * the row comes from memory once per group rather than once per column (memory-bound). (Feeding
+ * back w_j - q_j of the original weights through V directly would skip the inverse, but its
+ * sums cancel: measured 3-6% more output error on ill-conditioned H in float.) */
+#define INV_NC 8
+#define INV_KC 512
+
 struct inv_task {
     const double *r; /* [n][n] upper */
     float *u;        /* [n][n], upper triangle written */
-    double *z;       /* [nth][n] */
+    double *z;       /* [nth][INV_NC][n] */
     long n;
     _Atomic long next;
 };
@@ -238,23 +304,42 @@ static double dot4(const double *restrict a, const double *restrict b, long n)
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
+/* Columns c0 .. c0+nc-1 of Z: column c0+l in z[l * n + i], i <= c0+l. */
+static void inv_group(const double *r, long n, long c0, int nc, double *z)
+{
+    long c1 = c0 + nc;
+    for (long i = c1 - 1; i >= 0; i--) {
+        const double *ri = r + i * n;
+        double s[INV_NC] = {0};
+        for (long k0 = i + 1; k0 < c1; k0 += INV_KC)
+            for (int l = 0; l < nc; l++) {
+                long k1 = KWK_MIN(k0 + INV_KC, c0 + l + 1);
+                if (k1 > k0)
+                    s[l] += dot4(ri + k0, z + l * n + k0, k1 - k0);
+            }
+        for (int l = 0; l < nc; l++)
+            if (i <= c0 + l)
+                z[l * n + i] = i == c0 + l ? 1.0 / ri[i] : -s[l] / ri[i];
+    }
+}
+
 static void inv_run(void *ctx, int ith, int nth)
 {
     struct inv_task *t = ctx;
     long n = t->n;
-    double *z = t->z + (size_t)ith * (size_t)n;
+    double *z = t->z + (size_t)ith * (size_t)n * INV_NC;
     for (;;) {
-        long c = n - 1 - atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (c < 0)
+        long c1 = n - INV_NC * atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (c1 <= 0)
             break;
-        z[c] = 1.0 / t->r[c * n + c];
-        for (long i = c - 1; i >= 0; i--) {
-            const double *ri = t->r + i * n;
-            z[i] = -dot4(ri + i + 1, z + i + 1, c - i) / ri[i];
+        long c0 = KWK_MAX(0, c1 - INV_NC);
+        inv_group(t->r, n, c0, (int)(c1 - c0), z);
+        for (long c = c0; c < c1; c++) {
+            float *urow = t->u + (size_t)(n - 1 - c) * (size_t)n;
+            const double *zc = z + (c - c0) * n;
+            for (long i = 0; i <= c; i++)
+                urow[n - 1 - i] = (float)zc[i];
         }
-        float *urow = t->u + (size_t)(n - 1 - c) * (size_t)n;
-        for (long i = 0; i <= c; i++)
-            urow[n - 1 - i] = (float)z[i];
     }
 }
 
@@ -301,7 +386,8 @@ static int hinv_factor(float *hu, double *b, long n, double damp, struct kwk_poo
     }
     struct inv_task it = {b, hu, NULL, n, 0};
     int rc = 0;
-    double *z = alloc_array((size_t)pool_threads(pool), (size_t)n, sizeof(double), &rc, err);
+    double *z = alloc_array((size_t)pool_threads(pool), (size_t)n * INV_NC, sizeof(double), &rc,
+                            err);
     if (!z)
         return rc;
     it.z = z;
@@ -311,8 +397,10 @@ static int hinv_factor(float *hu, double *b, long n, double damp, struct kwk_poo
     return 0;
 }
 
-/* The sweep over one 16-row block, column-major (wt[k][i], k < cols, i < 16) so the feedback
- * into later columns is a 16-wide multiply-add per column: rows * cols^2 / 2 in all. */
+/* The sweep over one 16-row block, rows updated in place: rows * cols^2 / 2 multiply-adds in
+ * the feedback into later columns, four rows per pass so each load of U's row serves four
+ * (written row-wise because gcc vectorizes a column-major 16-wide update across k, through
+ * shuffles, at a third of the speed). */
 struct sweep_task {
     const struct kwk_mat *src;
     const float *col_scale, *row_scale;
@@ -324,40 +412,46 @@ struct sweep_task {
 };
 
 struct sweep_buf {
-    float *rows; /* [16][cols] */
-    float *wt;   /* [cols][16] */
-    int8_t *q;   /* [16][cols] */
+    float *w;     /* [16][cols] the block's rows, updated as columns are quantized */
+    int8_t *q;    /* [16][cols] codes */
     float *d, *m; /* [16][n_groups] */
 };
 
 static size_t sweep_stride(int64_t cols, int64_t ng)
 {
-    /* rows + wt + q (as floats, rounded up) + d + m; every count < 2^40 by MAX_DIM */
-    return (size_t)(2 * KWK_QROWS * cols + (KWK_QROWS * cols + 3) / 4 + 2 * KWK_QROWS * ng + 16);
+    /* w + d + m + q (as floats, rounded up); every count < 2^40 by MAX_DIM */
+    return (size_t)(KWK_QROWS * cols + 2 * KWK_QROWS * ng + (KWK_QROWS * cols + 3) / 4 + 16);
 }
 
 static struct sweep_buf sweep_buf(float *base, int64_t cols, int64_t ng)
 {
     struct sweep_buf s;
-    s.rows = base;
-    s.wt = s.rows + KWK_QROWS * cols;
-    s.d = s.wt + KWK_QROWS * cols;
+    s.w = base;
+    s.d = s.w + KWK_QROWS * cols;
     s.m = s.d + KWK_QROWS * ng;
     s.q = (int8_t *)(s.m + KWK_QROWS * ng);
     return s;
 }
 
-/* Fit group g of each of the block's n rows on the current (updated) weights. */
-static void fit_group(int wtype, struct sweep_buf *s, int n, int64_t cols, int64_t ng, int64_t g)
+/* w_i[k] -= e_i * u[k] for k in [k0, k1), four rows at once. */
+static void feed4(float *restrict w0, float *restrict w1, float *restrict w2,
+                  float *restrict w3, const float *restrict u, const float *e, int64_t k0,
+                  int64_t k1)
 {
-    int G = kwk_quant_group(wtype);
-    int len = (int)KWK_MIN((int64_t)G, cols - g * G);
-    float w[MAX_GROUP];
-    for (int i = 0; i < n; i++) {
-        for (int k = 0; k < len; k++)
-            w[k] = s->wt[(g * G + k) * KWK_QROWS + i];
-        kwk_quant_fit(wtype, w, len, &s->d[i * ng + g], &s->m[i * ng + g]);
+    float e0 = e[0], e1 = e[1], e2 = e[2], e3 = e[3];
+    for (int64_t k = k0; k < k1; k++) {
+        float uk = u[k];
+        w0[k] -= e0 * uk;
+        w1[k] -= e1 * uk;
+        w2[k] -= e2 * uk;
+        w3[k] -= e3 * uk;
     }
+}
+
+static void feed1(float *restrict w, const float *restrict u, float e, int64_t k0, int64_t k1)
+{
+    for (int64_t k = k0; k < k1; k++)
+        w[k] -= e * u[k];
 }
 
 static void sweep_block(struct sweep_task *t, struct sweep_buf *s, int64_t rb)
@@ -365,28 +459,26 @@ static void sweep_block(struct sweep_task *t, struct sweep_buf *s, int64_t rb)
     int wtype = t->dst->wtype, G = kwk_quant_group(wtype);
     int64_t rows = t->src->rows, cols = t->src->cols, ng = kwk_quant_n_groups(wtype, cols);
     int n = (int)KWK_MIN((int64_t)KWK_QROWS, rows - rb * KWK_QROWS);
-    load_rows(t->src, rb * KWK_QROWS, n, t->col_scale, t->row_scale, s->rows);
-    for (int64_t k = 0; k < cols; k++)
-        for (int i = 0; i < KWK_QROWS; i++)
-            s->wt[k * KWK_QROWS + i] = i < n ? s->rows[i * cols + k] : 0.0f;
+    load_rows(t->src, rb * KWK_QROWS, n, t->col_scale, t->row_scale, s->w);
     for (int64_t j = 0; j < cols; j++) {
-        if (j % G == 0)
-            fit_group(wtype, s, n, cols, ng, j / G);
+        int64_t g = j / G;
+        for (int i = 0; i < n && j % G == 0; i++) /* fitted on the updated weights */
+            kwk_quant_fit(wtype, s->w + i * cols + j, (int)KWK_MIN((int64_t)G, cols - j),
+                          &s->d[i * ng + g], &s->m[i * ng + g]);
         const float *uj = t->u + j * cols;
-        float e[KWK_QROWS] = {0};
-        const float *wj = s->wt + j * KWK_QROWS;
+        float e[KWK_QROWS];
         for (int i = 0; i < n; i++) {
-            float d = s->d[i * ng + j / G], m = s->m[i * ng + j / G];
-            int c = kwk_quant_code(wtype, wj[i], d, m);
+            float wij = s->w[i * cols + j], d = s->d[i * ng + g], m = s->m[i * ng + g];
+            int c = kwk_quant_code(wtype, wij, d, m);
             s->q[i * cols + j] = (int8_t)c;
-            e[i] = (wj[i] - (d * (float)c + m)) / uj[j];
+            e[i] = (wij - (d * (float)c + m)) / uj[j];
         }
-        for (int64_t k = j + 1; k < cols; k++) {
-            float uk = uj[k];
-            float *restrict wk = s->wt + k * KWK_QROWS;
-            for (int i = 0; i < KWK_QROWS; i++)
-                wk[i] -= e[i] * uk;
-        }
+        int i = 0;
+        for (; i + 4 <= n; i += 4)
+            feed4(s->w + i * cols, s->w + (i + 1) * cols, s->w + (i + 2) * cols,
+                  s->w + (i + 3) * cols, uj, e + i, j + 1, cols);
+        for (; i < n; i++)
+            feed1(s->w + i * cols, uj, e[i], j + 1, cols);
     }
     kwk_quant_pack_codes(wtype, (void *)t->dst->data, rows, cols, rb, s->q, (long)cols, s->d,
                          s->m);
@@ -414,6 +506,39 @@ static void transpose_scaled(const struct kwk_calib_input *in, const float *col_
             xt[k * n + r] = in->x[r * dim + k] / (col_scale ? col_scale[k] : 1.0f);
 }
 
+/* GPTQ from H' (hp, [n][n] float, consumed: it ends as U) into dst; checks done. */
+static int gptq_from_h(const struct kwk_mat *src, const float *col_scale, const float *row_scale,
+                       float *hp, float damp, struct kwk_mat *dst, struct kwk_pool *pool,
+                       struct kwk_err *err)
+{
+    long n = (long)src->cols;
+    int rc = 0;
+    float *scratch = NULL;
+    double *b = alloc_array((size_t)n, (size_t)n, sizeof(double), &rc, err);
+    if (!b)
+        return rc;
+    rc = hinv_factor(hp, b, n, damp, pool, err);
+    kwk_free_aligned(b);
+    if (rc)
+        return rc;
+    int64_t ng = kwk_quant_n_groups(dst->wtype, src->cols);
+    struct sweep_task st = {src, col_scale, row_scale, hp, dst, NULL, sweep_stride(n, ng), 0};
+    if (!(scratch = alloc_array((size_t)pool_threads(pool), st.stride, sizeof(float), &rc, err)))
+        return rc;
+    st.scratch = scratch;
+    atomic_init(&st.next, 0);
+    run(pool, sweep_run, &st);
+    kwk_free_aligned(scratch);
+    return 0;
+}
+
+static int check_damp(float damp, struct kwk_err *err)
+{
+    if (!(damp >= 0.0f) || !isfinite(damp))
+        return kwk_err_set(err, KWK_EARG, "gptq: damping %g", (double)damp);
+    return 0;
+}
+
 int kwk_gptq_pack(const struct kwk_mat *src, const float *col_scale, const float *row_scale,
                   const struct kwk_calib_input *in, float damp, struct kwk_mat *dst,
                   struct kwk_pool *pool, struct kwk_err *err)
@@ -421,44 +546,57 @@ int kwk_gptq_pack(const struct kwk_mat *src, const float *col_scale, const float
     int rc = check_dst(src, dst, err);
     if (!rc)
         rc = check_calib(in, src->cols, err);
-    if (rc)
+    if (!rc)
+        rc = check_scales(col_scale, row_scale, src->rows, src->cols, err);
+    if (!rc)
+        rc = check_damp(damp, err);
+    if (rc || src->rows == 0)
         return rc;
-    if (!(damp >= 0.0f) || !isfinite(damp))
-        return kwk_err_set(err, KWK_EARG, "gptq: damping %g", (double)damp);
-    if (src->rows == 0)
-        return 0;
     long n = (long)src->cols;
-    float *xt = NULL, *hp = NULL, *scratch = NULL; /* hp: H, then U */
-    double *b = NULL;
-    if (!(hp = alloc_array((size_t)n, (size_t)n, sizeof(float), &rc, err)) ||
-        !(b = alloc_array((size_t)n, (size_t)n, sizeof(double), &rc, err)) ||
-        !(xt = alloc_array((size_t)n, (size_t)in->n_rows, sizeof(float), &rc, err)))
+    float *hp = alloc_array((size_t)n, (size_t)n, sizeof(float), &rc, err); /* H, then U */
+    if (!hp)
+        return rc;
+    float *xt = alloc_array((size_t)n, (size_t)in->n_rows, sizeof(float), &rc, err);
+    if (!xt)
         goto out;
     transpose_scaled(in, col_scale, xt);
     struct gram_task gt = {{KWK_W_F32, n, in->n_rows, xt}, xt, hp};
     run(pool, gram_run, &gt);
     kwk_free_aligned(xt);
-    xt = NULL;
-    if ((rc = hinv_factor(hp, b, n, damp, pool, err)))
-        goto out;
-    kwk_free_aligned(b);
-    b = NULL;
-    int64_t ng = kwk_quant_n_groups(dst->wtype, src->cols);
-    struct sweep_task st = {src, col_scale, row_scale, hp, dst, NULL, sweep_stride(n, ng), 0};
-    if (!(scratch = alloc_array((size_t)pool_threads(pool), st.stride, sizeof(float), &rc, err)))
-        goto out;
-    st.scratch = scratch;
-    atomic_init(&st.next, 0);
-    run(pool, sweep_run, &st);
+    rc = gptq_from_h(src, col_scale, row_scale, hp, damp, dst, pool, err);
 out:
-    kwk_free_aligned(scratch);
-    kwk_free_aligned(b);
     kwk_free_aligned(hp);
-    kwk_free_aligned(xt);
     return rc;
 }
 
-/* ---- AWQ -------------------------------------------------------------------------------------- */
+int kwk_gptq_pack_gram(const struct kwk_mat *src, const float *col_scale, const float *row_scale,
+                       const float *gram, int64_t dim, float damp, struct kwk_mat *dst,
+                       struct kwk_pool *pool, struct kwk_err *err)
+{
+    int rc = check_dst(src, dst, err);
+    if (!rc && (!gram || dim != src->cols))
+        rc = kwk_err_set(err, KWK_EARG, "gptq: a %lld-channel Gram matrix for %lld columns",
+                         (long long)dim, (long long)src->cols);
+    if (!rc)
+        rc = check_scales(col_scale, row_scale, src->rows, src->cols, err);
+    if (!rc)
+        rc = check_damp(damp, err);
+    if (rc || src->rows == 0)
+        return rc;
+    size_t n = (size_t)dim;
+    float *hp = alloc_array(n, n, sizeof(float), &rc, err); /* H' = diag(1/s) H diag(1/s), then U */
+    if (!hp)
+        return rc;
+    for (size_t j = 0; j < n; j++)
+        for (size_t k = 0; k < n; k++)
+            hp[j * n + k] = col_scale ? gram[j * n + k] / (col_scale[j] * col_scale[k])
+                                      : gram[j * n + k];
+    rc = gptq_from_h(src, col_scale, row_scale, hp, damp, dst, pool, err);
+    kwk_free_aligned(hp);
+    return rc;
+}
+
+/* ---- AWQ ------------------------------------------------------------------------------------- */
 
 /* s = absmean^alpha / sqrt(max^alpha * min^alpha), as exp(alpha * (ln a - mid)) so that equal
  * channels (and alpha = 0) give exactly 1. Channels with no activation take the smallest

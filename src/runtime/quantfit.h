@@ -1,6 +1,7 @@
 /* quantfit.h - fitting quantized weights to calibration activations: AWQ per-input-channel
  * scales and GPTQ packing (error feedback through the inputs' Hessian). Pure functions of their
- * arguments; any thread, concurrently on different pools (a pool is driven by one thread). */
+ * arguments; any thread, concurrently on different pools. A pool passed in must be idle and
+ * driven by the calling thread (these functions run tasks on it); NULL runs on this thread. */
 #ifndef KWK_QUANTFIT_H
 #define KWK_QUANTFIT_H
 
@@ -54,12 +55,22 @@ int kwk_awq_scales(const struct kwk_mat *const *w, const int *wtypes, int n_w,
  * order, each group's parameters fitted (kwk_quant_fit) on the current updated weights when the
  * group starts, the rounding error e spread over later columns: w_k -= e / U_jj * U_jk.
  * Memory: dim^2 doubles + dim^2 floats + in->n_rows * dim floats. pool NULL = this thread; the
- * bytes do not depend on the pool's size. Returns 0, KWK_EARG (shapes, wtype, damp < 0 or not
- * finite), KWK_ELIMIT (sizes overflow), KWK_ERUNTIME (H not positive definite even damped:
- * non-finite activations) or -ENOMEM. */
+ * bytes do not depend on the pool's size. Returns 0, KWK_EARG (shapes, wtype, a column scale
+ * not positive and finite, a row scale not finite, damp < 0 or not finite), KWK_ELIMIT (sizes
+ * overflow), KWK_ERUNTIME (H not positive definite even damped: non-finite activations) or
+ * -ENOMEM. */
 int kwk_gptq_pack(const struct kwk_mat *src, const float *col_scale, const float *row_scale,
                   const struct kwk_calib_input *in, float damp, struct kwk_mat *dst,
                   struct kwk_pool *pool, struct kwk_err *err);
+
+/* kwk_gptq_pack with H given as gram ([dim][dim] float, symmetric, borrowed): X^T X of the
+ * unscaled activations, e.g. summed over every calibration token rather than the kept rows
+ * (GPTQ overfits an H of fewer rows than channels: it moves error into directions the rows do
+ * not span). The scaled H' is gram[j][k] / (col_scale[j] * col_scale[k]). Memory: dim^2
+ * doubles + dim^2 floats. Returns as kwk_gptq_pack (KWK_EARG when dim != src->cols). */
+int kwk_gptq_pack_gram(const struct kwk_mat *src, const float *col_scale, const float *row_scale,
+                       const float *gram, int64_t dim, float damp, struct kwk_mat *dst,
+                       struct kwk_pool *pool, struct kwk_err *err);
 
 /* Round-to-nearest packing of W' (as kwk_gptq_pack defines it, no calibration) into dst
  * (prepared as for kwk_gptq_pack) through kwk_quant_pack_rows: the one place AWQ-only matrices

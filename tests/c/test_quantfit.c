@@ -1,8 +1,8 @@
 /* test_quantfit.c - GPTQ packing and AWQ scales (runtime/quantfit.c): GPTQ equals plain packing
- * when H is diagonal, lowers the output error on correlated inputs (int4 and int8, odd shapes,
- * with and without scales); AWQ lowers it on inputs with outlier channels and keeps s = 1 when
- * nothing is gained; results equal for 1 and 2 pool threads; bad arguments and failed
- * allocations give errors. */
+ * when H is diagonal (from x or given as a Gram matrix), lowers the output error on correlated
+ * inputs (int8, int4, int6; odd shapes; with and without scales); AWQ lowers it on inputs with
+ * outlier channels and keeps s = 1 when nothing is gained; results equal for 1 and 2 pool
+ * threads; bad arguments and failed allocations give errors. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -37,9 +37,12 @@ static float grand(void)
     return s * 0.8660254f;
 }
 
+/* The quantized formats, in the order the tests visit them. */
+static const int wtypes_all[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+
 static const char *wname(int wt)
 {
-    return wt == KWK_W_Q8 ? "q8" : "q4";
+    return wt == KWK_W_Q8 ? "q8" : wt == KWK_W_Q6 ? "q6" : "q4";
 }
 
 static float *fvec(size_t n)
@@ -99,6 +102,20 @@ static struct kwk_calib_input calib(const float *x, float *absmean, int64_t n, i
     return (struct kwk_calib_input){dim, n, x, absmean};
 }
 
+/* X^T X of x ([n][dim]), summed in double. */
+static float *gram_of(const float *x, int64_t n, int64_t dim)
+{
+    float *g = fvec((size_t)(dim * dim));
+    for (int64_t j = 0; j < dim; j++)
+        for (int64_t k = 0; k < dim; k++) {
+            double s = 0.0;
+            for (int64_t t = 0; t < n; t++)
+                s += (double)x[t * dim + j] * x[t * dim + k];
+            g[j * dim + k] = (float)s;
+        }
+    return g;
+}
+
 /* With one nonzero activation per row X^T X is exactly diagonal: U is diagonal, no error moves,
  * and GPTQ must choose every code and parameter plain packing does (one column never active:
  * a dead input). */
@@ -106,8 +123,9 @@ static void test_gptq_diagonal(void)
 {
     const int64_t shapes[][2] = {{40, 100}, {16, 64}, {33, 70}, {1, 5}};
     for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++)
-        for (int wt = KWK_W_Q8; wt <= KWK_W_Q4; wt++)
+        for (size_t wi = 0; wi < KWK_ARRAY_LEN(wtypes_all); wi++)
             for (int scaled = 0; scaled < 2; scaled++) {
+                int wt = wtypes_all[wi];
                 int64_t rows = shapes[si][0], cols = shapes[si][1], n = 2 * cols + 3;
                 float *w = fvec((size_t)(rows * cols)), *x = fvec((size_t)(n * cols));
                 float *am = fvec((size_t)cols), *cs = fvec((size_t)cols), *rs = fvec((size_t)rows);
@@ -129,6 +147,13 @@ static void test_gptq_diagonal(void)
                 int same = memcmp(a.data, b.data, dst_bytes(&a)) == 0;
                 T_CHECK(same, "%s %lldx%lld scaled=%d: GPTQ with diagonal H = plain packing",
                         wname(wt), (long long)rows, (long long)cols, scaled);
+                float *gram = gram_of(x, n, cols);
+                memset((void *)a.data, 0xa5, dst_bytes(&a));
+                T_EQ(kwk_gptq_pack_gram(&src, c, r, gram, cols, 0.01f, &a, NULL, NULL), 0);
+                same = memcmp(a.data, b.data, dst_bytes(&a)) == 0;
+                T_CHECK(same, "%s %lldx%lld scaled=%d: GPTQ from a diagonal Gram = plain",
+                        wname(wt), (long long)rows, (long long)cols, scaled);
+                free(gram);
                 kwk_free_aligned((void *)a.data);
                 kwk_free_aligned((void *)b.data);
                 free(w), free(x), free(am), free(cs), free(rs);
@@ -160,8 +185,9 @@ static void test_gptq_correlated(void)
 {
     const int64_t shapes[][2] = {{40, 100}, {33, 70}, {64, 256}};
     for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++)
-        for (int wt = KWK_W_Q8; wt <= KWK_W_Q4; wt++)
+        for (size_t wi = 0; wi < KWK_ARRAY_LEN(wtypes_all); wi++)
             for (int scaled = 0; scaled < 2; scaled++) {
+                int wt = wtypes_all[wi];
                 int64_t rows = shapes[si][0], cols = shapes[si][1], n = 3 * cols;
                 float *w = fvec((size_t)(rows * cols)), *x = correlated_x(n, cols);
                 float *am = fvec((size_t)cols), *cs = fvec((size_t)cols), *rs = fvec((size_t)rows);
@@ -178,10 +204,18 @@ static void test_gptq_correlated(void)
                 T_EQ(kwk_gptq_pack(&src, c, r, &in, 0.01f, &g, NULL, NULL), 0);
                 T_EQ(kwk_scaled_pack(&src, c, r, &p, NULL, NULL), 0);
                 double eg = out_err(&g, w, x, (int)n, c, r), ep = out_err(&p, w, x, (int)n, c, r);
-                printf("gptq %s %lldx%lld scaled=%d: output error %.4g vs plain %.4g (ratio %.3f)\n",
-                       wname(wt), (long long)rows, (long long)cols, scaled, eg, ep, eg / ep);
+                printf("gptq %s %lldx%lld scaled=%d: output error %.4g vs plain %.4g "
+                       "(ratio %.3f)\n", wname(wt), (long long)rows, (long long)cols, scaled, eg,
+                       ep, eg / ep);
                 T_CHECK(eg < 0.8 * ep, "gptq %s %lldx%lld: %g vs plain %g", wname(wt),
                         (long long)rows, (long long)cols, eg, ep);
+                /* the same H given as a Gram matrix: the same fit up to H's rounding */
+                float *gram = gram_of(x, n, cols);
+                T_EQ(kwk_gptq_pack_gram(&src, c, r, gram, cols, 0.01f, &g, NULL, NULL), 0);
+                double eh = out_err(&g, w, x, (int)n, c, r);
+                T_CHECK(eh < 0.8 * ep && fabs(eh - eg) < 0.05 * eg, "gram %s %lldx%lld: %g vs "
+                        "%g from x", wname(wt), (long long)rows, (long long)cols, eh, eg);
+                free(gram);
                 kwk_free_aligned((void *)g.data);
                 kwk_free_aligned((void *)p.data);
                 free(w), free(x), free(am), free(cs), free(rs);
@@ -296,7 +330,8 @@ static void test_threads(void)
     T_EQ(kwk_awq_scales(mp, wts, 2, &in, s2, &a2, pool, NULL), 0);
     T_TRUE(a1 == a2);
     T_TRUE(memcmp(s1, s2, sizeof(float) * (size_t)cols) == 0);
-    for (int wt = KWK_W_Q8; wt <= KWK_W_Q4; wt++) {
+    for (size_t wi = 0; wi < KWK_ARRAY_LEN(wtypes_all); wi++) {
+        int wt = wtypes_all[wi];
         struct kwk_mat g1 = new_dst(wt, rows, cols), g2 = new_dst(wt, rows, cols);
         struct kwk_mat p1 = new_dst(wt, rows, cols), p2 = new_dst(wt, rows, cols);
         T_EQ(kwk_gptq_pack(&src, s1, NULL, &in, 0.01f, &g1, NULL, NULL), 0);
@@ -305,6 +340,12 @@ static void test_threads(void)
         T_EQ(kwk_scaled_pack(&src, s1, NULL, &p2, pool, NULL), 0);
         T_CHECK(memcmp(g1.data, g2.data, dst_bytes(&g1)) == 0, "%s gptq 1 vs 2 threads",
                 wname(wt));
+        float *gram = gram_of(x, n, cols);
+        T_EQ(kwk_gptq_pack_gram(&src, s1, NULL, gram, cols, 0.01f, &g1, NULL, NULL), 0);
+        T_EQ(kwk_gptq_pack_gram(&src, s1, NULL, gram, cols, 0.01f, &g2, pool, NULL), 0);
+        T_CHECK(memcmp(g1.data, g2.data, dst_bytes(&g1)) == 0, "%s gram gptq 1 vs 2 threads",
+                wname(wt));
+        free(gram);
         T_CHECK(memcmp(p1.data, p2.data, dst_bytes(&p1)) == 0, "%s scaled 1 vs 2 threads",
                 wname(wt));
         kwk_free_aligned((void *)g1.data), kwk_free_aligned((void *)g2.data);
@@ -343,6 +384,8 @@ static void test_errors(void)
         w[i] = grand();
     for (int64_t i = 0; i < n * cols; i++)
         x[i] = grand();
+    for (int64_t k = 0; k < cols; k++)
+        s[k] = 1.0f; /* kept when kwk_awq_scales fails below */
     struct kwk_calib_input in = calib(x, am, n, cols);
     struct kwk_mat src = {KWK_W_F32, rows, cols, w}, dst = new_dst(KWK_W_Q4, rows, cols);
     struct kwk_err err = {0};
@@ -359,6 +402,22 @@ static void test_errors(void)
     d2.wtype = KWK_W_F32;
     T_EQ(kwk_gptq_pack(&src, NULL, NULL, &in, 0.01f, &d2, NULL, NULL), KWK_EARG);
     T_EQ(kwk_gptq_pack(&src, NULL, NULL, &in, -1.0f, &dst, NULL, NULL), KWK_EARG);
+    float *gram = gram_of(x, n, cols);
+    T_EQ(kwk_gptq_pack_gram(&src, NULL, NULL, gram, cols - 1, 0.01f, &dst, NULL, NULL),
+         KWK_EARG);
+    T_EQ(kwk_gptq_pack_gram(&src, NULL, NULL, NULL, cols, 0.01f, &dst, NULL, NULL), KWK_EARG);
+    T_EQ(kwk_gptq_pack_gram(&src, NULL, NULL, gram, cols, INFINITY, &dst, NULL, NULL),
+         KWK_EARG);
+    /* scales that would divide by zero or carry a NaN */
+    s[7] = 0.0f;
+    T_EQ(kwk_gptq_pack(&src, s, NULL, &in, 0.01f, &dst, NULL, NULL), KWK_EARG);
+    T_EQ(kwk_gptq_pack_gram(&src, s, NULL, gram, cols, 0.01f, &dst, NULL, NULL), KWK_EARG);
+    T_EQ(kwk_scaled_pack(&src, s, NULL, &dst, NULL, NULL), KWK_EARG);
+    s[7] = 1.0f;
+    float rs_bad[20];
+    for (int r = 0; r < 20; r++)
+        rs_bad[r] = r == 19 ? NAN : 1.0f;
+    T_EQ(kwk_scaled_pack(&src, NULL, rs_bad, &dst, NULL, NULL), KWK_EARG);
     T_EQ(kwk_gptq_pack(&src, NULL, NULL, &in, NAN, &dst, NULL, NULL), KWK_EARG);
     bad = in;
     bad.n_rows = -1;
@@ -392,16 +451,19 @@ static void test_errors(void)
         int ra = kwk_awq_scales(&mp, &wt, 1, &in, s, NULL, NULL, NULL);
         kwk_alloc_fail_after(i);
         int rs = kwk_scaled_pack(&src, s, NULL, &dst, NULL, NULL);
+        kwk_alloc_fail_after(i);
+        int rh = kwk_gptq_pack_gram(&src, s, NULL, gram, cols, 0.01f, &dst, NULL, NULL);
         kwk_alloc_fail_after(0);
+        T_CHECK(rh == 0 || rh == -ENOMEM, "gram at %d: %d", i, rh);
         T_TRUE(rg == 0 || rg == -ENOMEM);
         T_TRUE(ra == 0 || ra == -ENOMEM);
         T_TRUE(rs == 0 || rs == -ENOMEM);
-        if (rg == 0 && ra == 0 && rs == 0)
+        if (rg == 0 && ra == 0 && rs == 0 && rh == 0)
             ok_at = i;
     }
     T_TRUE(ok_at > 1);
     kwk_free_aligned((void *)dst.data);
-    free(w), free(x), free(am), free(s);
+    free(w), free(x), free(am), free(s), free(gram);
 }
 
 int main(void)
