@@ -22,15 +22,23 @@
 
 struct kwk_capture;
 
+/* Gram matrices (X^T X over every calibration token, for GPTQ) are kept while all of them
+ * together fit in this many bytes; beyond, GPTQ works from the kept rows. */
+#define KWK_CALIB_MAX_GRAM_BYTES ((int64_t)2 << 30)
+
 /* Run m in float over ids[n] (every id in [0, n_vocab)) on n_threads and keep every layer's matrix
- * inputs. 0 with *out, or a negative code with err. */
+ * inputs (with want_gram, their Gram matrices too). 0 with *out, or a negative code with err. */
 int kwk_calib_capture(const struct kwk_model *m, const int32_t *ids, int64_t n, int n_threads,
-                      struct kwk_capture **out, struct kwk_err *err);
+                      int want_gram, struct kwk_capture **out, struct kwk_err *err);
 void kwk_capture_free(struct kwk_capture *c);
 
 /* The input of layer `layer`'s matrices at `site` (enum kwk_site); layer == n_layers is the
  * lm_head's input (the output-normed final hidden state; site ignored). */
 const struct kwk_calib_input *kwk_capture_input(const struct kwk_capture *c, int layer,
                                                 int site);
+
+/* X^T X ([dim][dim], symmetric) of that input over every calibration token, or NULL when none
+ * was kept. */
+const float *kwk_capture_gram(const struct kwk_capture *c, int layer, int site);
 
 #endif

@@ -317,9 +317,11 @@ static void rows_of_scales(const struct kwk_config *c, struct layer_fit *f)
 /* Pack one matrix with the calibration's scales (col over its columns, row over its rows; either
  * NULL) and, with gptq, GPTQ against its input. */
 static int pack_fitted(const struct kwk_mat *src, struct kwk_mat *dst, const float *col,
-                       const float *row, const struct kwk_calib_input *in, int gptq,
-                       struct kwk_pool *pool, struct kwk_err *err)
+                       const float *row, const struct kwk_calib_input *in, const float *gram,
+                       int gptq, struct kwk_pool *pool, struct kwk_err *err)
 {
+    if (gptq && gram) /* H over every calibration token, not only the kept rows */
+        return kwk_gptq_pack_gram(src, col, row, gram, in->dim, GPTQ_DAMP, dst, pool, err);
     if (gptq)
         return kwk_gptq_pack(src, col, row, in, GPTQ_DAMP, dst, pool, err);
     return kwk_scaled_pack(src, col, row, dst, pool, err);
@@ -331,7 +333,7 @@ static int pack_fitted(const struct kwk_mat *src, struct kwk_mat *dst, const flo
  * matrices (outlier channels) and hurt on others (SmolLM2-135M's lm_head: +4.0% perplexity with
  * both, +2.1% with GPTQ alone). So with gptq each input site is packed both ways and keeps the
  * one whose outputs on (up to) EVAL_ROWS kept calibration rows are closer to the float ones. */
-#define EVAL_ROWS 128
+#define EVAL_ROWS 256
 
 struct err_task {
     const struct kwk_kernels *k;
@@ -408,12 +410,12 @@ static int is_one(const float *s, int64_t n)
  * the closer variant (then s becomes all 1). */
 static int pack_site(const struct kwk_mat *const *src, struct kwk_mat *const *dst,
                      const float *const *rows, int n, float *s,
-                     const struct kwk_calib_input *in, int gptq, struct kwk_pool *pool,
-                     struct kwk_err *err)
+                     const struct kwk_calib_input *in, const float *gram, int gptq,
+                     struct kwk_pool *pool, struct kwk_err *err)
 {
     int64_t dim = src[0]->cols;
     for (int i = 0; i < n; i++)
-        if (pack_fitted(src[i], dst[i], s, rows[i], in, gptq, pool, err))
+        if (pack_fitted(src[i], dst[i], s, rows[i], in, gram, gptq, pool, err))
             return err ? err->code : -1;
     if (!gptq || is_one(s, dim))
         return 0;
@@ -433,7 +435,7 @@ static int pack_site(const struct kwk_mat *const *src, struct kwk_mat *const *ds
         }
     }
     for (int i = 0; i < n && !rc; i++) {
-        rc = pack_fitted(src[i], &alt[i], NULL, rows[i], in, 1, pool, err);
+        rc = pack_fitted(src[i], &alt[i], NULL, rows[i], in, gram, 1, pool, err);
         double a = rc ? -1 : output_error(src[i], dst[i], s, rows[i], in, pool);
         double b = rc ? -1 : output_error(src[i], &alt[i], NULL, rows[i], in, pool);
         if (!rc && (a < 0 || b < 0))
@@ -474,7 +476,8 @@ static int fit_head(const struct kwk_model *m, const struct kwk_capture *cap,
         awq_scales_at(in, alpha, s);
     kwk_log(KWK_LOG_DEBUG, "calibration: lm_head: alpha %.2f", (double)alpha);
     const float *no_rows[1] = {NULL};
-    if ((rc = pack_site(head, &dst, no_rows, 1, s, in, gptq, pool, err)))
+    if ((rc = pack_site(head, &dst, no_rows, 1, s, in,
+                        kwk_capture_gram(cap, m->cfg.n_layers, 0), gptq, pool, err)))
         return rc;
     for (int j = 0; j < m->cfg.d_model; j++)
         out_norm[j] = m->out_norm[j] / s[j];
@@ -639,7 +642,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     }
     if (cached != KWK_PACKCACHE_HIT) {
         if (calib) {
-            if (kwk_calib_capture(m, qo.calib, qo.n_calib, qo.n_threads, &cap, err))
+            if (kwk_calib_capture(m, qo.calib, qo.n_calib, qo.n_threads, qo.gptq, &cap, err))
                 goto out_err;
             size_t per = (size_t)(2 * c->d_model + (int64_t)c->n_heads * c->head_dim +
                                   2 * (int64_t)c->d_ff + (int64_t)c->n_kv_heads * c->head_dim);
@@ -680,9 +683,11 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                 const struct kwk_mat *s_o[1] = {jb[M_O].src}, *s_dn[1] = {jb[M_DOWN].src};
                 struct kwk_mat *d_o[1] = {jb[M_O].dst}, *d_dn[1] = {jb[M_DOWN].dst};
                 if (pack_site(s_o, d_o, none, 1, f->s[KWK_SITE_O],
-                              kwk_capture_input(cap, L, KWK_SITE_O), qo.gptq, pool, err) ||
+                              kwk_capture_input(cap, L, KWK_SITE_O),
+                              kwk_capture_gram(cap, L, KWK_SITE_O), qo.gptq, pool, err) ||
                     pack_site(s_dn, d_dn, none, 1, f->s[KWK_SITE_DOWN],
-                              kwk_capture_input(cap, L, KWK_SITE_DOWN), qo.gptq, pool, err))
+                              kwk_capture_input(cap, L, KWK_SITE_DOWN),
+                              kwk_capture_gram(cap, L, KWK_SITE_DOWN), qo.gptq, pool, err))
                     goto out_err;
                 rows_of_scales(c, f);
                 const struct kwk_mat *s_qkv[3] = {jb[M_Q].src, jb[M_K].src, jb[M_V].src};
@@ -692,9 +697,11 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                 struct kwk_mat *d_gu[2] = {jb[M_GATE].dst, jb[M_UP].dst};
                 const float *r_gu[2] = {NULL, f->up_row};
                 if (pack_site(s_qkv, d_qkv, r_qkv, 3, f->s[KWK_SITE_QKV],
-                              kwk_capture_input(cap, L, KWK_SITE_QKV), qo.gptq, pool, err) ||
+                              kwk_capture_input(cap, L, KWK_SITE_QKV),
+                              kwk_capture_gram(cap, L, KWK_SITE_QKV), qo.gptq, pool, err) ||
                     pack_site(s_gu, d_gu, r_gu, 2, f->s[KWK_SITE_GU],
-                              kwk_capture_input(cap, L, KWK_SITE_GU), qo.gptq, pool, err))
+                              kwk_capture_input(cap, L, KWK_SITE_GU),
+                              kwk_capture_gram(cap, L, KWK_SITE_GU), qo.gptq, pool, err))
                     goto out_err;
                 /* what wrote the scaled inputs now writes them divided by s */
                 const struct kwk_layer *l = &m->layers[L];
