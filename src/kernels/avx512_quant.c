@@ -1,7 +1,8 @@
-/* avx512_quant.c - the int8, int4 and int6 matmul with AVX-512 VNNI (vpdpbusd): 16 interleaved rows
- * per register, activations quantized on the fly to 16 bits as two int8 halves, each with its
- * own accumulator. Pure functions; any thread. Computes the integers of quant_ref.c exactly;
- * float sums agree to rounding (fused multiply-adds). */
+/* avx512_quant.c - the int8, int4 and int6 matmul with AVX-512 VNNI (vpdpbusd): 16 interleaved
+ * rows per register, activations quantized on the fly to 16 bits as two int8 halves, each with
+ * its own accumulator; and packing's scale search, 16 rows at once. Pure functions; any thread.
+ * Computes the integers of quant_ref.c exactly; float sums agree to rounding (fused
+ * multiply-adds); packing gives quant_ref.c's bytes exactly. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -349,7 +350,9 @@ void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok,
 /* ---- packing: the scale search of 16 rows at once ----------------------------------------------
  * kwk_quant_fit and kwk_quant_code run the same float operations on each row in the same order,
  * one row per lane, so every sum is rounded exactly as in quant_ref.c: lanes are rows, not
- * columns (summing a row's columns across lanes would change the order of its float sums). */
+ * columns (summing a row's columns across lanes would change the order of its float sums).
+ * Separate multiplies and adds, never fused: the build is ISO C11, where GCC does not contract
+ * them (test_quant compares the bytes with the scalar packer's). */
 
 /* round_clamp of quant_ref.c: NaN to 0, clamp to [-lim, lim], round to nearest even. */
 INLINE __m512 round_clamp16(__m512 x, __m512 lim, __m512 nlim)
@@ -360,8 +363,8 @@ INLINE __m512 round_clamp16(__m512 x, __m512 lim, __m512 nlim)
 }
 
 /* kwk_f32_to_f16 then kwk_f16_to_f32, lane by lane: the hardware's nearest-even conversion,
- * with kwk_f32_to_f16's saturation above 65504 and its NaN. *h gets the halves. */
-INLINE __m512 half_round16(__m512 f, __m256i *h)
+ * with kwk_f32_to_f16's saturation above 65504 and its NaN. */
+INLINE __m512 half16(__m512 f)
 {
     const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(f), 16),
                                           _mm512_set1_epi32(0x8000));
@@ -372,22 +375,17 @@ INLINE __m512 half_round16(__m512 f, __m256i *h)
                              _mm512_set1_epi32(0x7bff));
     v = _mm512_mask_or_epi32(v, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), sign,
                              _mm512_set1_epi32(0x7e00));
-    *h = _mm512_cvtepi32_epi16(v);
-    return _mm512_cvtph_ps(*h);
-}
-
-INLINE __m512 half16(__m512 f)
-{
-    __m256i h;
-    return half_round16(f, &h);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
 }
 
 /* sym_err of quant_ref.c with the int8 clamp (lim 127) or the int6 code (lim 32, then <= 31). */
 INLINE __m512 sym_err16(const __m512 *w, int n, __m512 d, int q6)
 {
-    const __m512 lim = _mm512_set1_ps(q6 ? 32.0f : 127.0f), nlim = _mm512_sub_ps(_mm512_setzero_ps(), lim);
-    const __m512 top = _mm512_set1_ps(31.0f), zero = _mm512_setzero_ps();
-    __mmask16 nz = q6 ? _mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ) : _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
+    const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(31.0f);
+    const __m512 lim = _mm512_set1_ps(q6 ? 32.0f : 127.0f), nlim = _mm512_sub_ps(zero, lim);
+    /* int8: 1 / d for d > 0; int6 (d of either sign): for d != 0 */
+    __mmask16 nz = q6 ? _mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ)
+                      : _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
     __m512 id = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d), e = zero;
     for (int k = 0; k < n; k++) {
         __m512 q = round_clamp16(_mm512_mul_ps(w[k], id), lim, nlim);
@@ -399,7 +397,11 @@ INLINE __m512 sym_err16(const __m512 *w, int n, __m512 d, int q6)
     return e;
 }
 
-/* fit_q8 (q6 = 0) and fit_q6 (q6 = 1) of quant_ref.c. */
+/* Trials run NB at a time: each trial's sums still add in column order, but NB independent
+ * chains hide the adds' latency, which one chain a trial would wait on at every column. */
+#define NB 4
+
+/* fit_q8 (q6 = 0) and fit_q6 (q6 = 1) of quant_ref.c: trial t of 32 is s = -8..24 without 0. */
 static __m512 fit_sym16(const __m512 *w, int n, int q6)
 {
     const __m512 zero = _mm512_setzero_ps();
@@ -413,56 +415,68 @@ static __m512 fit_sym16(const __m512 *w, int n, int q6)
         wmax = _mm512_mask_mov_ps(wmax, gt, w[k]);
         sww = _mm512_add_ps(sww, _mm512_mul_ps(w[k], w[k]));
     }
-    /* int8: amax / 127; int6: -wmax / 32 */
-    __m512 d0 = q6 ? _mm512_div_ps(_mm512_sub_ps(zero, wmax), _mm512_set1_ps(32.0f))
+    __m512 neg = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(wmax), _mm512_set1_epi32(INT32_MIN)));
+    /* int8: amax / 127; int6: -wmax / 32 (-0 for 0) */
+    __m512 d0 = q6 ? _mm512_div_ps(neg, _mm512_set1_ps(32.0f))
                    : _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
     __m512 bd = half16(d0);
     __m512 best = sym_err16(w, n, bd, q6);
     __mmask16 live = _mm512_cmp_ps_mask(amax, zero, _CMP_GT_OQ);
-    for (int s = -8; s <= 24 && live && n > 1; s++) {
-        if (s == 0)
-            continue;
-        __m512 id = q6 ? _mm512_div_ps(_mm512_set1_ps(-(32.0f + 0.125f * (float)s)), wmax)
-                       : _mm512_div_ps(_mm512_set1_ps(127.0f + 0.25f * (float)s), amax);
-        __m512 sqq = zero, sqw = zero;
-        for (int k = 0; k < n; k++) {
-            __m512 fq = round_clamp16(_mm512_mul_ps(w[k], id), lim, nlim);
-            if (q6)
-                fq = _mm512_min_ps(fq, top);
-            sqq = _mm512_add_ps(sqq, _mm512_mul_ps(fq, fq));
-            sqw = _mm512_add_ps(sqw, _mm512_mul_ps(fq, w[k]));
+    for (int t0 = 0; t0 < 32 && live && n > 1; t0 += NB) {
+        __m512 id[NB], sqq[NB], sqw[NB];
+        for (int b = 0; b < NB; b++) {
+            int t = t0 + b, si = t < 8 ? t - 8 : t - 7;
+            id[b] = q6 ? _mm512_div_ps(_mm512_set1_ps(-(32.0f + 0.125f * (float)si)), wmax)
+                       : _mm512_div_ps(_mm512_set1_ps(127.0f + 0.25f * (float)si), amax);
+            sqq[b] = sqw[b] = zero;
         }
-        __mmask16 ok = live & _mm512_cmp_ps_mask(sqq, zero, _CMP_GT_OQ) &
-                       (q6 ? _mm512_cmp_ps_mask(sqw, zero, _CMP_NEQ_UQ)
-                           : _mm512_cmp_ps_mask(sqw, zero, _CMP_GT_OQ));
-        __m512 d = half16(_mm512_div_ps(sqw, sqq));
-        /* sww - 2 d sqw + d d sqq, in the scalar expression's order */
-        __m512 e = _mm512_sub_ps(sww, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), d), sqw));
-        e = _mm512_add_ps(e, _mm512_mul_ps(_mm512_mul_ps(d, d), sqq));
-        __mmask16 up = ok & _mm512_cmp_ps_mask(e, best, _CMP_LT_OQ);
-        best = _mm512_mask_mov_ps(best, up, e);
-        bd = _mm512_mask_mov_ps(bd, up, d);
+        for (int k = 0; k < n; k++)
+            for (int b = 0; b < NB; b++) {
+                __m512 fq = round_clamp16(_mm512_mul_ps(w[k], id[b]), lim, nlim);
+                if (q6)
+                    fq = _mm512_min_ps(fq, top);
+                sqq[b] = _mm512_add_ps(sqq[b], _mm512_mul_ps(fq, fq));
+                sqw[b] = _mm512_add_ps(sqw[b], _mm512_mul_ps(fq, w[k]));
+            }
+        for (int b = 0; b < NB; b++) { /* in trial order: the first of equal errors wins */
+            __mmask16 ok = live & _mm512_cmp_ps_mask(sqq[b], zero, _CMP_GT_OQ) &
+                           (q6 ? _mm512_cmp_ps_mask(sqw[b], zero, _CMP_NEQ_UQ)
+                               : _mm512_cmp_ps_mask(sqw[b], zero, _CMP_GT_OQ));
+            __m512 d = half16(_mm512_div_ps(sqw[b], sqq[b]));
+            /* sww - 2 d sqw + d d sqq, in the scalar expression's order */
+            __m512 e = _mm512_sub_ps(
+                sww, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), d), sqw[b]));
+            e = _mm512_add_ps(e, _mm512_mul_ps(_mm512_mul_ps(d, d), sqq[b]));
+            __mmask16 up = ok & _mm512_cmp_ps_mask(e, best, _CMP_LT_OQ);
+            best = _mm512_mask_mov_ps(best, up, e);
+            bd = _mm512_mask_mov_ps(bd, up, d);
+        }
     }
     return bd;
 }
 
-/* q4_err of quant_ref.c. */
-INLINE __m512 q4_err16(const __m512 *w, int n, __m512 d, __m512 m)
+/* q4_err of quant_ref.c for NB parameter pairs at once (e[b] for d[b], m[b]). */
+INLINE void q4_err16(const __m512 *w, int n, const __m512 *d, const __m512 *m, __m512 *e, int nb)
 {
     const __m512 zero = _mm512_setzero_ps(), lim = _mm512_set1_ps(15.0f);
     const __m512 nlim = _mm512_set1_ps(-15.0f);
-    __mmask16 pos = _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
-    __m512 id = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), d), e = zero;
-    for (int k = 0; k < n; k++) {
-        __m512 q = round_clamp16(_mm512_mul_ps(_mm512_sub_ps(w[k], m), id), lim, nlim);
-        q = _mm512_max_ps(q, zero); /* -0 and 0 give the same float products */
-        __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(d, q), m), w[k]);
-        e = _mm512_add_ps(e, _mm512_mul_ps(r, r));
+    __m512 id[NB];
+    for (int b = 0; b < nb; b++) {
+        __mmask16 pos = _mm512_cmp_ps_mask(d[b], zero, _CMP_GT_OQ);
+        id[b] = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), d[b]);
+        e[b] = zero;
     }
-    return e;
+    for (int k = 0; k < n; k++)
+        for (int b = 0; b < nb; b++) {
+            __m512 q = round_clamp16(_mm512_mul_ps(_mm512_sub_ps(w[k], m[b]), id[b]), lim, nlim);
+            q = _mm512_max_ps(q, zero); /* -0 and 0 give the same float products */
+            __m512 r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(d[b], q), m[b]), w[k]);
+            e[b] = _mm512_add_ps(e[b], _mm512_mul_ps(r, r));
+        }
 }
 
-/* fit_q4 of quant_ref.c. */
+/* fit_q4 of quant_ref.c: trial t of 8 is s = -4..4 without 0. */
 static void fit_q4_16(const __m512 *w, int n, __m512 *d_out, __m512 *m_out)
 {
     const __m512 zero = _mm512_setzero_ps(), lim = _mm512_set1_ps(15.0f);
@@ -474,34 +488,43 @@ static void fit_q4_16(const __m512 *w, int n, __m512 *d_out, __m512 *m_out)
     }
     __m512 range = _mm512_sub_ps(mx, mn);
     __m512 bd = half16(_mm512_div_ps(range, _mm512_set1_ps(15.0f))), bm = half16(mn);
-    __m512 best = q4_err16(w, n, bd, bm);
+    __m512 best;
+    q4_err16(w, n, &bd, &bm, &best, 1);
     __mmask16 live = _mm512_cmp_ps_mask(mx, mn, _CMP_GT_OQ);
-    for (int s = -4; s <= 4 && live && n > 1; s++) {
-        if (s == 0)
-            continue;
-        __m512 id = _mm512_div_ps(_mm512_set1_ps(15.0f + 0.1f * (float)s), range);
-        __m512 sq = zero, sqq = zero, sw = zero, sqw = zero;
-        for (int k = 0; k < n; k++) {
-            __m512 fq = round_clamp16(_mm512_mul_ps(_mm512_sub_ps(w[k], mn), id), lim, nlim);
-            fq = _mm512_max_ps(fq, zero);
-            sq = _mm512_add_ps(sq, fq);
-            sqq = _mm512_add_ps(sqq, _mm512_mul_ps(fq, fq));
-            sw = _mm512_add_ps(sw, w[k]);
-            sqw = _mm512_add_ps(sqw, _mm512_mul_ps(fq, w[k]));
+    for (int t0 = 0; t0 < 8 && live && n > 1; t0 += NB) {
+        __m512 id[NB], sq[NB], sqq[NB], sw[NB], sqw[NB], hd[NB], hm[NB], e[NB];
+        __mmask16 ok[NB];
+        for (int b = 0; b < NB; b++) {
+            int t = t0 + b, si = t < 4 ? t - 4 : t - 3;
+            id[b] = _mm512_div_ps(_mm512_set1_ps(15.0f + 0.1f * (float)si), range);
+            sq[b] = sqq[b] = sw[b] = sqw[b] = zero;
         }
-        __m512 det = _mm512_sub_ps(_mm512_mul_ps(fn, sqq), _mm512_mul_ps(sq, sq));
-        __m512 d = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(fn, sqw), _mm512_mul_ps(sq, sw)), det);
-        __m512 m = _mm512_div_ps(_mm512_sub_ps(sw, _mm512_mul_ps(d, sq)), fn);
-        __mmask16 ok = live & _mm512_cmp_ps_mask(det, zero, _CMP_NLE_UQ) &
-                       _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
-        if (!ok)
-            continue;
-        __m512 hd = half16(d), hm = half16(m);
-        __m512 e = q4_err16(w, n, hd, hm);
-        __mmask16 up = ok & _mm512_cmp_ps_mask(e, best, _CMP_LT_OQ);
-        best = _mm512_mask_mov_ps(best, up, e);
-        bd = _mm512_mask_mov_ps(bd, up, hd);
-        bm = _mm512_mask_mov_ps(bm, up, hm);
+        for (int k = 0; k < n; k++)
+            for (int b = 0; b < NB; b++) {
+                __m512 fq = round_clamp16(_mm512_mul_ps(_mm512_sub_ps(w[k], mn), id[b]), lim, nlim);
+                fq = _mm512_max_ps(fq, zero);
+                sq[b] = _mm512_add_ps(sq[b], fq);
+                sqq[b] = _mm512_add_ps(sqq[b], _mm512_mul_ps(fq, fq));
+                sw[b] = _mm512_add_ps(sw[b], w[k]);
+                sqw[b] = _mm512_add_ps(sqw[b], _mm512_mul_ps(fq, w[k]));
+            }
+        for (int b = 0; b < NB; b++) {
+            __m512 det = _mm512_sub_ps(_mm512_mul_ps(fn, sqq[b]), _mm512_mul_ps(sq[b], sq[b]));
+            __m512 d = _mm512_div_ps(
+                _mm512_sub_ps(_mm512_mul_ps(fn, sqw[b]), _mm512_mul_ps(sq[b], sw[b])), det);
+            __m512 m = _mm512_div_ps(_mm512_sub_ps(sw[b], _mm512_mul_ps(d, sq[b])), fn);
+            ok[b] = live & _mm512_cmp_ps_mask(det, zero, _CMP_NLE_UQ) &
+                    _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
+            hd[b] = half16(d);
+            hm[b] = half16(m);
+        }
+        q4_err16(w, n, hd, hm, e, NB);
+        for (int b = 0; b < NB; b++) { /* in trial order: the first of equal errors wins */
+            __mmask16 up = ok[b] & _mm512_cmp_ps_mask(e[b], best, _CMP_LT_OQ);
+            best = _mm512_mask_mov_ps(best, up, e[b]);
+            bd = _mm512_mask_mov_ps(bd, up, hd[b]);
+            bm = _mm512_mask_mov_ps(bm, up, hm[b]);
+        }
     }
     *d_out = bd;
     *m_out = bm;

@@ -64,14 +64,15 @@ _Static_assert(sizeof(struct kwk_q4_block) == 32 + 32 + 256, "q4 block is 320 by
 /* int6 (mix_bits=6): 16 rows x 32 columns, 6.5 bits a weight, symmetric: w = d * q with q in
  * [-32, 31], stored as u = q + 32 in [0, 63] (unsigned, vpdpbusd's weight operand, as int8's
  * +128: the kernels take 32 * sum(v) back out). The range is one code longer below zero, so
- * packing gives d the sign that puts the group's largest magnitude at -32: a step of 1/32 of it
- * rather than 1/31 (4% less RMS error on Gaussian rows). Call columns 4s..4s+3 "slice s" (s < 8),
- * one 64-byte vector of [row][col%4]. ql holds the low 4 bits of u exactly as int4's nibbles:
- * slice 2c in the low nibbles of ql[c], slice 2c+1 in its high nibbles. qh holds the high 2
- * bits, four slices a byte: bits 2(s%4), 2(s%4)+1 of qh[s/4][row][col%4] are bits 4, 5 of u in
- * slice s. A vector's high bits are then (qh shifted left by 4 - 2(s%4)) & 0x30: one 16-bit
- * shift (bits that cross into the next byte land outside 0x30) and one and, or'ed onto the
- * nibble, and each qh load serves the two ql loads (four slices) that share it. */
+ * packing gives d the sign that puts the group's largest magnitude at -32: a step of 1/32 of
+ * it rather than 1/31 (4% less RMS error on Gaussian rows). Call columns 4s..4s+3 "slice s"
+ * (s < 8), one 64-byte vector of [row][col%4]. ql holds the low 4 bits of u exactly as int4's
+ * nibbles: slice 2c in the low nibbles of ql[c], slice 2c+1 in its high nibbles. qh holds the
+ * high 2 bits, four slices a byte: bits 2(s%4), 2(s%4)+1 of qh[s/4][row][col%4] are bits 4, 5
+ * of u in slice s. A vector's high bits are then (qh shifted left by 4 - 2(s%4), right by 2
+ * when s%4 = 3) & 0x30: one 16-bit shift (bits that cross into the next byte land outside
+ * 0x30) and one and, or'ed onto the nibble; each qh load serves the two ql loads (four slices)
+ * that share it. */
 #define KWK_Q6_GROUP 32
 struct kwk_q6_block {
     uint16_t d[KWK_QROWS];                         /* [16] row scales, half: w = d * (u - 32) */
@@ -102,13 +103,20 @@ void kwk_quant_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int6
  * kernels see them (already rounded to half). */
 void kwk_quant_fit(int wtype, const float *w, int n, float *d, float *m);
 /* The code of value w in a group with parameters d, m: the nearest in the format's range
- * (int8: [-127,127]; int4: [0,15]; int6: its range). */
+ * (int8: [-127,127]; int4: [0,15]; int6: [-32,31]). */
 int kwk_quant_code(int wtype, float w, float d, float m);
 /* Row block rb of a rows x cols matrix from codes and parameters: q[i*ldq + k] the code of
  * row 16rb+i, column k (k < cols), d[i*n_groups + g], m[i*n_groups + g] its group's parameters
  * (as returned by kwk_quant_fit; m ignored by symmetric formats; rows past `rows` are zero). */
 void kwk_quant_pack_codes(int wtype, void *data, int64_t rows, int64_t cols, int64_t rb,
                           const int8_t *q, long ldq, const float *d, const float *m);
+
+/* kwk_quant_fit and kwk_quant_code of one group of 16 rows with AVX-512 (F/BW/DQ/VL) or AVX2,
+ * bit for bit the scalar results, for kwk_quant_pack_rows (which calls the best kwk_isa()
+ * allows): w[16*k + i] column k < n (0 < n <= 32) of row i (rows past the matrix: zeros),
+ * d[16], m[16] the rows' parameters, q[16*k + i] the codes. */
+void kwk_quant_fit_rows_avx512(int wtype, const float *w, int n, float *d, float *m, int8_t *q);
+void kwk_quant_fit_rows_avx2(int wtype, const float *w, int n, float *d, float *m, int8_t *q);
 
 /* Activation quantization of one token: n values of x, padded with zeros to whole groups of
  * `group`: xh and xl [n_groups*group] the int8 halves of v = 254 * xh + xl, xd[n_groups] the

@@ -1,7 +1,8 @@
-/* test_quant.c - the int8 / int4 / int6 formats: half conversion, packing round trips and their error
- * bound, and every kernel table's quantized matmul against the scalar reference (exactly on data
- * whose float parts are exact, to rounding on random data), on odd shapes, row ranges and 1-4
- * pool threads. */
+/* test_quant.c - the int8 / int4 / int6 formats: half conversion, packing round trips and their
+ * error bound, fit + code + pack_codes against packing, the AVX-512 packer against the scalar one
+ * and the packer as it was, and every kernel table's quantized matmul against the scalar
+ * reference (exactly on data whose float parts are exact, to rounding on random data), on odd
+ * shapes, row ranges and 1-4 pool threads. */
 #include <stdlib.h>
 
 #include "base/base.h"
@@ -62,9 +63,9 @@ static void test_f16(void)
 }
 
 /* Every format: every dequantized weight is within one step of the original (int8: amax / 127;
- * int6: two of amax / 31; int4: (max - min) / 15; plus the half rounding of scale and offset): the least-squares fits
- * may clip an extreme value by up to a step. int4's squared error over the matrix is below that
- * of plain rounding to the [min, max] grid (step^2 / 12 a weight). */
+ * int6: two of amax / 31; int4: (max - min) / 15; plus the half rounding of scale and offset):
+ * the least-squares fits may clip an extreme value by up to a step. int4's squared error over
+ * the matrix is below that of plain rounding to the [min, max] grid (step^2 / 12 a weight). */
 static void test_round_trip(int wt, int64_t rows, int64_t cols)
 {
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
@@ -536,6 +537,236 @@ static void test_gauss_error(void)
     free(out);
 }
 
+/* ---- packing speed-ups keep every byte ----------------------------------------------------------
+ * The packer before its AVX-512 scale search (pack_q8_row / pack_q4_row as they were), kept here
+ * as the reference: kwk_quant_pack_rows must give its bytes exactly on any data. */
+
+static int old_round_clamp(float x, float lim)
+{
+    if (!(x == x))
+        return 0;
+    x = x > lim ? lim : x < -lim ? -lim : x;
+    const float big = 12582912.0f;
+    return (int)((x + big) - big);
+}
+
+static float old_q8_err(const float *w, int64_t n, float d, int8_t *q)
+{
+    float id = d > 0.0f ? 1.0f / d : 0.0f, e = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
+        q[k] = (int8_t)old_round_clamp(w[k] * id, 127.0f);
+        float r = d * (float)q[k] - w[k];
+        e += r * r;
+    }
+    return e;
+}
+
+static void old_pack_q8_row(struct kwk_q8_block *b, int i, const float *w, int64_t n)
+{
+    float amax = 0.0f, sww = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
+        amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
+        sww += w[k] * w[k];
+    }
+    int8_t q[KWK_Q8_GROUP] = {0};
+    uint16_t bd = kwk_f32_to_f16(amax / 127.0f);
+    float best = old_q8_err(w, n, kwk_f16_to_f32(bd), q);
+    for (int s = -8; s <= 24 && amax > 0.0f && n > 1; s++) {
+        if (s == 0)
+            continue;
+        float id = (127.0f + 0.25f * (float)s) / amax;
+        float sqq = 0.0f, sqw = 0.0f;
+        for (int64_t k = 0; k < n; k++) {
+            float fq = (float)old_round_clamp(w[k] * id, 127.0f);
+            sqq += fq * fq;
+            sqw += fq * w[k];
+        }
+        if (!(sqq > 0.0f) || !(sqw > 0.0f))
+            continue;
+        uint16_t hd = kwk_f32_to_f16(sqw / sqq);
+        float d = kwk_f16_to_f32(hd), e = sww - 2.0f * d * sqw + d * d * sqq;
+        if (e < best) {
+            best = e;
+            bd = hd;
+        }
+    }
+    b->d[i] = bd;
+    old_q8_err(w, n, kwk_f16_to_f32(bd), q);
+    for (int k = 0; k < KWK_Q8_GROUP; k++)
+        b->q[k / 4][i][k % 4] = (uint8_t)((k < n ? q[k] : 0) + 128);
+}
+
+static float old_q4_err(const float *w, int64_t n, float d, float m, uint8_t *q)
+{
+    float id = d > 0.0f ? 1.0f / d : 0.0f, e = 0.0f;
+    for (int64_t k = 0; k < n; k++) {
+        int v = old_round_clamp((w[k] - m) * id, 15.0f);
+        q[k] = (uint8_t)(v < 0 ? 0 : v);
+        float r = d * (float)q[k] + m - w[k];
+        e += r * r;
+    }
+    return e;
+}
+
+static void old_pack_q4_row(struct kwk_q4_block *b, int i, const float *w, int64_t n)
+{
+    float mn = n > 0 ? w[0] : 0.0f, mx = mn;
+    for (int64_t k = 1; k < n; k++) {
+        mn = w[k] < mn ? w[k] : mn;
+        mx = w[k] > mx ? w[k] : mx;
+    }
+    uint8_t q[KWK_Q4_GROUP];
+    uint16_t bd = kwk_f32_to_f16((mx - mn) / 15.0f), bm = kwk_f32_to_f16(mn);
+    float best = old_q4_err(w, n, kwk_f16_to_f32(bd), kwk_f16_to_f32(bm), q);
+    for (int s = -4; s <= 4 && mx > mn && n > 1; s++) {
+        if (s == 0)
+            continue;
+        float id = (15.0f + 0.1f * (float)s) / (mx - mn);
+        float sq = 0.0f, sqq = 0.0f, sw = 0.0f, sqw = 0.0f;
+        for (int64_t k = 0; k < n; k++) {
+            int v = old_round_clamp((w[k] - mn) * id, 15.0f);
+            float fq = (float)(v < 0 ? 0 : v);
+            sq += fq;
+            sqq += fq * fq;
+            sw += w[k];
+            sqw += fq * w[k];
+        }
+        float det = (float)n * sqq - sq * sq;
+        if (det <= 0.0f)
+            continue;
+        float d = ((float)n * sqw - sq * sw) / det, m = (sw - d * sq) / (float)n;
+        if (!(d > 0.0f))
+            continue;
+        uint16_t hd = kwk_f32_to_f16(d), hm = kwk_f32_to_f16(m);
+        float e = old_q4_err(w, n, kwk_f16_to_f32(hd), kwk_f16_to_f32(hm), q);
+        if (e < best) {
+            best = e;
+            bd = hd;
+            bm = hm;
+        }
+    }
+    b->d[i] = bd;
+    b->m[i] = bm;
+    old_q4_err(w, n, kwk_f16_to_f32(bd), kwk_f16_to_f32(bm), q);
+    for (int64_t k = n; k < KWK_Q4_GROUP; k++)
+        q[k] = 0;
+    for (int c = 0; c < KWK_Q4_GROUP / 8; c++)
+        for (int j = 0; j < 4; j++)
+            b->q[c][i][j] = (uint8_t)(q[8 * c + j] | q[8 * c + 4 + j] << 4);
+}
+
+static void old_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int64_t rb,
+                          const float *src, long ld)
+{
+    int G = kwk_quant_group(wtype);
+    int64_t ng = kwk_quant_n_groups(wtype, cols);
+    int n_rows = (int)KWK_MIN((int64_t)KWK_QROWS, rows - rb * KWK_QROWS);
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t k0 = g * G, n = KWK_MIN((int64_t)G, cols - k0);
+        for (int i = 0; i < KWK_QROWS; i++) {
+            const float *w = i < n_rows ? src + (size_t)i * (size_t)ld + k0 : NULL;
+            if (wtype == KWK_W_Q8)
+                old_pack_q8_row((struct kwk_q8_block *)data + rb * ng + g, i, w, w ? n : 0);
+            else
+                old_pack_q4_row((struct kwk_q4_block *)data + rb * ng + g, i, w, w ? n : 0);
+        }
+    }
+}
+
+/* Data that reaches every branch of the scale searches: Gaussian-like rows, outliers, constant
+ * and zero groups, signed zeros, NaN and infinities, values whose scales are subnormal halves
+ * or saturate the half range, and integers (ties between trials). */
+static float odd_value(int kind, int64_t i, int64_t cols)
+{
+    float v = frand(-1.0f, 1.0f) + frand(-1.0f, 1.0f) + frand(-1.0f, 1.0f);
+    switch (kind) {
+    case 1: return v * 1e-6f;
+    case 2: return i % 5 == 0 ? 0.0f : v * 100.0f;
+    case 3: return (float)(int)(v * 3.0f);
+    case 4: return (i / cols) % 3 == 0 ? 0.0f : v;
+    case 5: return rnd() % 100 == 0 ? v * 50.0f : v;
+    case 6: return rnd() % 50 == 0 ? NAN : v;
+    case 7: return rnd() % 50 == 0 ? (rnd() & 1 ? INFINITY : -INFINITY) : v;
+    case 8: return v * 1e30f;
+    case 9: return v * 1e-40f;
+    case 10: return 1.5f;
+    case 11: return v * 127.0f * 65504.0f * frand(0.0f, 2.0f);
+    case 12: return v * 1e-5f * frand(0.0f, 1.0f);
+    case 13: return i % 2 ? -0.0f : 0.0f;
+    default: return v;
+    }
+}
+
+#define N_ODD_KINDS 14
+
+static void test_pack_unchanged(void)
+{
+    static const int64_t shapes[][2] = {{1, 1}, {5, 31}, {16, 32}, {17, 33}, {40, 100}, {33, 64}};
+    long diff = 0, n = 0;
+    for (int kind = 0; kind < N_ODD_KINDS; kind++)
+        for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++)
+            for (int wi = 0; wi < 2; wi++) {
+                int wt = wi ? KWK_W_Q4 : KWK_W_Q8;
+                int64_t rows = shapes[si][0], cols = shapes[si][1];
+                float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+                for (int64_t i = 0; i < rows * cols; i++)
+                    w[i] = odd_value(kind, i, cols);
+                size_t bytes;
+                kwk_quant_bytes(wt, rows, cols, &bytes);
+                uint8_t *a = malloc(bytes), *b = malloc(bytes);
+                memset(a, 0x11, bytes);
+                memset(b, 0x22, bytes);
+                for (int64_t rb = 0; rb * KWK_QROWS < rows; rb++) {
+                    const float *src = w + rb * KWK_QROWS * cols;
+                    kwk_quant_pack_rows(wt, a, rows, cols, rb, src, (long)cols);
+                    old_pack_rows(wt, b, rows, cols, rb, src, (long)cols);
+                }
+                diff += memcmp(a, b, bytes) != 0;
+                n++;
+                free(a);
+                free(b);
+                free(w);
+            }
+    T_CHECK(diff == 0, "%ld of %ld matrices packed differently from the old packer", diff, n);
+}
+
+/* The SIMD fit and code of 16 rows against kwk_quant_fit / kwk_quant_code, all three formats
+ * (int6 has no older packer to compare with), on the same odd data. */
+typedef void (*fit_rows_fn)(int wtype, const float *w, int n, float *d, float *m, int8_t *q);
+
+static void test_fit_rows_simd(int isa, fit_rows_fn fit_rows)
+{
+    if (kwk_isa() < isa) {
+        printf("  %s packer not checked: %s only\n", kwk_isa_name(isa), kwk_isa_name(kwk_isa()));
+        return;
+    }
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    long diff = 0, n_cases = 0;
+    for (int kind = 0; kind < N_ODD_KINDS; kind++)
+        for (int wi = 0; wi < 3; wi++)
+            for (int rep = 0; rep < 8; rep++) {
+                int n = rep == 0 ? 1 : rep == 1 ? 2 : rep == 2 ? 31 : 32;
+                float w[32 * KWK_QROWS], d[KWK_QROWS], m[KWK_QROWS];
+                int8_t q[32 * KWK_QROWS];
+                for (int i = 0; i < 32 * KWK_QROWS; i++)
+                    w[i] = odd_value(kind, i / KWK_QROWS + (i % KWK_QROWS) * 32, 32);
+                fit_rows(wts[wi], w, n, d, m, q);
+                for (int i = 0; i < KWK_QROWS; i++) {
+                    float row[32], rd, rm;
+                    for (int k = 0; k < n; k++)
+                        row[k] = w[k * KWK_QROWS + i];
+                    kwk_quant_fit(wts[wi], row, n, &rd, &rm);
+                    long bad = memcmp(&rd, &d[i], sizeof rd) != 0 || memcmp(&rm, &m[i], sizeof rm);
+                    for (int k = 0; k < n; k++)
+                        bad += q[k * KWK_QROWS + i] != kwk_quant_code(wts[wi], row[k], rd, rm);
+                    diff += bad != 0;
+                    n_cases++;
+                }
+            }
+    T_CHECK(diff == 0, "%ld of %ld rows fitted differently by the %s search", diff, n_cases,
+            kwk_isa_name(isa));
+}
+
 static void test_sizes(void)
 {
     size_t n;
@@ -569,6 +800,9 @@ int main(void)
         test_fit_code_pack(KWK_W_Q6, odd[i][0], odd[i][1]);
     }
     test_gauss_error();
+    test_pack_unchanged();
+    test_fit_rows_simd(KWK_ISA_AVX2, kwk_quant_fit_rows_avx2);
+    test_fit_rows_simd(KWK_ISA_AVX512, kwk_quant_fit_rows_avx512);
     test_kernels_vs_ref();
     test_batch_invariance();
     test_threads();
