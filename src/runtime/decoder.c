@@ -34,9 +34,13 @@ void kwk_decoder_free(kwk_decoder *d)
     kwk_free(d->tokens);
     kwk_free(d->row_slot);
     kwk_free(d->row_pos);
+    kwk_free((void *)d->att_k);
+    kwk_free((void *)d->att_v);
+    kwk_free(d->att_first);
+    kwk_free(d->att_last);
     float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->x,    d->xn,     d->q,
                      d->kx,      d->vx,      d->att,      d->gate, d->up,     d->scores,
-                     d->logits};
+                     d->logits,  d->rope_cs};
     for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
         kwk_free_aligned(bufs[i]);
     kwk_free(d);
@@ -51,8 +55,16 @@ static int decoder_alloc(struct kwk_decoder *d)
         return -1;
     d->row_slot = kwk_calloc(nb, sizeof(int));
     d->row_pos = kwk_calloc(nb, sizeof(int));
-    if (!d->row_slot || !d->row_pos)
+    d->att_k = kwk_calloc(nb, sizeof(float *));
+    d->att_v = kwk_calloc(nb, sizeof(float *));
+    d->att_first = kwk_calloc(nb, sizeof(int));
+    d->att_last = kwk_calloc(nb, sizeof(int));
+    if (!d->row_slot || !d->row_pos || !d->att_k || !d->att_v || !d->att_first || !d->att_last)
         return -1;
+    d->ak = kwk_attn_kernel();
+    struct kwk_attn_args shape = {.head_dim = c->head_dim, .n_heads = c->n_heads,
+                                  .n_kv_heads = c->n_kv_heads};
+    d->scores_per_thread = kwk_attn_scratch_floats(&shape, d->max_len);
     return alloc_floats(&d->k_cache, cache, (size_t)d->kv_dim) ||
            alloc_floats(&d->v_cache, cache, (size_t)d->kv_dim) ||
            alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
@@ -63,7 +75,8 @@ static int decoder_alloc(struct kwk_decoder *d)
            alloc_floats(&d->vx, nb, (size_t)d->kv_dim) ||
            alloc_floats(&d->att, nb, (size_t)d->q_dim) || alloc_floats(&d->gate, nb, dff) ||
            alloc_floats(&d->up, nb, dff) ||
-           alloc_floats(&d->scores, (size_t)d->n_threads, (size_t)d->max_len) ||
+           alloc_floats(&d->scores, (size_t)d->n_threads, d->scores_per_thread) ||
+           alloc_floats(&d->rope_cs, nb, (size_t)c->head_dim) ||
            alloc_floats(&d->logits, (size_t)c->n_vocab, 1);
 }
 

@@ -4,6 +4,7 @@
 #define KWK_RUNTIME_H
 
 #include "base/pool.h"
+#include "kernels/attn.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -42,7 +43,12 @@ struct kwk_decoder {
     float *att;    /* [n_batch][q_dim] attention output */
     float *gate;   /* [n_batch][d_ff] */
     float *up;     /* [n_batch][d_ff] */
-    float *scores; /* [n_threads][max_len] attention weights per thread */
+    float *scores; /* [n_threads][scores_per_thread] attention scratch per thread */
+    size_t scores_per_thread;
+    const struct kwk_attn_kernel *ak; /* attention kernels (kernels/attn.h) */
+    const float **att_k, **att_v;     /* [n_batch] each row's K / V cache for the layer */
+    int *att_first, *att_last;        /* [n_batch] positions each row attends */
+    float *rope_cs;                   /* [n_batch][head_dim] each row's rotary cos, sin */
     float *logits; /* [n_vocab] last row of logits */
 };
 

@@ -1,0 +1,60 @@
+/* attn.h - causal attention over a KV cache for a range of (row, head) items, one table per
+ * instruction set (attn_ref.c is the specification; avx2_attn.c, avx512_attn.c agree with it to
+ * float rounding). Pure functions of their arguments: any thread may call them concurrently. */
+#ifndef KWK_ATTN_H
+#define KWK_ATTN_H
+
+#include <stddef.h>
+
+/* One layer of one chunk. Item i is (row i / n_heads, query head i % n_heads); query head h reads
+ * kv head h / (n_heads / n_kv_heads). Everything is borrowed; nothing is written but out. */
+struct kwk_attn_args {
+    int head_dim, n_heads, n_kv_heads; /* n_heads % n_kv_heads == 0 */
+    int kv_dim;                        /* n_kv_heads * head_dim: stride of a cache row */
+    float scale;                       /* 1 / sqrt(head_dim) */
+    const float *q;                    /* q[row * ldq + h * head_dim + e]: rotated queries */
+    long ldq;
+    float *out;                        /* out[row * ldo + h * head_dim + e] */
+    long ldo;
+    const float *const *k_rows;        /* [n_rows] the row's slot's K cache for this layer: key
+                                          position p, kv head g at k_rows[row][p*kv_dim + g*head_dim] */
+    const float *const *v_rows;        /* [n_rows] the same for V */
+    const int *first, *last;           /* [n_rows] attended positions first..last (inclusive):
+                                          causal (last = row's position), sliding window (first) */
+};
+
+struct kwk_attn_kernel {
+    const char *name;
+    /* Attention of items [i0, i1): out = softmax(q . k_p * scale over p in first..last) . v.
+     * scratch: at least kwk_attn_scratch_floats(a, max_pos) floats, owned by the calling thread,
+     * where max_pos bounds last - first + 1 of every row. A row with last < first gets zeros.
+     * Batch invariance: an item's output is bitwise the same whatever range [i0, i1) it is
+     * computed in (alone, with its row's other heads, with other rows, any thread split), within
+     * one table: ranges only share loads, never change an item's order of operations.
+     * Does not allocate, lock or fail. */
+    void (*items)(const struct kwk_attn_args *a, long i0, long i1, float *scratch);
+};
+
+/* Floats of scratch one thread needs for rows attending at most max_pos positions: the scores of
+ * one kv group's query heads, each padded to a multiple of 16. Same for every table. */
+size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos);
+
+/* Thread ith's share [*i0, *i1) of the n_rows * n_heads items, balanced by work (positions
+ * attended) rather than by count: a prompt chunk's last rows attend many more positions than its
+ * first. Shares are whole kv groups (which share loads), or single heads when there are fewer
+ * than 4 groups per thread (a decode step). Deterministic; reads only a->first, a->last and the head counts.
+ * Any split gives the same outputs (batch invariance), so this only moves time. Any thread. */
+void kwk_attn_split(const struct kwk_attn_args *a, int n_rows, int ith, int nth, long *i0,
+                    long *i1);
+
+/* The table for an ISA (enum kwk_isa), clamped to what kwk_isa() allows, as kwk_kernels_for. */
+const struct kwk_attn_kernel *kwk_attn_kernel_for(int isa);
+/* The table for kwk_isa() (which honours KWKER_ISA): the same ISA as kwk_kernels(). */
+const struct kwk_attn_kernel *kwk_attn_kernel(void);
+
+/* Per-ISA tables (attn_ref.c, avx2_attn.c, avx512_attn.c). */
+extern const struct kwk_attn_kernel kwk_attn_ref;
+extern const struct kwk_attn_kernel kwk_attn_avx2;
+extern const struct kwk_attn_kernel kwk_attn_avx512;
+
+#endif

@@ -1,0 +1,127 @@
+/* attn_ref.c - attention in plain C, item by item: the specification the SIMD tables are tested
+ * against, and the table chooser. Pure functions; any thread. */
+#include <math.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "kernels/attn.h"
+
+size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos)
+{
+    size_t group = a->n_kv_heads > 0 ? (size_t)(a->n_heads / a->n_kv_heads) : 1;
+    size_t padded = ((size_t)(max_pos > 0 ? max_pos : 0) + 15) / 16 * 16;
+    return KWK_MAX(group, (size_t)1) * KWK_MAX(padded, (size_t)16);
+}
+
+/* Work of one item of row r: its positions plus a fixed cost (the softmax, the output). */
+static double row_cost(const struct kwk_attn_args *a, int r)
+{
+    long n = (long)a->last[r] - a->first[r] + 1;
+    return (double)(n > 0 ? n : 0) + 16.0;
+}
+
+/* The first item of share t: the first unit (a kv group, or a head when there are too few groups
+ * to go round evenly, as in a decode step) before which t/nth of the total work lies. */
+static long split_at(const struct kwk_attn_args *a, int n_rows, double total, int t, int nth)
+{
+    long n_items = (long)n_rows * a->n_heads;
+    if (t <= 0)
+        return 0;
+    if (t >= nth)
+        return n_items;
+    int unit = a->n_heads / a->n_kv_heads;
+    if ((long)n_rows * a->n_kv_heads < 4L * nth)
+        unit = 1;
+    int per_row = a->n_heads / unit;
+    double target = total * (double)t / (double)nth, done = 0.0;
+    for (int r = 0; r < n_rows; r++) {
+        double c = row_cost(a, r) * unit;
+        for (int u = 0; u < per_row; u++) {
+            if (done >= target)
+                return (long)r * a->n_heads + (long)u * unit;
+            done += c;
+        }
+    }
+    return n_items;
+}
+
+void kwk_attn_split(const struct kwk_attn_args *a, int n_rows, int ith, int nth, long *i0,
+                    long *i1)
+{
+    double total = 0.0;
+    for (int r = 0; r < n_rows; r++)
+        total += row_cost(a, r) * a->n_heads;
+    if (nth < 1 || ith < 0 || ith >= nth) {
+        *i0 = *i1 = 0;
+        return;
+    }
+    *i0 = split_at(a, n_rows, total, ith, nth);
+    *i1 = split_at(a, n_rows, total, ith + 1, nth);
+}
+
+/* The same sums, in the same order, as the decoder's scalar path did with ref.c's dot, softmax
+ * and axpy: a sequential dot per key, softmax with the max subtracted, then the weighted sum. */
+static void item_ref(const struct kwk_attn_args *a, long item, float *p)
+{
+    int row = (int)(item / a->n_heads), h = (int)(item % a->n_heads), hd = a->head_dim;
+    int kvh = h / (a->n_heads / a->n_kv_heads);
+    int first = a->first[row], n = a->last[row] - first + 1;
+    const float *q = a->q + row * a->ldq + (long)h * hd;
+    const float *kc = a->k_rows[row] + (size_t)first * a->kv_dim + (size_t)kvh * hd;
+    const float *vc = a->v_rows[row] + (size_t)first * a->kv_dim + (size_t)kvh * hd;
+    float *out = a->out + row * a->ldo + (long)h * hd;
+    memset(out, 0, sizeof(float) * (size_t)hd);
+    if (n <= 0)
+        return;
+    for (int j = 0; j < n; j++) {
+        const float *k = kc + (size_t)j * a->kv_dim;
+        float s = 0.0f;
+        for (int e = 0; e < hd; e++)
+            s += q[e] * k[e];
+        p[j] = s * a->scale;
+    }
+    float mx = p[0];
+    for (int j = 1; j < n; j++)
+        mx = p[j] > mx ? p[j] : mx;
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) {
+        p[j] = expf(p[j] - mx);
+        sum += p[j];
+    }
+    for (int j = 0; j < n; j++)
+        p[j] /= sum;
+    for (int j = 0; j < n; j++) {
+        const float *v = vc + (size_t)j * a->kv_dim;
+        for (int e = 0; e < hd; e++)
+            out[e] += p[j] * v[e];
+    }
+}
+
+static void ref_items(const struct kwk_attn_args *a, long i0, long i1, float *scratch)
+{
+    for (long i = i0; i < i1; i++)
+        item_ref(a, i, scratch);
+}
+
+const struct kwk_attn_kernel kwk_attn_ref = {.name = "scalar", .items = ref_items};
+
+const struct kwk_attn_kernel *kwk_attn_kernel_for(int isa)
+{
+    /* As kwk_kernels_for: every table is compiled in, the CPU check lives in kwk_isa. */
+    int best = kwk_isa();
+    if (isa > best)
+        isa = best;
+    switch (isa) {
+    case KWK_ISA_AVX512:
+        return &kwk_attn_avx512;
+    case KWK_ISA_AVX2:
+        return &kwk_attn_avx2;
+    default:
+        return &kwk_attn_ref;
+    }
+}
+
+const struct kwk_attn_kernel *kwk_attn_kernel(void)
+{
+    return kwk_attn_kernel_for(kwk_isa());
+}

@@ -1,0 +1,333 @@
+/* test_attn.c - the attention tables (kernels/attn.h): every table this CPU runs against a
+ * double-precision statement of attention, on odd head sizes, GQA groups 1..7, 1..600 positions,
+ * sliding windows and rows of several slots mixed in one call; and batch invariance: every item
+ * computed alone equals, bitwise, the same item computed in ranges of any size and alignment. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "kernels/attn.h"
+#include "kernels/kernels.h"
+#include "test.h"
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
+}
+
+#define MAX_LEN 600
+#define N_SLOTS 3
+
+/* One layer's cache for N_SLOTS slots, a chunk of rows over it, and the arguments. Every buffer
+ * is allocated at its exact size so that ASan sees any read past it. */
+struct setup {
+    struct kwk_attn_args a;
+    int n_rows, max_pos;
+    float *q, *out, *kc, *vc;
+    const float **k_rows, **v_rows;
+    int *first, *last;
+};
+
+/* Rows: a prompt chunk at the end of slot 0, decode rows of every slot at random lengths (some
+ * 1, some MAX_LEN), rows with a sliding window, and one row with no position at all. */
+static void setup_rows(struct setup *s, int window)
+{
+    int n = s->n_rows, chunk = n / 2;
+    for (int r = 0; r < n; r++) {
+        int slot, last;
+        if (r < chunk) {
+            slot = 0;
+            last = MAX_LEN - chunk + r;
+        } else {
+            slot = (int)(rnd() % N_SLOTS);
+            int kind = (int)(rnd() % 4);
+            last = kind == 0 ? 0 : kind == 1 ? MAX_LEN - 1 : (int)(rnd() % MAX_LEN);
+        }
+        int first = window > 0 && r % 2 ? KWK_MAX(0, last - window + 1) : 0;
+        if (r == n - 1)
+            first = last + 1; /* empty: zeros */
+        s->k_rows[r] = s->kc + (size_t)slot * MAX_LEN * s->a.kv_dim;
+        s->v_rows[r] = s->vc + (size_t)slot * MAX_LEN * s->a.kv_dim;
+        s->first[r] = first;
+        s->last[r] = last;
+        s->max_pos = KWK_MAX(s->max_pos, last - first + 1);
+    }
+}
+
+static void setup_new(struct setup *s, int hd, int n_heads, int n_kv, int n_rows, int window,
+                      float q_range)
+{
+    memset(s, 0, sizeof *s);
+    int kv_dim = n_kv * hd;
+    size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)kv_dim;
+    s->n_rows = n_rows;
+    s->q = malloc(sizeof(float) * (size_t)n_rows * n_heads * hd);
+    s->out = malloc(sizeof(float) * (size_t)n_rows * n_heads * hd);
+    s->kc = malloc(sizeof(float) * cache);
+    s->vc = malloc(sizeof(float) * cache);
+    s->k_rows = malloc(sizeof(*s->k_rows) * (size_t)n_rows);
+    s->v_rows = malloc(sizeof(*s->v_rows) * (size_t)n_rows);
+    s->first = malloc(sizeof(int) * (size_t)n_rows);
+    s->last = malloc(sizeof(int) * (size_t)n_rows);
+    for (size_t i = 0; i < (size_t)n_rows * n_heads * hd; i++)
+        s->q[i] = frand(-q_range, q_range);
+    for (size_t i = 0; i < cache; i++) {
+        s->kc[i] = frand(-1.0f, 1.0f);
+        s->vc[i] = frand(-1.0f, 1.0f);
+    }
+    setup_rows(s, window);
+    s->a = (struct kwk_attn_args){
+        .head_dim = hd, .n_heads = n_heads, .n_kv_heads = n_kv, .kv_dim = kv_dim,
+        .scale = 1.0f / sqrtf((float)hd), .q = s->q, .ldq = (long)n_heads * hd, .out = s->out,
+        .ldo = (long)n_heads * hd, .k_rows = s->k_rows, .v_rows = s->v_rows,
+        .first = s->first, .last = s->last};
+}
+
+static void setup_free(struct setup *s)
+{
+    free(s->q);
+    free(s->out);
+    free(s->kc);
+    free(s->vc);
+    free(s->k_rows);
+    free(s->v_rows);
+    free(s->first);
+    free(s->last);
+}
+
+/* Attention of one item in double precision, independently of the library: out[hd]. */
+static void item_double(const struct kwk_attn_args *a, long item, double *out)
+{
+    int row = (int)(item / a->n_heads), h = (int)(item % a->n_heads), hd = a->head_dim;
+    int kvh = h / (a->n_heads / a->n_kv_heads), first = a->first[row];
+    int n = a->last[row] - first + 1;
+    const float *q = a->q + row * a->ldq + (long)h * hd;
+    double *w = malloc(sizeof(double) * (size_t)KWK_MAX(n, 1));
+    double mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < n; j++) {
+        const float *k = a->k_rows[row] + (size_t)(first + j) * a->kv_dim + (size_t)kvh * hd;
+        double d = 0.0;
+        for (int e = 0; e < hd; e++)
+            d += (double)q[e] * k[e];
+        w[j] = d * a->scale;
+        mx = w[j] > mx ? w[j] : mx;
+    }
+    for (int j = 0; j < n; j++) {
+        w[j] = exp(w[j] - mx);
+        sum += w[j];
+    }
+    for (int e = 0; e < hd; e++)
+        out[e] = 0.0;
+    for (int j = 0; j < n; j++) {
+        const float *v = a->v_rows[row] + (size_t)(first + j) * a->kv_dim + (size_t)kvh * hd;
+        for (int e = 0; e < hd; e++)
+            out[e] += w[j] / sum * v[e];
+    }
+    free(w);
+}
+
+/* Every item of the table against the double statement: to float rounding of sums of up to 600
+ * terms of magnitude <= 1. */
+static void check_values(const struct kwk_attn_kernel *k, struct setup *s, float *scratch,
+                         const char *what)
+{
+    const struct kwk_attn_args *a = &s->a;
+    long n_items = (long)s->n_rows * a->n_heads;
+    k->items(a, 0, n_items, scratch);
+    double *want = malloc(sizeof(double) * (size_t)a->head_dim);
+    double worst = 0.0;
+    for (long i = 0; i < n_items; i++) {
+        item_double(a, i, want);
+        const float *got = a->out + (i / a->n_heads) * a->ldo + (i % a->n_heads) * a->head_dim;
+        for (int e = 0; e < a->head_dim; e++) {
+            double d = fabs(got[e] - want[e]);
+            worst = d > worst || isnan(d) ? d : worst;
+        }
+    }
+    T_CHECK(worst <= 5e-6, "%s %s hd %d heads %d/%d: worst error %g", k->name, what, a->head_dim,
+            a->n_heads, a->n_kv_heads, worst);
+    free(want);
+}
+
+/* Items computed alone, then in ranges [o, o+len), [o+len, o+2len) ... (with [0, o) first): the
+ * outputs must be bitwise the same. */
+static void check_invariance(const struct kwk_attn_kernel *k, struct setup *s, float *scratch)
+{
+    const struct kwk_attn_args *a = &s->a;
+    long n_items = (long)s->n_rows * a->n_heads;
+    size_t bytes = sizeof(float) * (size_t)n_items * a->head_dim;
+    float *alone = malloc(bytes);
+    for (long i = 0; i < n_items; i++)
+        k->items(a, i, i + 1, scratch);
+    memcpy(alone, a->out, bytes);
+    long lens[] = {2, 3, 4, 5, 7, 8, 9, 13, 16, 31, n_items};
+    int bad = 0, tried = 0;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (long o = 0; o < KWK_MIN(lens[li], 4); o++) {
+            memset(a->out, 0xff, bytes);
+            k->items(a, 0, KWK_MIN(o, n_items), scratch);
+            for (long i = o; i < n_items; i += lens[li])
+                k->items(a, i, KWK_MIN(i + lens[li], n_items), scratch);
+            bad += memcmp(alone, a->out, bytes) != 0;
+            tried++;
+        }
+    /* a random split into ranges, as a thread pool might make */
+    memset(a->out, 0xff, bytes);
+    for (long i = 0; i < n_items;) {
+        long len = 1 + (long)(rnd() % 20);
+        k->items(a, i, KWK_MIN(i + len, n_items), scratch);
+        i += len;
+    }
+    bad += memcmp(alone, a->out, bytes) != 0;
+    tried++;
+    T_CHECK(bad == 0, "%s hd %d heads %d/%d: %d of %d range splits differ from items alone",
+            k->name, a->head_dim, a->n_heads, a->n_kv_heads, bad, tried);
+    free(alone);
+}
+
+struct shape {
+    int hd, n_heads, n_kv;
+};
+
+static const struct shape shapes[] = {
+    {64, 9, 3},  /* SmolLM2-135M */
+    {64, 14, 2}, /* Qwen2.5-0.5B: groups of 7 */
+    {80, 6, 2},  {128, 7, 7}, {32, 4, 4}, {96, 3, 1},
+    {40, 6, 2},  /* off the AVX-512 width: its reference fallback */
+    {20, 2, 1},  /* off both widths */
+};
+
+static void check_table(const struct kwk_attn_kernel *k)
+{
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const struct shape *sh = &shapes[i];
+        for (int variant = 0; variant < 2; variant++) {
+            struct setup s;
+            /* variant 1: sharp softmax (large scores) and a sliding window of 37 */
+            setup_new(&s, sh->hd, sh->n_heads, sh->n_kv, 12, variant ? 37 : 0,
+                      variant ? 6.0f : 1.0f);
+            size_t nf = kwk_attn_scratch_floats(&s.a, s.max_pos);
+            float *scratch = malloc(sizeof(float) * nf);
+            check_values(k, &s, scratch, variant ? "sharp+window" : "flat");
+            check_invariance(k, &s, scratch);
+            free(scratch);
+            setup_free(&s);
+        }
+    }
+}
+
+/* Every position count 1..80 at one row and head (each tail length of every block size). */
+static void check_lengths(const struct kwk_attn_kernel *k)
+{
+    int bad = 0;
+    for (int n = 1; n <= 80; n++) {
+        struct setup s;
+        setup_new(&s, 64, 3, 1, 1, 0, 2.0f);
+        s.first[0] = 3;
+        s.last[0] = 3 + n - 1;
+        s.max_pos = n;
+        float *scratch = malloc(sizeof(float) * kwk_attn_scratch_floats(&s.a, n));
+        int before = t_failed;
+        check_values(k, &s, scratch, "length");
+        bad += t_failed != before;
+        free(scratch);
+        setup_free(&s);
+    }
+    T_EQ(bad, 0);
+}
+
+/* kwk_attn_split: the shares tile [0, n_items) in order, start on kv group boundaries, and each
+ * holds about 1/nth of the work (positions attended + 16 per item), within one group's work; a
+ * single row (decode) is split by head. */
+static void check_split(void)
+{
+    struct setup s;
+    setup_new(&s, 64, 9, 3, 40, 0, 1.0f);
+    for (int r = 0; r < s.n_rows; r++) { /* a prompt chunk: costs grow along the rows */
+        s.first[r] = 0;
+        s.last[r] = 100 + 10 * r;
+    }
+    s.last[7] = -1; /* an empty row */
+    long n_items = (long)s.n_rows * 9;
+    double total = 0.0, group_max = 0.0;
+    for (int r = 0; r < s.n_rows; r++) {
+        double c = (double)KWK_MAX(0, s.last[r] - s.first[r] + 1) + 16.0;
+        total += 9 * c;
+        group_max = KWK_MAX(group_max, 3 * c);
+    }
+    for (int nth = 1; nth <= 5; nth++) {
+        long at = 0;
+        int bad = 0;
+        for (int ith = 0; ith < nth; ith++) {
+            long i0, i1;
+            kwk_attn_split(&s.a, s.n_rows, ith, nth, &i0, &i1);
+            double w = 0.0;
+            for (long i = i0; i < i1; i++)
+                w += (double)KWK_MAX(0, s.last[i / 9] - s.first[i / 9] + 1) + 16.0;
+            bad += i0 != at || i1 < i0 || i0 % 3 != 0 || fabs(w - total / nth) > group_max;
+            at = i1;
+        }
+        T_CHECK(bad == 0 && at == n_items, "split in %d: %d bad shares, ends at %ld of %ld", nth,
+                bad, at, n_items);
+    }
+    long i0, i1;
+    kwk_attn_split(&s.a, s.n_rows, 2, 2, &i0, &i1);
+    T_EQ(i1 - i0, 0);
+    kwk_attn_split(&s.a, 1, 0, 2, &i0, &i1); /* one row of 9 heads on 2 threads: 5 + 4 */
+    T_EQ(i0, 0);
+    T_EQ(i1, 5);
+    kwk_attn_split(&s.a, 1, 1, 2, &i0, &i1);
+    T_EQ(i0, 5);
+    T_EQ(i1, 9);
+    setup_free(&s);
+}
+
+/* The table follows kwk_isa() and so KWKER_ISA; each value is tried in a child process since
+ * kwk_isa() detects once. The child exits 0 when the table matches the chosen ISA. */
+static int table_matches_env(const char *value)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("KWKER_ISA", value, 1);
+        int isa = kwk_isa();
+        int ok = kwk_attn_kernel() == kwk_attn_kernel_for(isa) &&
+                 !strcmp(kwk_attn_kernel()->name, kwk_isa_name(isa)) &&
+                 !strcmp(kwk_attn_kernel()->name, kwk_kernels()->name) &&
+                 (strcmp(value, "scalar") || kwk_attn_kernel() == &kwk_attn_ref);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int main(void)
+{
+    T_EQ(table_matches_env("scalar"), 0);
+    T_EQ(table_matches_env("avx2"), 0);
+    T_EQ(table_matches_env("avx512"), 0);
+    check_split();
+    int isa = kwk_isa();
+    T_STREQ(kwk_attn_kernel()->name, kwk_isa_name(isa));
+    const struct kwk_attn_kernel *tables[] = {&kwk_attn_ref, &kwk_attn_avx2, &kwk_attn_avx512};
+    int n_tables = isa >= KWK_ISA_AVX512 ? 3 : isa >= KWK_ISA_AVX2 ? 2 : 1;
+    printf("test_attn: isa %s, %d table(s) checked\n", kwk_isa_name(isa), n_tables);
+    for (int i = 0; i < n_tables; i++) {
+        check_lengths(tables[i]);
+        check_table(tables[i]);
+    }
+    return t_report("test_attn");
+}
