@@ -171,6 +171,10 @@ KWK_API void kwk_decoder_free(kwk_decoder *d);
 
 /* Positions held in the KV cache. */
 KWK_API int kwk_decoder_pos(const kwk_decoder *d);
+/* Bits per weight of the matrices a token reads (every layer's and the lm_head): the packed
+ * blocks' for balanced / int4 (scales included), the checkpoint's storage for preserve (32 for
+ * float32, 16 for bf16 / f16; a quantized GGUF is dequantized to float32 at load: 32). */
+KWK_API double kwk_decoder_bits_per_weight(const kwk_decoder *d);
 /* Keep the first n positions of the KV cache (0 empties it). Returns 0 or KWK_ERANGE. */
 KWK_API int kwk_decoder_truncate(kwk_decoder *d, int n);
 /* The token ids held in the KV cache (kwk_decoder_pos of them), valid until the next call. */

@@ -166,6 +166,8 @@ def _bind():
     L.kwk_decoder_new.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DecoderParams),
                                   ctypes.POINTER(KwkErr)]
     L.kwk_decoder_free.argtypes = [ctypes.c_void_p]
+    L.kwk_decoder_bits_per_weight.argtypes = [ctypes.c_void_p]
+    L.kwk_decoder_bits_per_weight.restype = ctypes.c_double
     L.kwk_decoder_pos.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int]
     L.kwk_decoder_tokens.restype = _I32P
@@ -376,6 +378,12 @@ class KwkDecoder:
         rc = self._lib.kwk_decoder_eval(self._dec, ptr, len(ids), optr, mode)
         if rc < 0:
             self._raise(rc, "eval")
+
+    def bits_per_weight(self):
+        """Bits per weight of the matrices a token reads (every layer's and the lm_head),
+        scales included: e.g. 8.5 for balanced, about 6.1 for int4 with 8-bit kept matrices,
+        32 for preserve of a float32 checkpoint."""
+        return float(self._lib.kwk_decoder_bits_per_weight(self._dec))
 
     def cached_tokens(self):
         """The token ids whose keys and values fill the KV cache (what prompt reuse matches)."""

@@ -167,6 +167,30 @@ out_err:
     return NULL;
 }
 
+static int64_t mat_bits(const struct kwk_mat *w, int64_t *n)
+{
+    *n += w->rows * w->cols;
+    return w->rows * w->cols * (w->wtype == KWK_W_F32 ? 32 : 16);
+}
+
+double kwk_decoder_bits_per_weight(const kwk_decoder *d)
+{
+    if (!d)
+        return 0.0;
+    if (d->packed)
+        return kwk_packed_bits_per_weight(d->packed);
+    int64_t bits = 0, n = 0;
+    for (int L = 0; L < d->c->n_layers; L++) {
+        const struct kwk_layer *l = &d->layers[L];
+        const struct kwk_mat *ms[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
+                                      &l->w_down};
+        for (size_t i = 0; i < KWK_ARRAY_LEN(ms); i++)
+            bits += mat_bits(ms[i], &n);
+    }
+    bits += mat_bits(d->lm_head, &n);
+    return n ? (double)bits / (double)n : 0.0;
+}
+
 int kwk_decoder_pos(const kwk_decoder *d)
 {
     return d->pos;

@@ -767,6 +767,11 @@ const struct kwk_layer *kwk_packed_layers(const struct kwk_packed *p)
     return p->layers;
 }
 
+double kwk_packed_bits_per_weight(const struct kwk_packed *p)
+{
+    return p->n_weights ? 8.0 * (double)p->n_bytes / (double)p->n_weights : 0.0;
+}
+
 const float *kwk_packed_out_norm(const struct kwk_packed *p)
 {
     return p->out_norm;

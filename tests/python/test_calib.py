@@ -185,3 +185,17 @@ def test_engine_of_a_calibrated_decoder_packs_the_same(models):
         finally:
             eng.close()
     assert list(got) == list(want)
+
+
+def test_bits_per_weight_reported(models):
+    """Bits per weight of the matrices a token reads: 32 for this float32 checkpoint, 8.5 for
+    balanced (a half scale per 32), int4 between 4.5 + offsets (5.0, mix_bits 4) and its mixes."""
+    path = models["llama"]
+    bpw = {}
+    for prec, mix in (("preserve", None), ("balanced", None), ("int4", 4), ("int4", 6),
+                      ("int4", 8)):
+        with KwkDecoder(path, max_cache_len=64, precision=prec, mix_bits=mix) as d:
+            bpw[(prec, mix)] = d.bits_per_weight()
+    assert bpw[("preserve", None)] == 32.0
+    assert abs(bpw[("balanced", None)] - 8.5) < 0.2  # rows / columns padded to whole blocks
+    assert 5.0 <= bpw[("int4", 4)] < bpw[("int4", 6)] < bpw[("int4", 8)] < 8.5, bpw

@@ -199,15 +199,18 @@ int cmd_bench(int argc, char **argv)
         printf(", \"n_params\": %lld, \"precision\": %d, \"precision_name\": \"%s\", "
                "\"isa\": \"%s\", \"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
                "\"reps\": %d, \"load_s\": %.3f, \"pp_tps\": %.2f, \"tg_tps\": %.2f, "
-               "\"peak_rss_kib\": %ld}\n",
+               "\"peak_rss_kib\": %ld, \"bits_per_weight\": %.4f}\n",
                (long long)info.n_params, o.params.precision, precision_name(o.params.precision),
-               isa, threads, o.n_prompt, o.n_gen, o.reps, t_load, pp_tps, tg_tps, rss);
+               isa, threads, o.n_prompt, o.n_gen, o.reps, t_load, pp_tps, tg_tps, rss,
+               kwk_decoder_bits_per_weight(d));
     } else {
-        printf("model %s (%s, %.1fM params), precision %s, isa %s, %d threads, load %.2f s\n"
+        printf("model %s (%s, %.1fM params), precision %s (%.3f bits per weight), isa %s, "
+               "%d threads, load %.2f s\n"
                "pp%d: %.2f tokens/s\ntg%d: %.2f tokens/s   (medians of %d)\n"
                "peak resident memory: %.1f MiB\n",
                o.model, info.arch_name, info.n_params / 1e6, precision_name(o.params.precision),
-               isa, threads, t_load, o.n_prompt, pp_tps, o.n_gen, tg_tps, o.reps, rss / 1024.0);
+               kwk_decoder_bits_per_weight(d), isa, threads, t_load, o.n_prompt, pp_tps, o.n_gen,
+               tg_tps, o.reps, rss / 1024.0);
     }
     rc = 0;
 out:
