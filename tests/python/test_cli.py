@@ -332,3 +332,16 @@ def test_calibrated_int4_generates_and_is_cached(tmp_path):
     b = run(*args, timeout=900)
     assert b.returncode == 0 and b.stdout == a.stdout, (a.stdout, b.stdout, b.stderr)
     assert list((tmp_path / "packs").glob("*.kwkpack")) == packs
+
+
+@pytest.mark.parametrize("prec, lo, hi", [("balanced", 8.4, 8.6), ("int4", 5.5, 6.5)])
+def test_bench_json(prec, lo, hi, tmp_path):
+    """kwker bench --json: one object with the medians and what the run read per weight."""
+    import json
+    p = run("bench", "--model", smollm2_gguf(), "--precision", prec, "-p", "8", "-n", "4",
+            "-r", "1", "-t", THREADS, "--json", "--cache-dir", tmp_path)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["precision_name"] == prec and r["n_prompt"] == 8 and r["n_gen"] == 4
+    assert r["pp_tps"] > 0 and r["tg_tps"] > 0 and r["peak_rss_kib"] > 0
+    assert lo < r["bits_per_weight"] < hi, r
