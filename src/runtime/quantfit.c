@@ -813,6 +813,11 @@ static int awq_search(struct awq_task *t, const struct kwk_calib_input *in, cons
             if (e[i] < e[best] || (e[i] == e[best] && i < best))
                 best = i;
         }
+    /* Scales must win clearly on the calibration rows to be kept: a small gain there does not
+     * carry over to other text (SmolLM2-135M balanced, calibrated on War and Peace, scored on
+     * wikitext-2: +0.155% perplexity with every gain taken, against +0.066% without scales). */
+    if (best > 0 && !(e[best] < (1.0 - KWK_AWQ_MIN_GAIN) * e[0]))
+        best = 0;
     return best;
 }
 

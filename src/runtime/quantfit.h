@@ -30,6 +30,8 @@ struct kwk_calib_input {
 /* The alpha grid: alpha = i / KWK_AWQ_STEPS, i in [0, KWK_AWQ_STEPS] (AWQ's 0.05), searched
  * coarse to fine (10 evaluations). Must be a multiple of 4. */
 #define KWK_AWQ_STEPS 20
+/* The least relative gain in output error over alpha = 0 for which scales are kept. */
+#define KWK_AWQ_MIN_GAIN 0.05
 
 /* AWQ (Lin et al. 2023): per-input-channel scales s[dim] for the n_w matrices w[i] (each
  * rows_i x dim, any wtype mat_row reads) that share input `in`, quantized in wtypes[i]
