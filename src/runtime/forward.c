@@ -119,8 +119,31 @@ static void add_bias(float *y, const float *b, int n)
             y[i] += b[i];
 }
 
-/* Bias, q norm and rotary of query head h of token tok. */
-static void prep_q_head(const struct tok_task *t, int tok, int h)
+/* Heads up to this size get their rotation from a per-token table on the stack (one cos and sin
+ * per frequency for all heads rather than per head); larger ones compute it per head. */
+#define ROPE_TABLE_MAX 256
+
+/* The rotary table of token tok into cs[head_dim]; NULL when the head is too large for it. */
+static const float *rope_table(const struct tok_task *t, int tok, float *cs)
+{
+    const struct kwk_decoder *d = t->d;
+    if (d->c->head_dim > ROPE_TABLE_MAX)
+        return NULL;
+    kwk_rope_table(d->c->head_dim, d->inv_freq, d->row_pos[tok], cs);
+    return cs;
+}
+
+/* Rotate one head of token tok: kwk_rope_rotate and kwk_rope_apply give the same numbers. */
+static void rope_head(const struct tok_task *t, int tok, float *x, const float *cs)
+{
+    if (cs)
+        kwk_rope_rotate(x, t->d->c->head_dim, cs);
+    else
+        kwk_rope_apply(x, t->d->c->head_dim, t->d->inv_freq, t->d->row_pos[tok]);
+}
+
+/* Bias, q norm and rotary of query head h of token tok (cs: its rotary table or NULL). */
+static void prep_q_head(const struct tok_task *t, int tok, int h, const float *cs)
 {
     struct kwk_decoder *d = t->d;
     const struct kwk_layer *l = t->l;
@@ -129,7 +152,7 @@ static void prep_q_head(const struct tok_task *t, int tok, int h)
     add_bias(q, l->bq ? l->bq + (size_t)h * hd : NULL, hd);
     if (l->q_norm)
         d->k->rmsnorm(q, q, l->q_norm, hd, d->c->rms_eps);
-    kwk_rope_apply(q, hd, d->inv_freq, d->row_pos[tok]);
+    rope_head(t, tok, q, cs);
 }
 
 /* Cache offset of kv head h of token tok's position in its slot. */
@@ -141,7 +164,7 @@ static size_t kv_at(const struct tok_task *t, int tok, int h)
 }
 
 /* Bias, k norm and rotary of key head h of token tok, then into the cache. */
-static void prep_k_head(const struct tok_task *t, int tok, int h)
+static void prep_k_head(const struct tok_task *t, int tok, int h, const float *cs)
 {
     struct kwk_decoder *d = t->d;
     const struct kwk_layer *l = t->l;
@@ -150,7 +173,7 @@ static void prep_k_head(const struct tok_task *t, int tok, int h)
     add_bias(k, l->bk ? l->bk + (size_t)h * hd : NULL, hd);
     if (l->k_norm)
         d->k->rmsnorm(k, k, l->k_norm, hd, d->c->rms_eps);
-    kwk_rope_apply(k, hd, d->inv_freq, d->row_pos[tok]);
+    rope_head(t, tok, k, cs);
     memcpy(d->k_cache + kv_at(t, tok, h), k, sizeof(float) * (size_t)hd);
 }
 
@@ -169,10 +192,12 @@ static void prep_v_head(const struct tok_task *t, int tok, int h)
 static void qk_prepare(struct tok_task *t, int tok)
 {
     const struct kwk_config *c = t->d->c;
+    float table[ROPE_TABLE_MAX];
+    const float *cs = rope_table(t, tok, table);
     for (int h = 0; h < c->n_heads; h++)
-        prep_q_head(t, tok, h);
+        prep_q_head(t, tok, h, cs);
     for (int h = 0; h < c->n_kv_heads; h++) {
-        prep_k_head(t, tok, h);
+        prep_k_head(t, tok, h, cs);
         prep_v_head(t, tok, h);
     }
 }
@@ -191,11 +216,13 @@ static void qkv_post(const struct mm_task *mt, const long *lo, const long *hi)
 {
     const struct tok_task *t = mt->post_ctx;
     long hd = t->d->c->head_dim;
+    float table[ROPE_TABLE_MAX];
     for (int tok = 0; tok < mt->n_tok; tok++) {
+        const float *cs = lo[0] < hi[0] || lo[1] < hi[1] ? rope_table(t, tok, table) : NULL;
         for (long h = lo[0] / hd; h < hi[0] / hd; h++)
-            prep_q_head(t, tok, (int)h);
+            prep_q_head(t, tok, (int)h, cs);
         for (long h = lo[1] / hd; h < hi[1] / hd; h++)
-            prep_k_head(t, tok, (int)h);
+            prep_k_head(t, tok, (int)h, cs);
         for (long h = lo[2] / hd; h < hi[2] / hd; h++)
             prep_v_head(t, tok, (int)h);
     }
