@@ -40,7 +40,7 @@ void kwk_decoder_free(kwk_decoder *d)
     kwk_free(d->att_last);
     float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->x,    d->xn,     d->q,
                      d->kx,      d->vx,      d->att,      d->gate, d->up,     d->scores,
-                     d->logits,  d->rope_cs};
+                     d->logits};
     for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
         kwk_free_aligned(bufs[i]);
     kwk_free(d);
@@ -76,7 +76,6 @@ static int decoder_alloc(struct kwk_decoder *d)
            alloc_floats(&d->att, nb, (size_t)d->q_dim) || alloc_floats(&d->gate, nb, dff) ||
            alloc_floats(&d->up, nb, dff) ||
            alloc_floats(&d->scores, (size_t)d->n_threads, d->scores_per_thread) ||
-           alloc_floats(&d->rope_cs, nb, (size_t)c->head_dim) ||
            alloc_floats(&d->logits, (size_t)c->n_vocab, 1);
 }
 

@@ -228,40 +228,45 @@ static void qkv_post(const struct mm_task *mt, const long *lo, const long *hi)
     }
 }
 
-/* Causal attention of one query head over the cache, with Mistral's sliding window when set. */
-static void attend_head(struct tok_task *t, int tok, int h, float *scores)
-{
-    struct kwk_decoder *d = t->d;
-    const struct kwk_config *c = d->c;
-    int hd = c->head_dim, p = d->row_pos[tok];
-    int kvh = h / (c->n_heads / c->n_kv_heads);
-    int first = 0;
-    if (c->sliding_window > 0 && p - c->sliding_window + 1 > 0)
-        first = p - c->sliding_window + 1;
-    const float *q = d->q + (size_t)tok * d->q_dim + (size_t)h * hd;
-    size_t base = kv_base(d, d->row_slot[tok], t->layer) + (size_t)kvh * hd;
-    const float *kc = d->k_cache + base;
-    const float *vc = d->v_cache + base;
-    float scale = 1.0f / sqrtf((float)hd);
-    int n = p - first + 1;
-    for (int j = 0; j < n; j++)
-        scores[j] = d->k->dot(q, kc + (size_t)(first + j) * d->kv_dim, hd) * scale;
-    d->k->softmax(scores, n);
-    float *out = d->att + (size_t)tok * d->q_dim + (size_t)h * hd;
-    memset(out, 0, sizeof(float) * hd);
-    for (int j = 0; j < n; j++)
-        d->k->axpy(out, scores[j], vc + (size_t)(first + j) * d->kv_dim, hd);
-}
+/* ---- attention: the kernels of kernels/attn.h over each row's own slot ------------------------ */
 
+struct att_task {
+    struct kwk_decoder *d;
+    const struct kwk_attn_args *a;
+    int n;
+};
+
+/* Items (row, head) are shared out by the positions they attend (a prompt chunk's last rows
+ * attend many more than its first); each item's numbers do not depend on the share. */
 static void attend_run(void *ctx, int ith, int nth)
 {
-    struct tok_task *t = ctx;
-    int n_heads = t->d->c->n_heads;
-    float *scores = t->d->scores + (size_t)ith * t->d->max_len;
+    struct att_task *t = ctx;
     long lo, hi;
-    kwk_split_range((long)t->n * n_heads, ith, nth, 1, &lo, &hi);
-    for (long i = lo; i < hi; i++)
-        attend_head(t, (int)(i / n_heads), (int)(i % n_heads), scores);
+    kwk_attn_split(t->a, t->n, ith, nth, &lo, &hi);
+    if (lo < hi)
+        t->d->ak->items(t->a, lo, hi, t->d->scores + (size_t)ith * t->d->scores_per_thread);
+}
+
+/* Causal attention of the chunk's rows, with Mistral's sliding window when set. */
+static void attend(struct kwk_decoder *d, int layer, int n)
+{
+    const struct kwk_config *c = d->c;
+    for (int r = 0; r < n; r++) {
+        size_t base = kv_base(d, d->row_slot[r], layer);
+        int p = d->row_pos[r];
+        d->att_k[r] = d->k_cache + base;
+        d->att_v[r] = d->v_cache + base;
+        d->att_last[r] = p;
+        d->att_first[r] =
+            c->sliding_window > 0 && p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
+    }
+    struct kwk_attn_args a = {
+        .head_dim = c->head_dim, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+        .kv_dim = d->kv_dim, .scale = 1.0f / sqrtf((float)c->head_dim),
+        .q = d->q, .ldq = d->q_dim, .out = d->att, .ldo = d->q_dim,
+        .k_rows = d->att_k, .v_rows = d->att_v, .first = d->att_first, .last = d->att_last};
+    struct att_task t = {.d = d, .a = &a, .n = n};
+    kwk_pool_run(d->pool, attend_run, &t);
 }
 
 /* ---- elementwise work on n rows of the residual stream ---------------------------------------- */
@@ -348,7 +353,7 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *
         matmul(d, n, 3, qkv);
         run_tokens(d, n, qk_prepare_run, &tt);
     }
-    kwk_pool_run(d->pool, attend_run, &tt);
+    attend(d, layer, n);
 
     /* o-projection into q's buffer (free now), then residual add and the FFN norm */
     struct mm_job o = {&l->wo, d->att, d->q, d->c->d_model};

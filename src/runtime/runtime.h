@@ -48,7 +48,6 @@ struct kwk_decoder {
     const struct kwk_attn_kernel *ak; /* attention kernels (kernels/attn.h) */
     const float **att_k, **att_v;     /* [n_batch] each row's K / V cache for the layer */
     int *att_first, *att_last;        /* [n_batch] positions each row attends */
-    float *rope_cs;                   /* [n_batch][head_dim] each row's rotary cos, sin */
     float *logits; /* [n_vocab] last row of logits */
 };
 
