@@ -259,12 +259,16 @@ static void awq_scales_at(const struct kwk_calib_input *in, float alpha, float *
         s[j] /= norm;
 }
 
-/* AWQ is for low-bit weights: a site whose matrices are all 8-bit keeps s = 1. Measured on
- * SmolLM2-135M balanced: AWQ halved the q/k/v output error on the calibration rows (War and
- * Peace, or wikitext rows outside the scored ones alike) and still moved perplexity from +0.066%
- * to +0.16-0.17%; GPTQ alone takes it to +0.03%. */
-static int low_bit(const int *wtypes, int n)
+/* AWQ alone is for low-bit weights: without GPTQ a site whose matrices are all 8-bit keeps
+ * s = 1. Measured on SmolLM2-135M balanced: AWQ halved the q/k/v output error on the
+ * calibration rows (War and Peace, or wikitext rows outside the scored ones alike) and still
+ * moved perplexity from +0.066% to +0.16-0.17%. With GPTQ the scales are searched everywhere and
+ * each site keeps AWQ + GPTQ or GPTQ alone by its calibration error (pack_site): balanced
+ * +0.032% that way, +0.133% with GPTQ alone everywhere. */
+static int low_bit(const int *wtypes, int n, int gptq)
 {
+    if (gptq)
+        return 1;
     for (int i = 0; i < n; i++)
         if (wtypes[i] != KWK_W_Q8)
             return 1;
@@ -272,8 +276,8 @@ static int low_bit(const int *wtypes, int n)
 }
 
 static int fit_layer(const struct kwk_model *m, const struct kwk_capture *cap, int L,
-                     const struct kwk_layer *dst, struct layer_fit *f, struct kwk_pool *pool,
-                     struct kwk_err *err)
+                     const struct kwk_layer *dst, struct layer_fit *f, int gptq,
+                     struct kwk_pool *pool, struct kwk_err *err)
 {
     const struct kwk_config *c = &m->cfg;
     const struct kwk_layer *l = &m->layers[L];
@@ -297,7 +301,7 @@ static int fit_layer(const struct kwk_model *m, const struct kwk_capture *cap, i
         }
         float alpha = 0.0f;
         int rc = 0;
-        if (low_bit(types[site], n_mats[site]))
+        if (low_bit(types[site], n_mats[site], gptq))
             rc = kwk_awq_scales(mats[site], types[site], n_mats[site], &in, f->s[site], &alpha,
                                 pool, err);
         else
@@ -485,10 +489,10 @@ static int fit_head(const struct kwk_model *m, const struct kwk_capture *cap,
     const struct kwk_mat *head[1] = {src};
     const int wt[1] = {dst->wtype};
     float alpha = 0.0f;
-    int rc = low_bit(wt, 1) ? kwk_awq_scales(head, wt, 1, in, s, &alpha, pool, err) : 0;
+    int rc = low_bit(wt, 1, gptq) ? kwk_awq_scales(head, wt, 1, in, s, &alpha, pool, err) : 0;
     if (rc)
         return rc;
-    if (!low_bit(wt, 1))
+    if (!low_bit(wt, 1, gptq))
         awq_scales_at(in, 0.0f, s);
     if (forced_alpha(&alpha))
         awq_scales_at(in, alpha, s);
@@ -693,7 +697,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                 f->s[KWK_SITE_DOWN] = at, at += c->d_ff;
                 f->v_row = at, at += c->n_kv_heads * c->head_dim;
                 f->up_row = at;
-                if (fit_layer(m, cap, L, &p->layers[L], f, pool, err))
+                if (fit_layer(m, cap, L, &p->layers[L], f, qo.gptq, pool, err))
                     goto out_err;
                 /* o and down first: their final scales set the value and up rows' */
                 const struct pack_job *jb = jobs + i;
