@@ -1,7 +1,6 @@
 /* packed.c - repacking a model's matrices into the int8 / int4 block formats of kernels/quant.h,
  * in parallel on the decoder's pool. Built on the decoder's owner thread; read-only after. */
 #include <errno.h>
-#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,23 +241,6 @@ static int forced_alpha(float *alpha)
     return 1;
 }
 
-/* AWQ's scales for exponent alpha: absmean^alpha normalised so that sqrt(max * min) = 1 (as
- * kwk_awq_scales makes them; a channel never seen active gets the smallest seen mean). */
-static void awq_scales_at(const struct kwk_calib_input *in, float alpha, float *s)
-{
-    float lo = 0.0f, hi = 0.0f;
-    for (int64_t j = 0; j < in->dim; j++)
-        if (in->absmean[j] > 0.0f) {
-            lo = lo > 0.0f && lo < in->absmean[j] ? lo : in->absmean[j];
-            hi = hi > in->absmean[j] ? hi : in->absmean[j];
-        }
-    for (int64_t j = 0; j < in->dim; j++)
-        s[j] = lo > 0.0f ? powf(in->absmean[j] > 0.0f ? in->absmean[j] : lo, alpha) : 1.0f;
-    float norm = lo > 0.0f ? sqrtf(powf(lo, alpha) * powf(hi, alpha)) : 1.0f;
-    for (int64_t j = 0; j < in->dim; j++)
-        s[j] /= norm;
-}
-
 /* AWQ alone is for low-bit weights: without GPTQ a site whose matrices are all 8-bit keeps
  * s = 1. Measured on SmolLM2-135M balanced: AWQ halved the q/k/v output error on the
  * calibration rows (War and Peace, or wikitext rows outside the scored ones alike) and still
@@ -305,9 +287,9 @@ static int fit_layer(const struct kwk_model *m, const struct kwk_capture *cap, i
             rc = kwk_awq_scales(mats[site], types[site], n_mats[site], &in, f->s[site], &alpha,
                                 pool, err);
         else
-            awq_scales_at(&in, 0.0f, f->s[site]);
+            kwk_awq_scales_at(in.absmean, (long)in.dim, 0.0f, f->s[site]);
         if (!rc && forced_alpha(&alpha))
-            awq_scales_at(&in, alpha, f->s[site]);
+            kwk_awq_scales_at(in.absmean, (long)in.dim, alpha, f->s[site]);
         kwk_free(grouped);
         if (rc)
             return rc;
@@ -493,9 +475,9 @@ static int fit_head(const struct kwk_model *m, const struct kwk_capture *cap,
     if (rc)
         return rc;
     if (!low_bit(wt, 1, gptq))
-        awq_scales_at(in, 0.0f, s);
+        kwk_awq_scales_at(in->absmean, (long)in->dim, 0.0f, s);
     if (forced_alpha(&alpha))
-        awq_scales_at(in, alpha, s);
+        kwk_awq_scales_at(in->absmean, (long)in->dim, alpha, s);
     kwk_log(KWK_LOG_DEBUG, "calibration: lm_head: alpha %.2f", (double)alpha);
     const float *no_rows[1] = {NULL};
     if ((rc = pack_site(head, &dst, no_rows, 1, s, in,

@@ -601,7 +601,7 @@ int kwk_gptq_pack_gram(const struct kwk_mat *src, const float *col_scale, const 
 /* s = absmean^alpha / sqrt(max^alpha * min^alpha), as exp(alpha * (ln a - mid)) so that equal
  * channels (and alpha = 0) give exactly 1. Channels with no activation take the smallest
  * positive mean (a zero would make every other scale infinite). */
-static void awq_scales(const float *absmean, long dim, double alpha, float *s)
+void kwk_awq_scales_at(const float *absmean, long dim, double alpha, float *s)
 {
     double mx = 0.0, mn = 0.0;
     for (long k = 0; k < dim; k++) {
@@ -709,7 +709,7 @@ static void awq_run(void *ctx, int ith, int nth)
 static double awq_error(struct awq_task *t, const struct kwk_calib_input *in, const float *xsub,
                         float *s, float *xs, int step, struct kwk_pool *pool)
 {
-    awq_scales(in->absmean, t->dim, (double)step / KWK_AWQ_STEPS, s);
+    kwk_awq_scales_at(in->absmean, t->dim, (double)step / KWK_AWQ_STEPS, s);
     for (size_t r = 0; r < (size_t)t->n_sub; r++)
         for (long k = 0; k < t->dim; k++)
             xs[r * (size_t)t->dim + (size_t)k] = xsub[r * (size_t)t->dim + (size_t)k] / s[k];
@@ -843,7 +843,7 @@ int kwk_awq_scales(const struct kwk_mat *const *w, const int *wtypes, int n_w,
     t.xs = xs;
     t.s = cand;
     int best = t.n_sub > 0 ? awq_search(&t, in, xsub, cand, xs, pool) : 0;
-    awq_scales(in->absmean, t.dim, (double)best / KWK_AWQ_STEPS, s);
+    kwk_awq_scales_at(in->absmean, t.dim, (double)best / KWK_AWQ_STEPS, s);
     if (alpha_out)
         *alpha_out = (float)best / KWK_AWQ_STEPS;
 out:

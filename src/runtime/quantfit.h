@@ -43,6 +43,11 @@ struct kwk_calib_input {
  * NULL) = the choice. pool NULL = this thread; the result does not depend on the pool's size.
  * Returns 0, KWK_EARG (shapes disagree, a wtype that does not quantize, n_w < 1), KWK_ELIMIT
  * (sizes overflow) or -ENOMEM; s is then unspecified. */
+/* The scales kwk_awq_scales uses for exponent alpha: absmean^alpha normalised so that
+ * sqrt(max * min) = 1 (exactly 1 for alpha = 0 or equal channels; channels never active take the
+ * smallest positive mean). */
+void kwk_awq_scales_at(const float *absmean, long dim, double alpha, float *s);
+
 int kwk_awq_scales(const struct kwk_mat *const *w, const int *wtypes, int n_w,
                    const struct kwk_calib_input *in, float *s, float *alpha_out,
                    struct kwk_pool *pool, struct kwk_err *err);
