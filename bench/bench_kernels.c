@@ -132,7 +132,10 @@ int main(int argc, char **argv)
             for (int wt = 0; wt < KWK_W_COUNT; wt++) {
                 size_t esz = wt == KWK_W_F32 ? 4 : 2;
                 for (int i = 0; i < n_mats; i++)
-                    mats[i] = (struct kwk_mat){wt, rows, cols, buf + (size_t)i * n_el * esz};
+                    mats[i] = (struct kwk_mat){.wtype = wt,
+                                               .rows = rows,
+                                               .cols = cols,
+                                               .data = buf + (size_t)i * n_el * esz};
                 double bytes = (double)n_el * (double)esz;
                 struct job j = {k, &mats[0], x, y, 1};
                 double s1 = time_job(p, &j, mats, n_mats);

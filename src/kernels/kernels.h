@@ -23,10 +23,15 @@ enum kwk_wtype {
 /* A weight matrix: rows x cols, row-major ([rows][cols]), borrowed (mmapped or model-owned).
  * y = W x computes one output per row. Rows are split across threads. */
 struct kwk_mat {
-    int wtype;      /* enum kwk_wtype */
-    int64_t rows;   /* d_out */
-    int64_t cols;   /* d_in */
+    int wtype;        /* enum kwk_wtype */
+    int64_t rows;     /* d_out */
+    int64_t cols;     /* d_in */
     const void *data; /* [rows][cols] of wtype */
+    /* Quantized wtypes only: 1 = activations at 8 bits (the low halves of quant.h's 16-bit
+     * activations taken as zero: one int8 pass instead of two, llama.cpp's precision, for
+     * speed); 0 = 16 bits. Ignored by the plain types. Last, so {wt, rows, cols, data}
+     * initializers would leave it 0, but -Wextra wants designated ones. */
+    int act8;
 };
 
 struct kwk_kernels {

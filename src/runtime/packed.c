@@ -191,8 +191,10 @@ static int cached_blocks_match(const struct pack_job *jobs, int n_jobs, struct k
         const struct kwk_mat *b = jobs[best].dst;
         if (!first || kwk_quant_bytes(b->wtype, b->rows, b->cols, &bytes))
             continue;
-        struct kwk_mat fresh = {b->wtype, b->rows, b->cols,
-                                kwk_malloc_aligned(bytes ? bytes : 64)};
+        struct kwk_mat fresh = {.wtype = b->wtype,
+                                .rows = b->rows,
+                                .cols = b->cols,
+                                .data = kwk_malloc_aligned(bytes ? bytes : 64)};
         struct pack_job job = {jobs[best].src, &fresh, 0};
         if (fresh.data && !run_jobs(&job, 1, pool, NULL))
             ok = !memcmp(fresh.data, b->data, bytes);
@@ -567,7 +569,8 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                                                                                         : wide;
             jobs[n_jobs++] = (struct pack_job){layer_mat(&m->layers[L], w),
                                                layer_mat(&p->layers[L], w), 0};
-            *jobs[n_jobs - 1].dst = (struct kwk_mat){wt, 0, 0, NULL};
+            *jobs[n_jobs - 1].dst =
+                (struct kwk_mat){.wtype = wt, .rows = 0, .cols = 0, .data = NULL};
         }
     }
     int wt_head = precision == KWK_PRECISION_INT4 && !(keep8 >> M_HEAD & 1) ? KWK_W_Q4 : wide;
@@ -593,16 +596,20 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
             int i = L * V_COUNT + v;
             if (!srcs[v])
                 continue; /* no value bias */
-            vec_src[i] = (struct kwk_mat){KWK_W_F32, 1, lens[v], srcs[v]};
-            vec_dst[i] = (struct kwk_mat){KWK_W_F32, 1, lens[v], NULL};
+            vec_src[i] =
+                (struct kwk_mat){.wtype = KWK_W_F32, .rows = 1, .cols = lens[v], .data = srcs[v]};
+            vec_dst[i] =
+                (struct kwk_mat){.wtype = KWK_W_F32, .rows = 1, .cols = lens[v], .data = NULL};
             ents[n_ents++] = (struct kwk_pack_entry){&vec_src[i], &vec_dst[i],
                                                      (size_t)lens[v] * sizeof(float)};
         }
     }
     if (calib) {
         int i = V_COUNT * n_layers;
-        vec_src[i] = (struct kwk_mat){KWK_W_F32, 1, c->d_model, m->out_norm};
-        vec_dst[i] = (struct kwk_mat){KWK_W_F32, 1, c->d_model, NULL};
+        vec_src[i] = (struct kwk_mat){
+            .wtype = KWK_W_F32, .rows = 1, .cols = c->d_model, .data = m->out_norm};
+        vec_dst[i] =
+            (struct kwk_mat){.wtype = KWK_W_F32, .rows = 1, .cols = c->d_model, .data = NULL};
         ents[n_ents++] = (struct kwk_pack_entry){&vec_src[i], &vec_dst[i],
                                                  (size_t)c->d_model * sizeof(float)};
     }

@@ -560,7 +560,7 @@ int kwk_gptq_pack(const struct kwk_mat *src, const float *col_scale, const float
     if (!xt)
         goto out;
     transpose_scaled(in, col_scale, xt);
-    struct gram_task gt = {{KWK_W_F32, n, in->n_rows, xt}, xt, hp};
+    struct gram_task gt = {{.wtype = KWK_W_F32, .rows = n, .cols = in->n_rows, .data = xt}, xt, hp};
     run(pool, gram_run, &gt);
     kwk_free_aligned(xt);
     rc = gptq_from_h(src, col_scale, row_scale, hp, damp, dst, pool, err);
@@ -671,7 +671,7 @@ static double awq_unit(struct awq_task *t, float *buf, int mi, long j)
     void *blocks = buf + t->blocks_at;
     load_rows(w, rb * KWK_QROWS, n, t->s, NULL, rows);
     kwk_quant_pack_rows(wtype, blocks, n, dim, 0, rows, dim);
-    struct kwk_mat q = {wtype, n, dim, blocks};
+    struct kwk_mat q = {.wtype = wtype, .rows = n, .cols = dim, .data = blocks};
     for (int i = 0; i < n; i++) {
         float *d = dw + (size_t)i * (size_t)dim;
         const float *ws = rows + (size_t)i * (size_t)dim;
@@ -679,7 +679,7 @@ static double awq_unit(struct awq_task *t, float *buf, int mi, long j)
         for (long k = 0; k < dim; k++)
             d[k] -= ws[k];
     }
-    struct kwk_mat dm = {KWK_W_F32, n, dim, dw};
+    struct kwk_mat dm = {.wtype = KWK_W_F32, .rows = n, .cols = dim, .data = dw};
     kk->matmul(&dm, t->xs, t->n_sub, y, KWK_QROWS, 0, n);
     double e = 0.0;
     for (int r = 0; r < t->n_sub; r++)

@@ -45,7 +45,10 @@ static float *buf(struct tmodel *t, size_t n, float base, float scale)
 
 static struct kwk_mat mat(struct tmodel *t, int64_t rows, int64_t cols)
 {
-    return (struct kwk_mat){KWK_W_F32, rows, cols, buf(t, (size_t)(rows * cols), 0, 0.5f)};
+    return (struct kwk_mat){.wtype = KWK_W_F32,
+                            .rows = rows,
+                            .cols = cols,
+                            .data = buf(t, (size_t)(rows * cols), 0, 0.5f)};
 }
 
 static void model_init(struct tmodel *t)

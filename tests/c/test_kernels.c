@@ -94,7 +94,8 @@ static const char *wname(int wt)
 static void check_matmul(const struct kwk_kernels *k, int wt, int64_t rows, int64_t cols,
                          int n_tok, int64_t r0, int64_t r1)
 {
-    struct kwk_mat w = {wt, rows, cols, make_weights(wt, (size_t)(rows * cols))};
+    struct kwk_mat w = {
+        .wtype = wt, .rows = rows, .cols = cols, .data = make_weights(wt, (size_t)(rows * cols))};
     float *x = make_floats((size_t)(n_tok * cols), -1.0f, 1.0f);
     long ldy = (long)rows + 3;
     size_t ny = (size_t)n_tok * (size_t)ldy;
@@ -169,7 +170,8 @@ static void test_matmul(const struct kwk_kernels *k)
 static void check_batch_invariance(const struct kwk_kernels *k, int wt, int64_t rows,
                                    int64_t cols, int n_tok)
 {
-    struct kwk_mat w = {wt, rows, cols, make_weights(wt, (size_t)(rows * cols))};
+    struct kwk_mat w = {
+        .wtype = wt, .rows = rows, .cols = cols, .data = make_weights(wt, (size_t)(rows * cols))};
     float *x = make_floats((size_t)(n_tok * cols), -1.0f, 1.0f);
     float *yb = malloc((size_t)(n_tok * rows) * sizeof *yb), *y1 = malloc((size_t)rows * sizeof *y1);
     k->matmul(&w, x, n_tok, yb, (long)rows, 0, rows);
@@ -376,7 +378,10 @@ static void test_mat_row(const struct kwk_kernels *k)
 {
     for (int wt = 0; wt < KWK_W_COUNT; wt++) {
         int64_t rows = 3, cols = 37;
-        struct kwk_mat w = {wt, rows, cols, make_weights(wt, (size_t)(rows * cols))};
+        struct kwk_mat w = {.wtype = wt,
+                            .rows = rows,
+                            .cols = cols,
+                            .data = make_weights(wt, (size_t)(rows * cols))};
         float a[37], b[37];
         long bad = 0;
         for (int64_t r = 0; r < rows; r++) {

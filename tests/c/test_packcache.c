@@ -42,7 +42,7 @@ static struct kwk_mat make_mat(struct tmodel *t, int i, int64_t rows, int64_t co
     for (int64_t k = 0; k < rows * cols; k++)
         w[k] = rnd();
     t->bufs[i] = w;
-    return (struct kwk_mat){KWK_W_F32, rows, cols, w};
+    return (struct kwk_mat){.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = w};
 }
 
 static void model_init(struct tmodel *t, uint64_t seed)

@@ -35,7 +35,7 @@ static const char *wname(int wt)
 static struct kwk_mat pack(int wt, const float *src, int64_t rows, int64_t cols)
 {
     size_t bytes;
-    struct kwk_mat m = {wt, rows, cols, NULL};
+    struct kwk_mat m = {.wtype = wt, .rows = rows, .cols = cols, .data = NULL};
     if (kwk_quant_bytes(wt, rows, cols, &bytes))
         return m;
     void *data = kwk_malloc_aligned(bytes ? bytes : 64);

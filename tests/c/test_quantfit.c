@@ -57,7 +57,7 @@ static struct kwk_mat new_dst(int wt, int64_t rows, int64_t cols)
     kwk_quant_bytes(wt, rows, cols, &bytes);
     void *data = kwk_malloc_aligned(bytes ? bytes : 64);
     memset(data, 0xa5, bytes); /* every byte must be written */
-    return (struct kwk_mat){wt, rows, cols, data};
+    return (struct kwk_mat){.wtype = wt, .rows = rows, .cols = cols, .data = data};
 }
 
 static size_t dst_bytes(const struct kwk_mat *m)
@@ -139,7 +139,7 @@ static void test_gptq_diagonal(void)
                 for (int64_t r = 0; r < rows; r++)
                     rs[r] = frand(0.5f, 2.0f);
                 struct kwk_calib_input in = calib(x, am, n, cols);
-                struct kwk_mat src = {KWK_W_F32, rows, cols, w};
+                struct kwk_mat src = {.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = w};
                 struct kwk_mat a = new_dst(wt, rows, cols), b = new_dst(wt, rows, cols);
                 const float *c = scaled ? cs : NULL, *r = scaled ? rs : NULL;
                 T_EQ(kwk_gptq_pack(&src, c, r, &in, 0.01f, &a, NULL, NULL), 0);
@@ -199,7 +199,7 @@ static void test_gptq_correlated(void)
                     rs[r] = frand(0.5f, 2.0f);
                 const float *c = scaled ? cs : NULL, *r = scaled ? rs : NULL;
                 struct kwk_calib_input in = calib(x, am, n, cols);
-                struct kwk_mat src = {KWK_W_F32, rows, cols, w};
+                struct kwk_mat src = {.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = w};
                 struct kwk_mat g = new_dst(wt, rows, cols), p = new_dst(wt, rows, cols);
                 T_EQ(kwk_gptq_pack(&src, c, r, &in, 0.01f, &g, NULL, NULL), 0);
                 T_EQ(kwk_scaled_pack(&src, c, r, &p, NULL, NULL), 0);
@@ -241,7 +241,7 @@ static void test_awq_outliers(void)
         w[i] = fvec((size_t)(rows[i] * dim));
         for (int64_t j = 0; j < rows[i] * dim; j++)
             w[i][j] = grand();
-        m[i] = (struct kwk_mat){KWK_W_F32, rows[i], dim, w[i]};
+        m[i] = (struct kwk_mat){.wtype = KWK_W_F32, .rows = rows[i], .cols = dim, .data = w[i]};
     }
     float alpha = -1.0f;
     T_EQ(kwk_awq_scales(mp, wts, 2, &in, s, &alpha, NULL, NULL), 0);
@@ -292,7 +292,7 @@ static void test_awq_uniform(void)
         for (int64_t k = 0; k < dim; k++)
             am[k] = 0.75f;
         struct kwk_calib_input in = {dim, n, x, am};
-        struct kwk_mat m = {KWK_W_F32, rows, dim, w};
+        struct kwk_mat m = {.wtype = KWK_W_F32, .rows = rows, .cols = dim, .data = w};
         const struct kwk_mat *mp = &m;
         int wt = KWK_W_Q4;
         float alpha = -1.0f;
@@ -322,7 +322,7 @@ static void test_threads(void)
         for (int k = 3; k < cols; k += 17)
             x[t * cols + k] *= 20.0f;
     struct kwk_calib_input in = calib(x, am, n, cols);
-    struct kwk_mat src = {KWK_W_F32, rows, cols, w};
+    struct kwk_mat src = {.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = w};
     const struct kwk_mat *mp[2] = {&src, &src};
     int wts[2] = {KWK_W_Q4, KWK_W_Q8};
     float a1 = -1.0f, a2 = -2.0f;
@@ -366,7 +366,8 @@ static void test_f16_source(void)
         w[i] = kwk_f16_to_f32(h[i]);
     }
     struct kwk_calib_input in = calib(x, am, n, cols);
-    struct kwk_mat s16 = {KWK_W_F16, rows, cols, h}, s32 = {KWK_W_F32, rows, cols, w};
+    struct kwk_mat s16 = {.wtype = KWK_W_F16, .rows = rows, .cols = cols, .data = h},
+                   s32 = {.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = w};
     struct kwk_mat a = new_dst(KWK_W_Q4, rows, cols), b = new_dst(KWK_W_Q4, rows, cols);
     T_EQ(kwk_gptq_pack(&s16, NULL, NULL, &in, 0.01f, &a, NULL, NULL), 0);
     T_EQ(kwk_gptq_pack(&s32, NULL, NULL, &in, 0.01f, &b, NULL, NULL), 0);
@@ -387,7 +388,8 @@ static void test_errors(void)
     for (int64_t k = 0; k < cols; k++)
         s[k] = 1.0f; /* kept when kwk_awq_scales fails below */
     struct kwk_calib_input in = calib(x, am, n, cols);
-    struct kwk_mat src = {KWK_W_F32, rows, cols, w}, dst = new_dst(KWK_W_Q4, rows, cols);
+    struct kwk_mat src = {.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = w},
+                   dst = new_dst(KWK_W_Q4, rows, cols);
     struct kwk_err err = {0};
     /* shapes that disagree */
     struct kwk_calib_input bad = in;
@@ -423,8 +425,9 @@ static void test_errors(void)
     bad.n_rows = -1;
     T_EQ(kwk_gptq_pack(&src, NULL, NULL, &bad, 0.01f, &dst, NULL, NULL), KWK_EARG);
     /* a matrix too wide for H */
-    struct kwk_mat wide = {KWK_W_F32, 16, (int64_t)1 << 40, w};
-    struct kwk_mat wdst = {KWK_W_Q4, 16, (int64_t)1 << 40, dst.data};
+    struct kwk_mat wide = {.wtype = KWK_W_F32, .rows = 16, .cols = (int64_t)1 << 40, .data = w};
+    struct kwk_mat wdst = {
+        .wtype = KWK_W_Q4, .rows = 16, .cols = (int64_t)1 << 40, .data = dst.data};
     struct kwk_calib_input win = {(int64_t)1 << 40, 0, NULL, am};
     T_EQ(kwk_gptq_pack(&wide, NULL, NULL, &win, 0.01f, &wdst, NULL, NULL), KWK_ELIMIT);
     const struct kwk_mat *wp = &wide;
