@@ -373,6 +373,8 @@ def run_kwker(a, model, precision):
     cmd = [str(a.kwker_bin), "bench", "--model", str(model), "--precision", precision,
            "-p", str(a.n_prompt), "-n", str(a.n_gen), "-t", str(a.threads), "-r", str(a.reps),
            "--json"]
+    if a.act_bits and precision != "preserve":
+        cmd += ["--act-bits", str(a.act_bits)]
     rc, out, err = run_child(cmd, env=env)
     if rc != 0:
         raise RuntimeError("kwker bench failed (%d): %s\n%s" % (rc, " ".join(cmd), err[-2000:]))
@@ -390,7 +392,7 @@ def run_kwker(a, model, precision):
 
 def run_llama(a, gguf_path):
     job = dict(model=str(gguf_path), n_prompt=a.n_prompt, n_gen=a.n_gen, threads=a.threads,
-               n_batch=min(512, a.n_prompt), reps=a.reps)
+               n_batch=min(512, a.n_prompt), reps=a.reps, flash_attn=a.llama_flash_attn)
     cmd = [str(a.llama_python), str(Path(__file__).resolve()), "--llama-worker", json.dumps(job)]
     rc, out, err = run_child(cmd)
     if rc != 0:
@@ -427,62 +429,84 @@ def llama_worker(job):
     model = L.llama_model_load_from_file(job["model"].encode(), mp)
     if not model:
         raise SystemExit("llama.cpp could not load %s" % job["model"])
-    cp = L.llama_context_default_params()
     n_p, n_g, nb = job["n_prompt"], job["n_gen"], job["n_batch"]
-    cp.n_ctx = n_p + n_g
-    cp.n_batch = nb
-    cp.n_ubatch = nb
-    cp.n_threads = job["threads"]
-    cp.n_threads_batch = job["threads"]
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        raise SystemExit("llama.cpp could not make a context for %s" % job["model"])
     load_s = time.perf_counter() - t0
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     ids = [(i * 2654435761) % (1 << 32) % n_vocab for i in range(n_p)]  # kwker bench's prompt
     prompt = (L.llama_token * n_p)(*ids)
     one = (L.llama_token * 1)()
-    mem = L.llama_get_memory(ctx)
+    # flash attention: llama.cpp's default ("auto") turns it on for the CPU, which speeds up its
+    # prompts but slows its generation after a long prompt (135M Q8_0 after 512 tokens: 42
+    # tokens/s with it, 68 without). "best" measures both in this process, one context after
+    # the other, and keeps each column's faster figure: llama.cpp at its best for each.
+    modes = {"auto": [-1], "on": [1], "off": [0], "best": [1, 0]}[job.get("flash_attn", "best")]
+    per_mode = {}
+    settings = {}
+    for fa in modes:
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_p + n_g
+        cp.n_batch = nb
+        cp.n_ubatch = nb
+        cp.n_threads = job["threads"]
+        cp.n_threads_batch = job["threads"]
+        cp.flash_attn_type = fa
+        ctx = L.llama_init_from_model(model, cp)
+        if not ctx:
+            raise SystemExit("llama.cpp could not make a context for %s" % job["model"])
+        mem = L.llama_get_memory(ctx)
 
-    def once():
-        L.llama_memory_clear(mem, True)
-        t0 = time.perf_counter()
-        for i in range(0, n_p, nb):
-            k = min(nb, n_p - i)
-            ptr = ctypes.cast(ctypes.addressof(prompt) + i * ctypes.sizeof(L.llama_token),
-                              ctypes.POINTER(L.llama_token))
-            if L.llama_decode(ctx, L.llama_batch_get_one(ptr, k)) != 0:
-                raise SystemExit("llama_decode failed on the prompt")
-        L.llama_synchronize(ctx)
-        t1 = time.perf_counter()
-        tok = ids[-1]
-        for _ in range(n_g):
-            tok = (tok * 7919 + 17) % n_vocab  # kwker bench's token stream
-            one[0] = tok
-            if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
-                raise SystemExit("llama_decode failed on a generated token")
-        L.llama_synchronize(ctx)
-        return t1 - t0, time.perf_counter() - t1
+        def once():
+            L.llama_memory_clear(mem, True)
+            t0 = time.perf_counter()
+            for i in range(0, n_p, nb):
+                k = min(nb, n_p - i)
+                ptr = ctypes.cast(ctypes.addressof(prompt) + i * ctypes.sizeof(L.llama_token),
+                                  ctypes.POINTER(L.llama_token))
+                if L.llama_decode(ctx, L.llama_batch_get_one(ptr, k)) != 0:
+                    raise SystemExit("llama_decode failed on the prompt")
+            L.llama_synchronize(ctx)
+            t1 = time.perf_counter()
+            tok = ids[-1]
+            for _ in range(n_g):
+                tok = (tok * 7919 + 17) % n_vocab  # kwker bench's token stream
+                one[0] = tok
+                if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
+                    raise SystemExit("llama_decode failed on a generated token")
+            L.llama_synchronize(ctx)
+            return t1 - t0, time.perf_counter() - t1
 
-    once()
-    pp, tg = zip(*[once() for _ in range(job["reps"])])
+        once()
+        pp, tg = zip(*[once() for _ in range(job["reps"])])
+        per_mode[fa] = (n_p / statistics.median(pp),
+                        n_g / statistics.median(tg) if n_g else 0.0)
+        settings = {f: getattr(cp, f) for f in ("type_k", "type_v") if hasattr(cp, f)}
+        L.llama_free(ctx)
     info = L.llama_print_system_info().decode(errors="replace")
-    settings = {f: getattr(cp, f) for f in ("type_k", "type_v", "flash_attn_type", "flash_attn")
-                if hasattr(cp, f)}
     settings = {k: (v.value if hasattr(v, "value") else v) for k, v in settings.items()}
-    L.llama_free(ctx)
+    names = {-1: "auto", 0: "off", 1: "on"}
+    pp_fa = max(per_mode, key=lambda fa: per_mode[fa][0])
+    tg_fa = max(per_mode, key=lambda fa: per_mode[fa][1])
+    settings.update(flash_attn_pp=names[pp_fa], flash_attn_tg=names[tg_fa],
+                    per_flash_attn={names[fa]: v for fa, v in per_mode.items()})
     L.llama_model_free(model)
-    print(json.dumps({"pp_tps": n_p / statistics.median(pp),
-                      "tg_tps": n_g / statistics.median(tg) if n_g else 0.0,
+    print(json.dumps({"pp_tps": per_mode[pp_fa][0], "tg_tps": per_mode[tg_fa][1],
                       "load_s": load_s, "base_rss_kib": base_kib, "context": settings,
                       "peak_rss_kib": vm_kib("VmHWM"),
                       "avx512": "AVX512 = 1" in info, "version": getattr(L, "__version__", "?")}))
     return 0
 
 
+def kwker_label(a, kp):
+    """Kwker's column: the precision, and its activation bits when not the default."""
+    return kp + (" act%d" % a.act_bits if a.act_bits and kp != "preserve" else "")
+
+
 def pair_key(a, model, kp, lf):
-    return "|".join(str(x) for x in (a.isa, model, kp, lf, a.n_prompt, a.n_gen, a.threads,
-                                     a.runs, a.reps))
+    # settings added later are keyed only when not their old value, so stored pairs stay valid
+    extra = [] if a.llama_flash_attn == "auto" else ["fa=" + a.llama_flash_attn]
+    extra += ["act%d" % a.act_bits] if a.act_bits and kp != "preserve" else []
+    return "|".join(str(x) for x in [a.isa, model, kp, lf, a.n_prompt, a.n_gen, a.threads,
+                                     a.runs, a.reps] + extra)
 
 
 def measure_pair(a, model, files, kp, lf, bw_state):
@@ -511,7 +535,8 @@ def measure_pair(a, model, files, kp, lf, bw_state):
         if packed:
             kbytes = packed[0] + one_d_bytes(kpath)
     lbytes = llama_bytes_per_token(lpath)
-    rec = {"model": model, "kwker_precision": kp, "llama_format": lf, "isa": a.isa,
+    rec = {"model": model, "kwker_precision": kwker_label(a, kp), "llama_format": lf,
+           "isa": a.isa, "act_bits": a.act_bits or 16, "llama_flash_attn": a.llama_flash_attn,
            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "threads": a.threads, "runs": runs,
            "kwker_file": str(kpath), "llama_file": str(lpath)}
     for side, nbytes in (("kwker", kbytes), ("llama", lbytes)):
@@ -605,6 +630,13 @@ def parse_args(argv):
     ap.add_argument("--report", action="store_true",
                     help="measure nothing: print the table of the pairs already stored by "
                          "--resume with these settings")
+    ap.add_argument("--act-bits", type=int, choices=(8, 16), default=None,
+                    help="Kwker's activation bits for balanced and int4 (kwker --act-bits; "
+                         "default: kwker's own, 16)")
+    ap.add_argument("--llama-flash-attn", choices=("best", "auto", "on", "off"), default="best",
+                    help="llama.cpp's flash attention: best (default) measures on and off in "
+                         "each run and keeps each column's faster figure; auto is llama.cpp's "
+                         "default")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: smollm2-135m only, 2 runs, -p 64 -n 16")
     ap.add_argument("--llama-worker", default=None, help=argparse.SUPPRESS)

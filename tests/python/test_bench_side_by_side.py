@@ -55,6 +55,14 @@ def test_quick_run_writes_complete_json(tmp_path):
             assert s[f] is not None and s[f] > 0, (side, f, s)
     assert rec["ratio_pp"] > 0 and rec["ratio_tg"] > 0
     assert rec["llama"]["base_rss_mib"] > 0
+    # llama.cpp at its best: by default each run measures flash attention on and off and keeps
+    # each column's faster figure, saying which
+    ctx = rec["llama"]["context"]
+    assert set(ctx["per_flash_attn"]) == {"on", "off"}
+    for col, i in (("pp", 0), ("tg", 1)):
+        best = ctx["flash_attn_" + col]
+        assert best in ("on", "off")
+        assert ctx["per_flash_attn"][best][i] == max(v[i] for v in ctx["per_flash_attn"].values())
     # the Markdown table (stdout and JSON) has the header, the separator and the one row
     table = data["markdown"].splitlines()
     assert len(table) == 3 and table[2].startswith("| smollm2-135m | int4 | Q4_0 |")
