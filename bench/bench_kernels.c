@@ -1,7 +1,9 @@
 /* bench_kernels.c - the pool's synchronization cost (an empty task's round trip, an in-task
  * barrier), then matmul speed per instruction set: GB/s of weights streamed for one token (decode)
- * and GFLOP/s for 64 tokens (prompt), on 1 thread and on the whole pool. Prints; asserts nothing.
- * Single-threaded driver. Usage: bench_kernels [rows cols | pool] */
+ * and GFLOP/s for 64 tokens (prompt), on 1 thread and on the whole pool; or (`quant`) the
+ * quantized matmul with 8-bit against 16-bit activations on SmolLM2-135M's shapes. Prints;
+ * asserts nothing. Single-threaded driver.
+ * Usage: bench_kernels [rows cols | pool | quant [n_tok [threads [avx2|avx512]]]] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,7 @@
 #include "base/base.h"
 #include "base/pool.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 /* Weights are cycled through several copies larger together than the last-level cache, so that
  * decode numbers are DRAM bandwidth as in a real model. */
@@ -100,8 +103,94 @@ static void bench_pool(void)
     kwk_pool_free(p);
 }
 
+/* Seconds per call of job j, repeated for about secs after one warm-up call. */
+static double time_calls(struct kwk_pool *p, struct job *j, double secs)
+{
+    kwk_pool_run(p, job_run, j);
+    long reps = 0;
+    double t0 = kwk_time_s(), t;
+    do {
+        kwk_pool_run(p, job_run, j);
+        reps++;
+        t = kwk_time_s() - t0;
+    } while (t < secs);
+    return t / (double)reps;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define QUANT_ROUNDS 7
+
+/* act8 against 16-bit activations, GOP/s of the quantized matmul (2 * rows * cols * n_tok) per
+ * ISA, format and SmolLM2-135M shape; the two modes alternate round by round (A B A B ...) so
+ * that a machine shared with other work slows both alike: the ratio of the medians is the
+ * figure to read. */
+static void bench_quant(int n_tok, int n_threads, const char *isa_name)
+{
+    static const int64_t shapes[][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    struct kwk_pool *p = kwk_pool_new(n_threads);
+    int64_t max_el = 1536 * 576;
+    float *src = kwk_malloc_aligned((size_t)max_el * 4);
+    float *x = kwk_malloc_aligned((size_t)n_tok * 1536 * 4);
+    float *y = kwk_malloc_aligned((size_t)n_tok * 1536 * 4);
+    size_t bytes = 0;
+    kwk_quant_bytes(KWK_W_Q8, 1536, 1536, &bytes);
+    void *data = kwk_malloc_aligned(bytes);
+    if (!p || !src || !x || !y || !data)
+        goto out;
+    for (int64_t i = 0; i < max_el; i++)
+        src[i] = (float)((i * 7919) % 2001 - 1000) * 1e-4f;
+    for (int64_t i = 0; i < (int64_t)n_tok * 1536; i++)
+        x[i] = (float)((i * 104729) % 1999 - 999) * 1e-3f;
+    printf("quantized matmul, n_tok=%d, threads=%d, GOP/s medians of %d alternating rounds\n",
+           n_tok, kwk_pool_size(p), QUANT_ROUNDS);
+    for (int isa = KWK_ISA_AVX2; isa <= kwk_isa(); isa++) {
+        const struct kwk_kernels *k = kwk_kernels_for(isa);
+        if (isa_name && strcmp(isa_name, k->name) != 0)
+            continue;
+        for (size_t wi = 0; wi < KWK_ARRAY_LEN(wts); wi++)
+            for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++) {
+                int64_t rows = shapes[si][0], cols = shapes[si][1];
+                struct kwk_mat m = {.wtype = wts[wi], .rows = rows, .cols = cols, .data = data};
+                for (int64_t rb = 0; rb * KWK_QROWS < rows; rb++)
+                    kwk_quant_pack_rows(m.wtype, data, rows, cols, rb,
+                                        src + rb * KWK_QROWS * cols, (long)cols);
+                double t[2][QUANT_ROUNDS];
+                for (int r = 0; r < QUANT_ROUNDS; r++)
+                    for (int a8 = 0; a8 < 2; a8++) {
+                        m.act8 = a8;
+                        struct job j = {k, &m, x, y, n_tok};
+                        t[a8][r] = time_calls(p, &j, 0.15);
+                    }
+                qsort(t[0], QUANT_ROUNDS, sizeof(double), cmp_double);
+                qsort(t[1], QUANT_ROUNDS, sizeof(double), cmp_double);
+                double op = 2.0 * (double)rows * (double)cols * n_tok * 1e-9;
+                double s16 = t[0][QUANT_ROUNDS / 2], s8 = t[1][QUANT_ROUNDS / 2];
+                printf("%-7s %s %4lldx%-4lld  16-bit %7.1f  act8 %7.1f  act8/16-bit %.2fx\n",
+                       k->name, wts[wi] == KWK_W_Q8 ? "q8" : "q4", (long long)rows,
+                       (long long)cols, op / s16, op / s8, s16 / s8);
+            }
+    }
+out:
+    kwk_pool_free(p);
+    kwk_free_aligned(src);
+    kwk_free_aligned(x);
+    kwk_free_aligned(y);
+    kwk_free_aligned(data);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "quant") == 0) {
+        bench_quant(argc > 2 ? atoi(argv[2]) : 512, argc > 3 ? atoi(argv[3]) : 1,
+                    argc > 4 ? argv[4] : NULL);
+        return 0;
+    }
     bench_pool();
     if (argc == 2 && strcmp(argv[1], "pool") == 0)
         return 0;

@@ -159,6 +159,13 @@ struct kwk_decoder_params {
     int64_t n_calib;
     int gptq; /* 1: GPTQ on top, fitting each matrix's rounding to its calibration inputs
                * (needs calib) */
+    /* How balanced / int4 matrices (the lm_head included) read their activations: 16 = as two
+     * 8-bit halves (two int8 dot-product passes, Kwker's default), 8 = rounded to 8 bits (one
+     * pass, llama.cpp's precision: faster prompts, perplexity a few tenths of a percent higher).
+     * 0 = 16. Changes no weight: the same pack file (and cache key) serves both. Preserve
+     * computes in float32 and takes only 0 or 16 (8 is refused: there is nothing to quantize).
+     * Other values: KWK_EARG. */
+    int act_bits;
 };
 
 KWK_API void kwk_decoder_params_init(struct kwk_decoder_params *p);
@@ -502,6 +509,7 @@ struct kwk_engine_params {
     const int32_t *calib;  /* as in kwk_decoder_params (borrowed for kwk_engine_new only) */
     int64_t n_calib;
     int gptq;
+    int act_bits;          /* as in kwk_decoder_params: 8 or 16 (0 = 16) */
 };
 
 KWK_API void kwk_engine_params_init(struct kwk_engine_params *p);

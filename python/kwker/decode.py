@@ -40,6 +40,7 @@ class _DecoderParams(ctypes.Structure):
         ("calib", ctypes.POINTER(ctypes.c_int32)),
         ("n_calib", ctypes.c_int64),
         ("gptq", ctypes.c_int),
+        ("act_bits", ctypes.c_int),
     ]
 
 
@@ -65,6 +66,16 @@ def _quant_args(precision, mix_bits, calib, gptq, model_path):
             raise ValueError("calib is empty")
         ids = (ctypes.c_int32 * len(calib))(*calib)
     return int(mix_bits or 0), ids, len(ids) if ids is not None else 0, int(bool(gptq))
+
+
+def _act_bits_arg(act_bits):
+    """act_bits for the C parameters: 0 (the default, 16) for None. Which precisions take 8 is
+    the library's check (its KwkError names the reason)."""
+    if act_bits is None:
+        return 0
+    if isinstance(act_bits, (bool, str)) or act_bits not in (8, 16):
+        raise ValueError("act_bits must be 8 or 16 (or None: 16), not %r" % (act_bits,))
+    return int(act_bits)
 
 
 def default_cache_dir():
@@ -305,11 +316,16 @@ class KwkDecoder:
     tokenizer): balanced / int4 weights get activation-aware scales (AWQ) fitted to the model's
     activations on them; gptq=True adds GPTQ on top (needs calib). Both are part of the pack
     cache's key: with cache_dir the fitting runs once.
+    act_bits (balanced / int4): how their matrices, the lm_head included, read activations:
+    16 (None, the default) as two 8-bit halves, two int8 dot-product passes; 8 rounds them to
+    8 bits, one pass as llama.cpp does: faster prompts for a few tenths of a percent higher
+    perplexity. The weights are the same (one pack file serves both). ValueError for other
+    values; preserve (float32 math) refuses 8 with a KwkError.
     """
 
     def __init__(self, model, max_cache_len=2048, precision="preserve", n_threads=None,
                  weights=None, cache_dir=None, cache_max_bytes=None, max_batch=None,
-                 mix_bits=None, calib=None, gptq=False):
+                 mix_bits=None, calib=None, gptq=False, act_bits=None):
         self._engine = None
         self.max_batch = int(max_batch) if max_batch else None
         self.n_threads = n_threads
@@ -336,13 +352,17 @@ class KwkDecoder:
             raise ValueError("cache_max_bytes must be >= 0")
         mix, ids, n_ids, gq = _quant_args(precision, mix_bits, calib, gptq, self.model_path)
         self._quant = (mix, ids, n_ids, gq)  # an Engine over this decoder packs the same way
+        self._act_bits = _act_bits_arg(act_bits)  # and reads activations the same way
         params = _DecoderParams(int(max_cache_len), int(n_threads or 0), _PRECISIONS[precision],
-                                cache_arg, int(cache_max_bytes or 0), mix, ids, n_ids, gq)
+                                cache_arg, int(cache_max_bytes or 0), mix, ids, n_ids, gq,
+                                self._act_bits)
         self._dec = L.kwk_decoder_new(self._model, ctypes.byref(params), ctypes.byref(err))
         if not self._dec:
             raise_err(err)
         self.max_cache_len = int(max_cache_len)
         self.precision = precision
+        # the activations' width the quantized matrices run with (None: preserve, float32)
+        self.act_bits = None if precision == "preserve" else self._act_bits or 16
 
     def close(self):
         # engines over this decoder's model end first (generate_batch's and any Engine(self))

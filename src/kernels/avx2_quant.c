@@ -1,8 +1,8 @@
 /* avx2_quant.c - the int8, int4 and int6 matmul with AVX2 (maddubs + madd): each 16-row block as
- * two registers of 8 rows, activations quantized on the fly to 16 bits as two int8 halves; and
- * packing's scale search, 8 rows at once. Pure functions; any thread. Computes the integers of
- * quant_ref.c exactly; float sums agree to rounding (fused multiply-adds); packing gives
- * quant_ref.c's bytes exactly. */
+ * two registers of 8 rows, activations quantized on the fly to 16 bits as two int8 halves (or to
+ * 8 bits, one pass, when kwk_mat.act8 says so); and packing's scale search, 8 rows at once. Pure
+ * functions; any thread. Computes the integers of quant_ref.c exactly; float sums agree to
+ * rounding (fused multiply-adds); packing gives quant_ref.c's bytes exactly. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -16,12 +16,16 @@
 #define TT 2
 #define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP)
 
+/* With 8-bit activations (a8) l is not written and d, s, m hold what the single pass's
+ * epilogue wants (quant_act8). */
 struct qx {
     int8_t q[KWK_QX_TOKS][KWK_QX_COLS]; /* high halves h of v = 254 h + l */
-    int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves */
-    float d[KWK_QX_TOKS][QG_MAX];
-    int32_t s[KWK_QX_TOKS][QG_MAX];
+    int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves (16-bit mode only) */
+    float d[KWK_QX_TOKS][QG_MAX];       /* d_x; a8: 254 * d_x */
+    int32_t s[KWK_QX_TOKS][QG_MAX];     /* sum of v; a8: sum of h times the weights' offset */
+    float m[KWK_QX_TOKS][QG_MAX];       /* a8 only: d_x * (float)(254 * sum of h), int4 */
 };
+_Static_assert(KWK_Q8_GROUP == 32 && KWK_Q4_GROUP == 32 && KWK_Q6_GROUP == 32, "groups of 32");
 
 INLINE __m256i bcast4(const int8_t *p)
 {
@@ -214,6 +218,193 @@ INLINE void tile_q6(const struct tile_args *a, int T)
         put(a->y + (int64_t)j * a->ldy, a->rb, a->r0, a->r1, facc[0][j], facc[1][j], a->first);
 }
 
+/* ---- 8-bit activations: one pass ---------------------------------------------------------------
+ * The tiles above without the low halves, one 8-row half of a block at a time (its int and float
+ * accumulators for TT8 tokens, the weight vectors and two constants fill the 16 registers):
+ *   int8: one sign + maddubs + madd a weight vector and token instead of two; pairs stay within
+ *         2 * 127 * 127 = 32258 (|w| times h carrying w's sign; h in [-127, 127]).
+ *   int4: the unsigned nibbles meet h directly: a maddubs pair is at most 2 * 15 * 127 = 3810,
+ *         so the 8 maddubs of a group add up in 16 bits (8 * 3810 = 30480 < 32767) and one madd
+ *         a group widens them.
+ *   int6: u = q + 32 <= 63: a pair is at most 2 * 63 * 127 = 16002, two add in 16 bits (32004)
+ *         before a madd; 32 * sum(h) comes back out at the end of the group.
+ * The epilogue is (float)isum_h * (d_w * 254 d_x): the integers are the h pass's, exactly. */
+#define TT8 4     /* measured: 2 to 6 tokens within noise of each other; 4 keeps all in registers */
+#define TT8_MAX 6 /* the most tokens a tile function is made for */
+/* Store (first pass) or add the 8 row sums of half h of block rb for one token. */
+INLINE void put8(float *yt, int64_t rb, int h, int64_t r0, int64_t r1, __m256 v, int first)
+{
+    float o[8];
+    _mm256_storeu_ps(o, v);
+    int64_t base = rb * KWK_QROWS + 8 * h;
+    int i0 = (int)KWK_MAX((int64_t)0, r0 - base), i1 = (int)KWK_MIN((int64_t)8, r1 - base);
+    for (int i = i0; i < i1; i++)
+        yt[base + i] = first ? o[i] : yt[base + i] + o[i];
+}
+
+INLINE __m256 ld_half(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+INLINE void tile8_q8(const struct tile_args *a, int T)
+{
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    const struct kwk_q8_block *b = a->blk;
+    const struct qx *qx = a->qx;
+    for (int h = 0; h < 2; h++) {
+        __m256 facc[TT8_MAX];
+        for (int j = 0; j < T; j++)
+            facc[j] = _mm256_setzero_ps();
+        for (int g = 0; g < a->ng; g++) {
+            __m256i acc[TT8_MAX];
+            for (int j = 0; j < T; j++)
+                acc[j] = _mm256_setzero_si256();
+            for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
+                __m256i wv = _mm256_xor_si256(
+                    _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * h]), flip);
+                __m256i aw = _mm256_abs_epi8(wv);
+                for (int j = 0; j < T; j++) {
+                    __m256i xb = bcast4(qx->q[a->t + j] + g * KWK_Q8_GROUP + k4 * 4);
+                    __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv));
+                    acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(p, ones));
+                }
+            }
+            __m256 dw = ld_half(b[g].d + 8 * h);
+            for (int j = 0; j < T; j++) {
+                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(qx->d[a->t + j][g]));
+                facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[j]), dd, facc[j]);
+            }
+        }
+        for (int j = 0; j < T; j++)
+            put8(a->y + (int64_t)j * a->ldy, a->rb, h, a->r0, a->r1, facc[j], a->first);
+    }
+}
+
+INLINE void tile8_q4(const struct tile_args *a, int T)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const struct kwk_q4_block *b = a->blk;
+    const struct qx *qx = a->qx;
+    for (int h = 0; h < 2; h++) {
+        __m256 facc[TT8_MAX];
+        for (int j = 0; j < T; j++)
+            facc[j] = _mm256_setzero_ps();
+        for (int g = 0; g < a->ng; g++) {
+            __m256i acc[TT8_MAX]; /* 16-bit sums of the group (bound above) */
+            for (int j = 0; j < T; j++)
+                acc[j] = _mm256_setzero_si256();
+            for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)b[g].q[c][8 * h]);
+                __m256i lo = _mm256_and_si256(p, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
+                for (int j = 0; j < T; j++) {
+                    const int8_t *xh = qx->q[a->t + j] + g * KWK_Q4_GROUP + 8 * c;
+                    acc[j] = _mm256_add_epi16(acc[j], _mm256_maddubs_epi16(lo, bcast4(xh)));
+                    acc[j] = _mm256_add_epi16(acc[j], _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
+                }
+            }
+            __m256 d = ld_half(b[g].d + 8 * h), m = ld_half(b[g].m + 8 * h);
+            for (int j = 0; j < T; j++) {
+                __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones));
+                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(qx->d[a->t + j][g]));
+                facc[j] = _mm256_fmadd_ps(s, dd, facc[j]);
+                facc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(qx->m[a->t + j][g]), facc[j]);
+            }
+        }
+        for (int j = 0; j < T; j++)
+            put8(a->y + (int64_t)j * a->ldy, a->rb, h, a->r0, a->r1, facc[j], a->first);
+    }
+}
+
+INLINE void tile8_q6(const struct tile_args *a, int T)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const struct kwk_q6_block *b = a->blk;
+    const struct qx *qx = a->qx;
+    for (int h = 0; h < 2; h++) {
+        __m256 facc[TT8_MAX];
+        for (int j = 0; j < T; j++)
+            facc[j] = _mm256_setzero_ps();
+        for (int g = 0; g < a->ng; g++) {
+            __m256i acc[TT8_MAX];
+            for (int j = 0; j < T; j++)
+                acc[j] = _mm256_setzero_si256();
+            for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
+                __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(p, m4),
+                                             q6_high(qh, 2 * (c % 2), m30));
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
+                                             q6_high(qh, 2 * (c % 2) + 1, m30));
+                for (int j = 0; j < T; j++) {
+                    const int8_t *xh = qx->q[a->t + j] + g * KWK_Q6_GROUP + 8 * c;
+                    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
+                                                 _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
+                    acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(s, ones));
+                }
+            }
+            __m256 dw = ld_half(b[g].d + 8 * h);
+            for (int j = 0; j < T; j++) {
+                __m256i corr = _mm256_set1_epi32(qx->s[a->t + j][g]); /* 32 * sum(h) */
+                __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[j], corr));
+                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(qx->d[a->t + j][g]));
+                facc[j] = _mm256_fmadd_ps(s, dd, facc[j]);
+            }
+        }
+        for (int j = 0; j < T; j++)
+            put8(a->y + (int64_t)j * a->ldy, a->rb, h, a->r0, a->r1, facc[j], a->first);
+    }
+}
+
+/* kwk_quant_act with 8-bit activations, vectorized with its arithmetic (127 / amax, x * id
+ * rounded to nearest even by cvtps2dq; |f| <= 127 keeps the clamp idle): h only, and the
+ * numbers of the epilogue, as avx512_quant.c's quant_act8: xd254 = 254 * d_x, xs = off *
+ * sum(h), xm = d_x * (float)(254 * sum(h)). */
+static void quant_act8(const float *x, int64_t n, int G, int off, int8_t *xh, float *xd254,
+                       int32_t *xs, float *xm)
+{
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int64_t ng = (n + G - 1) / G;
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t k0 = g * G;
+        float pad[KWK_Q4_GROUP] = {0}; /* both groups are 32 */
+        const float *xg = x + k0;
+        if (n - k0 < G) {
+            memcpy(pad, xg, sizeof(float) * (size_t)(n - k0));
+            xg = pad;
+        }
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int p = 0; p < 4; p++) {
+            v[p] = _mm256_loadu_ps(xg + 8 * p);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sgn, v[p]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float amax = _mm_cvtss_f32(m4);
+        __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i h[4], sum = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            h[p] = _mm256_cvtps_epi32(_mm256_mul_ps(v[p], id));
+            sum = _mm256_add_epi32(sum, h[p]);
+        }
+        __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(h[0], h[1]),
+                                       _mm256_packs_epi32(h[2], h[3]));
+        _mm256_storeu_si256((__m256i *)(xh + k0), _mm256_permutevar8x32_epi32(q, perm));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        int32_t hs = _mm_cvtsi128_si32(s4);
+        float d = amax / (float)KWK_QX_SCALE;
+        xd254[g] = 254.0f * d;
+        xs[g] = off * hs;
+        xm[g] = d * (float)(254 * hs);
+    }
+}
+
 typedef void (*tile_fn)(const struct tile_args *);
 static void tile_q8_1(const struct tile_args *a) { tile_q8(a, 1); }
 static void tile_q8_2(const struct tile_args *a) { tile_q8(a, 2); }
@@ -224,6 +415,16 @@ static void tile_q6_2(const struct tile_args *a) { tile_q6(a, 2); }
 static const tile_fn tiles_q8[TT + 1] = {NULL, tile_q8_1, tile_q8_2};
 static const tile_fn tiles_q6[TT + 1] = {NULL, tile_q6_1, tile_q6_2};
 static const tile_fn tiles_q4[TT + 1] = {NULL, tile_q4_1, tile_q4_2};
+#define TILE8(F, T)                                                                              \
+    static void tile8_##F##_##T(const struct tile_args *a) { tile8_##F(a, T); }
+#define TILES8(F)                                                                                \
+    TILE8(F, 1) TILE8(F, 2) TILE8(F, 3) TILE8(F, 4) TILE8(F, 5) TILE8(F, 6)                      \
+    static const tile_fn tiles8_##F[TT8_MAX + 1] = {NULL,          tile8_##F##_1, tile8_##F##_2, \
+                                                    tile8_##F##_3, tile8_##F##_4, tile8_##F##_5, \
+                                                    tile8_##F##_6};
+TILES8(q8)
+TILES8(q4)
+TILES8(q6)
 
 void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                            int64_t r0, int64_t r1)
@@ -231,10 +432,11 @@ void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, f
     if (r1 <= r0 || n_tok <= 0)
         return;
     struct qx qx;
-    int G = kwk_quant_group(w->wtype);
-    const tile_fn *tiles = w->wtype == KWK_W_Q8   ? tiles_q8
-                           : w->wtype == KWK_W_Q6 ? tiles_q6
-                                                  : tiles_q4;
+    int G = kwk_quant_group(w->wtype), a8 = w->act8 != 0, tt = a8 ? TT8 : TT;
+    const tile_fn *tiles = w->wtype == KWK_W_Q8   ? (a8 ? tiles8_q8 : tiles_q8)
+                           : w->wtype == KWK_W_Q6 ? (a8 ? tiles8_q6 : tiles_q6)
+                                                  : (a8 ? tiles8_q4 : tiles_q4);
+    int off = w->wtype == KWK_W_Q6 ? 32 : 0; /* int8 here flips its weights back to signed */
     size_t bsz = w->wtype == KWK_W_Q8   ? sizeof(struct kwk_q8_block)
                  : w->wtype == KWK_W_Q6 ? sizeof(struct kwk_q6_block)
                                         : sizeof(struct kwk_q4_block);
@@ -245,18 +447,22 @@ void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, f
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
             int64_t g1 = KWK_MIN(ng, g0 + gc);
             int64_t k0 = g0 * G, nk = KWK_MIN(w->cols, g1 * G) - k0;
-            for (int j = 0; j < nt; j++)
-                kwk_quant_act(x + (int64_t)(tb + j) * w->cols + k0, nk, G, qx.q[j], qx.l[j],
-                              qx.d[j], qx.s[j]);
+            for (int j = 0; j < nt; j++) {
+                const float *xt = x + (int64_t)(tb + j) * w->cols + k0;
+                if (a8)
+                    quant_act8(xt, nk, G, off, qx.q[j], qx.d[j], qx.s[j], qx.m[j]);
+                else
+                    kwk_quant_act(xt, nk, G, qx.q[j], qx.l[j], qx.d[j], qx.s[j]);
+            }
             struct tile_args a = {.qx = &qx, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0,
                                   .r1 = r1, .first = g0 == 0};
             for (int64_t rb = rb0; rb < rb1; rb++) {
                 a.blk = (const uint8_t *)w->data + (rb * ng + g0) * bsz;
                 a.rb = rb;
-                for (int t = 0; t < nt; t += TT) {
+                for (int t = 0; t < nt; t += tt) {
                     a.t = t;
                     a.y = y + (int64_t)(tb + t) * ldy;
-                    tiles[KWK_MIN(TT, nt - t)](&a);
+                    tiles[KWK_MIN(tt, nt - t)](&a);
                 }
             }
         }

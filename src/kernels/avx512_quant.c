@@ -1,6 +1,6 @@
 /* avx512_quant.c - the int8, int4 and int6 matmul with AVX-512 VNNI (vpdpbusd): 16 interleaved
  * rows per register, activations quantized on the fly to 16 bits as two int8 halves, each with
- * its own accumulator; and packing's scale search, 16 rows at once. Pure functions; any thread.
+ * its own accumulator (or to 8 bits, one pass, when kwk_mat.act8 says so); and packing's scale search, 16 rows at once. Pure functions; any thread.
  * Computes the integers of quant_ref.c exactly; float sums agree to rounding (fused
  * multiply-adds); packing gives quant_ref.c's bytes exactly. */
 #include <immintrin.h>
@@ -14,20 +14,31 @@
 /* Row blocks x tokens of a register tile: prompt tiles are 2 x 4 (two int and one float
  * accumulator each: 24 registers, plus 2 weight registers, broadcasts folded into vpdpbusd's
  * memory operand), decode tiles 4 x 1 (eight independent vpdpbusd chains while the weights
- * stream). */
+ * stream; four with 8-bit activations). */
 #define TR 2
-#define TT 6 /* the most tokens a tile function is made for */
+#define TT 8 /* the most tokens a tile function is made for */
 #define TT_Q8 4
 #define TT_Q4 3
 #define TT_Q6 3
+/* 8-bit activations need no low-half accumulators: one int and one float accumulator a tile
+ * entry. Measured on SmolLM2-135M's shapes (512 tokens, act8 / 16-bit time): int8 2 x 4, 2 x 6,
+ * 2 x 7, 2 x 8 gave 1.8x, 1.9x, 2.0x, 2.1x; 2 x 8 holds 34 vectors, so the compiler keeps a few
+ * float accumulators (touched once a group) in memory, which costs less than the shorter tile.
+ * int4 2 x 3 .. 2 x 6 gave 1.7x .. 2.0x; int6 holds two more constants: 2 x 5. */
+#define TT8_Q8 8
+#define TT8_Q4 6
+#define TT8_Q6 5
 #define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP) /* groups of a column pass */
 
-/* Quantized activations of a token block over one column pass. */
+/* Quantized activations of a token block over one column pass. With 8-bit activations (a8) l
+ * is not written and d, s, m hold what the single pass's epilogue wants, computed once per
+ * token and group rather than in every tile. */
 struct qx {
     int8_t q[KWK_QX_TOKS][KWK_QX_COLS]; /* high halves h of v = 254 h + l */
-    int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves */
-    float d[KWK_QX_TOKS][QG_MAX];
-    int32_t s[KWK_QX_TOKS][QG_MAX];
+    int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves (16-bit mode only) */
+    float d[KWK_QX_TOKS][QG_MAX];       /* d_x; a8: 254 * d_x */
+    int32_t s[KWK_QX_TOKS][QG_MAX];     /* sum of v; a8: sum of h times the weights' offset */
+    float m[KWK_QX_TOKS][QG_MAX];       /* a8 only: d_x * (float)(254 * sum of h), int4 */
 };
 
 INLINE __mmask16 lanes(int64_t n)
@@ -65,6 +76,39 @@ static void quant_act(const float *x, int64_t n, int G, int8_t *xh, int8_t *xl, 
         }
         xd[g] = amax / (float)KWK_QX_SCALE;
         xs[g] = _mm512_reduce_add_epi32(sum);
+    }
+}
+
+/* quant_act with 8-bit activations: h only, as kwk_quant_act rounds it (quant.h), and the
+ * epilogue's per-group numbers: xd254 = 254 * d_x (the factor of v = 254 h folded into the
+ * scale), xs = off * sum(h) (the offset of unsigned weights times the sum, subtracted from the
+ * accumulator: 128 for int8, 32 for int6), xm = d_x * (float)(254 * sum(h)) (int4's offset
+ * term, rounded as quant_ref.c rounds d_x * xs). */
+static void quant_act8(const float *x, int64_t n, int G, int off, int8_t *xh, float *xd254,
+                       int32_t *xs, float *xm)
+{
+    int64_t ng = (n + G - 1) / G;
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t k0 = g * G;
+        __m512 v[KWK_Q4_GROUP / 16]; /* both groups are 32 */
+        __m512 mx = _mm512_setzero_ps();
+        for (int p = 0; p < G / 16; p++) {
+            v[p] = _mm512_maskz_loadu_ps(lanes(n - k0 - 16 * p), x + k0 + 16 * p);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v[p]));
+        }
+        float amax = _mm512_reduce_max_ps(mx);
+        __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m512i sum = _mm512_setzero_si512();
+        for (int p = 0; p < G / 16; p++) {
+            __m512i h = _mm512_cvtps_epi32(_mm512_mul_ps(v[p], id));
+            sum = _mm512_add_epi32(sum, h);
+            _mm_storeu_si128((__m128i *)(xh + k0 + 16 * p), _mm512_cvtsepi32_epi8(h));
+        }
+        float d = amax / (float)KWK_QX_SCALE;
+        int32_t hs = _mm512_reduce_add_epi32(sum);
+        xd254[g] = 254.0f * d;
+        xs[g] = off * hs;
+        xm[g] = d * (float)(254 * hs);
     }
 }
 
@@ -265,44 +309,200 @@ INLINE void tile_q6(const struct tile_args *a, int R, int T)
             put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
 }
 
+/* ---- 8-bit activations: one pass ---------------------------------------------------------------
+ * The tiles above without the low halves: one vpdpbusd per weight vector and token, and an
+ * epilogue of (float)isum_h * (d_w * 254 d_x) with the weight scales converted once a group (not
+ * once a token). The integers are those of the h pass above, exactly. Decode tiles (4 x 1) gain
+ * less (1.1-1.4x measured on these shapes): one 64-byte weight load a vpdpbusd is their limit,
+ * and splitting each sum over two accumulators for more independent chains measured no better. */
+
+INLINE void tile8_q8(const struct tile_args *a, int R, int T)
+{
+    __m512 facc[4][TT];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++)
+            facc[i][j] = _mm512_setzero_ps();
+    const struct kwk_q8_block *b[4];
+    for (int i = 0; i < R; i++)
+        b[i] = a->blk[i];
+    const struct qx *qx = a->qx;
+    for (int g = 0; g < a->ng; g++) {
+        __m512i acc[4][TT];
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < T; j++)
+                acc[i][j] = _mm512_setzero_si512();
+        for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
+            __m512i wv[4];
+            for (int i = 0; i < R; i++)
+                wv[i] = _mm512_loadu_si512(b[i][g].q[k4]);
+            for (int j = 0; j < T; j++) {
+                __m512i xh = bcast4(qx->q[a->t + j] + g * KWK_Q8_GROUP + k4 * 4);
+                for (int i = 0; i < R; i++)
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wv[i], xh);
+            }
+        }
+        __m512 dw[4];
+        for (int i = 0; i < R; i++)
+            dw[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
+        for (int j = 0; j < T; j++) {
+            /* weights stored as w + 128: s holds 128 * sum(h) (|acc| <= 32 * 255 * 127) */
+            __m512i corr = _mm512_set1_epi32(qx->s[a->t + j][g]);
+            __m512 dx = _mm512_set1_ps(qx->d[a->t + j][g]);
+            for (int i = 0; i < R; i++) {
+                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
+                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw[i], dx), facc[i][j]);
+            }
+        }
+    }
+    for (int j = 0; j < T; j++)
+        for (int i = 0; i < R; i++)
+            put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
+}
+
+INLINE void tile8_q4(const struct tile_args *a, int R, int T)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512 facc[4][TT];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++)
+            facc[i][j] = _mm512_setzero_ps();
+    const struct kwk_q4_block *b[4];
+    for (int i = 0; i < R; i++)
+        b[i] = a->blk[i];
+    const struct qx *qx = a->qx;
+    for (int g = 0; g < a->ng; g++) {
+        __m512i acc[4][TT];
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < T; j++)
+                acc[i][j] = _mm512_setzero_si512();
+        for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+            __m512i lo[4], hi[4];
+            for (int i = 0; i < R; i++) {
+                __m512i p = _mm512_loadu_si512(b[i][g].q[c]);
+                lo[i] = _mm512_and_si512(p, m4);
+                hi[i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
+            }
+            for (int j = 0; j < T; j++) {
+                const int8_t *ph = qx->q[a->t + j] + g * KWK_Q4_GROUP + 8 * c;
+                __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4);
+                for (int i = 0; i < R; i++) {
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], h0);
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[i], h1);
+                }
+            }
+        }
+        __m512 d[4], m[4];
+        for (int i = 0; i < R; i++) {
+            d[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
+            m[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].m));
+        }
+        for (int j = 0; j < T; j++) {
+            __m512 dx = _mm512_set1_ps(qx->d[a->t + j][g]);
+            __m512 dsx = _mm512_set1_ps(qx->m[a->t + j][g]);
+            for (int i = 0; i < R; i++) {
+                __m512 s = _mm512_cvtepi32_ps(acc[i][j]);
+                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d[i], dx), facc[i][j]);
+                facc[i][j] = _mm512_fmadd_ps(m[i], dsx, facc[i][j]);
+            }
+        }
+    }
+    for (int j = 0; j < T; j++)
+        for (int i = 0; i < R; i++)
+            put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
+}
+
+INLINE void tile8_q6(const struct tile_args *a, int R, int T)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    __m512 facc[4][TT];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++)
+            facc[i][j] = _mm512_setzero_ps();
+    const struct kwk_q6_block *b[4];
+    for (int i = 0; i < R; i++)
+        b[i] = a->blk[i];
+    const struct qx *qx = a->qx;
+    for (int g = 0; g < a->ng; g++) {
+        __m512i acc[4][TT];
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < T; j++)
+                acc[i][j] = _mm512_setzero_si512();
+        for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
+            __m512i lo[4], hi[4];
+            for (int i = 0; i < R; i++) {
+                __m512i p = _mm512_loadu_si512(b[i][g].ql[c]);
+                __m512i h = _mm512_loadu_si512(b[i][g].qh[c / 2]);
+                lo[i] = _mm512_or_si512(_mm512_and_si512(p, m4), q6_high(h, 2 * (c % 2), m30));
+                hi[i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), m4),
+                                        q6_high(h, 2 * (c % 2) + 1, m30));
+            }
+            for (int j = 0; j < T; j++) {
+                const int8_t *ph = qx->q[a->t + j] + g * KWK_Q6_GROUP + 8 * c;
+                __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4);
+                for (int i = 0; i < R; i++) {
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], h0);
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[i], h1);
+                }
+            }
+        }
+        __m512 dw[4];
+        for (int i = 0; i < R; i++)
+            dw[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
+        for (int j = 0; j < T; j++) {
+            __m512i corr = _mm512_set1_epi32(qx->s[a->t + j][g]); /* 32 * sum(h) */
+            __m512 dx = _mm512_set1_ps(qx->d[a->t + j][g]);
+            for (int i = 0; i < R; i++) {
+                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
+                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw[i], dx), facc[i][j]);
+            }
+        }
+    }
+    for (int j = 0; j < T; j++)
+        for (int i = 0; i < R; i++)
+            put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
+}
+
 /* One function per (format, R, T) used, so every loop bound is a constant and the accumulators
  * stay in registers. */
 typedef void (*tile_fn)(const struct tile_args *);
 #define TILE(F, R, T)                                                                            \
-    static void tile_##F##_##R##_##T(const struct tile_args *a) { tile_##F(a, R, T); }
+    static void F##_##R##_##T(const struct tile_args *a) { F(a, R, T); }
 #define TILES(F)                                                                                 \
     TILE(F, 4, 1) TILE(F, 2, 1) TILE(F, 2, 2) TILE(F, 2, 3) TILE(F, 2, 4) TILE(F, 2, 5)          \
-    TILE(F, 2, 6) TILE(F, 1, 1) TILE(F, 1, 2) TILE(F, 1, 3) TILE(F, 1, 4) TILE(F, 1, 5)          \
-    TILE(F, 1, 6)                                                                                \
+    TILE(F, 2, 6) TILE(F, 2, 7) TILE(F, 2, 8) TILE(F, 1, 1) TILE(F, 1, 2) TILE(F, 1, 3)          \
+    TILE(F, 1, 4) TILE(F, 1, 5) TILE(F, 1, 6) TILE(F, 1, 7) TILE(F, 1, 8)                        \
     static const tile_fn tiles_##F[3][TT + 1] = {                                                \
-        {NULL, tile_##F##_1_1, tile_##F##_1_2, tile_##F##_1_3, tile_##F##_1_4, tile_##F##_1_5,   \
-         tile_##F##_1_6},                                                                        \
-        {NULL, tile_##F##_2_1, tile_##F##_2_2, tile_##F##_2_3, tile_##F##_2_4, tile_##F##_2_5,   \
-         tile_##F##_2_6},                                                                        \
-        {NULL, tile_##F##_4_1},                                                                  \
+        {NULL, F##_1_1, F##_1_2, F##_1_3, F##_1_4, F##_1_5, F##_1_6, F##_1_7, F##_1_8},          \
+        {NULL, F##_2_1, F##_2_2, F##_2_3, F##_2_4, F##_2_5, F##_2_6, F##_2_7, F##_2_8},          \
+        {NULL, F##_4_1},                                                                         \
     };
 
-TILES(q8)
-TILES(q4)
-TILES(q6)
+TILES(tile_q8)
+TILES(tile_q4)
+TILES(tile_q6)
+TILES(tile8_q8)
+TILES(tile8_q4)
+TILES(tile8_q6)
 
 static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                         int64_t r0, int64_t r1)
 {
     struct qx qx;
-    int G = kwk_quant_group(w->wtype);
-    const tile_fn(*tiles)[TT + 1] = tiles_q4;
+    int G = kwk_quant_group(w->wtype), a8 = w->act8 != 0;
+    const tile_fn(*tiles)[TT + 1] = a8 ? tiles_tile8_q4 : tiles_tile_q4;
     /* int4 and int6 need two more registers a row block (both nibble halves): fewer tokens a
      * tile */
-    int tt = TT_Q4;
+    int tt = a8 ? TT8_Q4 : TT_Q4, off = 0;
     size_t bsz = sizeof(struct kwk_q4_block);
     if (w->wtype == KWK_W_Q8) {
-        tiles = tiles_q8;
-        tt = TT_Q8;
+        tiles = a8 ? tiles_tile8_q8 : tiles_tile_q8;
+        tt = a8 ? TT8_Q8 : TT_Q8;
+        off = 128;
         bsz = sizeof(struct kwk_q8_block);
     } else if (w->wtype == KWK_W_Q6) {
-        tiles = tiles_q6;
-        tt = TT_Q6;
+        tiles = a8 ? tiles_tile8_q6 : tiles_tile_q6;
+        tt = a8 ? TT8_Q6 : TT_Q6;
+        off = 32;
         bsz = sizeof(struct kwk_q6_block);
     }
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
@@ -312,9 +512,13 @@ static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, floa
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
             int64_t g1 = KWK_MIN(ng, g0 + gc);
             int64_t k0 = g0 * G, nk = KWK_MIN(w->cols, g1 * G) - k0;
-            for (int j = 0; j < nt; j++)
-                quant_act(x + (int64_t)(tb + j) * w->cols + k0, nk, G, qx.q[j], qx.l[j], qx.d[j],
-                          qx.s[j]);
+            for (int j = 0; j < nt; j++) {
+                const float *xt = x + (int64_t)(tb + j) * w->cols + k0;
+                if (a8)
+                    quant_act8(xt, nk, G, off, qx.q[j], qx.d[j], qx.s[j], qx.m[j]);
+                else
+                    quant_act(xt, nk, G, qx.q[j], qx.l[j], qx.d[j], qx.s[j]);
+            }
             struct tile_args a = {.qx = &qx, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0,
                                   .r1 = r1, .first = g0 == 0};
             for (int64_t rb = rb0; rb < rb1;) {

@@ -24,7 +24,16 @@
  * with isum_g = sum_k q_w[k] * v[k] over the group (q_w in [-127,127] for int8, [0,15] for
  * int4, whose weight is d_w * q_w + m_w, [-32,31] for int6). quant_ref.c states this in plain
  * C; the SIMD kernels compute the same integers and differ only in the rounding of the float
- * sums. */
+ * sums.
+ *
+ * 8-bit activations (kwk_mat.act8 = 1): the same quantization with every low half taken as
+ * zero, v = 254 * h (l = 0, xs = 254 * sum(h), d_x unchanged), so every integer above is
+ * exactly 254 times that of the h pass alone: the reference zeroes xl and recomputes xs after
+ * kwk_quant_act, and the SIMD kernels run one int8 pass (one vpdpbusd, or one maddubs + madd,
+ * per weight vector and token instead of two) and fold the 254 into the float scale,
+ *   y = sum_g (float)isum_h_g * (d_w * (254 * d_x))   [+ m_w * (d_x * (float)xs_g) for int4]
+ * which agrees with the reference to float rounding (bit for bit where 254 * isum_h_g is a
+ * float, |254 * isum_h_g| <= 2^24). The integers isum_h_g are exact as in the 16-bit mode. */
 #ifndef KWK_QUANT_H
 #define KWK_QUANT_H
 
@@ -132,7 +141,7 @@ uint16_t kwk_f32_to_f16(float f);
 /* Column passes: every kernel covers the columns in passes of KWK_QX_COLS (a multiple of both
  * groups), each pass's sum added to y in order, so a row's float sums are grouped the same way
  * whatever the number of tokens; SIMD kernels quantize up to KWK_QX_TOKS tokens of a pass at a
- * time into a stack buffer (104 KiB). */
+ * time into a stack buffer (about 114 KiB). */
 #define KWK_QX_COLS 2048
 #define KWK_QX_TOKS 24
 

@@ -484,6 +484,19 @@ static float row_groups(const struct kwk_mat *w, int64_t r, int64_t g0, int64_t 
     return s;
 }
 
+/* 8-bit activations (quant.h): the 16-bit quantization of ng groups with the low halves taken
+ * as zero, v = 254 * h, and the sums of v recomputed to match. */
+static void act8_halves(int64_t ng, int G, const int8_t *xh, int8_t *xl, int32_t *xs)
+{
+    memset(xl, 0, (size_t)(ng * G));
+    for (int64_t g = 0; g < ng; g++) {
+        int32_t s = 0;
+        for (int k = 0; k < G; k++)
+            s += 254 * (int32_t)xh[g * G + k];
+        xs[g] = s;
+    }
+}
+
 /* Column passes of KWK_QX_COLS; a row's passes add up in order. */
 void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                           int64_t r0, int64_t r1)
@@ -501,6 +514,8 @@ void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, fl
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
             int64_t g1 = KWK_MIN(ng, g0 + gc);
             kwk_quant_act(xt + g0 * G, KWK_MIN(w->cols, g1 * G) - g0 * G, G, xh, xl, xd, xs);
+            if (w->act8)
+                act8_halves(g1 - g0, G, xh, xl, xs);
             for (int64_t r = r0; r < r1; r++)
                 yt[r] += row_groups(w, r, g0, g1, xh, xl, xd, xs);
         }

@@ -103,6 +103,17 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
         kwk_err_set(err, KWK_EARG, "unknown precision %d", p->precision);
         return NULL;
     }
+    if (p->act_bits != 0 && p->act_bits != 8 && p->act_bits != 16) {
+        kwk_err_set(err, KWK_EARG, "act_bits %d: 8 or 16 (0 = 16)", p->act_bits);
+        return NULL;
+    }
+    if (p->act_bits == 8 && p->precision == KWK_PRECISION_PRESERVE) {
+        /* refused rather than ignored: someone asking for it expects a speed-up that float32
+         * weights cannot give */
+        kwk_err_set(err, KWK_EARG, "act_bits 8 applies to balanced and int4 (preserve computes "
+                    "in float32)");
+        return NULL;
+    }
     if (p->max_cache_len < 0 || p->max_cache_len > (1 << 24) || p->n_threads < 0 ||
         p->n_threads > 1024 || n_slots < 1 || n_slots > 4096 || n_batch < 0 ||
         n_batch > (1 << 16)) {
@@ -145,7 +156,7 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
         }
         struct kwk_quant_opts q = {.mix_bits = p->mix_bits, .calib = p->calib,
                                    .n_calib = p->n_calib, .gptq = p->gptq,
-                                   .n_threads = d->n_threads};
+                                   .n_threads = d->n_threads, .act8 = p->act_bits == 8};
         d->packed = kwk_packed_new(m, p->precision, &q, &cache, d->pool, err);
         if (!d->packed)
             goto out_err;

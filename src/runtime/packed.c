@@ -532,6 +532,10 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         kwk_err_set(err, KWK_EARG, "gptq needs calibration token ids (calib)");
         return NULL;
     }
+    if (qo.act8 != 0 && qo.act8 != 1) {
+        kwk_err_set(err, KWK_EARG, "act8 %d: 0 or 1", qo.act8);
+        return NULL;
+    }
     double t0 = kwk_time_s();
     const char *label = precision == KWK_PRECISION_INT4 ? "int4" : "balanced";
     const struct kwk_config *c = &m->cfg;
@@ -733,6 +737,10 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         kwk_progress_end(&bar);
         kwk_packcache_commit(p->cache, pool);
     }
+    /* After packing or mapping: the activations' width is how the kernels read the blocks,
+     * not what the blocks hold (nor what the fitting measured) */
+    for (int i = 0; i < n_jobs; i++)
+        jobs[i].dst->act8 = qo.act8;
     p->out_norm = calib ? (const float *)vec_dst[V_COUNT * n_layers].data : m->out_norm;
     for (int L = 0; L < n_layers && calib; L++) {
         p->layers[L].attn_norm = (float *)vec_dst[L * V_COUNT + V_ATTN_NORM].data;
@@ -740,10 +748,12 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         if (m->layers[L].bv)
             p->layers[L].bv = (float *)vec_dst[L * V_COUNT + V_BV].data;
     }
-    kwk_log(KWK_LOG_INFO, "%s %s: %lld weights in %.1f MB, %.3f bits per weight, %.2f s",
+    kwk_log(KWK_LOG_INFO,
+            "%s %s: %lld weights in %.1f MB, %.3f bits per weight, %d-bit activations, %.2f s",
             cached == KWK_PACKCACHE_HIT ? "mapped packed" : "packed", label,
             (long long)p->n_weights, (double)p->n_bytes / 1e6,
-            8.0 * (double)p->n_bytes / (double)p->n_weights, kwk_time_s() - t0);
+            8.0 * (double)p->n_bytes / (double)p->n_weights, qo.act8 ? 8 : 16,
+            kwk_time_s() - t0);
     goto out;
 out_nomem:
     kwk_err_set(err, -ENOMEM, "out of memory packing the model");

@@ -17,6 +17,11 @@ struct kwk_quant_opts {
     int64_t n_calib;
     int gptq;
     int n_threads;        /* for the calibration run's own decoder (0 = default) */
+    /* 1: every packed matrix gets kwk_mat.act8 (8-bit activations; kwk_decoder_params's
+     * act_bits 8). Set once packing or mapping is done: it changes how the blocks are read,
+     * never what they hold, so it is neither part of the pack cache's key nor seen by the
+     * fitting (whose matmuls keep 16-bit activations whatever it says). */
+    int act8;
 };
 
 /* Repack every layer matrix and the lm_head of m for precision (enum kwk_precision, not

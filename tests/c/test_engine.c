@@ -1,8 +1,9 @@
 /* test_engine.c - the serving engine on an in-memory random model: every request gets exactly the
  * tokens kwk_generate gives it alone (greedy and seeded sampling, more requests than slots,
  * prompts sharing a prefix), requests submitted from several threads while the engine's own
- * thread steps, cancellation, freeing an engine with requests in flight, and bad submissions.
- * Main thread plus the submitter threads it starts. */
+ * thread steps, cancellation, freeing an engine with requests in flight, bad submissions, and
+ * act_bits (8-bit activations on balanced / int4: the same tokens alone and batched; bad values
+ * refused). Main thread plus the submitter threads it starts. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,11 +189,19 @@ static void gen_params(struct kwk_gen_params *p, int i, int sample)
     }
 }
 
-/* The reference: each request alone on a fresh single-sequence decoder. */
-static void run_alone(const kwk_model *m, int sample)
+/* The reference: each request alone on a fresh single-sequence decoder of that precision and
+ * act_bits. */
+static void run_alone(const kwk_model *m, int sample, int precision, int act_bits)
 {
+    struct kwk_decoder_params dp;
+    kwk_decoder_params_init(&dp);
+    dp.precision = precision;
+    dp.act_bits = act_bits;
     for (int i = 0; i < N_REQ; i++) {
-        kwk_decoder *d = kwk_decoder_new(m, NULL, NULL);
+        kwk_decoder *d = kwk_decoder_new(m, &dp, NULL);
+        T_EQ(d != NULL, 1);
+        if (!d)
+            return;
         struct kwk_gen_params p;
         gen_params(&p, i, sample);
         struct kwk_gen_output o = {.tokens = alone[i], .cap = MAX_NEW};
@@ -218,12 +227,16 @@ static void expect_alone(struct got *g, const char *what)
     T_EQ(g->events_after_done, 0);
 }
 
-/* Stepped on this thread, 3 slots for 10 requests: queueing, chunked prompts, prefix reuse. */
-static void test_stepped(const kwk_model *m, int sample)
+/* Stepped on this thread, 3 slots for 10 requests: queueing, chunked prompts, prefix reuse.
+ * The engine's decoder gets precision and act_bits from its parameters (8-bit activations keep
+ * batch invariance: each token's are scaled on their own). */
+static void test_stepped(const kwk_model *m, int sample, int precision, int act_bits)
 {
-    run_alone(m, sample);
+    run_alone(m, sample, precision, act_bits);
     struct kwk_engine_params ep;
     kwk_engine_params_init(&ep);
+    ep.precision = precision;
+    ep.act_bits = act_bits;
     ep.max_batch = 3;
     ep.prefill_chunk = 16; /* prompts take several steps, interleaved with decoding */
     ep.max_cache_len = 128;
@@ -296,7 +309,7 @@ static void *submit_main(void *arg)
 
 static void test_threads(const kwk_model *m)
 {
-    run_alone(m, 1);
+    run_alone(m, 1, KWK_PRECISION_PRESERVE, 0);
     struct kwk_engine_params ep;
     kwk_engine_params_init(&ep);
     ep.max_batch = 4;
@@ -374,6 +387,39 @@ static void test_cancel_and_free(const kwk_model *m)
     T_EQ(g.events_after_done, 0);
 }
 
+/* act_bits reaches the engine's decoder: only 0, 8 and 16, and 8 only for quantized weights. */
+static void test_bad_act_bits(const kwk_model *m)
+{
+    static const int bad[] = {1, 4, 7, 12, 32, -8};
+    struct kwk_engine_params ep;
+    struct kwk_err err = {0};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kwk_engine_params_init(&ep);
+        ep.precision = KWK_PRECISION_INT4;
+        ep.act_bits = bad[i];
+        memset(&err, 0, sizeof err);
+        kwk_engine *e = kwk_engine_new(m, &ep, &err);
+        T_EQ(e == NULL, 1);
+        kwk_engine_free(e);
+        T_EQ(err.code, KWK_EARG);
+        char want[32];
+        snprintf(want, sizeof want, "act_bits %d", bad[i]);
+        T_CONTAINS(err.msg, want);
+    }
+    kwk_engine_params_init(&ep);
+    ep.act_bits = 8; /* preserve */
+    memset(&err, 0, sizeof err);
+    kwk_engine *e = kwk_engine_new(m, &ep, &err);
+    T_EQ(e == NULL, 1);
+    kwk_engine_free(e);
+    T_EQ(err.code, KWK_EARG);
+    T_CONTAINS(err.msg, "act_bits 8 applies to balanced and int4");
+    ep.act_bits = 16; /* preserve's float32 math, spelled as the default */
+    e = kwk_engine_new(m, &ep, &err);
+    T_EQ(e != NULL, 1);
+    kwk_engine_free(e);
+}
+
 static void test_bad_submissions(const kwk_model *m)
 {
     struct kwk_engine_params ep;
@@ -432,8 +478,11 @@ int main(void)
     static struct tmodel t;
     model_init(&t);
     make_prompts();
-    test_stepped(&t.m, 0);
-    test_stepped(&t.m, 1);
+    test_stepped(&t.m, 0, KWK_PRECISION_PRESERVE, 0);
+    test_stepped(&t.m, 1, KWK_PRECISION_PRESERVE, 0);
+    test_stepped(&t.m, 0, KWK_PRECISION_BALANCED, 8);
+    test_stepped(&t.m, 1, KWK_PRECISION_INT4, 8);
+    test_bad_act_bits(&t.m);
     test_threads(&t.m);
     test_cancel_and_free(&t.m);
     test_bad_submissions(&t.m);

@@ -2,7 +2,9 @@
  * error bound, fit + code + pack_codes against packing, the AVX-512 packer against the scalar one
  * and the packer as it was, and every kernel table's quantized matmul against the scalar
  * reference (exactly on data whose float parts are exact, to rounding on random data), on odd
- * shapes, row ranges and 1-4 pool threads. */
+ * shapes, row ranges and 1-4 pool threads, with 16-bit and with 8-bit activations (kwk_mat.act8:
+ * the reference against quant.h's specification, act8 against 16 bits on int8-grid activations,
+ * batch invariance, error against the float product). */
 #include <stdlib.h>
 
 #include "base/base.h"
@@ -178,8 +180,12 @@ static void test_act(void)
 /* Weights and activations on their integer grids (each group holds its extreme values, so every
  * scale is a power of two): every float product of every kernel is exact and the sums run in
  * the same order, so the tables must give the reference's numbers bit for bit. That checks the
- * integer dot products exactly. */
-static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, int n_tok)
+ * integer dot products exactly. With 8-bit activations (act8) the SIMD kernels fold the 254 of
+ * v = 254 h into the scale, exact only while |254 * isum_h| <= 2^24 (quant.h): the weights
+ * other than the two extremes are kept small enough for that (int8 |q| <= 8: (254 + 30 * 8) *
+ * 127 * 254 < 2^24; int6 |q| <= 12; int4 any: 32 * 15 * 127 * 254 < 2^24). */
+static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, int n_tok,
+                       int act8)
 {
     int G = kwk_quant_group(wt);
     for (int64_t r = 0; r < rows; r++)
@@ -188,6 +194,10 @@ static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, i
             float v = wt == KWK_W_Q8   ? (float)((int)(rnd() % 255) - 127)
                       : wt == KWK_W_Q6 ? (float)((int)(rnd() % 64) - 32)
                                        : (float)((int)(rnd() % 16) - 8);
+            if (act8 && wt == KWK_W_Q8)
+                v = (float)((int)(rnd() % 17) - 8);
+            if (act8 && wt == KWK_W_Q6)
+                v = (float)((int)(rnd() % 25) - 12);
             if (kg == 0)
                 v = wt == KWK_W_Q8 ? 127.0f : wt == KWK_W_Q6 ? -32.0f : -8.0f;
             if (kg == 1)
@@ -217,17 +227,19 @@ static const char *mode_name(int exact)
     return exact ? "exact" : "random";
 }
 
-/* One kernel table against the reference on one shape and row range. */
+/* One kernel table against the reference on one shape and row range, in the activation mode
+ * act8 (kwk_mat.act8). */
 static void check_table(const struct kwk_kernels *k, int wt, int64_t rows, int64_t cols,
-                        int n_tok, int64_t r0, int64_t r1, int exact)
+                        int n_tok, int64_t r0, int64_t r1, int exact, int act8)
 {
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
     float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
     if (exact)
-        fill_exact(wt, w, rows, cols, x, n_tok);
+        fill_exact(wt, w, rows, cols, x, n_tok, act8);
     else
         fill_random(w, rows, cols, x, n_tok);
     struct kwk_mat m = pack(wt, w, rows, cols);
+    m.act8 = act8;
     long ldy = (long)rows + 3;
     size_t ny = (size_t)n_tok * (size_t)ldy;
     float *yr = malloc(sizeof(float) * ny), *yk = malloc(sizeof(float) * ny);
@@ -257,9 +269,10 @@ static void check_table(const struct kwk_kernels *k, int wt, int64_t rows, int64
         }
     }
     T_CHECK(bad == 0 && outside == 0,
-            "%s %s %s rows=%lld cols=%lld n_tok=%d [%lld,%lld): %ld differ (worst rel %.3g), "
+            "%s %s %s act%d rows=%lld cols=%lld n_tok=%d [%lld,%lld): %ld differ (worst rel %.3g), "
             "%ld written outside the range",
-            k->name, wname(wt), mode_name(exact), (long long)rows, (long long)cols, n_tok,
+            k->name, wname(wt), mode_name(exact), act8 ? 8 : 16, (long long)rows,
+            (long long)cols, n_tok,
             (long long)r0, (long long)r1, bad, worst, outside);
     kwk_free_aligned((void *)m.data);
     free(w);
@@ -281,7 +294,7 @@ static int tables(const struct kwk_kernels **out)
     return n;
 }
 
-static void test_kernels_vs_ref(void)
+static void test_kernels_vs_ref(int act8)
 {
     static const int64_t rows_list[] = {1, 15, 16, 17, 37, 70};
     static const int64_t cols_list[] = {32, 64, 96, 200, 576};
@@ -299,25 +312,25 @@ static void test_kernels_vs_ref(void)
                             if (exact && cols % kwk_quant_group(wts[wi]))
                                 continue; /* partial groups cannot hold both extremes */
                             check_table(tabs[ti], wts[wi], rows, cols, toks_list[c], 0, rows,
-                                        exact);
+                                        exact, act8);
                             if (rows > 2)
                                 check_table(tabs[ti], wts[wi], rows, cols, toks_list[c], 1,
-                                            rows - 1, exact);
+                                            rows - 1, exact, act8);
                             if (rows >= 37)
                                 check_table(tabs[ti], wts[wi], rows, cols, toks_list[c], 17,
-                                            33, exact);
+                                            33, exact, act8);
                         }
                 /* several column passes, token blocks past KWK_QX_TOKS, tokens 1..33 */
-                check_table(tabs[ti], wts[wi], 33, 4160, 3, 0, 33, exact);
-                check_table(tabs[ti], wts[wi], 21, 2112, 30, 5, 21, exact);
+                check_table(tabs[ti], wts[wi], 33, 4160, 3, 0, 33, exact, act8);
+                check_table(tabs[ti], wts[wi], 21, 2112, 30, 5, 21, exact, act8);
                 for (int n = 1; n <= 33; n++)
-                    check_table(tabs[ti], wts[wi], 19, 128, n, 0, 19, exact);
+                    check_table(tabs[ti], wts[wi], 19, 128, n, 0, 19, exact, act8);
             }
 }
 
 /* Token t's outputs are bitwise the same alone, in a batch, and over any row split (how
  * threads divide the rows). */
-static void test_batch_invariance(void)
+static void test_batch_invariance(int act8)
 {
     const struct kwk_kernels *tabs[3];
     int nt = tables(tabs);
@@ -330,6 +343,7 @@ static void test_batch_invariance(void)
             float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
             fill_random(w, rows, cols, x, n_tok);
             struct kwk_mat m = pack(wts[wi], w, rows, cols);
+            m.act8 = act8;
             float *yb = malloc(sizeof(float) * (size_t)(n_tok * rows));
             float *y1 = malloc(sizeof(float) * (size_t)rows);
             tabs[ti]->matmul(&m, x, n_tok, yb, (long)rows, 0, rows);
@@ -342,8 +356,16 @@ static void test_batch_invariance(void)
                 diff += memcmp(y1, yb + (size_t)t * (size_t)rows,
                                sizeof(float) * (size_t)rows) != 0;
             }
-            T_CHECK(diff == 0, "%s %s: %ld tokens differ alone vs in a batch", tabs[ti]->name,
-                    wname(wts[wi]), diff);
+            T_CHECK(diff == 0, "%s %s act%d: %ld tokens differ alone vs in a batch",
+                    tabs[ti]->name, wname(wts[wi]), act8 ? 8 : 16, diff);
+            /* the same tokens at other positions of a smaller batch, other row splits */
+            float *y2 = malloc(sizeof(float) * (size_t)(n_tok * rows));
+            tabs[ti]->matmul(&m, x + 3 * cols, n_tok - 3, y2, (long)rows, 0, 37);
+            tabs[ti]->matmul(&m, x + 3 * cols, n_tok - 3, y2, (long)rows, 37, rows);
+            T_CHECK(memcmp(y2, yb + 3 * rows, sizeof(float) * (size_t)((n_tok - 3) * rows)) == 0,
+                    "%s %s act%d: tokens 3.. differ in a batch starting at token 3",
+                    tabs[ti]->name, wname(wts[wi]), act8 ? 8 : 16);
+            free(y2);
             kwk_free_aligned((void *)m.data);
             free(w);
             free(x);
@@ -372,7 +394,7 @@ static void mt_run(void *ctx, int ith, int nth)
         j->k->matmul(j->m, j->x, j->n_tok, j->y, (long)j->m->rows, r0, r1);
 }
 
-static void test_threads(void)
+static void test_threads(int act8)
 {
     const struct kwk_kernels *tabs[3];
     int nt = tables(tabs);
@@ -387,6 +409,7 @@ static void test_threads(void)
     for (int ti = 0; ti < nt; ti++)
         for (int wi = 0; wi < 3; wi++) {
             struct kwk_mat m = pack(wts[wi], w, rows, cols);
+            m.act8 = act8;
             tabs[ti]->matmul(&m, x, n_tok, y1, (long)rows, 0, rows);
             for (int n_threads = 1; n_threads <= 4; n_threads++) {
                 struct kwk_pool *pool = kwk_pool_new(n_threads);
@@ -395,8 +418,8 @@ static void test_threads(void)
                 kwk_pool_run(pool, mt_run, &j);
                 kwk_pool_free(pool);
                 T_CHECK(memcmp(y1, yn, sizeof(float) * (size_t)(n_tok * rows)) == 0,
-                        "%s %s: %d threads differ from one call", tabs[ti]->name,
-                        wname(wts[wi]), n_threads);
+                        "%s %s act%d: %d threads differ from one call", tabs[ti]->name,
+                        wname(wts[wi]), act8 ? 8 : 16, n_threads);
             }
             kwk_free_aligned((void *)m.data);
         }
@@ -406,8 +429,143 @@ static void test_threads(void)
     free(yn);
 }
 
+/* ---- 8-bit activations ---------------------------------------------------------------------- */
+
+/* Code k of group g of row r, read from the blocks as quant.h lays them out. */
+static int code_at(const struct kwk_mat *m, int64_t r, int64_t g, int k, float *d, float *mn)
+{
+    int64_t ng = kwk_quant_n_groups(m->wtype, m->cols), idx = (r / KWK_QROWS) * ng + g;
+    int i = (int)(r % KWK_QROWS), j = k % 4;
+    *mn = 0.0f;
+    if (m->wtype == KWK_W_Q8) {
+        const struct kwk_q8_block *b = (const struct kwk_q8_block *)m->data + idx;
+        *d = kwk_f16_to_f32(b->d[i]);
+        return (int)b->q[k / 4][i][j] - 128;
+    }
+    if (m->wtype == KWK_W_Q4) {
+        const struct kwk_q4_block *b = (const struct kwk_q4_block *)m->data + idx;
+        *d = kwk_f16_to_f32(b->d[i]);
+        *mn = kwk_f16_to_f32(b->m[i]);
+        return b->q[k / 8][i][j] >> (k % 8 >= 4 ? 4 : 0) & 15;
+    }
+    const struct kwk_q6_block *b = (const struct kwk_q6_block *)m->data + idx;
+    int sl = k / 4;
+    *d = kwk_f16_to_f32(b->d[i]);
+    int lo = b->ql[sl / 2][i][j] >> 4 * (sl % 2) & 15, hi = b->qh[sl / 4][i][j] >> 2 * (sl % 4) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* The act8 specification of quant.h, stated apart from quant_ref.c: the 16-bit quantization of
+ * each column pass with the low halves taken as zero (v = 254 h, xs = 254 sum(h)), then
+ * quant.h's group formulas, groups summed in order within a pass and passes added in order. */
+static float spec_act8(const struct kwk_mat *m, int64_t r, const float *xt)
+{
+    int G = kwk_quant_group(m->wtype);
+    int64_t ng = kwk_quant_n_groups(m->wtype, m->cols), gc = KWK_QX_COLS / G;
+    static int8_t xh[KWK_QX_COLS], xl[KWK_QX_COLS];
+    float xd[KWK_QX_COLS / 32], y = 0.0f;
+    int32_t xs[KWK_QX_COLS / 32];
+    for (int64_t g0 = 0; g0 < ng; g0 += gc) {
+        int64_t g1 = KWK_MIN(ng, g0 + gc);
+        kwk_quant_act(xt + g0 * G, KWK_MIN(m->cols, g1 * G) - g0 * G, G, xh, xl, xd, xs);
+        float s = 0.0f;
+        for (int64_t g = g0; g < g1; g++) {
+            int64_t j = g - g0;
+            int32_t isum = 0, hs = 0;
+            float d = 0.0f, mn = 0.0f;
+            for (int k = 0; k < G; k++) {
+                int h = xh[j * G + k];
+                hs += h;
+                isum += code_at(m, r, g, k, &d, &mn) * 254 * h;
+            }
+            s += (float)isum * (d * xd[j]);
+            if (m->wtype == KWK_W_Q4)
+                s += mn * (xd[j] * (float)(254 * hs));
+        }
+        y += s;
+    }
+    return y;
+}
+
+/* The reference's act8 matmul is the specification bit for bit (odd shapes, several column
+ * passes, a row range); the SIMD tables' agreement with it is check_table's. */
+static void test_act8_spec(void)
+{
+    static const int64_t shapes[][2] = {{1, 32}, {17, 33}, {35, 200}, {21, 2112}, {18, 4160}};
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++)
+        for (int wi = 0; wi < 3; wi++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            int n_tok = 3;
+            float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+            float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
+            float *y = malloc(sizeof(float) * (size_t)(n_tok * rows));
+            fill_random(w, rows, cols, x, n_tok);
+            struct kwk_mat m = pack(wts[wi], w, rows, cols);
+            m.act8 = 1;
+            int64_t r0 = rows > 2 ? 1 : 0;
+            kwk_kernels_ref.matmul(&m, x, n_tok, y, (long)rows, r0, rows);
+            long bad = 0;
+            for (int t = 0; t < n_tok; t++)
+                for (int64_t r = r0; r < rows; r++) {
+                    float e = spec_act8(&m, r, x + t * cols);
+                    bad += memcmp(&e, &y[t * rows + r], sizeof e) != 0;
+                }
+            T_CHECK(bad == 0, "%s %lldx%lld: %ld act8 outputs of the reference differ from the "
+                    "specification", wname(wts[wi]), (long long)rows, (long long)cols, bad);
+            kwk_free_aligned((void *)m.data);
+            free(w);
+            free(x);
+            free(y);
+        }
+}
+
+/* Activations already on the int8 grid (integers, each group holding +-127) have no low halves:
+ * 8-bit and 16-bit activations then give the same numbers, bit for bit in the reference and to
+ * float rounding in the SIMD tables (which fold the 254 into the scale in act8). */
+static void test_act8_grid(void)
+{
+    const struct kwk_kernels *tabs[3];
+    int nt = tables(tabs);
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    int64_t rows = 37, cols = 2144;
+    int n_tok = 9;
+    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+    float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
+    float *y16 = malloc(sizeof(float) * (size_t)(n_tok * rows));
+    float *y8 = malloc(sizeof(float) * (size_t)(n_tok * rows));
+    fill_random(w, rows, cols, x, n_tok);
+    for (int64_t i = 0; i < n_tok * cols; i++)
+        x[i] = i % 32 == 0 ? 127.0f : (float)((int)(rnd() % 255) - 127);
+    for (int ti = 0; ti < nt; ti++)
+        for (int wi = 0; wi < 3; wi++) {
+            struct kwk_mat m = pack(wts[wi], w, rows, cols);
+            tabs[ti]->matmul(&m, x, n_tok, y16, (long)rows, 0, rows);
+            m.act8 = 1;
+            tabs[ti]->matmul(&m, x, n_tok, y8, (long)rows, 0, rows);
+            long bad = 0;
+            double mag = 0.0;
+            for (int64_t i = 0; i < n_tok * rows; i++)
+                mag = fabs((double)y16[i]) > mag ? fabs((double)y16[i]) : mag;
+            for (int64_t i = 0; i < n_tok * rows; i++) {
+                double e = fabs((double)y8[i] - y16[i]);
+                bad += ti == 0 ? e != 0.0 : !(e <= 1e-5 * mag);
+            }
+            T_CHECK(bad == 0, "%s %s: %ld outputs differ between act8 and 16 bits on int8-grid "
+                    "activations", tabs[ti]->name, wname(wts[wi]), bad);
+            kwk_free_aligned((void *)m.data);
+        }
+    free(w);
+    free(x);
+    free(y16);
+    free(y8);
+}
+
 /* The quantized product stays close to the float product of the original weights: relative RMS
- * error over outputs well under the format's step (int8 about 0.5%, int4 several %). */
+ * error over outputs well under the format's step (int8 about 0.5%, int4 several %). 8-bit
+ * activations add their own rounding (a step of amax / 127 a value, about 0.4% RMS on these
+ * uniform activations): act8's error stays under the same limits plus 1%, and act8 differs from
+ * the 16-bit result by less than 1% RMS, on every table. */
 static void test_accuracy(void)
 {
     int64_t rows = 64, cols = 576;
@@ -418,29 +576,53 @@ static void test_accuracy(void)
         w[i] = frand(-1.0f, 1.0f) * frand(0.0f, 1.0f);
     for (int64_t i = 0; i < n_tok * cols; i++)
         x[i] = frand(-1.0f, 1.0f);
+    double *ref = malloc(sizeof(double) * (size_t)(n_tok * rows));
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double v = 0.0;
+            for (int64_t k = 0; k < cols; k++)
+                v += (double)w[r * cols + k] * x[t * cols + k];
+            ref[t * rows + r] = v;
+        }
+    const struct kwk_kernels *tabs[3];
+    int nt = tables(tabs);
     static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
     static const double limits[] = {0.01, 0.1, 0.03};
-    for (int wi = 0; wi < 3; wi++) {
-        struct kwk_mat m = pack(wts[wi], w, rows, cols);
-        float *y = malloc(sizeof(float) * (size_t)(n_tok * rows));
-        kwk_kernels()->matmul(&m, x, n_tok, y, (long)rows, 0, rows);
-        double se = 0.0, ss = 0.0;
-        for (int t = 0; t < n_tok; t++)
-            for (int64_t r = 0; r < rows; r++) {
-                double ref = 0.0;
-                for (int64_t k = 0; k < cols; k++)
-                    ref += (double)w[r * cols + k] * x[t * cols + k];
-                double e = y[t * rows + r] - ref;
-                se += e * e;
-                ss += ref * ref;
+    float *y[2];
+    y[0] = malloc(sizeof(float) * (size_t)(n_tok * rows));
+    y[1] = malloc(sizeof(float) * (size_t)(n_tok * rows));
+    for (int ti = 0; ti < nt; ti++)
+        for (int wi = 0; wi < 3; wi++) {
+            struct kwk_mat m = pack(wts[wi], w, rows, cols);
+            double rel[2], se01 = 0.0, ss = 0.0;
+            for (int a8 = 0; a8 < 2; a8++) {
+                m.act8 = a8;
+                tabs[ti]->matmul(&m, x, n_tok, y[a8], (long)rows, 0, rows);
+                double se = 0.0;
+                ss = 0.0;
+                for (int64_t i = 0; i < n_tok * rows; i++) {
+                    se += (y[a8][i] - ref[i]) * (y[a8][i] - ref[i]);
+                    ss += ref[i] * ref[i];
+                }
+                rel[a8] = sqrt(se / ss);
             }
-        double rel = sqrt(se / ss);
-        printf("  %s: relative RMS error of the product %.4f\n", wname(wts[wi]), rel);
-        T_CHECK(rel < limits[wi], "%s relative RMS error %.4f < %.3f", wname(wts[wi]), rel,
-                limits[wi]);
-        kwk_free_aligned((void *)m.data);
-        free(y);
-    }
+            for (int64_t i = 0; i < n_tok * rows; i++)
+                se01 += ((double)y[1][i] - y[0][i]) * ((double)y[1][i] - y[0][i]);
+            double d01 = sqrt(se01 / ss);
+            printf("  %s %s: relative RMS error of the product %.4f (16-bit activations), %.4f "
+                   "(8-bit); act8 vs 16-bit %.4f\n",
+                   tabs[ti]->name, wname(wts[wi]), rel[0], rel[1], d01);
+            T_CHECK(rel[0] < limits[wi], "%s %s relative RMS error %.4f < %.3f", tabs[ti]->name,
+                    wname(wts[wi]), rel[0], limits[wi]);
+            T_CHECK(rel[1] < limits[wi] + 0.01, "%s %s act8 relative RMS error %.4f < %.3f",
+                    tabs[ti]->name, wname(wts[wi]), rel[1], limits[wi] + 0.01);
+            T_CHECK(d01 > 1e-4 && d01 < 0.01, "%s %s act8 vs 16-bit: relative RMS %.4f in "
+                    "(1e-4, 0.01)", tabs[ti]->name, wname(wts[wi]), d01);
+            kwk_free_aligned((void *)m.data);
+        }
+    free(y[0]);
+    free(y[1]);
+    free(ref);
     free(w);
     free(x);
 }
@@ -803,9 +985,13 @@ int main(void)
     test_pack_unchanged();
     test_fit_rows_simd(KWK_ISA_AVX2, kwk_quant_fit_rows_avx2);
     test_fit_rows_simd(KWK_ISA_AVX512, kwk_quant_fit_rows_avx512);
-    test_kernels_vs_ref();
-    test_batch_invariance();
-    test_threads();
+    for (int act8 = 0; act8 < 2; act8++) {
+        test_kernels_vs_ref(act8);
+        test_batch_invariance(act8);
+        test_threads(act8);
+    }
+    test_act8_spec();
+    test_act8_grid();
     test_accuracy();
     return t_report("test_quant");
 }

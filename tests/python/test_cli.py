@@ -297,6 +297,8 @@ def test_chat_in_a_terminal(ref, tmux_session):
     (["--mix-bits"], "--mix-bits"),
     (["--calib"], "--calib"),
     (["--calib-tokens", "0"], "--calib-tokens"),
+    (["--act-bits", "4"], "--act-bits"),
+    (["--act-bits"], "--act-bits"),
 ])
 def test_bad_packing_flags_exit_2(args, says):
     p = run("generate", "--model", smollm2_gguf(), "--prompt", "x", "--precision", "int4", *args)
@@ -314,6 +316,9 @@ def test_packing_flags_refused_with_a_reason(tmp_path):
     p = run("generate", "--model", smollm2_gguf(), "--prompt", "x", "--precision", "balanced",
             "--mix-bits", "6")
     assert p.returncode != 0 and "mix_bits" in p.stderr, p.stderr
+    p = run("generate", "--model", smollm2_gguf(), "--prompt", "x", "--precision", "preserve",
+            "--act-bits", "8")
+    assert p.returncode != 0 and "act_bits 8 applies to balanced and int4" in p.stderr, p.stderr
 
 
 def test_calibrated_int4_generates_and_is_cached(tmp_path):
@@ -346,3 +351,4 @@ def test_bench_json(prec, lo, hi, tmp_path):
     assert r["precision_name"] == prec and r["n_prompt"] == 8 and r["n_gen"] == 4
     assert r["pp_tps"] > 0 and r["tg_tps"] > 0 and r["peak_rss_kib"] > 0
     assert lo < r["bits_per_weight"] < hi, r
+    assert r["act_bits"] == 16, r  # the default

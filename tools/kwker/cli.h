@@ -26,11 +26,12 @@ int cli_parse_precision(const char *s);
  * The cache only matters for --precision balanced / int8 / int4. */
 const char *cli_cache_dir(const char *v);
 
-/* How balanced / int4 weights are fitted: --mix-bits, --calib, --calib-tokens, --gptq (the
- * same on generate, chat, bench, perplexity and serve). */
+/* How balanced / int4 weights are fitted: --mix-bits, --calib, --calib-tokens, --gptq, and how
+ * they are read: --act-bits (the same on generate, chat, bench, perplexity and serve). */
 struct cli_quant {
     int mix_bits;           /* 0 = by model size */
     int gptq;
+    int act_bits;           /* 8 or 16; 0 = the library's default (16) */
     const char *calib_file; /* text whose tokens calibrate, or NULL */
     int calib_tokens;       /* at most this many of its tokens */
     int32_t *ids;           /* after cli_quant_load: the calibration ids (library-allocated) */
@@ -42,7 +43,10 @@ struct cli_quant {
     "  --calib FILE             fit the packed weights to the model's activations on this\n"    \
     "                           text (activation-aware scales; part of the pack cache key)\n"   \
     "  --calib-tokens N         use its first N tokens (default 4096)\n"                        \
-    "  --gptq                   GPTQ on top of --calib\n"
+    "  --gptq                   GPTQ on top of --calib\n"                                       \
+    "  --act-bits N             balanced/int4 activations: 16 (default, two int8 passes) or\n"  \
+    "                           8 (one pass as llama.cpp: faster prompts, slightly higher\n"    \
+    "                           perplexity; the same packed weights and cache)\n"
 
 void cli_quant_init(struct cli_quant *q);
 /* Option a with its value v (NULL when none follows). Returns 2 when a and v were consumed, 1

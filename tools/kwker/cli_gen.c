@@ -244,6 +244,7 @@ int cli_session_open(struct cli_session *s, const struct cli_gen_opts *o, int ne
     mp.calib = o->quant.ids;
     mp.n_calib = (int64_t)o->quant.n_ids;
     mp.gptq = o->quant.gptq;
+    mp.act_bits = o->quant.act_bits;
     if (!(s->m = kwk_model_load(o->model, &err)) ||
         !(s->d = decoder_new_quiet(s->m, &mp, &err)))
         goto fail;
@@ -262,6 +263,7 @@ int cli_session_open(struct cli_session *s, const struct cli_gen_opts *o, int ne
     if (o->draft) {
         struct kwk_decoder_params dp = o->dec; /* the draft is not calibrated */
         dp.mix_bits = o->quant.mix_bits;
+        dp.act_bits = o->quant.act_bits;
         if (!(s->dm = kwk_model_load(o->draft, &err)) ||
             !(s->dd = decoder_new_quiet(s->dm, &dp, &err)))
             goto fail;

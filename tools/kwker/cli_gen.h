@@ -16,7 +16,7 @@ struct cli_gen_opts {
     const char *draft;          /* --draft M2, or NULL */
     const char *system;         /* --system text, or NULL */
     struct kwk_decoder_params dec;
-    struct cli_quant quant;     /* --mix-bits, --calib, --gptq (into dec when the model opens) */
+    struct cli_quant quant;     /* --mix-bits, --calib, --gptq, --act-bits (into dec) */
     struct kwk_sampler_params smp;
     double temperature;         /* -1 until --temperature is given */
     int top_k;                  /* -1 until given */

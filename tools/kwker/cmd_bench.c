@@ -93,8 +93,10 @@ static int parse(int argc, char **argv, struct bench_opts *o)
             continue;
         }
         int q = cli_quant_parse(&o->quant, a, v);
-        if (q < 0)
+        if (q < 0) {
+            fprintf(stderr, "kwker bench: bad or missing value for %s\n", a);
             return -1;
+        }
         if (q > 0) {
             i += q - 1;
             continue;
@@ -171,6 +173,7 @@ int cmd_bench(int argc, char **argv)
     o.params.calib = o.quant.ids;
     o.params.n_calib = (int64_t)o.quant.n_ids;
     o.params.gptq = o.quant.gptq;
+    o.params.act_bits = o.quant.act_bits;
     d = kwk_decoder_new(m, &o.params, &err);
     if (!d) {
         fprintf(stderr, "kwker bench: %s\n", err.msg);
@@ -191,6 +194,10 @@ int cmd_bench(int argc, char **argv)
     int threads = o.params.n_threads ? o.params.n_threads : kwk_default_threads();
     const char *isa = kwk_isa_name(kwk_isa());
     long rss = peak_rss_kib();
+    /* the activations' width the matmuls ran with: preserve's are float32 */
+    int act_bits = o.params.precision == KWK_PRECISION_PRESERVE ? 32
+                   : o.params.act_bits                          ? o.params.act_bits
+                                                                : 16;
     if (o.json) {
         printf("{\"model\": ");
         put_json_str(o.model);
@@ -199,18 +206,18 @@ int cmd_bench(int argc, char **argv)
         printf(", \"n_params\": %lld, \"precision\": %d, \"precision_name\": \"%s\", "
                "\"isa\": \"%s\", \"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
                "\"reps\": %d, \"load_s\": %.3f, \"pp_tps\": %.2f, \"tg_tps\": %.2f, "
-               "\"peak_rss_kib\": %ld, \"bits_per_weight\": %.4f}\n",
+               "\"peak_rss_kib\": %ld, \"bits_per_weight\": %.4f, \"act_bits\": %d}\n",
                (long long)info.n_params, o.params.precision, precision_name(o.params.precision),
                isa, threads, o.n_prompt, o.n_gen, o.reps, t_load, pp_tps, tg_tps, rss,
-               kwk_decoder_bits_per_weight(d));
+               kwk_decoder_bits_per_weight(d), act_bits);
     } else {
-        printf("model %s (%s, %.1fM params), precision %s (%.3f bits per weight), isa %s, "
-               "%d threads, load %.2f s\n"
+        printf("model %s (%s, %.1fM params), precision %s (%.3f bits per weight, %d-bit "
+               "activations), isa %s, %d threads, load %.2f s\n"
                "pp%d: %.2f tokens/s\ntg%d: %.2f tokens/s   (medians of %d)\n"
                "peak resident memory: %.1f MiB\n",
                o.model, info.arch_name, info.n_params / 1e6, precision_name(o.params.precision),
-               kwk_decoder_bits_per_weight(d), isa, threads, t_load, o.n_prompt, pp_tps, o.n_gen,
-               tg_tps, o.reps, rss / 1024.0);
+               kwk_decoder_bits_per_weight(d), act_bits, isa, threads, t_load, o.n_prompt,
+               pp_tps, o.n_gen, tg_tps, o.reps, rss / 1024.0);
     }
     rc = 0;
 out:

@@ -35,7 +35,7 @@ from .._lib import KwkErr, KwkError, lib, raise_err
 from ..decode import (_FINISH, _PRECISIONS, _TOP_MAX, KwkDecoder, _ModelInfo, _as_ids,
                       gen_params)
 from ..decode import _bind as _dec_bind
-from ..decode import _cache_dir_arg, _quant_args
+from ..decode import _act_bits_arg, _cache_dir_arg, _quant_args
 from ..tokenizer import Tokenizer
 
 _I32P = ctypes.POINTER(ctypes.c_int32)
@@ -58,6 +58,7 @@ class _EngineParams(ctypes.Structure):
         ("calib", ctypes.POINTER(ctypes.c_int32)),
         ("n_calib", ctypes.c_int64),
         ("gptq", ctypes.c_int),
+        ("act_bits", ctypes.c_int),
     ]
 
 
@@ -309,12 +310,13 @@ class Engine:
     (default: the model's own, when it ships one). cache_dir: the packed-weight cache for
     balanced / int4, as KwkDecoder's (None: none; True: $KWKER_CACHE or ~/.cache/kwker/packs).
     mix_bits, calib, gptq: as KwkDecoder's (taken from the decoder when it is one of the same
-    precision).
+    precision). act_bits: as KwkDecoder's (8 or 16); None takes the decoder's when it is one of
+    the same precision, else 16.
     """
 
     def __init__(self, model, max_batch=8, max_cache_len=None, precision=None, n_threads=None,
                  prefill_chunk=0, max_queue=0, tokenizer=None, cache_dir=None, mix_bits=None,
-                 calib=None, gptq=False):
+                 calib=None, gptq=False, act_bits=None):
         L = _bind()
         self._lib = L
         self._e = None
@@ -339,6 +341,8 @@ class Engine:
             tok = tokenizer or model._tokenizer_if_any()
             if precision == model.precision:  # the decoder's packing, fitted the same way
                 quant = model._quant
+                if act_bits is None:
+                    act_bits = model._act_bits or None
         else:
             D = _dec_bind()
             err = KwkErr()
@@ -372,6 +376,7 @@ class Engine:
         cache = _cache_dir_arg(cache_dir)
         p.cache_dir = cache  # borrowed by kwk_engine_new only; `cache` outlives the call
         p.mix_bits, p.calib, p.n_calib, p.gptq = quant  # quant[1] outlives the call too
+        p.act_bits = _act_bits_arg(act_bits)
         self.vocab_size = info.n_vocab
         self.eos_token_id = [info.eos_ids[i] for i in range(info.n_eos)]
         self._tokenizer = tok

@@ -22,7 +22,7 @@ struct srv_opts {
     int port;                /* 0: any free port (the bound port is logged) */
     const char *api_key;     /* NULL or "": no auth */
     struct kwk_engine_params engine;
-    struct cli_quant quant;  /* --mix-bits, --calib, --gptq: into engine when the model loads */
+    struct cli_quant quant;  /* --mix-bits, --calib, --gptq, --act-bits: into engine */
     int timeout_s;           /* idle / slow clients are closed after this many seconds */
     size_t max_body;         /* request bodies over this get 413 */
     size_t max_header;       /* per-connection memory for the request line and headers */
