@@ -109,7 +109,9 @@ struct kwk_model_info {
 
 /* Load a model: a folder with config.json + safetensors, a .gguf file, or a Hugging Face id
  * (ORG/NAME) found offline in the local Hugging Face cache. Weights are memory-mapped read-only;
- * quantized GGUF tensors are dequantized to float32 on load.
+ * quantized GGUF tensors are dequantized to float32 only while a float user needs them (a
+ * preserve decoder, packing, calibration), so a balanced / int4 process holds its pack, not a
+ * float32 copy of the checkpoint.
  * Returns NULL on failure with err filled (the message names the file and what is wrong).
  * Thread-safe (independent calls). The model is immutable after load: decoders on several
  * threads may share one model. */
@@ -180,7 +182,7 @@ KWK_API void kwk_decoder_free(kwk_decoder *d);
 KWK_API int kwk_decoder_pos(const kwk_decoder *d);
 /* Bits per weight of the matrices a token reads (every layer's and the lm_head): the packed
  * blocks' for balanced / int4 (scales included), the checkpoint's storage for preserve (32 for
- * float32, 16 for bf16 / f16; a quantized GGUF is dequantized to float32 at load: 32). */
+ * float32, 16 for bf16 / f16; a quantized GGUF is read as float32 by preserve: 32). */
 KWK_API double kwk_decoder_bits_per_weight(const kwk_decoder *d);
 /* Keep the first n positions of the KV cache (0 empties it). Returns 0 or KWK_ERANGE. */
 KWK_API int kwk_decoder_truncate(kwk_decoder *d, int n);

@@ -44,6 +44,10 @@ char *kwk_strdup(const char *s);
 /* Memory for kernels: aligned to 64 bytes, freed with kwk_free_aligned. */
 void *kwk_malloc_aligned(size_t n);
 void kwk_free_aligned(void *p);
+/* Ask for small pages on the whole pages inside [p, p + n) of a kwk_malloc_aligned buffer that
+ * fills gradually (a KV cache): with huge pages its first touch anywhere in 2 MiB makes all of
+ * them resident. Advice only. */
+void kwk_mem_small_pages(void *p, size_t n);
 /* Test hook: make the nth allocation from now fail (n >= 1), or never (n = 0). Not thread-safe. */
 void kwk_alloc_fail_after(long n);
 

@@ -1,9 +1,11 @@
 /* mem.c - allocation wrappers (with a fail-the-Nth hook for tests). Any thread; the hook is for
  * single-threaded tests only. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/base.h"
 
@@ -77,4 +79,18 @@ void *kwk_malloc_aligned(size_t n)
 void kwk_free_aligned(void *p)
 {
     free(p);
+}
+
+void kwk_mem_small_pages(void *p, size_t n)
+{
+    /* whole pages inside [p, p + n) only: advice about a neighbour's pages is not ours to give */
+#ifdef MADV_NOHUGEPAGE
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (p && hi > lo)
+        madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
+#else
+    (void)p;
+    (void)n;
+#endif
 }

@@ -1,13 +1,17 @@
 /* model.c - assembling a model from a folder of safetensors or one GGUF file: every expected
- * tensor found, shape-checked and viewed (or widened / dequantized) as the runtime wants it.
- * kwk_model_load runs on the caller's thread; a loaded model is read-only and shareable. */
+ * tensor found, shape-checked and viewed (or widened / dequantized, at load or on demand) as the
+ * runtime wants it. kwk_model_load runs on the caller's thread; a loaded model is shareable
+ * across threads (its float copies made on demand are guarded by the model's lock). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "model/model.h"
 
@@ -18,6 +22,7 @@ struct loader {
     struct kwk_model *m;
     int gguf;        /* tensor names in llama.cpp style */
     int permute_qk;  /* undo llama.cpp's row permutation of attn_q / attn_k */
+    int lazy;        /* copies on demand: record them in m->lazy instead of making them */
     struct kwk_err *err;
 };
 
@@ -133,18 +138,12 @@ static int plain_wtype(int dtype)
     }
 }
 
-/* Dequantize a whole matrix to float32; with n_head > 0, rows come back in Hugging Face order:
- * llama.cpp stored row (h, i, j) of head h what Hugging Face has at (h, j, i), i < head_dim/2,
- * j in {0, 1}. */
-static int dequant_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t rows,
-                       int64_t cols, int n_head, struct kwk_mat *out)
+/* Dequantize (or widen) tensor t, [rows][cols], into w; with n_head > 0, rows come back in
+ * Hugging Face order: llama.cpp stored row (h, i, j) of head h what Hugging Face has at
+ * (h, j, i), i < head_dim/2, j in {0, 1}. */
+static void dequant_into(const struct kwk_tensor_ref *t, int64_t rows, int64_t cols, int n_head,
+                         float *w)
 {
-    size_t total;
-    if (kwk_mul_size((size_t)rows, (size_t)cols, &total) || total > (size_t)INT64_MAX)
-        return kwk_err_set(ld->err, KWK_ELIMIT, "%s: %s too large", ld->m->path, t->name);
-    float *w = own_floats(ld, (int64_t)total);
-    if (!w)
-        return ld->err ? ld->err->code : -ENOMEM;
     size_t rb = kwk_dtype_row_bytes(t->dtype, cols);
     int64_t per_head = n_head > 0 ? rows / n_head : 0, half = per_head / 2;
     for (int64_t r = 0; r < rows; r++) {
@@ -155,6 +154,52 @@ static int dequant_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_
         }
         kwk_dequant_row(t->dtype, t->data + (size_t)r * rb, w + (size_t)dst * (size_t)cols, cols);
     }
+}
+
+/* Bytes of a float32 [rows][cols] copy; -1 when they overflow. */
+static int float_bytes(int64_t rows, int64_t cols, size_t *bytes)
+{
+    size_t total;
+    if (rows < 0 || cols < 0 || kwk_mul_size((size_t)rows, (size_t)cols, &total) ||
+        total > (size_t)INT64_MAX || kwk_mul_size(total, sizeof(float), bytes))
+        return -1;
+    return 0;
+}
+
+/* Record a matrix made on demand: out says its shape (F32, data NULL until acquired). */
+static int lazy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t rows, int64_t cols,
+                    int n_head, struct kwk_mat *out)
+{
+    struct kwk_model *m = ld->m;
+    size_t bytes;
+    if (float_bytes(rows, cols, &bytes))
+        return kwk_err_set(ld->err, KWK_ELIMIT, "%s: %s too large", m->path, t->name);
+    /* the matrices live in m->layers (allocated once) and in m itself: pointers stay valid */
+    struct kwk_lazy_mat *n = kwk_realloc(m->lazy, sizeof *n * (size_t)(m->n_lazy + 1));
+    if (!n)
+        return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory", m->path);
+    m->lazy = n;
+    m->lazy[m->n_lazy++] = (struct kwk_lazy_mat){.mat = out, .t = t, .n_head = n_head};
+    out->wtype = KWK_W_F32;
+    out->rows = rows;
+    out->cols = cols;
+    out->data = NULL;
+    return 0;
+}
+
+/* Dequantize a whole matrix to float32, owned by the model (or, lazy, recorded for later). */
+static int dequant_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t rows,
+                       int64_t cols, int n_head, struct kwk_mat *out)
+{
+    size_t bytes;
+    if (ld->lazy)
+        return lazy_mat(ld, t, rows, cols, n_head, out);
+    if (float_bytes(rows, cols, &bytes))
+        return kwk_err_set(ld->err, KWK_ELIMIT, "%s: %s too large", ld->m->path, t->name);
+    float *w = own_floats(ld, rows * cols);
+    if (!w)
+        return ld->err ? ld->err->code : -ENOMEM;
+    dequant_into(t, rows, cols, n_head, w);
     out->wtype = KWK_W_F32;
     out->rows = rows;
     out->cols = cols;
@@ -243,14 +288,14 @@ static int load_layer(struct loader *ld, int i, struct kwk_layer *L)
 
 static int64_t mat_params(const struct kwk_mat *w)
 {
-    return w->data ? w->rows * w->cols : 0;
+    return w->rows * w->cols; /* absent optional matrices are all zero */
 }
 
 static void count_params(struct kwk_model *m)
 {
     const struct kwk_config *c = &m->cfg;
     int64_t n = mat_params(&m->tok_emb) + c->d_model;
-    if (m->lm_head.data != m->tok_emb.data)
+    if (!c->tie_embeddings)
         n += mat_params(&m->lm_head);
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     for (int i = 0; i < c->n_layers; i++) {
@@ -286,6 +331,9 @@ static int assemble(struct loader *ld)
         return rc;
     if (c->tie_embeddings) {
         m->lm_head = m->tok_emb;
+        for (int i = 0; i < m->n_lazy; i++)
+            if (m->lazy[i].mat == &m->tok_emb)
+                m->lazy[i].alias = &m->lm_head;
     } else if ((rc = get_mat(ld, head, c->n_vocab, c->d_model, 0, 0, &m->lm_head))) {
         if (rc == KWK_ENOTFOUND && ld->err)
             kwk_err_set(ld->err, rc, "%s: %s is missing (and the embeddings are not tied)",
@@ -390,7 +438,7 @@ static int open_shards(struct kwk_model *m, const char *dir, struct kwk_err *err
     return rc;
 }
 
-static int load_folder(struct kwk_model *m, const char *dir, struct kwk_err *err)
+static int load_folder(struct kwk_model *m, const char *dir, int lazy, struct kwk_err *err)
 {
     int rc = kwk_config_load_dir(&m->cfg, dir, err);
     if (rc)
@@ -399,11 +447,11 @@ static int load_folder(struct kwk_model *m, const char *dir, struct kwk_err *err
         return kwk_err_set(err, KWK_EUNSUPPORTED, "%s: %s", dir, m->cfg.unsupported);
     if ((rc = open_shards(m, dir, err)))
         return rc;
-    struct loader ld = {.m = m, .gguf = 0, .permute_qk = 0, .err = err};
+    struct loader ld = {.m = m, .gguf = 0, .permute_qk = 0, .lazy = lazy, .err = err};
     return assemble(&ld);
 }
 
-static int load_gguf(struct kwk_model *m, const char *path, struct kwk_err *err)
+static int load_gguf(struct kwk_model *m, const char *path, int lazy, struct kwk_err *err)
 {
     m->gguf = kwk_calloc(1, sizeof *m->gguf);
     if (!m->gguf)
@@ -419,8 +467,38 @@ static int load_gguf(struct kwk_model *m, const char *path, struct kwk_err *err)
     if (m->cfg.unsupported[0])
         return kwk_err_set(err, KWK_EUNSUPPORTED, "%s: %s", path, m->cfg.unsupported);
     struct loader ld = {.m = m, .gguf = 1, .permute_qk = m->cfg.arch == KWK_ARCH_LLAMA,
-                        .err = err};
+                        .lazy = lazy, .err = err};
     return assemble(&ld);
+}
+
+/* The file and offset of the embedding table, for kwk_model_embed_row's reads; none (the
+ * mapping is read instead) when the file cannot be opened again. */
+static void open_emb_file(struct kwk_model *m)
+{
+    const char *file = NULL;
+    const char *name = m->gguf ? "token_embd.weight" : "model.embed_tokens.weight";
+    const struct kwk_tensor_ref *t = find_tensor(m, name, &file);
+    const struct kwk_map *map = NULL;
+    if (!t)
+        return;
+    if (m->gguf)
+        map = &m->gguf->map;
+    for (int i = 0; i < m->n_st; i++)
+        if (!strcmp(m->st[i].path, file))
+            map = &m->st[i].map;
+    if (!map || !map->data || t->data < map->data || t->data + t->nbytes > map->data + map->size)
+        return;
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        kwk_log(KWK_LOG_DEBUG, "%s: cannot open again (%s): embedding rows read from the mapping",
+                file, strerror(errno));
+        return;
+    }
+    m->emb_fd = fd;
+    m->emb_file = 1;
+    m->emb_dtype = t->dtype;
+    m->emb_off = (int64_t)(t->data - map->data);
+    m->emb_row_bytes = kwk_dtype_row_bytes(t->dtype, m->tok_emb.cols);
 }
 
 /* A path to a safetensors shard or config.json stands for its folder. */
@@ -432,6 +510,11 @@ static int folder_of_file(const char *path)
 
 kwk_model *kwk_model_load(const char *path_or_id, struct kwk_err *err)
 {
+    return kwk_model_load_ex(path_or_id, KWK_MODEL_LAZY_DEFAULT, err);
+}
+
+struct kwk_model *kwk_model_load_ex(const char *path_or_id, int lazy, struct kwk_err *err)
+{
     char path[4096];
     kwk_err_clear(err);
     if (!path_or_id)
@@ -439,27 +522,212 @@ kwk_model *kwk_model_load(const char *path_or_id, struct kwk_err *err)
     if (kwk_hf_resolve(path_or_id, path, sizeof path, err))
         return NULL;
     struct kwk_model *m = kwk_calloc(1, sizeof *m);
-    if (!m || !(m->path = kwk_strdup(path))) {
+    if (!m) {
+        kwk_err_set(err, -ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    pthread_mutex_init(&m->lazy_lock, NULL);
+    if (!(m->path = kwk_strdup(path))) {
         kwk_err_set(err, -ENOMEM, "%s: out of memory", path);
         goto out_free;
     }
     double t0 = kwk_time_s();
     int rc;
     if (kwk_dir_exists(path))
-        rc = load_folder(m, path, err);
+        rc = load_folder(m, path, lazy, err);
     else if (folder_of_file(path))
         rc = kwk_err_set(err, KWK_EARG, "%s: pass the model folder (with config.json), not one "
                          "of its files", path);
     else
-        rc = load_gguf(m, path, err);
+        rc = load_gguf(m, path, lazy, err);
     if (rc)
         goto out_free;
+    open_emb_file(m);
     kwk_log(KWK_LOG_INFO, "loaded %s (%s, %lld parameters) in %.2f s", path, m->cfg.arch_name,
             (long long)m->n_params, kwk_time_s() - t0);
     return m;
 out_free:
     kwk_model_free(m);
     return NULL;
+}
+
+/* ---- float copies on demand ----------------------------------------------------------------*/
+
+/* The model's lazy floats are its one mutable part (under lazy_lock): a shared const model
+ * is what every caller has. */
+static struct kwk_model *mutable_model(const struct kwk_model *m)
+{
+    return (struct kwk_model *)m;
+}
+
+/* The whole pages of bytes [p, p + n) of one of m's files leave this process's resident memory:
+ * once a matrix is dequantized or packed it is read again only for embedding rows, and the
+ * file's pages would otherwise stay resident beside the copies and the pack. Only ranges inside
+ * m's read-only file mappings (MADV_DONTNEED on anonymous memory would zero it). */
+static void drop_in_map(const struct kwk_map *map, const uint8_t *p, size_t n, int *done)
+{
+    const uint8_t *lo_map = map->data, *hi_map = lo_map + map->size;
+    if (*done || !lo_map || p < lo_map || p > hi_map || n > (size_t)(hi_map - p))
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    *done = 1;
+}
+
+static void drop_file_pages(const struct kwk_model *m, const void *p, size_t n)
+{
+    int done = 0;
+    if (m->gguf)
+        drop_in_map(&m->gguf->map, p, n, &done);
+    for (int i = 0; i < m->n_st; i++)
+        drop_in_map(&m->st[i].map, p, n, &done);
+}
+
+int kwk_model_floats_acquire(const struct kwk_model *cm, struct kwk_err *err)
+{
+    struct kwk_model *m = mutable_model(cm);
+    int rc = 0;
+    if (m->n_lazy == 0)
+        return 0;
+    pthread_mutex_lock(&m->lazy_lock);
+    for (int i = 0; i < m->n_lazy && m->lazy_refs == 0; i++) {
+        struct kwk_lazy_mat *l = &m->lazy[i];
+        size_t bytes = 0;
+        float_bytes(l->mat->rows, l->mat->cols, &bytes); /* checked at load */
+        l->copy = kwk_malloc_aligned(bytes ? bytes : 64);
+        if (!l->copy) {
+            rc = kwk_err_set(err, -ENOMEM, "%s: out of memory for %s as float32 (%zu bytes)",
+                             m->path, l->t->name, bytes);
+            for (int j = 0; j <= i; j++) {
+                kwk_free_aligned(m->lazy[j].copy);
+                m->lazy[j].copy = NULL;
+                m->lazy[j].mat->data = NULL;
+                if (m->lazy[j].alias)
+                    m->lazy[j].alias->data = NULL;
+            }
+            goto out_unlock;
+        }
+        dequant_into(l->t, l->mat->rows, l->mat->cols, l->n_head, l->copy);
+        drop_file_pages(m, l->t->data, l->t->nbytes);
+        l->mat->data = l->copy;
+        if (l->alias)
+            l->alias->data = l->copy;
+    }
+    m->lazy_refs++;
+out_unlock:
+    pthread_mutex_unlock(&m->lazy_lock);
+    return rc;
+}
+
+void kwk_model_floats_release(const struct kwk_model *cm)
+{
+    struct kwk_model *m = mutable_model(cm);
+    if (m->n_lazy == 0)
+        return;
+    pthread_mutex_lock(&m->lazy_lock);
+    if (m->lazy_refs > 0 && --m->lazy_refs == 0)
+        for (int i = 0; i < m->n_lazy; i++) {
+            struct kwk_lazy_mat *l = &m->lazy[i];
+            kwk_free_aligned(l->copy);
+            l->copy = NULL;
+            l->mat->data = NULL;
+            if (l->alias)
+                l->alias->data = NULL;
+        }
+    pthread_mutex_unlock(&m->lazy_lock);
+}
+
+/* The lazy record of w (the model's own matrix, or the tied lm_head), or NULL. The table is
+ * fixed after load: no lock. */
+static const struct kwk_lazy_mat *find_lazy(const struct kwk_model *m, const struct kwk_mat *w)
+{
+    for (int i = 0; i < m->n_lazy; i++)
+        if (m->lazy[i].mat == w || m->lazy[i].alias == w)
+            return &m->lazy[i];
+    return NULL;
+}
+
+int kwk_model_mat_acquire(const struct kwk_model *m, const struct kwk_mat *w, struct kwk_mat *out,
+                          struct kwk_err *err)
+{
+    const struct kwk_lazy_mat *l = find_lazy(m, w);
+    *out = *w;
+    if (!l)
+        return 0;
+    /* A private copy even when the floats are held by someone else: their last release could
+     * free them while we read. */
+    size_t bytes = 0;
+    float_bytes(w->rows, w->cols, &bytes); /* checked at load */
+    float *copy = kwk_malloc_aligned(bytes ? bytes : 64);
+    if (!copy)
+        return kwk_err_set(err, -ENOMEM, "%s: out of memory for %s as float32 (%zu bytes)",
+                           m->path, l->t->name, bytes);
+    dequant_into(l->t, w->rows, w->cols, l->n_head, copy);
+    drop_file_pages(m, l->t->data, l->t->nbytes);
+    out->data = copy;
+    return 0;
+}
+
+void kwk_model_mat_release(const struct kwk_model *m, const struct kwk_mat *w,
+                           struct kwk_mat *out)
+{
+    size_t esize = w->wtype == KWK_W_F32 ? 4 : 2, cells, bytes;
+    if (find_lazy(m, w))
+        kwk_free_aligned((void *)out->data);
+    else if (w->wtype < KWK_W_COUNT && w->data &&
+             !kwk_mul_size((size_t)w->rows, (size_t)w->cols, &cells) &&
+             !kwk_mul_size(cells, esize, &bytes))
+        drop_file_pages(m, w->data, bytes); /* a matrix used in place from its file */
+    out->data = NULL;
+}
+
+/* Row id of the table read from the file in chunks of whole blocks: 0, or -1 on a read error. */
+static int embed_row_pread(const struct kwk_model *m, int64_t id, float *out)
+{
+    uint8_t buf[4096];
+    int dt = m->emb_dtype;
+    int64_t cols = m->tok_emb.cols, blk = kwk_dtype_block(dt);
+    size_t bb = kwk_dtype_block_bytes(dt);
+    if (blk <= 0 || bb == 0 || bb > sizeof buf)
+        return -1;
+    int64_t per = (int64_t)(sizeof buf / bb) * blk; /* elements a chunk */
+    off_t at = (off_t)(m->emb_off + id * (int64_t)m->emb_row_bytes);
+    for (int64_t c = 0; c < cols; c += per) {
+        int64_t n = KWK_MIN(per, cols - c);
+        size_t want = (size_t)(n / blk) * bb, got = 0;
+        while (got < want) {
+            ssize_t r = pread(m->emb_fd, buf + got, want - got, at + (off_t)got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                return -1;
+            got += (size_t)r;
+        }
+        kwk_dequant_row(dt, buf, out + c, n);
+        at += (off_t)want;
+    }
+    return 0;
+}
+
+void kwk_model_embed_row(const struct kwk_model *m, const struct kwk_kernels *k, int64_t id,
+                         float *out)
+{
+    /* widening and dequantizing are exact functions of the bytes: the same floats as the
+     * float32 table's row, or the kernels' row of a table used in place */
+    if (m->emb_file && embed_row_pread(m, id, out) == 0)
+        return;
+    const struct kwk_lazy_mat *l = find_lazy(m, &m->tok_emb);
+    if (!l) {
+        k->mat_row(&m->tok_emb, id, out);
+        return;
+    }
+    /* the table is never permuted (n_head 0): row id of the copy is row id of the tensor */
+    int64_t cols = m->tok_emb.cols;
+    kwk_dequant_row(l->t->dtype, l->t->data + (size_t)id * kwk_dtype_row_bytes(l->t->dtype, cols),
+                    out, cols);
 }
 
 void kwk_model_release_pages(const struct kwk_model *m)
@@ -476,6 +744,12 @@ void kwk_model_free(kwk_model *m)
         return;
     for (int i = 0; i < m->n_owned; i++)
         kwk_free_aligned(m->owned[i]);
+    for (int i = 0; i < m->n_lazy; i++)
+        kwk_free_aligned(m->lazy[i].copy); /* holds not released: the model goes anyway */
+    kwk_free(m->lazy);
+    pthread_mutex_destroy(&m->lazy_lock);
+    if (m->emb_file)
+        close(m->emb_fd);
     kwk_free(m->owned);
     kwk_free(m->layers);
     for (int i = 0; i < m->n_st; i++)

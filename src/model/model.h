@@ -1,8 +1,10 @@
 /* model.h - checkpoints in memory: configuration, the tensors of a file, and the assembled model.
- * Loading runs on the caller's thread; a loaded model is immutable and shared read-only. */
+ * Loading runs on the caller's thread; a loaded model is shared read-only across threads, but
+ * for the float copies it makes on demand (under its lock; see kwk_model_floats_acquire). */
 #ifndef KWK_MODEL_H
 #define KWK_MODEL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -172,6 +174,18 @@ struct kwk_layer {
  * in. Changes memory use, never results. */
 void kwk_model_release_pages(const struct kwk_model *m);
 
+/* A float32 matrix the file does not hold as such (a quantized GGUF tensor, q/k rows that
+ * llama.cpp permuted, misaligned plain data): made from the mapped tensor only while a float
+ * user holds it (kwk_model_floats_acquire), so that a packed decoder's process does not keep a
+ * float32 expansion of the whole checkpoint beside its pack. */
+struct kwk_lazy_mat {
+    struct kwk_mat *mat;               /* the model's matrix (wtype F32; data NULL when cold) */
+    struct kwk_mat *alias;             /* the tied lm_head sharing it, or NULL */
+    const struct kwk_tensor_ref *t;    /* what it is made from */
+    int n_head;                        /* > 0: undo llama.cpp's q/k row permutation */
+    float *copy;                       /* [rows][cols] while acquired, else NULL */
+};
+
 struct kwk_model {
     struct kwk_config cfg;
     char *path;                    /* what was loaded: folder or .gguf */
@@ -186,6 +200,54 @@ struct kwk_model {
     void **owned;                  /* buffers made at load (norms, dequantized tensors) */
     int n_owned, cap_owned;
     int64_t n_params;
+    /* Lazy float matrices. Their data pointers (and copy) are the one mutable part of a loaded
+     * model: written only under lazy_lock, by the acquire / release pair below. */
+    struct kwk_lazy_mat *lazy;     /* [n_lazy] */
+    int n_lazy;
+    int lazy_refs;                 /* holders of kwk_model_floats_acquire */
+    pthread_mutex_t lazy_lock;
+    /* Where kwk_model_embed_row reads tok_emb's rows from (emb_file 1): pread from the file,
+     * not through the mapping, whose page faults would also map the pages around each row. */
+    int emb_file;
+    int emb_fd;
+    int emb_dtype;                 /* enum kwk_dtype of the table in the file */
+    int64_t emb_off;               /* the table's offset in the file */
+    size_t emb_row_bytes;
 };
+
+/* Whether kwk_model_load makes float32 copies on demand (1) or at load (0). On demand needs
+ * every reader of the model's float matrices to hold them (kwk_model_floats_acquire: the
+ * preserve decoder, calibration) and the embedding lookups to go through kwk_model_embed_row. */
+#ifndef KWK_MODEL_LAZY_DEFAULT
+#define KWK_MODEL_LAZY_DEFAULT 1
+#endif
+
+/* kwk_model_load, choosing whether float32 copies of tensors are made at load (lazy = 0: every
+ * matrix's data is valid at once) or on demand (lazy = 1: see struct kwk_lazy_mat). The floats
+ * are bitwise the same either way. kwk_model_load uses KWK_MODEL_LAZY_DEFAULT. */
+struct kwk_model *kwk_model_load_ex(const char *path_or_id, int lazy, struct kwk_err *err);
+
+/* Make every lazy matrix's float32 data valid (m->layers[..], tok_emb, lm_head), for a user
+ * that reads the model's float matrices directly (a preserve decoder, calibration). Counted:
+ * each successful call needs one kwk_model_floats_release. A no-op on an eager model.
+ * Thread-safe. */
+int kwk_model_floats_acquire(const struct kwk_model *m, struct kwk_err *err);
+/* Drop one hold; the last one frees the copies (their data pointers become NULL again). */
+void kwk_model_floats_release(const struct kwk_model *m);
+
+/* One float32 matrix for a short read (packing it): *out is w itself when w's data is the
+ * model's for good (mapped or made at load), else a private copy made now. Pair with
+ * kwk_model_mat_release, which frees the copy and drops the resident pages of the file bytes
+ * it came from (a residency change only: they fault back in when read). Thread-safe. */
+int kwk_model_mat_acquire(const struct kwk_model *m, const struct kwk_mat *w, struct kwk_mat *out,
+                          struct kwk_err *err);
+void kwk_model_mat_release(const struct kwk_model *m, const struct kwk_mat *w,
+                           struct kwk_mat *out);
+
+/* out[d_model] = the embedding row of token id (0 <= id < n_vocab): the float32 table's row, or
+ * that one row dequantized from the file when the table is lazy (the same floats). k reads a
+ * non-lazy table (the caller's kernel table). Thread-safe; no allocation. */
+void kwk_model_embed_row(const struct kwk_model *m, const struct kwk_kernels *k, int64_t id,
+                         float *out);
 
 #endif

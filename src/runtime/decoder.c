@@ -31,6 +31,8 @@ void kwk_decoder_free(kwk_decoder *d)
         return;
     kwk_pool_free(d->pool);
     kwk_packed_free(d->packed);
+    if (d->holds_floats)
+        kwk_model_floats_release(d->m);
     kwk_free(d->tokens);
     kwk_free(d->row_slot);
     kwk_free(d->row_pos);
@@ -65,9 +67,16 @@ static int decoder_alloc(struct kwk_decoder *d)
     struct kwk_attn_args shape = {.head_dim = c->head_dim, .n_heads = c->n_heads,
                                   .n_kv_heads = c->n_kv_heads};
     d->scores_per_thread = kwk_attn_scratch_floats(&shape, d->max_len);
-    return alloc_floats(&d->k_cache, cache, (size_t)d->kv_dim) ||
-           alloc_floats(&d->v_cache, cache, (size_t)d->kv_dim) ||
-           alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
+    if (alloc_floats(&d->k_cache, cache, (size_t)d->kv_dim) ||
+        alloc_floats(&d->v_cache, cache, (size_t)d->kv_dim))
+        return -1;
+    /* Small pages for the KV cache: each layer's (and slot's) positions start in a huge page
+     * of their own, so with 2 MiB pages a short sequence would make 2 MiB resident per layer,
+     * slot, K and V (120 MiB for SmolLM2-135M's default 4096 positions); small pages make it
+     * resident as it fills. */
+    kwk_mem_small_pages(d->k_cache, cache * (size_t)d->kv_dim * sizeof(float));
+    kwk_mem_small_pages(d->v_cache, cache * (size_t)d->kv_dim * sizeof(float));
+    return alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
            alloc_floats(&d->x, nb, (size_t)c->d_model) ||
            alloc_floats(&d->xn, nb, (size_t)c->d_model) ||
            alloc_floats(&d->q, nb, (size_t)KWK_MAX(d->q_dim, c->d_model)) ||
@@ -146,7 +155,13 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
     d->layers = m->layers;
     d->lm_head = &m->lm_head;
     d->out_norm = m->out_norm;
-    if (p->precision != KWK_PRECISION_PRESERVE) {
+    if (p->precision == KWK_PRECISION_PRESERVE) {
+        /* the model's float matrices are what runs: made now when the model makes them on
+         * demand (a quantized GGUF), held for the decoder's life */
+        if (kwk_model_floats_acquire(m, err))
+            goto out_err;
+        d->holds_floats = 1;
+    } else {
         struct kwk_packcache_opts cache = {.dir = p->cache_dir,
                                            .max_bytes = p->cache_max_bytes};
         if (p->cache_max_bytes < 0) {

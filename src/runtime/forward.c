@@ -390,7 +390,7 @@ void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n)
     const struct kwk_model *m = d->m;
     int dm = d->c->d_model;
     for (int i = 0; i < n; i++)
-        d->k->mat_row(&m->tok_emb, ids[i], d->x + (size_t)i * dm);
+        kwk_model_embed_row(m, d->k, ids[i], d->x + (size_t)i * dm);
     struct rows_task rt = {.d = d, .n = n, .norm_w = d->layers[0].attn_norm, .add = NULL};
     run_tokens(d, n, rows_run, &rt);
     for (int L = 0; L < d->c->n_layers; L++) {

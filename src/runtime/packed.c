@@ -141,6 +141,28 @@ static int run_jobs(struct pack_job *jobs, int n_jobs, struct kwk_pool *pool,
     return 0;
 }
 
+/* Pack jobs[n] (one layer's matrices, n <= 7) from float sources made just for them when the
+ * model makes its floats on demand, freed right after: packing holds one layer's floats, not
+ * the whole checkpoint's float32 expansion. */
+static int run_jobs_lazy(const struct kwk_model *m, const struct pack_job *jobs, int n,
+                         struct kwk_pool *pool, struct kwk_err *err)
+{
+    struct kwk_mat src[7];
+    struct pack_job mine[7];
+    int got = 0, rc = 0;
+    for (; got < n && got < 7; got++) {
+        if ((rc = kwk_model_mat_acquire(m, jobs[got].src, &src[got], err)))
+            break;
+        mine[got] = jobs[got];
+        mine[got].src = &src[got];
+    }
+    if (!rc)
+        rc = run_jobs(mine, got, pool, err);
+    while (got-- > 0)
+        kwk_model_mat_release(m, jobs[got].src, &src[got]);
+    return rc;
+}
+
 /* The pack cache's key for m: the bytes of every tensor of its files (the matrices are made from
  * them; a GGUF's quantized tensors are far fewer bytes than their float32 expansion) and what
  * else turns those into the matrices. NULL sources (in-memory models) key on the matrices. */
@@ -173,7 +195,8 @@ static int pack_sources(const struct kwk_model *m, struct kwk_packcache_opts *o)
 /* A pack file names its format version, but a change to packing that forgets to bump it would
  * go unseen: pack the smallest matrix of each target type again and compare (0.1% of packing
  * SmolLM2-135M). 1 = the mapped blocks are what this build packs. */
-static int cached_blocks_match(const struct pack_job *jobs, int n_jobs, struct kwk_pool *pool)
+static int cached_blocks_match(const struct kwk_model *m, const struct pack_job *jobs, int n_jobs,
+                               struct kwk_pool *pool)
 {
     int ok = 1;
     for (int i = 0; i < n_jobs && ok; i++) {
@@ -195,9 +218,13 @@ static int cached_blocks_match(const struct pack_job *jobs, int n_jobs, struct k
                                 .rows = b->rows,
                                 .cols = b->cols,
                                 .data = kwk_malloc_aligned(bytes ? bytes : 64)};
-        struct pack_job job = {jobs[best].src, &fresh, 0};
-        if (fresh.data && !run_jobs(&job, 1, pool, NULL))
-            ok = !memcmp(fresh.data, b->data, bytes);
+        struct kwk_mat src; /* the float source, made for this check when the model's are lazy */
+        struct pack_job job = {&src, &fresh, 0};
+        if (fresh.data && !kwk_model_mat_acquire(m, jobs[best].src, &src, NULL)) {
+            if (!run_jobs(&job, 1, pool, NULL))
+                ok = !memcmp(fresh.data, b->data, bytes);
+            kwk_model_mat_release(m, jobs[best].src, &src);
+        }
         kwk_free_aligned((void *)fresh.data);
     }
     return ok;
@@ -550,6 +577,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     struct layer_fit fit;
     memset(&fit, 0, sizeof fit);
     float *fit_mem = NULL;
+    int holds_floats = 0;
     struct kwk_capture *cap = NULL;
     struct kwk_packcache_opts opts = {0};
     struct kwk_packed *p = kwk_calloc(1, sizeof *p);
@@ -632,7 +660,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     int cached = kwk_packcache_open(&opts, ents, n_ents, pool, &p->cache);
     /* a fitted pack cannot be checked by packing a matrix again without its calibration */
     for (int tries = 0; cached == KWK_PACKCACHE_HIT && !calib &&
-                        !cached_blocks_match(jobs, n_jobs, pool); tries++) {
+                        !cached_blocks_match(m, jobs, n_jobs, pool); tries++) {
         kwk_log(KWK_LOG_WARN, "pack cache: %s: its blocks differ from what this build packs "
                 "(a packing change without a KWK_PACK_FORMAT_VERSION bump?); packing again",
                 kwk_packcache_path(p->cache));
@@ -657,6 +685,10 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     }
     if (cached != KWK_PACKCACHE_HIT) {
         if (calib) {
+            /* fitting reads every layer's float matrices beside its activations */
+            if (kwk_model_floats_acquire(m, err))
+                goto out_err;
+            holds_floats = 1;
             if (kwk_calib_capture(m, qo.calib, qo.n_calib, qo.n_threads, qo.gptq, &cap, err))
                 goto out_err;
             size_t per = (size_t)(2 * c->d_model + (int64_t)c->n_heads * c->head_dim +
@@ -673,7 +705,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         for (int i = 0; i < n_jobs; i += 7) {
             int L = i / 7;
             if (!calib) {
-                if (run_jobs(jobs + i, KWK_MIN(7, n_jobs - i), pool, err))
+                if (run_jobs_lazy(m, jobs + i, KWK_MIN(7, n_jobs - i), pool, err))
                     goto out_err;
             } else if (L == n_layers) {
                 /* the lm_head: its scales fold into the output norm (the packed head is a
@@ -761,6 +793,8 @@ out_err:
     kwk_packed_free(p);
     p = NULL;
 out:
+    if (holds_floats)
+        kwk_model_floats_release(m);
     kwk_capture_free(cap);
     kwk_free(fit_mem);
     kwk_free(vec_src);

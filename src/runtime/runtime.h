@@ -20,6 +20,7 @@ struct kwk_decoder {
     int pos;      /* positions filled in slot 0 */
     int32_t *tokens; /* [max_len] the ids whose K/V fill the cache, for prompt reuse */
     int n_batch;  /* tokens per forward chunk (scratch rows) */
+    int holds_floats; /* 1: holds the model's float matrices (kwk_model_floats_acquire) */
     int q_dim;    /* n_heads * head_dim */
     int kv_dim;   /* n_kv_heads * head_dim */
     const struct kwk_layer *layers; /* [n_layers]: the model's own, or repacked (packed) */

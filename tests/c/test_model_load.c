@@ -553,7 +553,9 @@ static void test_gguf_model(void)
     T_EQ(info.n_eos, 1);
     T_EQ(info.eos_ids[0], 2);
     T_EQ(info.n_params, expected_params(0));
-    /* q and k come back in Hugging Face row order; tensor 2 is blk.0.attn_q, 3 blk.0.attn_k */
+    /* q and k come back in Hugging Face row order; tensor 2 is blk.0.attn_q, 3 blk.0.attn_k
+     * (float copies: made on demand, so held while read) */
+    T_EQ(kwk_model_floats_acquire(m, &err), 0);
     const float *wq = m->layers[0].wq.data, *wk = m->layers[0].wk.data;
     int ok = m->layers[0].wq.wtype == KWK_W_F32 && m->layers[0].wk.wtype == KWK_W_F32;
     for (int r = 0; r < NH * HD; r++)
@@ -568,6 +570,7 @@ static void test_gguf_model(void)
            (const uint8_t *)m->layers[0].wv.data < m->gguf->map.data + m->gguf->map.size);
     T_NEAR(((const float *)m->layers[0].wv.data)[3], tval(4, 3), 0);
     T_NEAR(m->layers[1].attn_norm[2], tval(10, 2), 0);
+    kwk_model_floats_release(m);
     kwk_model_free(m);
 
     write_gguf(path, 1);
