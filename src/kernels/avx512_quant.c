@@ -189,16 +189,45 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
             put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
 }
 
-INLINE void tile_q4(const struct tile_args *a, int R, int T)
+/* The high bits of slice 4h + t of a qh vector at bits 4-5 of each byte (quant.h): a 16-bit
+ * shift moves bits 2t, 2t+1 there; what crosses a byte boundary falls outside 0x30. */
+INLINE __m512i q6_high(__m512i qh, int t, __m512i m30)
 {
-    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512i v = t == 0 ? _mm512_slli_epi16(qh, 4)
+                : t == 1 ? _mm512_slli_epi16(qh, 2)
+                : t == 2 ? qh
+                         : _mm512_srli_epi16(qh, 2);
+    return _mm512_and_si512(v, m30);
+}
+
+/* The two weight vectors of step c (columns 8c..8c+3 and 8c+4..8c+7) of group g of a nibble
+ * format's row block: int4's nibbles, or int6's with the high bits or'ed on (q6). */
+INLINE void nib_unpack(const void *blk, int q6, int g, int c, __m512i m4, __m512i m30,
+                       __m512i *lo, __m512i *hi)
+{
+    if (!q6) {
+        __m512i p = _mm512_loadu_si512(((const struct kwk_q4_block *)blk)[g].q[c]);
+        *lo = _mm512_and_si512(p, m4);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
+        return;
+    }
+    const struct kwk_q6_block *b = (const struct kwk_q6_block *)blk + g;
+    __m512i p = _mm512_loadu_si512(b->ql[c]), h = _mm512_loadu_si512(b->qh[c / 2]);
+    *lo = _mm512_or_si512(_mm512_and_si512(p, m4), q6_high(h, 2 * (c % 2), m30));
+    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), m4),
+                          q6_high(h, 2 * (c % 2) + 1, m30));
+}
+
+/* int4 and int6 (q6) share the nibble loop. int4: w = d q + m, so y adds m * d_x * sum(v).
+ * int6: the stored q + 32 are unsigned like int8's q + 128, and 32 * sum(v) comes back out
+ * (|254 * acc| <= 32 * 63 * 127 * 254). */
+INLINE void tile_nib(const struct tile_args *a, int q6, int R, int T)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512 facc[4][TT];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++)
             facc[i][j] = _mm512_setzero_ps();
-    const struct kwk_q4_block *b[4];
-    for (int i = 0; i < R; i++)
-        b[i] = a->blk[i];
     const __m512i c254 = _mm512_set1_epi32(254);
     for (int g = 0; g < a->ng; g++) {
         __m512i acc[4][TT], accl[4][TT];
@@ -207,11 +236,8 @@ INLINE void tile_q4(const struct tile_args *a, int R, int T)
                 acc[i][j] = accl[i][j] = _mm512_setzero_si512();
         for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
             __m512i lo[4], hi[4];
-            for (int i = 0; i < R; i++) {
-                __m512i p = _mm512_loadu_si512(b[i][g].q[c]);
-                lo[i] = _mm512_and_si512(p, m4);
-                hi[i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
-            }
+            for (int i = 0; i < R; i++)
+                nib_unpack(a->blk[i], q6, g, c, m4, m30, &lo[i], &hi[i]);
             for (int j = 0; j < T; j++) {
                 int64_t k = g * KWK_Q4_GROUP + 8 * c;
                 const int8_t *ph = a->qx->q[a->t + j] + k, *pl = a->qx->l[a->t + j] + k;
@@ -228,86 +254,32 @@ INLINE void tile_q4(const struct tile_args *a, int R, int T)
             float xd = a->qx->d[a->t + j][g];
             __m512 dx = _mm512_set1_ps(xd);
             __m512 dsx = _mm512_set1_ps(xd * (float)a->qx->s[a->t + j][g]);
+            __m512i corr = _mm512_set1_epi32(32 * a->qx->s[a->t + j][g]);
             for (int i = 0; i < R; i++) {
-                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
-                __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].m));
+                const uint16_t *bd = q6 ? ((const struct kwk_q6_block *)a->blk[i])[g].d
+                                        : ((const struct kwk_q4_block *)a->blk[i])[g].d;
+                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)bd));
                 __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(acc[i][j], c254), accl[i][j]);
-                __m512 s = _mm512_cvtepi32_ps(v);
-                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, dx), facc[i][j]);
-                facc[i][j] = _mm512_fmadd_ps(m, dsx, facc[i][j]);
-            }
-        }
-    }
-    for (int j = 0; j < T; j++)
-        for (int i = 0; i < R; i++)
-            put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
-}
-
-/* The high bits of slice 4h + t of a qh vector at bits 4-5 of each byte (quant.h): a 16-bit
- * shift moves bits 2t, 2t+1 there; what crosses a byte boundary falls outside 0x30. */
-INLINE __m512i q6_high(__m512i qh, int t, __m512i m30)
-{
-    __m512i v = t == 0 ? _mm512_slli_epi16(qh, 4)
-                : t == 1 ? _mm512_slli_epi16(qh, 2)
-                : t == 2 ? qh
-                         : _mm512_srli_epi16(qh, 2);
-    return _mm512_and_si512(v, m30);
-}
-
-/* int6: int4's nibble loop with the high bits or'ed on; the stored q + 32 are unsigned like
- * int8's q + 128, and 32 * sum(v) comes back out (|254 * acc| <= 32 * 63 * 127 * 254). */
-INLINE void tile_q6(const struct tile_args *a, int R, int T)
-{
-    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
-    __m512 facc[4][TT];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < T; j++)
-            facc[i][j] = _mm512_setzero_ps();
-    const struct kwk_q6_block *b[4];
-    for (int i = 0; i < R; i++)
-        b[i] = a->blk[i];
-    const __m512i c254 = _mm512_set1_epi32(254);
-    for (int g = 0; g < a->ng; g++) {
-        __m512i acc[4][TT], accl[4][TT];
-        for (int i = 0; i < R; i++)
-            for (int j = 0; j < T; j++)
-                acc[i][j] = accl[i][j] = _mm512_setzero_si512();
-        for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
-            __m512i lo[4], hi[4];
-            for (int i = 0; i < R; i++) {
-                __m512i p = _mm512_loadu_si512(b[i][g].ql[c]);
-                __m512i h = _mm512_loadu_si512(b[i][g].qh[c / 2]);
-                lo[i] = _mm512_or_si512(_mm512_and_si512(p, m4), q6_high(h, 2 * (c % 2), m30));
-                hi[i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), m4),
-                                        q6_high(h, 2 * (c % 2) + 1, m30));
-            }
-            for (int j = 0; j < T; j++) {
-                int64_t k = g * KWK_Q6_GROUP + 8 * c;
-                const int8_t *ph = a->qx->q[a->t + j] + k, *pl = a->qx->l[a->t + j] + k;
-                __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4), l0 = bcast4(pl), l1 = bcast4(pl + 4);
-                for (int i = 0; i < R; i++) {
-                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], h0);
-                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[i], h1);
-                    accl[i][j] = _mm512_dpbusd_epi32(accl[i][j], lo[i], l0);
-                    accl[i][j] = _mm512_dpbusd_epi32(accl[i][j], hi[i], l1);
+                if (q6) {
+                    __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
+                    facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, dx), facc[i][j]);
+                } else {
+                    const struct kwk_q4_block *b = (const struct kwk_q4_block *)a->blk[i] + g;
+                    __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b->m));
+                    __m512 s = _mm512_cvtepi32_ps(v);
+                    facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, dx), facc[i][j]);
+                    facc[i][j] = _mm512_fmadd_ps(m, dsx, facc[i][j]);
                 }
             }
         }
-        for (int j = 0; j < T; j++) {
-            __m512i corr = _mm512_set1_epi32(32 * a->qx->s[a->t + j][g]);
-            __m512 dx = _mm512_set1_ps(a->qx->d[a->t + j][g]);
-            for (int i = 0; i < R; i++) {
-                __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(acc[i][j], c254), accl[i][j]);
-                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
-                __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
-                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, dx), facc[i][j]);
-            }
-        }
     }
     for (int j = 0; j < T; j++)
         for (int i = 0; i < R; i++)
             put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
 }
+
+INLINE void tile_q4(const struct tile_args *a, int R, int T) { tile_nib(a, 0, R, T); }
+INLINE void tile_q6(const struct tile_args *a, int R, int T) { tile_nib(a, 1, R, T); }
 
 /* ---- 8-bit activations: one pass ---------------------------------------------------------------
  * The tiles above without the low halves: one vpdpbusd per weight vector and token, and an
@@ -359,16 +331,14 @@ INLINE void tile8_q8(const struct tile_args *a, int R, int T)
             put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
 }
 
-INLINE void tile8_q4(const struct tile_args *a, int R, int T)
+/* int4 and int6 (q6) with 8-bit activations: the nibble loop of tile_nib, one pass. */
+INLINE void tile8_nib(const struct tile_args *a, int q6, int R, int T)
 {
-    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512 facc[4][TT];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++)
             facc[i][j] = _mm512_setzero_ps();
-    const struct kwk_q4_block *b[4];
-    for (int i = 0; i < R; i++)
-        b[i] = a->blk[i];
     const struct qx *qx = a->qx;
     for (int g = 0; g < a->ng; g++) {
         __m512i acc[4][TT];
@@ -377,11 +347,8 @@ INLINE void tile8_q4(const struct tile_args *a, int R, int T)
                 acc[i][j] = _mm512_setzero_si512();
         for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
             __m512i lo[4], hi[4];
-            for (int i = 0; i < R; i++) {
-                __m512i p = _mm512_loadu_si512(b[i][g].q[c]);
-                lo[i] = _mm512_and_si512(p, m4);
-                hi[i] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
-            }
+            for (int i = 0; i < R; i++)
+                nib_unpack(a->blk[i], q6, g, c, m4, m30, &lo[i], &hi[i]);
             for (int j = 0; j < T; j++) {
                 const int8_t *ph = qx->q[a->t + j] + g * KWK_Q4_GROUP + 8 * c;
                 __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4);
@@ -393,16 +360,26 @@ INLINE void tile8_q4(const struct tile_args *a, int R, int T)
         }
         __m512 d[4], m[4];
         for (int i = 0; i < R; i++) {
-            d[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
-            m[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].m));
+            const uint16_t *bd = q6 ? ((const struct kwk_q6_block *)a->blk[i])[g].d
+                                    : ((const struct kwk_q4_block *)a->blk[i])[g].d;
+            d[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)bd));
+            if (!q6)
+                m[i] = _mm512_cvtph_ps(_mm256_loadu_si256(
+                    (const __m256i *)((const struct kwk_q4_block *)a->blk[i])[g].m));
         }
         for (int j = 0; j < T; j++) {
             __m512 dx = _mm512_set1_ps(qx->d[a->t + j][g]);
             __m512 dsx = _mm512_set1_ps(qx->m[a->t + j][g]);
+            __m512i corr = _mm512_set1_epi32(qx->s[a->t + j][g]); /* int6: 32 * sum(h) */
             for (int i = 0; i < R; i++) {
-                __m512 s = _mm512_cvtepi32_ps(acc[i][j]);
-                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d[i], dx), facc[i][j]);
-                facc[i][j] = _mm512_fmadd_ps(m[i], dsx, facc[i][j]);
+                if (q6) {
+                    __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
+                    facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d[i], dx), facc[i][j]);
+                } else {
+                    __m512 s = _mm512_cvtepi32_ps(acc[i][j]);
+                    facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d[i], dx), facc[i][j]);
+                    facc[i][j] = _mm512_fmadd_ps(m[i], dsx, facc[i][j]);
+                }
             }
         }
     }
@@ -411,56 +388,8 @@ INLINE void tile8_q4(const struct tile_args *a, int R, int T)
             put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
 }
 
-INLINE void tile8_q6(const struct tile_args *a, int R, int T)
-{
-    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
-    __m512 facc[4][TT];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < T; j++)
-            facc[i][j] = _mm512_setzero_ps();
-    const struct kwk_q6_block *b[4];
-    for (int i = 0; i < R; i++)
-        b[i] = a->blk[i];
-    const struct qx *qx = a->qx;
-    for (int g = 0; g < a->ng; g++) {
-        __m512i acc[4][TT];
-        for (int i = 0; i < R; i++)
-            for (int j = 0; j < T; j++)
-                acc[i][j] = _mm512_setzero_si512();
-        for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
-            __m512i lo[4], hi[4];
-            for (int i = 0; i < R; i++) {
-                __m512i p = _mm512_loadu_si512(b[i][g].ql[c]);
-                __m512i h = _mm512_loadu_si512(b[i][g].qh[c / 2]);
-                lo[i] = _mm512_or_si512(_mm512_and_si512(p, m4), q6_high(h, 2 * (c % 2), m30));
-                hi[i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), m4),
-                                        q6_high(h, 2 * (c % 2) + 1, m30));
-            }
-            for (int j = 0; j < T; j++) {
-                const int8_t *ph = qx->q[a->t + j] + g * KWK_Q6_GROUP + 8 * c;
-                __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4);
-                for (int i = 0; i < R; i++) {
-                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], h0);
-                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi[i], h1);
-                }
-            }
-        }
-        __m512 dw[4];
-        for (int i = 0; i < R; i++)
-            dw[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
-        for (int j = 0; j < T; j++) {
-            __m512i corr = _mm512_set1_epi32(qx->s[a->t + j][g]); /* 32 * sum(h) */
-            __m512 dx = _mm512_set1_ps(qx->d[a->t + j][g]);
-            for (int i = 0; i < R; i++) {
-                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
-                facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw[i], dx), facc[i][j]);
-            }
-        }
-    }
-    for (int j = 0; j < T; j++)
-        for (int i = 0; i < R; i++)
-            put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
-}
+INLINE void tile8_q4(const struct tile_args *a, int R, int T) { tile8_nib(a, 0, R, T); }
+INLINE void tile8_q6(const struct tile_args *a, int R, int T) { tile8_nib(a, 1, R, T); }
 
 /* One function per (format, R, T) used, so every loop bound is a constant and the accumulators
  * stay in registers. */
