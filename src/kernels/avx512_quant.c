@@ -46,6 +46,17 @@ INLINE __mmask16 lanes(int64_t n)
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
+/* The G (<= 32) values of x from k0 (zeros past n) into v, and their largest magnitude. */
+INLINE float load_group(const float *x, int64_t n, int64_t k0, int G, __m512 *v)
+{
+    __m512 mx = _mm512_setzero_ps();
+    for (int p = 0; p < G / 16; p++) {
+        v[p] = _mm512_maskz_loadu_ps(lanes(n - k0 - 16 * p), x + k0 + 16 * p);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v[p]));
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
 /* kwk_quant_act, vectorized with the same arithmetic: |x| max, 127 / amax, f = x * id rounded
  * to nearest even by cvtps2dq, to h and (times 254) to v (|f| <= 127, so the scalar clamps
  * never change a value). */
@@ -58,12 +69,7 @@ static void quant_act(const float *x, int64_t n, int G, int8_t *xh, int8_t *xl, 
     for (int64_t g = 0; g < ng; g++) {
         int64_t k0 = g * G;
         __m512 v[KWK_Q4_GROUP / 16]; /* both groups are 32 */
-        __m512 mx = _mm512_setzero_ps();
-        for (int p = 0; p < G / 16; p++) {
-            v[p] = _mm512_maskz_loadu_ps(lanes(n - k0 - 16 * p), x + k0 + 16 * p);
-            mx = _mm512_max_ps(mx, _mm512_abs_ps(v[p]));
-        }
-        float amax = _mm512_reduce_max_ps(mx);
+        float amax = load_group(x, n, k0, G, v);
         __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m512i sum = _mm512_setzero_si512();
         for (int p = 0; p < G / 16; p++) {
@@ -91,12 +97,7 @@ static void quant_act8(const float *x, int64_t n, int G, int off, int8_t *xh, fl
     for (int64_t g = 0; g < ng; g++) {
         int64_t k0 = g * G;
         __m512 v[KWK_Q4_GROUP / 16]; /* both groups are 32 */
-        __m512 mx = _mm512_setzero_ps();
-        for (int p = 0; p < G / 16; p++) {
-            v[p] = _mm512_maskz_loadu_ps(lanes(n - k0 - 16 * p), x + k0 + 16 * p);
-            mx = _mm512_max_ps(mx, _mm512_abs_ps(v[p]));
-        }
-        float amax = _mm512_reduce_max_ps(mx);
+        float amax = load_group(x, n, k0, G, v);
         __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m512i sum = _mm512_setzero_si512();
         for (int p = 0; p < G / 16; p++) {
