@@ -12,10 +12,16 @@
 #include "base/base.h"
 #include "base/pool.h"
 
-/* How long a waiting thread spins before it sleeps. Between the back-to-back tasks of a forward
- * pass the gap is far shorter than a futex wake-up (several microseconds), so spinning a little
- * keeps the hot path out of the kernel; longer idle periods (sampling, the next request) sleep. */
+/* How long a waiting thread spins before it sleeps: first with pauses only, then giving the CPU
+ * to any other runnable thread between checks (sched_yield returns at once when there is none).
+ * Between the back-to-back tasks of a forward pass the gap is far shorter than a futex wake-up,
+ * and one sleeper slows the next hand-out by its wake-up latency (9 us on average on this
+ * machine's VM, up to 150 us), which makes the other side wait longer than it spins, sleep in
+ * turn, and so on: with 30 us of spinning, generation of SmolLM2-360M made ~60 futex calls a
+ * token; with a millisecond, ~2 (issue 6). Idle periods longer than that (the next request)
+ * sleep. */
 #define SPIN_NS 30000.0
+#define YIELD_NS 1000000.0
 /* Pauses between clock reads while spinning: a clock read costs about as much as a few pauses. */
 #define SPIN_CHECK 64
 /* Barrier waits spin this many pauses, then yield the CPU (oversubscribed or preempted peers). */
@@ -68,6 +74,7 @@ static unsigned wait_change(atomic_uint *word, unsigned old, atomic_int *sleeper
 {
     unsigned v;
     double deadline = 0.0;
+    int yielding = 0;
     for (int i = 0;; i++) {
         v = atomic_load_explicit(word, memory_order_acquire);
         if (v != old)
@@ -75,10 +82,16 @@ static unsigned wait_change(atomic_uint *word, unsigned old, atomic_int *sleeper
         cpu_relax();
         if (i % SPIN_CHECK == SPIN_CHECK - 1) {
             double now = kwk_time_s();
-            if (deadline == 0.0)
+            if (deadline == 0.0) {
                 deadline = now + SPIN_NS * 1e-9;
-            else if (now > deadline)
-                break;
+            } else if (now > deadline) {
+                if (yielding)
+                    break;
+                yielding = 1;
+                deadline = now + (YIELD_NS - SPIN_NS) * 1e-9;
+            }
+            if (yielding)
+                sched_yield();
         }
     }
     for (;;) {

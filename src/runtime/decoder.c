@@ -40,7 +40,7 @@ void kwk_decoder_free(kwk_decoder *d)
     kwk_free((void *)d->att_v);
     kwk_free(d->att_first);
     kwk_free(d->att_last);
-    float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->x,    d->xn,     d->q,
+    float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->rope_cs, d->x, d->xn, d->q,
                      d->kx,      d->vx,      d->att,      d->gate, d->up,     d->scores,
                      d->logits};
     for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
@@ -77,6 +77,7 @@ static int decoder_alloc(struct kwk_decoder *d)
     kwk_mem_small_pages(d->k_cache, cache * (size_t)d->kv_dim * sizeof(float));
     kwk_mem_small_pages(d->v_cache, cache * (size_t)d->kv_dim * sizeof(float));
     return alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
+           alloc_floats(&d->rope_cs, nb, (size_t)c->head_dim) ||
            alloc_floats(&d->x, nb, (size_t)c->d_model) ||
            alloc_floats(&d->xn, nb, (size_t)c->d_model) ||
            alloc_floats(&d->q, nb, (size_t)KWK_MAX(d->q_dim, c->d_model)) ||

@@ -1,6 +1,7 @@
 /* forward.c - one chunk of tokens through every layer: the math of Llama-family decoders, in
  * float32, split across the decoder's pool. Called by the decoder's owner thread. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
@@ -28,40 +29,101 @@ struct mm_task {
     mm_post_fn post; /* NULL: none */
     const void *post_ctx;
     struct mm_job jobs[3];
+    /* Short chunks (generation): rows are taken in chunks from a shared counter instead of
+     * split evenly up front (see DYN_TOK_MAX). Chunks are ranges of units: heads (unit > 0),
+     * else row blocks of 16 (the same rows of every job when the jobs are alike, else each
+     * job's blocks in job order). */
+    int dyn;
+    int nth;
+    long n_units;
+    long big;          /* units of each of the first nth chunks */
+    long small;        /* units of each later chunk */
+    long n_chunks;
+    atomic_long next;  /* next chunk to take */
 };
 
-/* Thread ith's share of the jobs' units (job j holds rows/unit of them, in job order). */
-static void split_units(const struct mm_task *t, int ith, int nth, long *lo, long *hi)
+/* Chunks of at most this many tokens take rows from a shared counter: a token's products are
+ * memory-bound, and with a fixed even split the thread whose reads happen to be slower keeps
+ * the others waiting at the end of every product (~12% of generation time in pool waits on
+ * SmolLM2-360M, 160 products a token; ~5% with the counter). The first nth chunks are three
+ * quarters of an even share each (one per thread, taken at once), the rest small ones that
+ * even out the end: each chunk quantizes its activations again (quantized formats), so a
+ * thread should take few. Longer chunks are compute-bound and split evenly. Each row's numbers
+ * do not depend on its thread or chunk (batch invariance of the kernels). */
+#define DYN_TOK_MAX 16
+/* Small chunks a thread takes on average in the tail. */
+#define DYN_TAIL_CHUNKS 2
+/* Row blocks of a chunk are a multiple of this: the decode tile's height. */
+#define DYN_ALIGN 4
+
+/* Whether all jobs have the same rows: then a chunk is the same rows of every job (the gate/up
+ * post step wants both halves of its rows on one thread). */
+static int jobs_alike(const struct mm_task *t)
 {
-    long total = 0;
-    for (int j = 0; j < t->n_jobs; j++)
-        total += (long)t->jobs[j].w->rows / t->unit;
-    long u0, u1;
-    kwk_split_range(total, ith, nth, 1, &u0, &u1);
+    for (int j = 1; j < t->n_jobs; j++)
+        if (t->jobs[j].w->rows != t->jobs[0].w->rows)
+            return 0;
+    return 1;
+}
+
+static long blocks_of(long rows)
+{
+    return (rows + 15) / 16;
+}
+
+/* The rows of units [u0, u1) into lo/hi, one range per job (empty where it has none). */
+static void unit_rows(const struct mm_task *t, long u0, long u1, long *lo, long *hi)
+{
+    int alike = t->unit == 0 && jobs_alike(t);
     long base = 0;
     for (int j = 0; j < t->n_jobs; j++) {
-        long units = (long)t->jobs[j].w->rows / t->unit;
-        lo[j] = KWK_MAX(u0, base) - base;
-        hi[j] = KWK_MIN(u1, base + units) - base;
+        long rows = (long)t->jobs[j].w->rows, size = t->unit > 0 ? t->unit : 16;
+        long units = t->unit > 0 ? rows / t->unit : blocks_of(rows);
+        if (alike)
+            base = 0;
+        lo[j] = KWK_MIN(rows, (KWK_MAX(u0, base) - base) * size);
+        hi[j] = KWK_MIN(rows, (KWK_MAX(KWK_MIN(u1, base + units), base) - base) * size);
         if (hi[j] < lo[j])
             hi[j] = lo[j];
-        lo[j] *= t->unit;
-        hi[j] *= t->unit;
         base += units;
     }
 }
 
-/* Rows are handed out in blocks of 16 (or whole units, multiples of 16) so SIMD kernels work on
- * whole row groups. The kernels' batch invariance makes any such split give the same numbers. */
-static void mm_run(void *ctx, int ith, int nth)
+/* Units and chunks of t on nth threads. */
+static void plan_chunks(struct mm_task *t, int nth)
 {
-    struct mm_task *t = ctx;
-    long lo[3], hi[3];
-    if (t->unit > 0)
-        split_units(t, ith, nth, lo, hi);
-    else
-        for (int j = 0; j < t->n_jobs; j++)
-            kwk_split_range((long)t->jobs[j].w->rows, ith, nth, 16, &lo[j], &hi[j]);
+    long total = 0;
+    for (int j = 0; j < t->n_jobs; j++) {
+        long rows = (long)t->jobs[j].w->rows;
+        long units = t->unit > 0 ? rows / t->unit : blocks_of(rows);
+        total = t->unit == 0 && jobs_alike(t) ? KWK_MAX(total, units) : total + units;
+    }
+    long align = t->unit > 0 ? 1 : DYN_ALIGN;
+    long big = total * 3 / (4 * (long)nth) / align * align;
+    long rest = total - big * nth;
+    long small = (rest + (long)nth * DYN_TAIL_CHUNKS - 1) / ((long)nth * DYN_TAIL_CHUNKS);
+    small = KWK_MAX(1, (small + align - 1) / align) * align;
+    t->nth = nth;
+    t->n_units = total;
+    t->big = big;
+    t->small = small;
+    t->n_chunks = nth + (rest + small - 1) / small;
+}
+
+/* The units of chunk c. */
+static void chunk_units(const struct mm_task *t, long c, long *u0, long *u1)
+{
+    if (c < t->nth) {
+        *u0 = c * t->big;
+        *u1 = *u0 + t->big;
+    } else {
+        *u0 = t->nth * t->big + (c - t->nth) * t->small;
+        *u1 = KWK_MIN(t->n_units, *u0 + t->small);
+    }
+}
+
+static void mm_rows(const struct mm_task *t, const long *lo, const long *hi)
+{
     for (int j = 0; j < t->n_jobs; j++) {
         const struct mm_job *job = &t->jobs[j];
         if (lo[j] < hi[j])
@@ -71,12 +133,48 @@ static void mm_run(void *ctx, int ith, int nth)
         t->post(t, lo, hi);
 }
 
+/* Rows are handed out in blocks of 16 (or whole units, multiples of 16) so SIMD kernels work on
+ * whole row groups. The kernels' batch invariance makes any such split give the same numbers. */
+static void mm_run(void *ctx, int ith, int nth)
+{
+    struct mm_task *t = ctx;
+    long lo[3], hi[3];
+    if (t->dyn) {
+        for (;;) {
+            long c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+            if (c >= t->n_chunks)
+                return;
+            long u0, u1;
+            chunk_units(t, c, &u0, &u1);
+            if (u0 >= u1)
+                continue;
+            unit_rows(t, u0, u1, lo, hi);
+            mm_rows(t, lo, hi);
+        }
+    }
+    if (t->unit > 0) {
+        long total = 0, u0, u1;
+        for (int j = 0; j < t->n_jobs; j++)
+            total += (long)t->jobs[j].w->rows / t->unit;
+        kwk_split_range(total, ith, nth, 1, &u0, &u1);
+        unit_rows(t, u0, u1, lo, hi);
+    } else
+        for (int j = 0; j < t->n_jobs; j++)
+            kwk_split_range((long)t->jobs[j].w->rows, ith, nth, 16, &lo[j], &hi[j]);
+    mm_rows(t, lo, hi);
+}
+
 static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs,
                         int unit, mm_post_fn post, const void *post_ctx)
 {
     struct mm_task t = {.k = d->k, .n_tok = n_tok, .n_jobs = n_jobs, .unit = unit,
                         .post = post, .post_ctx = post_ctx};
     memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
+    int nth = kwk_pool_size(d->pool);
+    t.dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
+    if (t.dyn)
+        plan_chunks(&t, nth);
+    atomic_init(&t.next, 0);
     kwk_pool_run(d->pool, mm_run, &t);
 }
 
@@ -119,27 +217,11 @@ static void add_bias(float *y, const float *b, int n)
             y[i] += b[i];
 }
 
-/* Heads up to this size get their rotation from a per-token table on the stack (one cos and sin
- * per frequency for all heads rather than per head); larger ones compute it per head. */
-#define ROPE_TABLE_MAX 256
-
-/* The rotary table of token tok into cs[head_dim]; NULL when the head is too large for it. */
-static const float *rope_table(const struct tok_task *t, int tok, float *cs)
+/* The rotary table of token tok (cos, then sin, of its angles), made once a chunk for all its
+ * heads and layers by kwk_forward_rows. */
+static const float *rope_table(const struct tok_task *t, int tok)
 {
-    const struct kwk_decoder *d = t->d;
-    if (d->c->head_dim > ROPE_TABLE_MAX)
-        return NULL;
-    kwk_rope_table(d->c->head_dim, d->inv_freq, d->row_pos[tok], cs);
-    return cs;
-}
-
-/* Rotate one head of token tok: kwk_rope_rotate and kwk_rope_apply give the same numbers. */
-static void rope_head(const struct tok_task *t, int tok, float *x, const float *cs)
-{
-    if (cs)
-        kwk_rope_rotate(x, t->d->c->head_dim, cs);
-    else
-        kwk_rope_apply(x, t->d->c->head_dim, t->d->inv_freq, t->d->row_pos[tok]);
+    return t->d->rope_cs + (size_t)tok * (size_t)t->d->c->head_dim;
 }
 
 /* Bias, q norm and rotary of query head h of token tok (cs: its rotary table or NULL). */
@@ -152,7 +234,7 @@ static void prep_q_head(const struct tok_task *t, int tok, int h, const float *c
     add_bias(q, l->bq ? l->bq + (size_t)h * hd : NULL, hd);
     if (l->q_norm)
         d->k->rmsnorm(q, q, l->q_norm, hd, d->c->rms_eps);
-    rope_head(t, tok, q, cs);
+    kwk_rope_rotate(q, hd, cs);
 }
 
 /* Cache offset of kv head h of token tok's position in its slot. */
@@ -173,7 +255,7 @@ static void prep_k_head(const struct tok_task *t, int tok, int h, const float *c
     add_bias(k, l->bk ? l->bk + (size_t)h * hd : NULL, hd);
     if (l->k_norm)
         d->k->rmsnorm(k, k, l->k_norm, hd, d->c->rms_eps);
-    rope_head(t, tok, k, cs);
+    kwk_rope_rotate(k, hd, cs);
     memcpy(d->k_cache + kv_at(t, tok, h), k, sizeof(float) * (size_t)hd);
 }
 
@@ -192,8 +274,7 @@ static void prep_v_head(const struct tok_task *t, int tok, int h)
 static void qk_prepare(struct tok_task *t, int tok)
 {
     const struct kwk_config *c = t->d->c;
-    float table[ROPE_TABLE_MAX];
-    const float *cs = rope_table(t, tok, table);
+    const float *cs = rope_table(t, tok);
     for (int h = 0; h < c->n_heads; h++)
         prep_q_head(t, tok, h, cs);
     for (int h = 0; h < c->n_kv_heads; h++) {
@@ -216,9 +297,8 @@ static void qkv_post(const struct mm_task *mt, const long *lo, const long *hi)
 {
     const struct tok_task *t = mt->post_ctx;
     long hd = t->d->c->head_dim;
-    float table[ROPE_TABLE_MAX];
     for (int tok = 0; tok < mt->n_tok; tok++) {
-        const float *cs = lo[0] < hi[0] || lo[1] < hi[1] ? rope_table(t, tok, table) : NULL;
+        const float *cs = rope_table(t, tok);
         for (long h = lo[0] / hd; h < hi[0] / hd; h++)
             prep_q_head(t, tok, (int)h, cs);
         for (long h = lo[1] / hd; h < hi[1] / hd; h++)
@@ -323,7 +403,7 @@ static void swiglu_post(const struct mm_task *mt, const long *lo, const long *hi
 
 /* Whether the q, k, v products can be split by head with each head's preparation fused in: heads
  * must be whole row groups, and the head split must not unbalance the threads where the separate
- * pass would have split tokens evenly. */
+ * pass would have split tokens evenly (short chunks take heads one at a time: no imbalance). */
 static int qkv_fusable(const struct kwk_decoder *d, const struct kwk_layer *l, int n)
 {
     const struct kwk_config *c = d->c;
@@ -331,7 +411,7 @@ static int qkv_fusable(const struct kwk_decoder *d, const struct kwk_layer *l, i
     if (hd % 16 != 0 || l->wq.rows != d->q_dim || l->wk.rows != d->kv_dim ||
         l->wv.rows != d->kv_dim)
         return 0;
-    return n < nth || (c->n_heads + 2 * c->n_kv_heads) % nth == 0;
+    return n < nth || n <= DYN_TOK_MAX || (c->n_heads + 2 * c->n_kv_heads) % nth == 0;
 }
 
 /* ---- one layer, one chunk ---------------------------------------------------------------------- */
@@ -389,8 +469,11 @@ void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n)
 {
     const struct kwk_model *m = d->m;
     int dm = d->c->d_model;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         kwk_model_embed_row(m, d->k, ids[i], d->x + (size_t)i * dm);
+        kwk_rope_table(d->c->head_dim, d->inv_freq, d->row_pos[i],
+                       d->rope_cs + (size_t)i * (size_t)d->c->head_dim);
+    }
     struct rows_task rt = {.d = d, .n = n, .norm_w = d->layers[0].attn_norm, .add = NULL};
     run_tokens(d, n, rows_run, &rt);
     for (int L = 0; L < d->c->n_layers; L++) {

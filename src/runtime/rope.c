@@ -63,15 +63,3 @@ void kwk_rope_rotate(float *x, int head_dim, const float *cs)
         x[i + half] = b * cs[i] + a * cs[half + i];
     }
 }
-
-void kwk_rope_apply(float *x, int head_dim, const float *inv, int pos)
-{
-    int half = head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        float angle = (float)pos * inv[i];
-        float cs = cosf(angle), sn = sinf(angle);
-        float a = x[i], b = x[i + half];
-        x[i] = a * cs - b * sn;
-        x[i + half] = b * cs + a * sn;
-    }
-}

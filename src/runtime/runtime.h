@@ -34,6 +34,7 @@ struct kwk_decoder {
     int *row_slot;   /* [n_batch] slot of each row of the chunk being run */
     int *row_pos;    /* [n_batch] position of each row in its slot */
     float *inv_freq; /* [head_dim/2] rotary frequencies, scaling applied */
+    float *rope_cs;  /* [n_batch][head_dim] rotary table of each row of the chunk being run */
 
     /* scratch, n_batch rows each */
     float *x;      /* [n_batch][d_model] residual stream */
@@ -68,10 +69,9 @@ int32_t kwk_argmax(const float *x, int n);
 
 /* Rotary frequencies for the config (default, linear or llama3 scaling) into inv[head_dim/2]. */
 void kwk_rope_freqs(const struct kwk_config *c, float *inv);
-/* Rotate one head vector x[head_dim] at position pos (rotate-half layout, as transformers). */
-void kwk_rope_apply(float *x, int head_dim, const float *inv, int pos);
-/* The same in two steps, so that a row's angles are computed once for all its heads and layers
- * (the same numbers as kwk_rope_apply): cs[head_dim] = cos, then sin, of pos * inv[i]. */
+/* Rotary embedding in two steps, so that a row's angles are computed once for all its heads and
+ * layers: cs[head_dim] = cos, then sin, of pos * inv[i]; then rotate one head vector x[head_dim]
+ * by it (rotate-half layout, as transformers). */
 void kwk_rope_table(int head_dim, const float *inv, int pos, float *cs);
 void kwk_rope_rotate(float *x, int head_dim, const float *cs);
 
