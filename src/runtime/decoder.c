@@ -40,9 +40,8 @@ void kwk_decoder_free(kwk_decoder *d)
     kwk_free((void *)d->att_v);
     kwk_free(d->att_first);
     kwk_free(d->att_last);
-    float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->rope_cs, d->x, d->xn, d->q,
-                     d->kx,      d->vx,      d->att,      d->gate, d->up,     d->scores,
-                     d->logits};
+    float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->rope_cs, d->x,  d->xn,     d->q,
+                     d->kx,      d->vx,      d->att,      d->gate,    d->up, d->scores, d->logits};
     for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
         kwk_free_aligned(bufs[i]);
     kwk_free(d);

@@ -36,10 +36,10 @@ struct mm_task {
     int dyn;
     int nth;
     long n_units;
-    long big;          /* units of each of the first nth chunks */
-    long small;        /* units of each later chunk */
+    long big;   /* units of each of the first nth chunks */
+    long small; /* units of each later chunk */
     long n_chunks;
-    atomic_long next;  /* next chunk to take */
+    atomic_long next; /* next chunk to take */
 };
 
 /* Chunks of at most this many tokens take rows from a shared counter: a token's products are
