@@ -1,0 +1,57 @@
+"""bench/bw_probe's options (the side-by-side benchmark's bandwidth probe): the sequential read
+and the --streams pattern (N blocks read side by side, a decode tile's access pattern) report
+what they read, and bad options are refused with the usage. A test of the tool, never of speed:
+figures are only checked to be positive. Needs bw_probe ($KWK_BW_PROBE, or beside $KWKER_BIN)."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
+PROBE = Path(os.environ.get("KWK_BW_PROBE") or BIN.parent / "bw_probe")
+
+
+def run(*args):
+    if not PROBE.is_file():
+        pytest.fail("bw_probe not found at %s: build it (scripts/build) or set KWK_BW_PROBE" % PROBE)
+    return subprocess.run([str(PROBE), *args], capture_output=True, text=True, timeout=120)
+
+
+def has_avx512():
+    return "avx512f" in Path("/proc/cpuinfo").read_text()
+
+
+def test_sequential_json():
+    r = run("-m", "8", "-r", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["gbps"] > 0 and d["streams"] == 1 and d["passes"] == 2 and d["mib"] == 8.0
+
+
+def test_streams_pattern():
+    r = run("-t", "2", "-m", "8", "-r", "2", "--streams", "4", "--stream-bytes", "1920",
+            "--json")
+    if not has_avx512():
+        assert r.returncode == 2 and "AVX-512" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["gbps"] > 0 and d["streams"] == 4 and d["stream_bytes"] == 1920
+    assert d["threads"] == 2 and d["isa"] == "avx512"
+
+
+@pytest.mark.parametrize("args", [
+    ("--stream-bytes", "100"),        # not a multiple of 64
+    ("--stream-bytes", "0"),
+    ("--streams", "0"),
+    ("--streams", "65"),
+    ("--streams", "4", "--isa", "avx2"),  # the side-by-side reads are AVX-512 only
+    ("--streams",),
+])
+def test_bad_options_refused(args):
+    r = run(*args)
+    assert r.returncode == 2
+    assert "usage: bw_probe" in r.stderr
