@@ -98,8 +98,7 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const unsigned ch
 /* Runs of ns blocks of nb bytes, one line of each block in turn (the tail that does not fill a
  * run is not read; the caller counts only what is). */
 __attribute__((target("avx512f"))) static uint64_t read_streams_avx512(const unsigned char *p,
-                                                                       size_t n, int ns,
-                                                                       size_t nb)
+                                                                       size_t n, int ns, size_t nb)
 {
     __m512i a = _mm512_setzero_si512();
     size_t run = (size_t)ns * nb;
@@ -177,8 +176,13 @@ struct opts {
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
-    *o = (struct opts){.threads = 1, .mib = 256, .passes = 10, .huge = 1, .isa = best_isa(),
-                       .streams = 1, .stream_bytes = 4096};
+    *o = (struct opts){.threads = 1,
+                       .mib = 256,
+                       .passes = 10,
+                       .huge = 1,
+                       .isa = best_isa(),
+                       .streams = 1,
+                       .stream_bytes = 4096};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -234,10 +238,15 @@ static double measure(const struct opts *o, const unsigned char *buf, size_t byt
     }
     size_t slice = bytes / (size_t)o->threads;
     for (int i = 0; i < o->threads; i++) {
-        jobs[i] = (struct job){.p = buf + (size_t)i * slice, .n = slice, .isa = o->isa,
-                               .passes = o->passes + 1, .streams = o->streams,
-                               .stream_bytes = (size_t)o->stream_bytes, .bar = &bar,
-                               .t_pass = t_pass, .id = i};
+        jobs[i] = (struct job){.p = buf + (size_t)i * slice,
+                               .n = slice,
+                               .isa = o->isa,
+                               .passes = o->passes + 1,
+                               .streams = o->streams,
+                               .stream_bytes = (size_t)o->stream_bytes,
+                               .bar = &bar,
+                               .t_pass = t_pass,
+                               .id = i};
         if (i > 0 && pthread_create(&tid[i], NULL, worker, &jobs[i]) != 0) {
             /* the barrier counts every thread: without all of them nobody passes it, so the
              * workers already started stay blocked until the process exits */
@@ -253,8 +262,7 @@ static double measure(const struct opts *o, const unsigned char *buf, size_t byt
     for (int i = 0; i < n_started; i++)
         sink ^= jobs[i].sink;
     g_sink = sink;
-    double read = (double)slice_read_bytes(slice, o->streams, (size_t)o->stream_bytes) *
-                  o->threads;
+    double read = (double)slice_read_bytes(slice, o->streams, (size_t)o->stream_bytes) * o->threads;
     for (int r = 1; r <= o->passes; r++) /* pass 0 is the warm-up */
         if (t_pass[r] > 0 && read / t_pass[r] > best)
             best = read / t_pass[r];
