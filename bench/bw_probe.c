@@ -290,6 +290,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "bw_probe: %d MiB is less than %zu bytes per step\n", o.mib, unit);
         return 2;
     }
+    if (slice_read_bytes(bytes / (size_t)o.threads, o.streams, (size_t)o.stream_bytes) == 0) {
+        fprintf(stderr, "bw_probe: a thread's %zu bytes hold no run of %d streams of %d bytes\n",
+                bytes / (size_t)o.threads, o.streams, o.stream_bytes);
+        return 2;
+    }
     unsigned char *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                               -1, 0);
     if (buf == MAP_FAILED) {

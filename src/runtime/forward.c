@@ -34,6 +34,7 @@ struct mm_task {
      * else row blocks of 16 (the same rows of every job when the jobs are alike, else each
      * job's blocks in job order). */
     int dyn;
+    int alike;         /* all jobs have the same rows (set for every task) */
     int nth;
     long n_units;
     long big;   /* units of each of the first nth chunks */
@@ -44,8 +45,9 @@ struct mm_task {
 
 /* Chunks of at most this many tokens take rows from a shared counter: a token's products are
  * memory-bound, and with a fixed even split the thread whose reads happen to be slower keeps
- * the others waiting at the end of every product (~12% of generation time in pool waits on
- * SmolLM2-360M, 160 products a token; ~5% with the counter). The first nth chunks are three
+ * the others waiting at the end of every product (14% of SmolLM2-360M's generation samples in
+ * pool waits, 160 products a token; 8% with the counter, at the same tokens/s on 2 cores, where
+ * the other thread reads faster meanwhile; the imbalance grows with the thread count). The first nth chunks are three
  * quarters of an even share each (one per thread, taken at once), the rest small ones that
  * even out the end: each chunk quantizes its activations again (quantized formats), so a
  * thread should take few. Longer chunks are compute-bound and split evenly. Each row's numbers
@@ -74,7 +76,7 @@ static long blocks_of(long rows)
 /* The rows of units [u0, u1) into lo/hi, one range per job (empty where it has none). */
 static void unit_rows(const struct mm_task *t, long u0, long u1, long *lo, long *hi)
 {
-    int alike = t->unit == 0 && jobs_alike(t);
+    int alike = t->unit == 0 && t->alike;
     long base = 0;
     for (int j = 0; j < t->n_jobs; j++) {
         long rows = (long)t->jobs[j].w->rows, size = t->unit > 0 ? t->unit : 16;
@@ -96,7 +98,7 @@ static void plan_chunks(struct mm_task *t, int nth)
     for (int j = 0; j < t->n_jobs; j++) {
         long rows = (long)t->jobs[j].w->rows;
         long units = t->unit > 0 ? rows / t->unit : blocks_of(rows);
-        total = t->unit == 0 && jobs_alike(t) ? KWK_MAX(total, units) : total + units;
+        total = t->unit == 0 && t->alike ? KWK_MAX(total, units) : total + units;
     }
     long align = t->unit > 0 ? 1 : DYN_ALIGN;
     long big = total * 3 / (4 * (long)nth) / align * align;
@@ -170,6 +172,7 @@ static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const stru
     struct mm_task t = {.k = d->k, .n_tok = n_tok, .n_jobs = n_jobs, .unit = unit,
                         .post = post, .post_ctx = post_ctx};
     memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
+    t.alike = jobs_alike(&t);
     int nth = kwk_pool_size(d->pool);
     t.dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
     if (t.dyn)
@@ -224,7 +227,7 @@ static const float *rope_table(const struct tok_task *t, int tok)
     return t->d->rope_cs + (size_t)tok * (size_t)t->d->c->head_dim;
 }
 
-/* Bias, q norm and rotary of query head h of token tok (cs: its rotary table or NULL). */
+/* Bias, q norm and rotary of query head h of token tok (cs: its rotary table). */
 static void prep_q_head(const struct tok_task *t, int tok, int h, const float *cs)
 {
     struct kwk_decoder *d = t->d;

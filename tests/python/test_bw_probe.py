@@ -43,6 +43,13 @@ def test_streams_pattern():
     assert d["threads"] == 2 and d["isa"] == "avx512"
 
 
+def test_streams_larger_than_a_slice_refused():
+    # 1 MiB on 2 threads: each slice is 512 KiB, one run of 4 x 1 MiB does not fit
+    r = run("-t", "2", "-m", "1", "--streams", "4", "--stream-bytes", str(1 << 20))
+    assert r.returncode == 2
+    assert ("hold no run" if has_avx512() else "AVX-512") in r.stderr
+
+
 @pytest.mark.parametrize("args", [
     ("--stream-bytes", "100"),        # not a multiple of 64
     ("--stream-bytes", "0"),
