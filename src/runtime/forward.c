@@ -34,7 +34,7 @@ struct mm_task {
      * else row blocks of 16 (the same rows of every job when the jobs are alike, else each
      * job's blocks in job order). */
     int dyn;
-    int alike;         /* all jobs have the same rows (set for every task) */
+    int alike; /* all jobs have the same rows (set for every task) */
     int nth;
     long n_units;
     long big;   /* units of each of the first nth chunks */
@@ -47,10 +47,10 @@ struct mm_task {
  * memory-bound, and with a fixed even split the thread whose reads happen to be slower keeps
  * the others waiting at the end of every product (14% of SmolLM2-360M's generation samples in
  * pool waits, 160 products a token; 8% with the counter, at the same tokens/s on 2 cores, where
- * the other thread reads faster meanwhile; the imbalance grows with the thread count). The first nth chunks are three
- * quarters of an even share each (one per thread, taken at once), the rest small ones that
- * even out the end: each chunk quantizes its activations again (quantized formats), so a
- * thread should take few. Longer chunks are compute-bound and split evenly. Each row's numbers
+ * the other thread reads faster meanwhile; the imbalance grows with the thread count). The first
+ * nth chunks are three quarters of an even share each (one per thread, taken at once), the rest
+ * small ones that even out the end: each chunk quantizes its activations again (quantized formats),
+ * so a thread should take few. Longer chunks are compute-bound and split evenly. Each row's numbers
  * do not depend on its thread or chunk (batch invariance of the kernels). */
 #define DYN_TOK_MAX 16
 /* Small chunks a thread takes on average in the tail. */
