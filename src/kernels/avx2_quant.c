@@ -22,7 +22,7 @@ struct qx {
     int8_t q[KWK_QX_TOKS][KWK_QX_COLS]; /* high halves h of v = 254 h + l */
     int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves (16-bit mode only) */
     float d[KWK_QX_TOKS][QG_MAX];       /* d_x; a8: 254 * d_x */
-    int32_t s[KWK_QX_TOKS][QG_MAX];     /* sum of v; a8: sum of h times the weights' offset */
+    int32_t s[KWK_QX_TOKS][QG_MAX];     /* sum of v; a8: sum of h */
     float m[KWK_QX_TOKS][QG_MAX];       /* a8 only: d_x * (float)(254 * sum of h), int4 */
 };
 _Static_assert(KWK_Q8_GROUP == 32 && KWK_Q4_GROUP == 32 && KWK_Q6_GROUP == 32, "groups of 32");
@@ -47,8 +47,8 @@ INLINE void put(float *yt, int64_t rb, int64_t r0, int64_t r1, __m256 lo, __m256
 }
 
 struct tile_args {
-    const void *blk; /* the row block's block of group g0 */
-    const struct qx *qx;
+    const void *blk;   /* the row block's block of group g0 */
+    struct kwk_qact x; /* the token block's activations, from the pass's first column (group) */
     int t;
     int ng;
     float *y;
@@ -56,6 +56,14 @@ struct tile_args {
     int64_t rb, r0, r1;
     int first;
 };
+
+/* Token t + j of a tile: its high and low halves from the pass's first column, and its numbers of
+ * group g of the pass. */
+#define XH(a, j) ((a)->x.h + (long)((a)->t + (j)) * (a)->x.ldh)
+#define XL(a, j) ((a)->x.l + (long)((a)->t + (j)) * (a)->x.ldh)
+#define XD(a, j, g) ((a)->x.d[(long)((a)->t + (j)) * (a)->x.ldg + (g)])
+#define XS(a, j, g) ((a)->x.s[(long)((a)->t + (j)) * (a)->x.ldg + (g)])
+#define XM(a, j, g) ((a)->x.m[(long)((a)->t + (j)) * (a)->x.ldg + (g)])
 
 /* int8: the stored w + 128 flipped back to signed w; maddubs needs an unsigned operand, so it
  * multiplies |w| by x carrying w's sign: pairs stay within 2 * 127 * 127, no saturation. The
@@ -82,8 +90,8 @@ INLINE void tile_q8(const struct tile_args *a, int T)
                 __m256i aw = _mm256_abs_epi8(wv);
                 for (int j = 0; j < T; j++) {
                     int64_t k = g * KWK_Q8_GROUP + k4 * 4;
-                    __m256i xh = bcast4(a->qx->q[a->t + j] + k);
-                    __m256i xl = bcast4(a->qx->l[a->t + j] + k);
+                    __m256i xh = bcast4(XH(a, j) + k);
+                    __m256i xl = bcast4(XL(a, j) + k);
                     __m256i ph = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xh, wv));
                     __m256i pl = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xl, wv));
                     __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ph, c254),
@@ -93,7 +101,7 @@ INLINE void tile_q8(const struct tile_args *a, int T)
             }
         }
         for (int j = 0; j < T; j++) {
-            __m256 dx = _mm256_set1_ps(a->qx->d[a->t + j][g]);
+            __m256 dx = _mm256_set1_ps(XD(a, j, g));
             for (int h = 0; h < 2; h++) {
                 __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
                 __m256 dd = _mm256_mul_ps(dw, dx);
@@ -128,7 +136,7 @@ INLINE void tile_q4(const struct tile_args *a, int T)
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
                 for (int j = 0; j < T; j++) {
                     int64_t k = g * KWK_Q4_GROUP + 8 * c;
-                    const int8_t *xh = a->qx->q[a->t + j] + k, *xl = a->qx->l[a->t + j] + k;
+                    const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
                     __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
                                                   _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
                     __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xl)),
@@ -140,9 +148,9 @@ INLINE void tile_q4(const struct tile_args *a, int T)
             }
         }
         for (int j = 0; j < T; j++) {
-            float xd = a->qx->d[a->t + j][g];
+            float xd = XD(a, j, g);
             __m256 dx = _mm256_set1_ps(xd);
-            __m256 dsx = _mm256_set1_ps(xd * (float)a->qx->s[a->t + j][g]);
+            __m256 dsx = _mm256_set1_ps(xd * (float)XS(a, j, g));
             for (int h = 0; h < 2; h++) {
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
                 __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].m + 8 * h)));
@@ -193,7 +201,7 @@ INLINE void tile_q6(const struct tile_args *a, int T)
                                              q6_high(qh, 2 * (c % 2) + 1, m30));
                 for (int j = 0; j < T; j++) {
                     int64_t k = g * KWK_Q6_GROUP + 8 * c;
-                    const int8_t *xh = a->qx->q[a->t + j] + k, *xl = a->qx->l[a->t + j] + k;
+                    const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
                     __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
                                                   _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
                     __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xl)),
@@ -205,8 +213,8 @@ INLINE void tile_q6(const struct tile_args *a, int T)
             }
         }
         for (int j = 0; j < T; j++) {
-            __m256i corr = _mm256_set1_epi32(32 * a->qx->s[a->t + j][g]);
-            __m256 dx = _mm256_set1_ps(a->qx->d[a->t + j][g]);
+            __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
+            __m256 dx = _mm256_set1_ps(XD(a, j, g));
             for (int h = 0; h < 2; h++) {
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
                 __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h][j], corr));
@@ -251,7 +259,6 @@ INLINE void tile8_q8(const struct tile_args *a, int T)
 {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     const struct kwk_q8_block *b = a->blk;
-    const struct qx *qx = a->qx;
     for (int h = 0; h < 2; h++) {
         __m256 facc[TT8_MAX];
         for (int j = 0; j < T; j++)
@@ -265,14 +272,14 @@ INLINE void tile8_q8(const struct tile_args *a, int T)
                     _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * h]), flip);
                 __m256i aw = _mm256_abs_epi8(wv);
                 for (int j = 0; j < T; j++) {
-                    __m256i xb = bcast4(qx->q[a->t + j] + g * KWK_Q8_GROUP + k4 * 4);
+                    __m256i xb = bcast4(XH(a, j) + g * KWK_Q8_GROUP + k4 * 4);
                     __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv));
                     acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(p, ones));
                 }
             }
             __m256 dw = ld_half(b[g].d + 8 * h);
             for (int j = 0; j < T; j++) {
-                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(qx->d[a->t + j][g]));
+                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
                 facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[j]), dd, facc[j]);
             }
         }
@@ -285,7 +292,6 @@ INLINE void tile8_q4(const struct tile_args *a, int T)
 {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const struct kwk_q4_block *b = a->blk;
-    const struct qx *qx = a->qx;
     for (int h = 0; h < 2; h++) {
         __m256 facc[TT8_MAX];
         for (int j = 0; j < T; j++)
@@ -299,7 +305,7 @@ INLINE void tile8_q4(const struct tile_args *a, int T)
                 __m256i lo = _mm256_and_si256(p, m4);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
                 for (int j = 0; j < T; j++) {
-                    const int8_t *xh = qx->q[a->t + j] + g * KWK_Q4_GROUP + 8 * c;
+                    const int8_t *xh = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
                     acc[j] = _mm256_add_epi16(acc[j], _mm256_maddubs_epi16(lo, bcast4(xh)));
                     acc[j] = _mm256_add_epi16(acc[j], _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
                 }
@@ -307,9 +313,9 @@ INLINE void tile8_q4(const struct tile_args *a, int T)
             __m256 d = ld_half(b[g].d + 8 * h), m = ld_half(b[g].m + 8 * h);
             for (int j = 0; j < T; j++) {
                 __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[j], ones));
-                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(qx->d[a->t + j][g]));
+                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(XD(a, j, g)));
                 facc[j] = _mm256_fmadd_ps(s, dd, facc[j]);
-                facc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(qx->m[a->t + j][g]), facc[j]);
+                facc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(XM(a, j, g)), facc[j]);
             }
         }
         for (int j = 0; j < T; j++)
@@ -322,7 +328,6 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     const __m256i ones = _mm256_set1_epi16(1);
     const struct kwk_q6_block *b = a->blk;
-    const struct qx *qx = a->qx;
     for (int h = 0; h < 2; h++) {
         __m256 facc[TT8_MAX];
         for (int j = 0; j < T; j++)
@@ -339,7 +344,7 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
                 __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
                                              q6_high(qh, 2 * (c % 2) + 1, m30));
                 for (int j = 0; j < T; j++) {
-                    const int8_t *xh = qx->q[a->t + j] + g * KWK_Q6_GROUP + 8 * c;
+                    const int8_t *xh = XH(a, j) + g * KWK_Q6_GROUP + 8 * c;
                     __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
                                                  _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
                     acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(s, ones));
@@ -347,9 +352,9 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
             }
             __m256 dw = ld_half(b[g].d + 8 * h);
             for (int j = 0; j < T; j++) {
-                __m256i corr = _mm256_set1_epi32(qx->s[a->t + j][g]); /* 32 * sum(h) */
+                __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
                 __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[j], corr));
-                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(qx->d[a->t + j][g]));
+                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
                 facc[j] = _mm256_fmadd_ps(s, dd, facc[j]);
             }
         }
@@ -360,10 +365,10 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
 
 /* kwk_quant_act with 8-bit activations, vectorized with its arithmetic (127 / amax, x * id
  * rounded to nearest even by cvtps2dq; |f| <= 127 keeps the clamp idle): h only, and the
- * numbers of the epilogue, as avx512_quant.c's quant_act8: xd254 = 254 * d_x, xs = off *
- * sum(h), xm = d_x * (float)(254 * sum(h)). */
-static void quant_act8(const float *x, int64_t n, int G, int off, int8_t *xh, float *xd254,
-                       int32_t *xs, float *xm)
+ * numbers of the epilogue, as avx512_quant.c's quant_act8: xd254 = 254 * d_x, xs = sum(h),
+ * xm = d_x * (float)(254 * sum(h)). */
+static void quant_act8(const float *x, int64_t n, int G, int8_t *xh, float *xd254, int32_t *xs,
+                       float *xm)
 {
     const __m256 sgn = _mm256_set1_ps(-0.0f);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -400,7 +405,7 @@ static void quant_act8(const float *x, int64_t n, int G, int off, int8_t *xh, fl
         int32_t hs = _mm_cvtsi128_si32(s4);
         float d = amax / (float)KWK_QX_SCALE;
         xd254[g] = 254.0f * d;
-        xs[g] = off * hs;
+        xs[g] = hs;
         xm[g] = d * (float)(254 * hs);
     }
 }
@@ -426,22 +431,65 @@ TILES8(q8)
 TILES8(q4)
 TILES8(q6)
 
+/* The weights' side of a product: tile functions, tile width and block size of w's format. */
+struct fmt {
+    const tile_fn *tiles;
+    int tt;
+    size_t bsz;
+};
+
+static struct fmt fmt_of(const struct kwk_mat *w)
+{
+    int a8 = w->act8 != 0;
+    struct fmt f = {.tt = a8 ? TT8 : TT};
+    f.tiles = w->wtype == KWK_W_Q8   ? (a8 ? tiles8_q8 : tiles_q8)
+              : w->wtype == KWK_W_Q6 ? (a8 ? tiles8_q6 : tiles_q6)
+                                     : (a8 ? tiles8_q4 : tiles_q4);
+    f.bsz = w->wtype == KWK_W_Q8   ? sizeof(struct kwk_q8_block)
+            : w->wtype == KWK_W_Q6 ? sizeof(struct kwk_q6_block)
+                                   : sizeof(struct kwk_q4_block);
+    return f;
+}
+
+/* Column pass [g0, g1) of nt tokens whose quantized activations x starts at (the view's row 0
+ * is the block's first token, its column 0 the pass's first): every row block of [r0, r1); y is
+ * the first token's output row. */
+static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct kwk_qact *x, int nt,
+                     int64_t g0, int64_t g1, float *y, long ldy, int64_t r0, int64_t r1)
+{
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols);
+    int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
+    struct tile_args a = {
+        .x = *x, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0, .r1 = r1, .first = g0 == 0};
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        a.blk = (const uint8_t *)w->data + (rb * ng + g0) * f->bsz;
+        a.rb = rb;
+        for (int t = 0; t < nt; t += f->tt) {
+            a.t = t;
+            a.y = y + (int64_t)t * ldy;
+            f->tiles[KWK_MIN(f->tt, nt - t)](&a);
+        }
+    }
+}
+
 void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                            int64_t r0, int64_t r1)
 {
     if (r1 <= r0 || n_tok <= 0)
         return;
     struct qx qx;
-    int G = kwk_quant_group(w->wtype), a8 = w->act8 != 0, tt = a8 ? TT8 : TT;
-    const tile_fn *tiles = w->wtype == KWK_W_Q8   ? (a8 ? tiles8_q8 : tiles_q8)
-                           : w->wtype == KWK_W_Q6 ? (a8 ? tiles8_q6 : tiles_q6)
-                                                  : (a8 ? tiles8_q4 : tiles_q4);
-    int off = w->wtype == KWK_W_Q6 ? 32 : 0; /* int8 here flips its weights back to signed */
-    size_t bsz = w->wtype == KWK_W_Q8   ? sizeof(struct kwk_q8_block)
-                 : w->wtype == KWK_W_Q6 ? sizeof(struct kwk_q6_block)
-                                        : sizeof(struct kwk_q4_block);
+    struct fmt f = fmt_of(w);
+    int G = kwk_quant_group(w->wtype), a8 = w->act8 != 0;
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
-    int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
+    struct kwk_qact view = {.cols = w->cols,
+                            .act8 = a8,
+                            .ldh = KWK_QX_COLS,
+                            .ldg = QG_MAX,
+                            .h = qx.q[0],
+                            .l = qx.l[0],
+                            .d = qx.d[0],
+                            .s = qx.s[0],
+                            .m = qx.m[0]};
     for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
         int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
@@ -450,21 +498,48 @@ void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, f
             for (int j = 0; j < nt; j++) {
                 const float *xt = x + (int64_t)(tb + j) * w->cols + k0;
                 if (a8)
-                    quant_act8(xt, nk, G, off, qx.q[j], qx.d[j], qx.s[j], qx.m[j]);
+                    quant_act8(xt, nk, G, qx.q[j], qx.d[j], qx.s[j], qx.m[j]);
                 else
                     kwk_quant_act(xt, nk, G, qx.q[j], qx.l[j], qx.d[j], qx.s[j]);
             }
-            struct tile_args a = {.qx = &qx, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0,
-                                  .r1 = r1, .first = g0 == 0};
-            for (int64_t rb = rb0; rb < rb1; rb++) {
-                a.blk = (const uint8_t *)w->data + (rb * ng + g0) * bsz;
-                a.rb = rb;
-                for (int t = 0; t < nt; t += tt) {
-                    a.t = t;
-                    a.y = y + (int64_t)(tb + t) * ldy;
-                    tiles[KWK_MIN(tt, nt - t)](&a);
-                }
-            }
+            run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1);
+        }
+    }
+}
+
+void kwk_quant_rows_avx2(const float *x, const struct kwk_qact *qa, int t0, int t1)
+{
+    for (int t = t0; t < t1; t++) {
+        const float *xt = x + (int64_t)t * qa->cols;
+        long oh = (long)t * qa->ldh, og = (long)t * qa->ldg;
+        if (qa->act8)
+            quant_act8(xt, qa->cols, KWK_QACT_GROUP, qa->h + oh, qa->d + og, qa->s + og,
+                       qa->m + og);
+        else
+            kwk_quant_act(xt, qa->cols, KWK_QACT_GROUP, qa->h + oh, qa->l + oh, qa->d + og,
+                          qa->s + og);
+    }
+}
+
+void kwk_quant_matmul_q_avx2(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
+                             float *y, long ldy, int64_t r0, int64_t r1)
+{
+    if (r1 <= r0 || n_tok <= 0)
+        return;
+    struct fmt f = fmt_of(w);
+    int G = kwk_quant_group(w->wtype);
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
+    for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
+        int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
+        for (int64_t g0 = 0; g0 < ng; g0 += gc) {
+            int64_t g1 = KWK_MIN(ng, g0 + gc);
+            struct kwk_qact view = *qa;
+            view.h += (long)tb * qa->ldh + g0 * G;
+            view.l += (long)tb * qa->ldh + g0 * G;
+            view.d += (long)tb * qa->ldg + g0;
+            view.s += (long)tb * qa->ldg + g0;
+            view.m += (long)tb * qa->ldg + g0;
+            run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1);
         }
     }
 }

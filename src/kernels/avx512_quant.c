@@ -37,7 +37,7 @@ struct qx {
     int8_t q[KWK_QX_TOKS][KWK_QX_COLS]; /* high halves h of v = 254 h + l */
     int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves (16-bit mode only) */
     float d[KWK_QX_TOKS][QG_MAX];       /* d_x; a8: 254 * d_x */
-    int32_t s[KWK_QX_TOKS][QG_MAX];     /* sum of v; a8: sum of h times the weights' offset */
+    int32_t s[KWK_QX_TOKS][QG_MAX];     /* sum of v; a8: sum of h */
     float m[KWK_QX_TOKS][QG_MAX];       /* a8 only: d_x * (float)(254 * sum of h), int4 */
 };
 
@@ -87,11 +87,11 @@ static void quant_act(const float *x, int64_t n, int G, int8_t *xh, int8_t *xl, 
 
 /* quant_act with 8-bit activations: h only, as kwk_quant_act rounds it (quant.h), and the
  * epilogue's per-group numbers: xd254 = 254 * d_x (the factor of v = 254 h folded into the
- * scale), xs = off * sum(h) (the offset of unsigned weights times the sum, subtracted from the
- * accumulator: 128 for int8, 32 for int6), xm = d_x * (float)(254 * sum(h)) (int4's offset
- * term, rounded as quant_ref.c rounds d_x * xs). */
-static void quant_act8(const float *x, int64_t n, int G, int off, int8_t *xh, float *xd254,
-                       int32_t *xs, float *xm)
+ * scale), xs = sum(h) (the tiles subtract the offset of unsigned weights times it: 128 for
+ * int8, 32 for int6), xm = d_x * (float)(254 * sum(h)) (int4's offset term, rounded as
+ * quant_ref.c rounds d_x * xs). */
+static void quant_act8(const float *x, int64_t n, int G, int8_t *xh, float *xd254, int32_t *xs,
+                       float *xm)
 {
     int64_t ng = (n + G - 1) / G;
     for (int64_t g = 0; g < ng; g++) {
@@ -108,7 +108,7 @@ static void quant_act8(const float *x, int64_t n, int G, int off, int8_t *xh, fl
         float d = amax / (float)KWK_QX_SCALE;
         int32_t hs = _mm512_reduce_add_epi32(sum);
         xd254[g] = 254.0f * d;
-        xs[g] = off * hs;
+        xs[g] = hs;
         xm[g] = d * (float)(254 * hs);
     }
 }
@@ -134,7 +134,7 @@ INLINE void put(float *yt, int64_t rb, int64_t r0, int64_t r1, __m512 v, int fir
  * activations of tokens [t, t+T) of the block, and where the results go. */
 struct tile_args {
     const void *blk[4]; /* per row block: its block of group g0 */
-    const struct qx *qx;
+    struct kwk_qact x;  /* the token block's activations, from the pass's first column (group) */
     int t;              /* first token of the tile within the token block */
     int ng;             /* groups in the pass */
     float *y;           /* token t's output row */
@@ -142,6 +142,14 @@ struct tile_args {
     int64_t rb, r0, r1;
     int first;
 };
+
+/* Token t + j of a tile: its high and low halves from the pass's first column, and its numbers of
+ * group g of the pass. */
+#define XH(a, j) ((a)->x.h + (long)((a)->t + (j)) * (a)->x.ldh)
+#define XL(a, j) ((a)->x.l + (long)((a)->t + (j)) * (a)->x.ldh)
+#define XD(a, j, g) ((a)->x.d[(long)((a)->t + (j)) * (a)->x.ldg + (g)])
+#define XS(a, j, g) ((a)->x.s[(long)((a)->t + (j)) * (a)->x.ldg + (g)])
+#define XM(a, j, g) ((a)->x.m[(long)((a)->t + (j)) * (a)->x.ldg + (g)])
 
 INLINE void tile_q8(const struct tile_args *a, int R, int T)
 {
@@ -164,7 +172,7 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
                 wv[i] = _mm512_loadu_si512(b[i][g].q[k4]);
             for (int j = 0; j < T; j++) {
                 int64_t k = g * KWK_Q8_GROUP + k4 * 4;
-                __m512i xh = bcast4(a->qx->q[a->t + j] + k), xl = bcast4(a->qx->l[a->t + j] + k);
+                __m512i xh = bcast4(XH(a, j) + k), xl = bcast4(XL(a, j) + k);
                 for (int i = 0; i < R; i++) {
                     acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wv[i], xh);
                     accl[i][j] = _mm512_dpbusd_epi32(accl[i][j], wv[i], xl);
@@ -174,8 +182,8 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
         for (int j = 0; j < T; j++) {
             /* the weights were stored as w + 128: take 128 * sum(v) back out; |254 * acc| and
              * 128 * |sum(v)| stay below 2^31 (32 * 255 * 127 * 254, 128 * 32 * KWK_QX_SCALE) */
-            __m512i corr = _mm512_set1_epi32(128 * a->qx->s[a->t + j][g]);
-            __m512 dx = _mm512_set1_ps(a->qx->d[a->t + j][g]);
+            __m512i corr = _mm512_set1_epi32(128 * XS(a, j, g));
+            __m512 dx = _mm512_set1_ps(XD(a, j, g));
             for (int i = 0; i < R; i++) {
                 __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(acc[i][j], c254), accl[i][j]);
                 __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
@@ -241,7 +249,7 @@ INLINE void tile_nib(const struct tile_args *a, int q6, int R, int T)
                 nib_unpack(a->blk[i], q6, g, c, m4, m30, &lo[i], &hi[i]);
             for (int j = 0; j < T; j++) {
                 int64_t k = g * KWK_Q4_GROUP + 8 * c;
-                const int8_t *ph = a->qx->q[a->t + j] + k, *pl = a->qx->l[a->t + j] + k;
+                const int8_t *ph = XH(a, j) + k, *pl = XL(a, j) + k;
                 __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4), l0 = bcast4(pl), l1 = bcast4(pl + 4);
                 for (int i = 0; i < R; i++) {
                     acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], h0);
@@ -252,10 +260,10 @@ INLINE void tile_nib(const struct tile_args *a, int q6, int R, int T)
             }
         }
         for (int j = 0; j < T; j++) {
-            float xd = a->qx->d[a->t + j][g];
+            float xd = XD(a, j, g);
             __m512 dx = _mm512_set1_ps(xd);
-            __m512 dsx = _mm512_set1_ps(xd * (float)a->qx->s[a->t + j][g]);
-            __m512i corr = _mm512_set1_epi32(32 * a->qx->s[a->t + j][g]);
+            __m512 dsx = _mm512_set1_ps(xd * (float)XS(a, j, g));
+            __m512i corr = _mm512_set1_epi32(32 * XS(a, j, g));
             for (int i = 0; i < R; i++) {
                 const uint16_t *bd = q6 ? ((const struct kwk_q6_block *)a->blk[i])[g].d
                                         : ((const struct kwk_q4_block *)a->blk[i])[g].d;
@@ -298,7 +306,6 @@ INLINE void tile8_q8(const struct tile_args *a, int R, int T)
     const struct kwk_q8_block *b[4];
     for (int i = 0; i < R; i++)
         b[i] = a->blk[i];
-    const struct qx *qx = a->qx;
     for (int g = 0; g < a->ng; g++) {
         __m512i acc[4][TT];
         for (int i = 0; i < R; i++)
@@ -309,7 +316,7 @@ INLINE void tile8_q8(const struct tile_args *a, int R, int T)
             for (int i = 0; i < R; i++)
                 wv[i] = _mm512_loadu_si512(b[i][g].q[k4]);
             for (int j = 0; j < T; j++) {
-                __m512i xh = bcast4(qx->q[a->t + j] + g * KWK_Q8_GROUP + k4 * 4);
+                __m512i xh = bcast4(XH(a, j) + g * KWK_Q8_GROUP + k4 * 4);
                 for (int i = 0; i < R; i++)
                     acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wv[i], xh);
             }
@@ -319,8 +326,8 @@ INLINE void tile8_q8(const struct tile_args *a, int R, int T)
             dw[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
         for (int j = 0; j < T; j++) {
             /* weights stored as w + 128: s holds 128 * sum(h) (|acc| <= 32 * 255 * 127) */
-            __m512i corr = _mm512_set1_epi32(qx->s[a->t + j][g]);
-            __m512 dx = _mm512_set1_ps(qx->d[a->t + j][g]);
+            __m512i corr = _mm512_set1_epi32(128 * XS(a, j, g));
+            __m512 dx = _mm512_set1_ps(XD(a, j, g));
             for (int i = 0; i < R; i++) {
                 __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
                 facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw[i], dx), facc[i][j]);
@@ -340,7 +347,6 @@ INLINE void tile8_nib(const struct tile_args *a, int q6, int R, int T)
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++)
             facc[i][j] = _mm512_setzero_ps();
-    const struct qx *qx = a->qx;
     for (int g = 0; g < a->ng; g++) {
         __m512i acc[4][TT];
         for (int i = 0; i < R; i++)
@@ -351,7 +357,7 @@ INLINE void tile8_nib(const struct tile_args *a, int q6, int R, int T)
             for (int i = 0; i < R; i++)
                 nib_unpack(a->blk[i], q6, g, c, m4, m30, &lo[i], &hi[i]);
             for (int j = 0; j < T; j++) {
-                const int8_t *ph = qx->q[a->t + j] + g * KWK_Q4_GROUP + 8 * c;
+                const int8_t *ph = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
                 __m512i h0 = bcast4(ph), h1 = bcast4(ph + 4);
                 for (int i = 0; i < R; i++) {
                     acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo[i], h0);
@@ -369,9 +375,9 @@ INLINE void tile8_nib(const struct tile_args *a, int q6, int R, int T)
                     (const __m256i *)((const struct kwk_q4_block *)a->blk[i])[g].m));
         }
         for (int j = 0; j < T; j++) {
-            __m512 dx = _mm512_set1_ps(qx->d[a->t + j][g]);
-            __m512 dsx = _mm512_set1_ps(qx->m[a->t + j][g]);
-            __m512i corr = _mm512_set1_epi32(qx->s[a->t + j][g]); /* int6: 32 * sum(h) */
+            __m512 dx = _mm512_set1_ps(XD(a, j, g));
+            __m512 dsx = _mm512_set1_ps(XM(a, j, g));
+            __m512i corr = _mm512_set1_epi32(32 * XS(a, j, g)); /* int6 */
             for (int i = 0; i < R; i++) {
                 if (q6) {
                     __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
@@ -414,29 +420,70 @@ TILES(tile8_q8)
 TILES(tile8_q4)
 TILES(tile8_q6)
 
+/* The weights' side of a product: tile functions, block size and tile width of w's format. */
+struct fmt {
+    const tile_fn (*tiles)[TT + 1];
+    int tt;
+    size_t bsz;
+};
+
+static struct fmt fmt_of(const struct kwk_mat *w)
+{
+    int a8 = w->act8 != 0;
+    if (w->wtype == KWK_W_Q8)
+        return (struct fmt){a8 ? tiles_tile8_q8 : tiles_tile_q8, a8 ? TT8_Q8 : TT_Q8,
+                            sizeof(struct kwk_q8_block)};
+    if (w->wtype == KWK_W_Q6)
+        return (struct fmt){a8 ? tiles_tile8_q6 : tiles_tile_q6, a8 ? TT8_Q6 : TT_Q6,
+                            sizeof(struct kwk_q6_block)};
+    /* int4 and int6 need two more registers a row block (both nibble halves): fewer tokens a
+     * tile */
+    return (struct fmt){a8 ? tiles_tile8_q4 : tiles_tile_q4, a8 ? TT8_Q4 : TT_Q4,
+                        sizeof(struct kwk_q4_block)};
+}
+
+/* Column pass [g0, g1) of nt tokens whose quantized activations x starts at (the view's row 0
+ * is the block's first token, its column 0 the pass's first): every row block of [r0, r1), in
+ * tiles; y is the first token's output row. */
+static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct kwk_qact *x, int nt,
+                     int64_t g0, int64_t g1, float *y, long ldy, int64_t r0, int64_t r1)
+{
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols);
+    int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
+    struct tile_args a = {
+        .x = *x, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0, .r1 = r1, .first = g0 == 0};
+    for (int64_t rb = rb0; rb < rb1;) {
+        int R = nt == 1 && rb + 4 <= rb1 ? 4 : rb + 2 <= rb1 ? 2 : 1;
+        for (int i = 0; i < R; i++)
+            a.blk[i] = (const uint8_t *)w->data + ((rb + i) * ng + g0) * f->bsz;
+        a.rb = rb;
+        for (int t = 0; t < nt; t += f->tt) {
+            int T = KWK_MIN(f->tt, nt - t);
+            a.t = t;
+            a.y = y + (int64_t)t * ldy;
+            f->tiles[R == 4 ? 2 : R - 1][T](&a);
+        }
+        rb += R;
+    }
+}
+
+/* Token blocks of KWK_QX_TOKS, each quantized one column pass at a time into a stack buffer. */
 static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                         int64_t r0, int64_t r1)
 {
     struct qx qx;
+    struct fmt f = fmt_of(w);
     int G = kwk_quant_group(w->wtype), a8 = w->act8 != 0;
-    const tile_fn(*tiles)[TT + 1] = a8 ? tiles_tile8_q4 : tiles_tile_q4;
-    /* int4 and int6 need two more registers a row block (both nibble halves): fewer tokens a
-     * tile */
-    int tt = a8 ? TT8_Q4 : TT_Q4, off = 0;
-    size_t bsz = sizeof(struct kwk_q4_block);
-    if (w->wtype == KWK_W_Q8) {
-        tiles = a8 ? tiles_tile8_q8 : tiles_tile_q8;
-        tt = a8 ? TT8_Q8 : TT_Q8;
-        off = 128;
-        bsz = sizeof(struct kwk_q8_block);
-    } else if (w->wtype == KWK_W_Q6) {
-        tiles = a8 ? tiles_tile8_q6 : tiles_tile_q6;
-        tt = a8 ? TT8_Q6 : TT_Q6;
-        off = 32;
-        bsz = sizeof(struct kwk_q6_block);
-    }
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
-    int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
+    struct kwk_qact view = {.cols = w->cols,
+                            .act8 = a8,
+                            .ldh = KWK_QX_COLS,
+                            .ldg = QG_MAX,
+                            .h = qx.q[0],
+                            .l = qx.l[0],
+                            .d = qx.d[0],
+                            .s = qx.s[0],
+                            .m = qx.m[0]};
     for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
         int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
@@ -445,25 +492,33 @@ static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, floa
             for (int j = 0; j < nt; j++) {
                 const float *xt = x + (int64_t)(tb + j) * w->cols + k0;
                 if (a8)
-                    quant_act8(xt, nk, G, off, qx.q[j], qx.d[j], qx.s[j], qx.m[j]);
+                    quant_act8(xt, nk, G, qx.q[j], qx.d[j], qx.s[j], qx.m[j]);
                 else
                     quant_act(xt, nk, G, qx.q[j], qx.l[j], qx.d[j], qx.s[j]);
             }
-            struct tile_args a = {.qx = &qx, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0,
-                                  .r1 = r1, .first = g0 == 0};
-            for (int64_t rb = rb0; rb < rb1;) {
-                int R = nt == 1 && rb + 4 <= rb1 ? 4 : rb + 2 <= rb1 ? 2 : 1;
-                for (int i = 0; i < R; i++)
-                    a.blk[i] = (const uint8_t *)w->data + ((rb + i) * ng + g0) * bsz;
-                a.rb = rb;
-                for (int t = 0; t < nt; t += tt) {
-                    int T = KWK_MIN(tt, nt - t);
-                    a.t = t;
-                    a.y = y + (int64_t)(tb + t) * ldy;
-                    tiles[R == 4 ? 2 : R - 1][T](&a);
-                }
-                rb += R;
-            }
+            run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1);
+        }
+    }
+}
+
+/* The same token blocks and passes over activations quantized beforehand. */
+static void matmul_q_vnni(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok, float *y,
+                          long ldy, int64_t r0, int64_t r1)
+{
+    struct fmt f = fmt_of(w);
+    int G = kwk_quant_group(w->wtype);
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
+    for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
+        int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
+        for (int64_t g0 = 0; g0 < ng; g0 += gc) {
+            int64_t g1 = KWK_MIN(ng, g0 + gc);
+            struct kwk_qact view = *qa;
+            view.h += (long)tb * qa->ldh + g0 * G;
+            view.l += (long)tb * qa->ldh + g0 * G;
+            view.d += (long)tb * qa->ldg + g0;
+            view.s += (long)tb * qa->ldg + g0;
+            view.m += (long)tb * qa->ldg + g0;
+            run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1);
         }
     }
 }
@@ -479,6 +534,32 @@ void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok,
         return;
     }
     matmul_vnni(w, x, n_tok, y, ldy, r0, r1);
+}
+
+/* The rows' quantization is the AVX2 kernel's, number for number, so either matmul_q reads it. */
+void kwk_quant_rows_avx512(const float *x, const struct kwk_qact *qa, int t0, int t1)
+{
+    for (int t = t0; t < t1; t++) {
+        const float *xt = x + (int64_t)t * qa->cols;
+        long oh = (long)t * qa->ldh, og = (long)t * qa->ldg;
+        if (qa->act8)
+            quant_act8(xt, qa->cols, KWK_QACT_GROUP, qa->h + oh, qa->d + og, qa->s + og,
+                       qa->m + og);
+        else
+            quant_act(xt, qa->cols, KWK_QACT_GROUP, qa->h + oh, qa->l + oh, qa->d + og, qa->s + og);
+    }
+}
+
+void kwk_quant_matmul_q_avx512(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
+                               float *y, long ldy, int64_t r0, int64_t r1)
+{
+    if (r1 <= r0 || n_tok <= 0)
+        return;
+    if (!__builtin_cpu_supports("avx512vnni")) {
+        kwk_quant_matmul_q_avx2(w, qa, n_tok, y, ldy, r0, r1);
+        return;
+    }
+    matmul_q_vnni(w, qa, n_tok, y, ldy, r0, r1);
 }
 
 /* ---- packing: the scale search of 16 rows at once ----------------------------------------------

@@ -34,6 +34,8 @@ struct kwk_mat {
     int act8;
 };
 
+struct kwk_qact; /* kernels/quant.h */
+
 struct kwk_kernels {
     const char *name;
     /* y[t*ldy + r] = sum_k w[r][k] * x[t*cols + k] for t in [0,n_tok), r in [r0,r1).
@@ -42,6 +44,14 @@ struct kwk_kernels {
      * (within one table), so a token's logits do not depend on what it was batched with. */
     void (*matmul)(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                    int64_t r0, int64_t r1);
+    /* Quantized wtypes: matmul in two steps, so that products sharing their input quantize it
+     * once (struct kwk_qact, kernels/quant.h). quant_rows fills rows [t0, t1) of qa from x (row
+     * t at x + t * qa->cols); matmul_q is matmul on rows [0, n_tok) of qa, for any quantized w
+     * with w->cols == qa->cols and w->act8 == qa->act8, with bitwise matmul's results. Rows
+     * filled on one thread may be read on others after a barrier. */
+    void (*quant_rows)(const float *x, const struct kwk_qact *qa, int t0, int t1);
+    void (*matmul_q)(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok, float *y,
+                     long ldy, int64_t r0, int64_t r1);
     /* out[cols] = float32 values of row r of w. */
     void (*mat_row)(const struct kwk_mat *w, int64_t r, float *out);
     /* sum_i a[i]*b[i] */

@@ -145,6 +145,44 @@ uint16_t kwk_f32_to_f16(float f);
 #define KWK_QX_COLS 2048
 #define KWK_QX_TOKS 24
 
+/* Activations quantized once for every product that reads them: a layer's q, k, v (or gate, up)
+ * products and every thread's rows share one quantization instead of each redoing it (about 10%
+ * of a prompt's time on SmolLM2-135M). n rows of cols values in caller-owned memory laid out by
+ * kwk_qact_init, filled by a table's quant_rows and read by the same table's matmul_q (the
+ * numbers kept depend on the table and on the mode: AVX2 and AVX-512 keep the same ones, the
+ * scalar table its own). All formats have groups of 32 columns, so one quantization serves
+ * every quantized wtype of those columns. */
+#define KWK_QACT_GROUP 32
+_Static_assert(KWK_Q8_GROUP == KWK_QACT_GROUP && KWK_Q4_GROUP == KWK_QACT_GROUP &&
+                   KWK_Q6_GROUP == KWK_QACT_GROUP,
+               "one activation quantization serves every format");
+struct kwk_qact {
+    int64_t cols;
+    int act8;   /* 8-bit activations (kwk_mat.act8) */
+    long ldh;   /* bytes between rows of h and l: cols padded to whole groups */
+    long ldg;   /* entries between rows of d, s and m: the groups */
+    int8_t *h;  /* [n][ldh] high halves of v = 254 h + l, zero past cols */
+    int8_t *l;  /* [n][ldh] low halves (16-bit mode; the scalar table's 8-bit mode: zeros) */
+    float *d;   /* [n][ldg] d_x; SIMD 8-bit mode: 254 * d_x */
+    int32_t *s; /* [n][ldg] sum of v; SIMD 8-bit mode: sum of h */
+    float *m;   /* [n][ldg] SIMD 8-bit mode: d_x * (float)(254 * sum of h) */
+};
+/* Bytes kwk_qact_init wants for n rows of cols columns (64-byte aligned memory). */
+size_t kwk_qact_bytes(int64_t cols, int n);
+/* Lay out qa in mem for n rows of cols columns in the given mode. */
+void kwk_qact_init(struct kwk_qact *qa, void *mem, int64_t cols, int n, int act8);
+
+/* The tables' quant_rows and matmul_q (contract in kernels.h). */
+void kwk_quant_rows_ref(const float *x, const struct kwk_qact *qa, int t0, int t1);
+void kwk_quant_matmul_q_ref(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok, float *y,
+                            long ldy, int64_t r0, int64_t r1);
+void kwk_quant_rows_avx2(const float *x, const struct kwk_qact *qa, int t0, int t1);
+void kwk_quant_matmul_q_avx2(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
+                             float *y, long ldy, int64_t r0, int64_t r1);
+void kwk_quant_rows_avx512(const float *x, const struct kwk_qact *qa, int t0, int t1);
+void kwk_quant_matmul_q_avx512(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
+                               float *y, long ldy, int64_t r0, int64_t r1);
+
 /* The table entries for quantized wtypes (contract of kwk_kernels.matmul / mat_row). */
 void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                           int64_t r0, int64_t r1);

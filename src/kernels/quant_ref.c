@@ -522,6 +522,72 @@ void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, fl
     }
 }
 
+/* ---- activations quantized once for several products ----------------------------------------- */
+
+static size_t align64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+size_t kwk_qact_bytes(int64_t cols, int n)
+{
+    size_t ng = (size_t)((cols + KWK_QACT_GROUP - 1) / KWK_QACT_GROUP), rows = (size_t)n;
+    return 2 * align64(rows * ng * KWK_QACT_GROUP) + 3 * align64(rows * ng * 4);
+}
+
+void kwk_qact_init(struct kwk_qact *qa, void *mem, int64_t cols, int n, int act8)
+{
+    size_t ng = (size_t)((cols + KWK_QACT_GROUP - 1) / KWK_QACT_GROUP), rows = (size_t)n;
+    uint8_t *p = mem;
+    qa->cols = cols;
+    qa->act8 = act8 != 0;
+    qa->ldh = (long)(ng * KWK_QACT_GROUP);
+    qa->ldg = (long)ng;
+    qa->h = (int8_t *)p;
+    p += align64(rows * ng * KWK_QACT_GROUP);
+    qa->l = (int8_t *)p;
+    p += align64(rows * ng * KWK_QACT_GROUP);
+    qa->d = (float *)p;
+    p += align64(rows * ng * 4);
+    qa->s = (int32_t *)p;
+    p += align64(rows * ng * 4);
+    qa->m = (float *)p;
+}
+
+/* kwk_quant_act of each row (one call covers every column pass: groups are quantized one by
+ * one), then in the 8-bit mode the low halves zeroed as kwk_quant_matmul_ref does. */
+void kwk_quant_rows_ref(const float *x, const struct kwk_qact *qa, int t0, int t1)
+{
+    for (int t = t0; t < t1; t++) {
+        int8_t *h = qa->h + (long)t * qa->ldh, *l = qa->l + (long)t * qa->ldh;
+        int32_t *xs = qa->s + (long)t * qa->ldg;
+        kwk_quant_act(x + (int64_t)t * qa->cols, qa->cols, KWK_QACT_GROUP, h, l,
+                      qa->d + (long)t * qa->ldg, xs);
+        if (qa->act8)
+            act8_halves(qa->ldg, KWK_QACT_GROUP, h, l, xs);
+    }
+}
+
+void kwk_quant_matmul_q_ref(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok, float *y,
+                            long ldy, int64_t r0, int64_t r1)
+{
+    int G = kwk_quant_group(w->wtype);
+    int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
+    for (int t = 0; t < n_tok; t++) {
+        const int8_t *h = qa->h + (long)t * qa->ldh, *l = qa->l + (long)t * qa->ldh;
+        const float *xd = qa->d + (long)t * qa->ldg;
+        const int32_t *xs = qa->s + (long)t * qa->ldg;
+        float *yt = y + (int64_t)t * ldy;
+        for (int64_t r = r0; r < r1; r++)
+            yt[r] = 0.0f;
+        for (int64_t g0 = 0; g0 < ng; g0 += gc) {
+            int64_t g1 = KWK_MIN(ng, g0 + gc);
+            for (int64_t r = r0; r < r1; r++)
+                yt[r] += row_groups(w, r, g0, g1, h + g0 * G, l + g0 * G, xd + g0, xs + g0);
+        }
+    }
+}
+
 void kwk_quant_mat_row_ref(const struct kwk_mat *w, int64_t r, float *out)
 {
     int G = kwk_quant_group(w->wtype);

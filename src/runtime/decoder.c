@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "kernels/quant.h"
 #include "runtime/packcache.h"
 #include "runtime/packed.h"
 #include "runtime/runtime.h"
@@ -44,6 +45,7 @@ void kwk_decoder_free(kwk_decoder *d)
                      d->kx,      d->vx,      d->att,      d->gate,    d->up, d->scores, d->logits};
     for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
         kwk_free_aligned(bufs[i]);
+    kwk_free_aligned(d->qact_mem);
     kwk_free(d);
 }
 
@@ -182,6 +184,10 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
          * the packed copy is what runs, so those pages need not stay resident (peak memory of
          * a balanced / int4 process: the pack, not the pack plus the checkpoint). */
         kwk_model_release_pages(m);
+        d->qact_cols = KWK_MAX(KWK_MAX((int64_t)c->d_model, (int64_t)d->q_dim), (int64_t)c->d_ff);
+        d->qact_mem = kwk_malloc_aligned(kwk_qact_bytes(d->qact_cols, d->n_batch));
+        if (!d->qact_mem)
+            goto out_nomem;
     }
     return d;
 out_nomem:

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "kernels/quant.h"
 #include "runtime/runtime.h"
 
 /* ---- matrix products: up to three independent y = x W^T, rows split across threads ---------- */
@@ -29,6 +30,12 @@ struct mm_task {
     mm_post_fn post; /* NULL: none */
     const void *post_ctx;
     struct mm_job jobs[3];
+    /* Quantized jobs sharing their input: its rows quantized once (NULL: each job quantizes
+     * them itself). qa_ready: already filled; else the threads fill their share of the rows
+     * and meet at a barrier before the products. */
+    const struct kwk_qact *qa;
+    int qa_ready;
+    struct kwk_pool *pool;
     /* Short chunks (generation): rows are taken in chunks from a shared counter instead of
      * split evenly up front (see DYN_TOK_MAX). Chunks are ranges of units: heads (unit > 0),
      * else row blocks of 16 (the same rows of every job when the jobs are alike, else each
@@ -49,8 +56,8 @@ struct mm_task {
  * pool waits, 160 products a token; 8% with the counter, at the same tokens/s on 2 cores, where
  * the other thread reads faster meanwhile; the imbalance grows with the thread count). The first
  * nth chunks are three quarters of an even share each (one per thread, taken at once), the rest
- * small ones that even out the end: each chunk quantizes its activations again (quantized formats),
- * so a thread should take few. Longer chunks are compute-bound and split evenly. Each row's numbers
+ * small ones that even out the end (each chunk has its own start-up: a thread should take
+ * few). Longer chunks are compute-bound and split evenly. Each row's numbers
  * do not depend on its thread or chunk (batch invariance of the kernels). */
 #define DYN_TOK_MAX 16
 /* Small chunks a thread takes on average in the tail. */
@@ -128,7 +135,11 @@ static void mm_rows(const struct mm_task *t, const long *lo, const long *hi)
 {
     for (int j = 0; j < t->n_jobs; j++) {
         const struct mm_job *job = &t->jobs[j];
-        if (lo[j] < hi[j])
+        if (lo[j] >= hi[j])
+            continue;
+        if (t->qa)
+            t->k->matmul_q(job->w, t->qa, t->n_tok, job->y, job->ldy, lo[j], hi[j]);
+        else
             t->k->matmul(job->w, job->x, t->n_tok, job->y, job->ldy, lo[j], hi[j]);
     }
     if (t->post)
@@ -141,6 +152,12 @@ static void mm_run(void *ctx, int ith, int nth)
 {
     struct mm_task *t = ctx;
     long lo[3], hi[3];
+    if (t->qa && !t->qa_ready) {
+        long t0, t1;
+        kwk_split_range(t->n_tok, ith, nth, 1, &t0, &t1);
+        t->k->quant_rows(t->jobs[0].x, t->qa, (int)t0, (int)t1);
+        kwk_pool_barrier(t->pool);
+    }
     if (t->dyn) {
         for (;;) {
             long c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
@@ -166,17 +183,48 @@ static void mm_run(void *ctx, int ith, int nth)
     mm_rows(t, lo, hi);
 }
 
+/* Whether the jobs can share one quantization of their input: all quantized, one input, one
+ * activation mode. */
+static int qact_usable(const struct kwk_decoder *d, int n_jobs, const struct mm_job *jobs)
+{
+    if (!d->qact_mem || !d->k->matmul_q)
+        return 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const struct kwk_mat *w = jobs[j].w;
+        if (w->wtype < KWK_W_Q8 || w->cols > d->qact_cols || w->cols != jobs[0].w->cols ||
+            w->act8 != jobs[0].w->act8 || jobs[j].x != jobs[0].x)
+            return 0;
+    }
+    return 1;
+}
+
 static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs,
                         int unit, mm_post_fn post, const void *post_ctx)
 {
-    struct mm_task t = {.k = d->k, .n_tok = n_tok, .n_jobs = n_jobs, .unit = unit,
-                        .post = post, .post_ctx = post_ctx};
+    struct mm_task t = {.k = d->k,
+                        .n_tok = n_tok,
+                        .n_jobs = n_jobs,
+                        .unit = unit,
+                        .post = post,
+                        .post_ctx = post_ctx,
+                        .pool = d->pool};
     memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
     t.alike = jobs_alike(&t);
     int nth = kwk_pool_size(d->pool);
     t.dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
     if (t.dyn)
         plan_chunks(&t, nth);
+    struct kwk_qact qa;
+    if (qact_usable(d, n_jobs, jobs)) {
+        kwk_qact_init(&qa, d->qact_mem, jobs[0].w->cols, n_tok, jobs[0].w->act8);
+        t.qa = &qa;
+        /* A few rows take the owner less time than the barrier would: quantized here, while
+         * the workers are still waiting for the task. */
+        if (n_tok <= DYN_TOK_MAX) {
+            d->k->quant_rows(jobs[0].x, &qa, 0, n_tok);
+            t.qa_ready = 1;
+        }
+    }
     atomic_init(&t.next, 0);
     kwk_pool_run(d->pool, mm_run, &t);
 }

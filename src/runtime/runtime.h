@@ -51,6 +51,10 @@ struct kwk_decoder {
     const float **att_k, **att_v;     /* [n_batch] each row's K / V cache for the layer */
     int *att_first, *att_last;        /* [n_batch] positions each row attends */
     float *logits; /* [n_vocab] last row of logits */
+    /* Quantized precisions: a product task's activations quantized once for all its jobs and
+     * threads (kernels/quant.h struct kwk_qact), n_batch rows of up to qact_cols columns. */
+    void *qact_mem;
+    int64_t qact_cols;
 };
 
 /* The inputs a calibration capture sees (runtime/calib.h): where each layer's matrices read. */

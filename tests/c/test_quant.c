@@ -4,7 +4,8 @@
  * reference (exactly on data whose float parts are exact, to rounding on random data), on odd
  * shapes, row ranges and 1-4 pool threads, with 16-bit and with 8-bit activations (kwk_mat.act8:
  * the reference against quant.h's specification, act8 against 16 bits on int8-grid activations,
- * batch invariance, error against the float product). */
+ * batch invariance, error against the float product), and the two-step matmul_q (activations
+ * quantized once) against matmul. */
 #include <stdlib.h>
 
 #include "base/base.h"
@@ -427,6 +428,75 @@ static void test_threads(int act8)
     free(x);
     free(y1);
     free(yn);
+}
+
+/* Activations quantized once (quant_rows, in two pieces as two threads would) and read by
+ * matmul_q give matmul's numbers bit for bit, for every format from the one quantization, over
+ * several column passes, token blocks, partial groups and row ranges; the AVX2 and AVX-512
+ * tables keep the same numbers (either matmul_q may read the other's). */
+static void test_matmul_q(int act8)
+{
+    static const int64_t shapes[][3] = {{53, 4160, 29}, {37, 200, 5},   {16, 95, 1},
+                                        {70, 576, 33},  {19, 2048, 24}, {5, 31, 2}};
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    const struct kwk_kernels *tabs[3];
+    int nt = tables(tabs);
+    for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++) {
+        int64_t rows = shapes[si][0], cols = shapes[si][1];
+        int n_tok = (int)shapes[si][2];
+        float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+        float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
+        float *y0 = malloc(sizeof(float) * (size_t)(n_tok * rows));
+        float *y1 = malloc(sizeof(float) * (size_t)(n_tok * rows));
+        size_t qbytes = kwk_qact_bytes(cols, n_tok);
+        void *mem[3] = {0};
+        struct kwk_qact qa[3];
+        fill_random(w, rows, cols, x, n_tok);
+        for (int ti = 0; ti < nt; ti++) {
+            mem[ti] = kwk_malloc_aligned(qbytes);
+            memset(mem[ti], 0x5a, qbytes); /* padding must be written, not found */
+            kwk_qact_init(&qa[ti], mem[ti], cols, n_tok, act8);
+            int half = n_tok / 2;
+            tabs[ti]->quant_rows(x, &qa[ti], half, n_tok);
+            tabs[ti]->quant_rows(x, &qa[ti], 0, half);
+            for (int wi = 0; wi < 3; wi++) {
+                struct kwk_mat m = pack(wts[wi], w, rows, cols);
+                m.act8 = act8;
+                tabs[ti]->matmul(&m, x, n_tok, y0, (long)rows, 0, rows);
+                memset(y1, 0, sizeof(float) * (size_t)(n_tok * rows));
+                int64_t cut = rows > 16 ? 16 : rows;
+                tabs[ti]->matmul_q(&m, &qa[ti], n_tok, y1, (long)rows, 0, cut);
+                tabs[ti]->matmul_q(&m, &qa[ti], n_tok, y1, (long)rows, cut, rows);
+                T_CHECK(memcmp(y0, y1, sizeof(float) * (size_t)(n_tok * rows)) == 0,
+                        "%s %s act%d %lldx%lld, %d tokens: matmul_q differs from matmul",
+                        tabs[ti]->name, wname(wts[wi]), act8 ? 8 : 16, (long long)rows,
+                        (long long)cols, n_tok);
+                kwk_free_aligned((void *)m.data);
+            }
+        }
+        /* AVX2 and AVX-512 (tables 1 and 2) keep the same numbers */
+        for (int ti = 2; ti < nt; ti++) {
+            int same = 1;
+            for (int t = 0; t < n_tok; t++) {
+                long oh = (long)t * qa[1].ldh, og = (long)t * qa[1].ldg;
+                same &= memcmp(qa[1].h + oh, qa[ti].h + oh, (size_t)qa[1].ldh) == 0;
+                if (!act8)
+                    same &= memcmp(qa[1].l + oh, qa[ti].l + oh, (size_t)qa[1].ldh) == 0;
+                same &= memcmp(qa[1].d + og, qa[ti].d + og, 4 * (size_t)qa[1].ldg) == 0;
+                same &= memcmp(qa[1].s + og, qa[ti].s + og, 4 * (size_t)qa[1].ldg) == 0;
+                if (act8)
+                    same &= memcmp(qa[1].m + og, qa[ti].m + og, 4 * (size_t)qa[1].ldg) == 0;
+            }
+            T_CHECK(same, "%s vs avx2 act%d %lldx%lld: quant_rows keep different numbers",
+                    tabs[ti]->name, act8 ? 8 : 16, (long long)rows, (long long)cols);
+        }
+        for (int ti = 0; ti < nt; ti++)
+            kwk_free_aligned(mem[ti]);
+        free(w);
+        free(x);
+        free(y0);
+        free(y1);
+    }
 }
 
 /* ---- 8-bit activations ---------------------------------------------------------------------- */
@@ -989,6 +1059,7 @@ int main(void)
         test_kernels_vs_ref(act8);
         test_batch_invariance(act8);
         test_threads(act8);
+        test_matmul_q(act8);
     }
     test_act8_spec();
     test_act8_grid();
