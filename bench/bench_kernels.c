@@ -132,7 +132,7 @@ static int cmp_double(const void *a, const void *b)
 static void bench_quant(int n_tok, int n_threads, const char *isa_name)
 {
     static const int64_t shapes[][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
-    static const int wts[] = {KWK_W_Q8, KWK_W_Q4};
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
     struct kwk_pool *p = kwk_pool_new(n_threads);
     int64_t max_el = 1536 * 576;
     float *src = kwk_malloc_aligned((size_t)max_el * 4);
@@ -172,8 +172,11 @@ static void bench_quant(int n_tok, int n_threads, const char *isa_name)
                 double op = 2.0 * (double)rows * (double)cols * n_tok * 1e-9;
                 double s16 = t[0][QUANT_ROUNDS / 2], s8 = t[1][QUANT_ROUNDS / 2];
                 printf("%-7s %s %4lldx%-4lld  16-bit %7.1f  act8 %7.1f  act8/16-bit %.2fx\n",
-                       k->name, wts[wi] == KWK_W_Q8 ? "q8" : "q4", (long long)rows,
-                       (long long)cols, op / s16, op / s8, s16 / s8);
+                       k->name,
+                       wts[wi] == KWK_W_Q8   ? "q8"
+                       : wts[wi] == KWK_W_Q6 ? "q6"
+                                             : "q4",
+                       (long long)rows, (long long)cols, op / s16, op / s8, s16 / s8);
             }
     }
 out:

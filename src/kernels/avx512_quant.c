@@ -24,10 +24,12 @@
  * entry. Measured on SmolLM2-135M's shapes (512 tokens, act8 / 16-bit time): int8 2 x 4, 2 x 6,
  * 2 x 7, 2 x 8 gave 1.8x, 1.9x, 2.0x, 2.1x; 2 x 8 holds 34 vectors, so the compiler keeps a few
  * float accumulators (touched once a group) in memory, which costs less than the shorter tile.
- * int4 2 x 3 .. 2 x 6 gave 1.7x .. 2.0x; int6 holds two more constants: 2 x 5. */
+ * int4 2 x 3 .. 2 x 6 gave 1.7x .. 2.0x, and 2 x 8 4-5% more than 2 x 6 (bench_kernels quant,
+ * session 6: the spilled float accumulators cost less than a fourth tile of a 24-token block);
+ * int6, with two more constants, 2 x 8 7-10% more than 2 x 5. */
 #define TT8_Q8 8
-#define TT8_Q4 6
-#define TT8_Q6 5
+#define TT8_Q4 8
+#define TT8_Q6 8
 #define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP) /* groups of a column pass */
 
 /* Quantized activations of a token block over one column pass. With 8-bit activations (a8) l
