@@ -35,8 +35,14 @@ struct kwk_attn_kernel {
     void (*items)(const struct kwk_attn_args *a, long i0, long i1, float *scratch);
 };
 
+/* Queries (row, head) whose scores a table may hold at once: a prompt chunk's neighbouring rows
+ * read the same keys and values, so a table shares those loads across their heads. */
+#define KWK_ATTN_TILE_QUERIES 16
+
 /* Floats of scratch one thread needs for rows attending at most max_pos positions: the scores of
- * one kv group's query heads, each padded to a multiple of 16. Same for every table. */
+ * KWK_ATTN_TILE_QUERIES queries (or of one kv group's query heads, if more), each padded to a
+ * multiple of 16, and those queries transposed (KWK_ATTN_TILE_QUERIES * head_dim). Same for
+ * every table. */
 size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos);
 
 /* Thread ith's share [*i0, *i1) of the n_rows * n_heads items, balanced by work (positions

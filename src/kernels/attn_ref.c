@@ -10,7 +10,9 @@ size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos)
 {
     size_t group = a->n_kv_heads > 0 ? (size_t)(a->n_heads / a->n_kv_heads) : 1;
     size_t padded = ((size_t)(max_pos > 0 ? max_pos : 0) + 15) / 16 * 16;
-    return KWK_MAX(group, (size_t)1) * KWK_MAX(padded, (size_t)16);
+    size_t queries = KWK_MAX(group, (size_t)KWK_ATTN_TILE_QUERIES);
+    size_t hd = (size_t)(a->head_dim > 0 ? a->head_dim : 0);
+    return queries * KWK_MAX(padded, (size_t)16) + KWK_ATTN_TILE_QUERIES * hd;
 }
 
 /* Work of one item of row r: its positions plus a fixed cost (the softmax, the output). */

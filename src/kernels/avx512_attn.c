@@ -1,12 +1,15 @@
 /* avx512_attn.c - attention with AVX-512 F (compiled with those flags only; chosen at run time by
  * kwk_attn_kernel). Pure functions; any thread. Agrees with attn_ref.c to float rounding.
  *
- * The query heads of one kv group in one row are done together: each block of 16 keys is read
- * from memory once and then from L1 for every head; each value row is loaded once into registers
- * and feeds every head's accumulators. Scores of 16 keys come out of one transposed reduction
- * (no horizontal sum per key). Batch invariance: the operations on an item's numbers, and their
- * order, depend only on the item (its q, its keys and values, head_dim, its position count), never
- * on which heads share its loads: every head runs the same code on its own registers. */
+ * Items are done in tiles: the query heads of one kv group in up to 16 / heads neighbouring rows
+ * that read the same keys (a prompt chunk's rows of one slot). Each block of 16 keys is read from
+ * memory once per tile; with 10 or more queries their scores come out with the queries in vector
+ * lanes (pure FMAs and adds, then one 16 x 16 transpose), else key by key through a transposed
+ * reduction; value rows are loaded once into registers for up to 6 queries, over key ranges that
+ * stay in L1. Batch invariance: both score paths give bitwise the same numbers (the same partial
+ * chains added in the same tree), and every other operation on an item's numbers, and its order,
+ * depends only on the item (its q, its keys and values, head_dim, its position count), never on
+ * which rows or heads share its loads. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -17,10 +20,11 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-#define KB 16   /* keys per score block: one zmm of scores */
-#define MAXG 8  /* query heads done together at most (sums[] on the stack) */
-#define MAXH 4  /* query heads per value pass (their accumulators stay in registers) */
-
+#define KB 16                      /* keys per score block: one zmm of scores */
+#define MAXG 8                     /* query heads of one kv group in a tile at most */
+#define MAXQ KWK_ATTN_TILE_QUERIES /* queries in a tile: one per lane of a zmm */
+#define MAXH 6                     /* queries per value pass (accumulators stay in registers) */
+#define LANES_MIN 10               /* queries from which a tile's scores put queries in lanes */
 
 /* Lane-wise partial dot products of q and one key: lane l sums elements l, l+16, ... in order. */
 INLINE __m512 key_partial(const float *q, const float *k, int hd)
@@ -63,35 +67,197 @@ INLINE __m512 score_block(const float *q, const float *k, long ldk, int hd, int 
     return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
 }
 
-/* Scaled scores of nh heads (queries q + g*hd) over n keys into p + g*ldp; the lanes past n in
- * the last block get -inf. hd is a constant after inlining where scores() makes it one. */
-INLINE void scores_hd(const float *q, int nh, int hd, const float *k, long ldk, int n, float scale,
-                   float *p, long ldp)
+/* ---- scores with queries in lanes ------------------------------------------------------------
+ * The same numbers as score_block, computed the other way round for many queries at once: lane x
+ * of a vector holds query x (qt = the queries transposed, qt[e * 16 + x] = q_x[e]) and one key's
+ * elements are broadcast. Each of the 16 partial chains P_l (elements l, l + 16, ...) runs in its
+ * own register in the same order as lane l of key_partial, and the chains are added in the tree
+ * of fold4 and score_block: ((P0+P2)+(P1+P3)) + ((P4+P6)+(P5+P7)) for the first half, and so
+ * on. Additions commute exactly, so every query's score of every key is bitwise the one
+ * score_block gives, and a row may take either path. */
+
+/* Chain P_l of KP keys k[u]: acc[u] lane x = sum over c of q_x[16c + l] * k_u[16c + l]. */
+INLINE void lane_chain(int KP, const float *qt, const float *const *k, int hd, int l, __m512 *acc)
 {
-    __m512 sv = _mm512_set1_ps(scale);
-    int b = 0;
-    for (; b + KB <= n; b += KB)
-        for (int g = 0; g < nh; g++) {
-            __m512 s = score_block(q + g * hd, k + b * ldk, ldk, hd, KB);
-            _mm512_storeu_ps(p + g * ldp + b, _mm512_mul_ps(s, sv));
-        }
-    if (b < n) {
-        __mmask16 m = (__mmask16)((1u << (n - b)) - 1);
-        for (int g = 0; g < nh; g++) {
-            __m512 s = _mm512_mul_ps(score_block(q + g * hd, k + b * ldk, ldk, hd, n - b), sv);
-            _mm512_storeu_ps(p + g * ldp + b, _mm512_mask_blend_ps(m, _mm512_set1_ps(-INFINITY), s));
+    __m512 qv = _mm512_loadu_ps(qt + l * 16);
+#pragma GCC unroll 4
+    for (int u = 0; u < KP; u++)
+        acc[u] = _mm512_mul_ps(_mm512_set1_ps(k[u][l]), qv);
+#pragma GCC unroll 8
+    for (int e = 16 + l; e < hd; e += 16) {
+        qv = _mm512_loadu_ps(qt + e * 16);
+#pragma GCC unroll 4
+        for (int u = 0; u < KP; u++)
+            acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(k[u][e]), qv, acc[u]);
+    }
+}
+
+/* (P_l + P_l+2) + (P_l+1 + P_l+3) of KP keys, l = 4m: fold4's sum of quarter m. */
+INLINE void lane_quarter(int KP, const float *qt, const float *const *k, int hd, int m, __m512 *s)
+{
+    __m512 a[4], b[4], t[4];
+    lane_chain(KP, qt, k, hd, 4 * m, a);
+    lane_chain(KP, qt, k, hd, 4 * m + 2, b);
+#pragma GCC unroll 4
+    for (int u = 0; u < KP; u++)
+        t[u] = _mm512_add_ps(a[u], b[u]);
+    lane_chain(KP, qt, k, hd, 4 * m + 1, a);
+    lane_chain(KP, qt, k, hd, 4 * m + 3, b);
+#pragma GCC unroll 4
+    for (int u = 0; u < KP; u++)
+        s[u] = _mm512_add_ps(t[u], _mm512_add_ps(a[u], b[u]));
+}
+
+/* Scaled scores of the 4 keys k[u] for the 16 queries of qt: (S0 + S1) + (S2 + S3). */
+INLINE void lane_keys4(const float *qt, const float *const *k, int hd, __m512 sv, __m512 *out)
+{
+    __m512 s0[4], s1[4], h01[4];
+    lane_quarter(4, qt, k, hd, 0, s0);
+    lane_quarter(4, qt, k, hd, 1, s1);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++)
+        h01[u] = _mm512_add_ps(s0[u], s1[u]);
+    lane_quarter(4, qt, k, hd, 2, s0);
+    lane_quarter(4, qt, k, hd, 3, s1);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++)
+        out[u] = _mm512_mul_ps(_mm512_add_ps(h01[u], _mm512_add_ps(s0[u], s1[u])), sv);
+}
+
+/* r[i] lane j <- r[j] lane i. */
+INLINE void transpose16(__m512 *r)
+{
+    __m512 t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+        __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    /* r[4i + w], quarter m: column 4m + w of rows 4i .. 4i+3; the quarters change places next. */
+#pragma GCC unroll 4
+    for (int w = 0; w < 4; w++) {
+        t[w] = _mm512_shuffle_f32x4(r[w], r[4 + w], 0x88);
+        t[4 + w] = _mm512_shuffle_f32x4(r[w], r[4 + w], 0xdd);
+        t[8 + w] = _mm512_shuffle_f32x4(r[8 + w], r[12 + w], 0x88);
+        t[12 + w] = _mm512_shuffle_f32x4(r[8 + w], r[12 + w], 0xdd);
+    }
+#pragma GCC unroll 4
+    for (int w = 0; w < 4; w++) {
+        r[w] = _mm512_shuffle_f32x4(t[w], t[8 + w], 0x88);
+        r[8 + w] = _mm512_shuffle_f32x4(t[w], t[8 + w], 0xdd);
+        r[4 + w] = _mm512_shuffle_f32x4(t[4 + w], t[12 + w], 0x88);
+        r[12 + w] = _mm512_shuffle_f32x4(t[4 + w], t[12 + w], 0xdd);
+    }
+}
+
+/* A tile: the query heads of one kv group in nr rows that read the same keys (one slot, one first
+ * position), query x = r * nh + g. Each key block is read from memory once for all of them and
+ * then from L1; each value row loaded into registers feeds up to MAXH queries. Every query's
+ * numbers are those it would get alone: sharing changes the loop order, never a sum's order. */
+struct tile {
+    int nq, hd;
+    long ldk, ldp; /* stride of cache rows; of score rows in scratch */
+    float scale;
+    const float *k, *v; /* position first, this kv head */
+    const float *q[MAXQ];
+    float *out[MAXQ];
+    int n[MAXQ]; /* positions attended, >= 1, non-decreasing with x */
+    float sums[MAXQ];
+};
+
+/* Block [b, b + 16)'s scaled scores s (lane u: key b + u) into query x's row of p; the lanes past
+ * the query's n get -inf, and a block wholly past it is not stored. */
+INLINE void store_scores(const struct tile *t, int x, int b, __m512 s, float *p)
+{
+    int left = t->n[x] - b;
+    float *px = p + x * t->ldp + b;
+    if (left >= KB)
+        _mm512_storeu_ps(px, s);
+    else if (left > 0)
+        _mm512_storeu_ps(
+            px, _mm512_mask_blend_ps((__mmask16)((1u << left) - 1), _mm512_set1_ps(-INFINITY), s));
+}
+
+/* Scores key by key for each query (score_block), block by block so that the block stays in L1
+ * across the queries. hd is a constant after inlining. */
+INLINE void scores_hd(const struct tile *t, int hd, float *p)
+{
+    __m512 sv = _mm512_set1_ps(t->scale);
+    int nmax = t->n[t->nq - 1];
+    for (int b = 0; b < nmax; b += KB) {
+        const float *kb = t->k + b * t->ldk;
+        for (int x = 0; x < t->nq; x++) {
+            int nk = KWK_MIN(KB, t->n[x] - b);
+            if (nk > 0)
+                store_scores(t, x, b, _mm512_mul_ps(score_block(t->q[x], kb, t->ldk, hd, nk), sv),
+                             p);
         }
     }
 }
 
-/* scores_hd, unrolled for the common head sizes: the same operations in the same order. */
-static void scores(const float *q, int nh, int hd, const float *k, long ldk, int n, float scale,
-                   float *p, long ldp)
+/* The same scores with the queries in lanes (lane_keys4): qt takes 16 * hd floats. Keys past the
+ * tile's last are not read (their lanes repeat its last key and are dropped). */
+INLINE void lane_scores_hd(const struct tile *t, int hd, float *qt, float *p)
 {
-    switch (hd) {
-    case 64: scores_hd(q, nh, 64, k, ldk, n, scale, p, ldp); break;
-    case 128: scores_hd(q, nh, 128, k, ldk, n, scale, p, ldp); break;
-    default: scores_hd(q, nh, hd, k, ldk, n, scale, p, ldp); break;
+    for (int e = 0; e < hd; e++)
+        for (int x = 0; x < MAXQ; x++)
+            qt[e * MAXQ + x] = x < t->nq ? t->q[x][e] : 0.0f;
+    __m512 sv = _mm512_set1_ps(t->scale);
+    int nmax = t->n[t->nq - 1];
+    for (int b = 0; b < nmax; b += KB) {
+        __m512 r[KB];
+        for (int u0 = 0; u0 < KB; u0 += 4) {
+            /* Hides that qt is the same for every 4 keys: else GCC loads all of it once into
+             * stack slots (hd registers' worth) instead of each row where it is used. */
+            __asm__("" : "+r"(qt));
+            const float *k[4];
+            for (int u = 0; u < 4; u++)
+                k[u] = t->k + KWK_MIN(b + u0 + u, nmax - 1) * t->ldk;
+            lane_keys4(qt, k, hd, sv, r + u0);
+        }
+        transpose16(r);
+        for (int x = 0; x < t->nq; x++)
+            store_scores(t, x, b, r[x], p);
+    }
+}
+
+/* Scores of every query into p + x * ldp, by either path (the same numbers), the hd common
+ * sizes unrolled; scratch (16 * hd floats) for the queries in lanes. */
+static void scores(const struct tile *t, float *p, float *scratch)
+{
+    if (t->nq >= LANES_MIN) {
+        switch (t->hd) {
+        case 64:
+            lane_scores_hd(t, 64, scratch, p);
+            break;
+        case 128:
+            lane_scores_hd(t, 128, scratch, p);
+            break;
+        default:
+            lane_scores_hd(t, t->hd, scratch, p);
+            break;
+        }
+        return;
+    }
+    switch (t->hd) {
+    case 64:
+        scores_hd(t, 64, p);
+        break;
+    case 128:
+        scores_hd(t, 128, p);
+        break;
+    default:
+        scores_hd(t, t->hd, p);
+        break;
     }
 }
 
@@ -113,19 +279,27 @@ static float softmax_unnormalized(float *p, int n)
     return _mm512_reduce_add_ps(sum);
 }
 
-/* out_g[c] = sum_j p_g[j] v_j[c] / sums[g] for NH heads and NC chunks of 16 columns: the
- * accumulators stay in registers while the value rows stream past. NH and NC are constants after
- * inlining. */
-INLINE void values_tile(int NH, int NC, const float *p, long ldp, const float *v, long ldv, int n,
-                        const float *sums, float *out, int hd)
+/* Keys [j0, j1) of out_x[c0 + c] = sum_j p_x[j] v_j[c0 + c] / sums[x] for NH queries from x0 and
+ * NC chunks of 16 columns: the accumulators stay in registers while the value rows stream past,
+ * each chain in key order; between key ranges they wait in out (unscaled), and the last range
+ * (j1 = the largest n) divides. Past its own n a query takes no key. NH and NC are constants
+ * after inlining. */
+INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const float *p, int c0,
+                        int j0, int j1)
 {
     __m512 acc[MAXH][4];
+    const float *v = t->v + c0;
+    long ldv = t->ldk, ldp = t->ldp;
+    int nmin = KWK_MIN(t->n[x0], j1), nmax = t->n[x0 + NH - 1];
+    p += x0 * ldp;
 #pragma GCC unroll 8
     for (int g = 0; g < NH; g++)
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
-            acc[g][c] = _mm512_setzero_ps();
-    for (int j = 0; j < n; j++) {
+            acc[g][c] =
+                j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(t->out[x0 + g] + c0 + 16 * c);
+    int j = j0;
+    for (; j < nmin; j++) {
         __m512 vv[4];
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
@@ -138,59 +312,160 @@ INLINE void values_tile(int NH, int NC, const float *p, long ldp, const float *v
                 acc[g][c] = _mm512_fmadd_ps(pj, vv[c], acc[g][c]);
         }
     }
+    for (; j < KWK_MIN(j1, nmax); j++) {
+#pragma GCC unroll 8
+        for (int g = 0; g < NH; g++) {
+            if (j >= t->n[x0 + g])
+                continue;
+            __m512 pj = _mm512_set1_ps(p[g * ldp + j]);
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++)
+                acc[g][c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + j * ldv + 16 * c), acc[g][c]);
+        }
+    }
+    int last = j1 >= nmax;
 #pragma GCC unroll 8
     for (int g = 0; g < NH; g++) {
-        __m512 sv = _mm512_set1_ps(sums[g]);
+        __m512 sv = _mm512_set1_ps(t->sums[x0 + g]);
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
-            _mm512_storeu_ps(out + g * hd + 16 * c, _mm512_div_ps(acc[g][c], sv));
+            _mm512_storeu_ps(t->out[x0 + g] + c0 + 16 * c,
+                             last ? _mm512_div_ps(acc[g][c], sv) : acc[g][c]);
     }
 }
 
 /* values_tile with its constants chosen: nh in 1..MAXH, nc in {1, 2, 4}. */
-static void values_tile_n(int nh, int nc, const float *p, long ldp, const float *v, long ldv,
-                          int n, const float *sums, float *out, int hd)
+static void values_tile_n(int nh, int nc, const struct tile *t, int x0, const float *p, int c0,
+                          int j0, int j1)
 {
     switch (nh * 8 + nc) {
-    case 8 + 1: values_tile(1, 1, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 8 + 2: values_tile(1, 2, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 8 + 4: values_tile(1, 4, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 16 + 1: values_tile(2, 1, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 16 + 2: values_tile(2, 2, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 16 + 4: values_tile(2, 4, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 24 + 1: values_tile(3, 1, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 24 + 2: values_tile(3, 2, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 24 + 4: values_tile(3, 4, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 32 + 1: values_tile(4, 1, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 32 + 2: values_tile(4, 2, p, ldp, v, ldv, n, sums, out, hd); break;
-    default: values_tile(4, 4, p, ldp, v, ldv, n, sums, out, hd); break;
+    case 8 + 1:
+        values_tile(1, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 8 + 2:
+        values_tile(1, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 8 + 4:
+        values_tile(1, 4, t, x0, p, c0, j0, j1);
+        break;
+    case 16 + 1:
+        values_tile(2, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 16 + 2:
+        values_tile(2, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 16 + 4:
+        values_tile(2, 4, t, x0, p, c0, j0, j1);
+        break;
+    case 24 + 1:
+        values_tile(3, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 24 + 2:
+        values_tile(3, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 24 + 4:
+        values_tile(3, 4, t, x0, p, c0, j0, j1);
+        break;
+    case 32 + 1:
+        values_tile(4, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 32 + 2:
+        values_tile(4, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 32 + 4:
+        values_tile(4, 4, t, x0, p, c0, j0, j1);
+        break;
+    case 40 + 1:
+        values_tile(5, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 40 + 2:
+        values_tile(5, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 40 + 4:
+        values_tile(5, 4, t, x0, p, c0, j0, j1);
+        break;
+    case 48 + 1:
+        values_tile(6, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 48 + 2:
+        values_tile(6, 2, t, x0, p, c0, j0, j1);
+        break;
+    default:
+        values_tile(6, 4, t, x0, p, c0, j0, j1);
+        break;
     }
 }
 
-/* Query heads h0 .. h0+nh-1 of row, all of one kv group. */
-static void group_run(const struct kwk_attn_args *a, int row, int h0, int nh, float *scratch)
+/* Query heads h0 .. h0+nh-1 (of one kv group) of rows row0 .. row0+nr-1, which read the same
+ * keys: same slot, same first position, each with at least one position, last non-decreasing. */
+static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                     float *scratch)
 {
-    int hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
-    int first = a->first[row], n = a->last[row] - first + 1;
-    const float *q = a->q + row * a->ldq + (long)h0 * hd;
-    float *out = a->out + row * a->ldo + (long)h0 * hd;
-    if (n <= 0) {
-        memset(out, 0, sizeof(float) * (size_t)nh * (size_t)hd);
-        return;
+    int hd = a->head_dim, first = a->first[row0];
+    size_t kv_off = (size_t)first * a->kv_dim + (size_t)(h0 / (a->n_heads / a->n_kv_heads)) * hd;
+    struct tile t = {.nq = nr * nh,
+                     .hd = hd,
+                     .ldk = a->kv_dim,
+                     .scale = a->scale,
+                     .k = a->k_rows[row0] + kv_off,
+                     .v = a->v_rows[row0] + kv_off};
+    for (int r = 0; r < nr; r++)
+        for (int g = 0; g < nh; g++) {
+            int x = r * nh + g, row = row0 + r;
+            t.q[x] = a->q + row * a->ldq + (long)(h0 + g) * hd;
+            t.out[x] = a->out + row * a->ldo + (long)(h0 + g) * hd;
+            t.n[x] = a->last[row] - first + 1;
+        }
+    t.ldp = (t.n[t.nq - 1] + KB - 1) / KB * KB;
+    float *p = scratch + (size_t)MAXQ * hd; /* after the transposed queries */
+    scores(&t, p, scratch);
+    for (int x = 0; x < t.nq; x++)
+        t.sums[x] = softmax_unnormalized(p + x * t.ldp, t.n[x]);
+    /* Passes of equal size (a small last pass costs nearly as much as a full one), over key
+     * ranges of about 32 KB of values, which stay in L1 for all the passes. */
+    int passes = (t.nq + MAXH - 1) / MAXH, per = (t.nq + passes - 1) / passes;
+    int jb = passes > 1 ? KWK_MAX(16, 8192 / hd) : t.n[t.nq - 1];
+    for (int j0 = 0; j0 < t.n[t.nq - 1]; j0 += jb) {
+        int j1 = KWK_MIN(j0 + jb, t.n[t.nq - 1]);
+        for (int c0 = 0; c0 < hd;) {
+            int left = (hd - c0) / 16, nc = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            for (int x0 = 0; x0 < t.nq; x0 += per)
+                if (t.n[x0 + KWK_MIN(per, t.nq - x0) - 1] > j0) /* else done and divided */
+                    values_tile_n(KWK_MIN(per, t.nq - x0), nc, &t, x0, p, c0, j0, j1);
+            c0 += 16 * nc;
+        }
     }
-    const float *k = a->k_rows[row] + (size_t)first * a->kv_dim + (size_t)kvh * hd;
-    const float *v = a->v_rows[row] + (size_t)first * a->kv_dim + (size_t)kvh * hd;
-    long ldp = (n + KB - 1) / KB * KB;
-    float sums[MAXG];
-    scores(q, nh, hd, k, a->kv_dim, n, a->scale, scratch, ldp);
-    for (int g = 0; g < nh; g++)
-        sums[g] = softmax_unnormalized(scratch + g * ldp, n);
-    for (int c0 = 0; c0 < hd;) {
-        int left = (hd - c0) / 16, nc = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-        for (int g0 = 0; g0 < nh; g0 += MAXH)
-            values_tile_n(KWK_MIN(MAXH, nh - g0), nc, scratch + g0 * ldp, ldp, v + c0, a->kv_dim, n,
-                          sums + g0, out + (long)g0 * hd + c0, hd);
-        c0 += 16 * nc;
+}
+
+/* Whether row s can join a tile that starts at row r: it reads the same keys and values, up to
+ * a position no earlier (so that n grows with x, as values_tile needs). */
+static int shares_keys(const struct kwk_attn_args *a, int r, int s)
+{
+    return a->k_rows[s] == a->k_rows[r] && a->v_rows[s] == a->v_rows[r] &&
+           a->first[s] == a->first[r] && a->last[s] >= a->last[s - 1];
+}
+
+/* Items [i, i + n_heads * nr) are whole rows from row; split into tiles of up to MAXQ queries. */
+static void rows_run(const struct kwk_attn_args *a, int row, int nr, float *scratch)
+{
+    int group = a->n_heads / a->n_kv_heads;
+    int max_rows = KWK_MAX(1, MAXQ / KWK_MIN(group, MAXG));
+    for (int r = row; r < row + nr;) {
+        int len = 1;
+        if (a->last[r] >= a->first[r])
+            while (len < max_rows && r + len < row + nr && shares_keys(a, r, r + len))
+                len++;
+        for (int h = 0; h < a->n_heads;) {
+            int nh = KWK_MIN((h / group + 1) * group - h, MAXG);
+            if (a->last[r] < a->first[r]) {
+                memset(a->out + r * a->ldo + (long)h * a->head_dim, 0,
+                       sizeof(float) * (size_t)nh * (size_t)a->head_dim);
+            } else {
+                tile_run(a, r, len, h, nh, scratch);
+            }
+            h += nh;
+        }
+        r += len;
     }
 }
 
@@ -204,9 +479,20 @@ static void avx512_items(const struct kwk_attn_args *a, long i0, long i1, float 
     int group = a->n_heads / a->n_kv_heads;
     for (long i = i0; i < i1;) {
         int row = (int)(i / a->n_heads), h = (int)(i % a->n_heads);
-        int end = (h / group + 1) * group; /* this kv group's last head + 1 */
+        long whole = h == 0 ? (i1 - i) / a->n_heads : 0; /* whole rows from here */
+        if (whole > 0) {
+            rows_run(a, row, (int)whole, scratch);
+            i += whole * a->n_heads;
+            continue;
+        }
+        /* A share's partial row: its kv groups one by one. */
+        int end = (h / group + 1) * group;
         long nh = KWK_MIN((long)KWK_MIN(end - h, MAXG), i1 - i);
-        group_run(a, row, h, (int)nh, scratch);
+        if (a->last[row] < a->first[row])
+            memset(a->out + row * a->ldo + (long)h * a->head_dim, 0,
+                   sizeof(float) * (size_t)nh * (size_t)a->head_dim);
+        else
+            tile_run(a, row, 1, h, (int)nh, scratch);
         i += nh;
     }
 }

@@ -249,6 +249,58 @@ static void check_lengths(const struct kwk_attn_kernel *k)
     T_EQ(bad, 0);
 }
 
+/* A prompt chunk of 40 rows of one slot (rows attend 1..40 positions, or up to MAX_LEN), as
+ * the decoder runs it: the tables share loads across neighbouring rows (several rows' heads at
+ * once, queries in vector lanes, key ranges in passes), and each item must still equal, bitwise,
+ * the item computed alone, and the double statement to rounding. */
+static void check_chunk(const struct kwk_attn_kernel *k)
+{
+    static const struct shape chunk_shapes[] = {
+        {64, 9, 3}, {64, 14, 2}, {128, 8, 2}, {128, 4, 4}, {64, 2, 1}, {80, 6, 2}, {16, 3, 1},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof chunk_shapes / sizeof chunk_shapes[0]; i++)
+        for (int at_end = 0; at_end < 2; at_end++) {
+            const struct shape *sh = &chunk_shapes[i];
+            struct setup s;
+            setup_new(&s, sh->hd, sh->n_heads, sh->n_kv, 40, 0, 3.0f);
+            for (int r = 0; r < s.n_rows; r++) {
+                s.k_rows[r] = s.kc;
+                s.v_rows[r] = s.vc;
+                s.first[r] = 0;
+                s.last[r] = at_end ? MAX_LEN - s.n_rows + r : r;
+            }
+            s.max_pos = s.last[s.n_rows - 1] + 1;
+            long n_items = (long)s.n_rows * s.a.n_heads;
+            size_t bytes = sizeof(float) * (size_t)n_items * s.a.head_dim;
+            float *scratch = malloc(sizeof(float) * kwk_attn_scratch_floats(&s.a, s.max_pos));
+            float *alone = malloc(bytes);
+            for (long it = 0; it < n_items; it++)
+                k->items(&s.a, it, it + 1, scratch);
+            memcpy(alone, s.out, bytes);
+            int before = t_failed;
+            check_values(k, &s, scratch, at_end ? "chunk at 600" : "chunk at 0");
+            bad += t_failed != before;
+            T_CHECK(memcmp(alone, s.out, bytes) == 0,
+                    "%s chunk hd %d heads %d/%d: rows together "
+                    "differ from items alone",
+                    k->name, sh->hd, sh->n_heads, sh->n_kv);
+            /* and split at every kv group, as a thread's share may start */
+            memset(s.out, 0xff, bytes);
+            int group = sh->n_heads / sh->n_kv;
+            for (long it = 0; it < n_items; it += 7L * group)
+                k->items(&s.a, it, KWK_MIN(it + 7L * group, n_items), scratch);
+            T_CHECK(memcmp(alone, s.out, bytes) == 0,
+                    "%s chunk hd %d heads %d/%d: shares of 7 "
+                    "groups differ from items alone",
+                    k->name, sh->hd, sh->n_heads, sh->n_kv);
+            free(alone);
+            free(scratch);
+            setup_free(&s);
+        }
+    T_EQ(bad, 0);
+}
+
 /* kwk_attn_split: the shares tile [0, n_items) in order, start on kv group boundaries, and each
  * holds about 1/nth of the work (positions attended + 16 per item), within one group's work; a
  * single row (decode) is split by head. */
@@ -328,6 +380,7 @@ int main(void)
     for (int i = 0; i < n_tables; i++) {
         check_lengths(tables[i]);
         check_table(tables[i]);
+        check_chunk(tables[i]);
     }
     return t_report("test_attn");
 }
