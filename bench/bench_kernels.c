@@ -1,9 +1,9 @@
 /* bench_kernels.c - the pool's synchronization cost (an empty task's round trip, an in-task
  * barrier), then matmul speed per instruction set: GB/s of weights streamed for one token (decode)
  * and GFLOP/s for 64 tokens (prompt), on 1 thread and on the whole pool; or (`quant`) the
- * quantized matmul with 8-bit against 16-bit activations on SmolLM2-135M's shapes. Prints;
- * asserts nothing. Single-threaded driver.
- * Usage: bench_kernels [rows cols | pool | quant [n_tok [threads [avx2|avx512]]]] */
+ * quantized matmul with 8-bit against 16-bit activations on SmolLM2-135M's shapes (or others).
+ * Prints; asserts nothing. Single-threaded driver. Usage: bench_kernels [rows cols | pool | quant
+ * [n_tok [threads [avx2|avx512 [RxC,...]]]]] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,26 +126,48 @@ static int cmp_double(const void *a, const void *b)
 #define QUANT_ROUNDS 7
 
 /* act8 against 16-bit activations, GOP/s of the quantized matmul (2 * rows * cols * n_tok) per
- * ISA, format and SmolLM2-135M shape; the two modes alternate round by round (A B A B ...) so
- * that a machine shared with other work slows both alike: the ratio of the medians is the
- * figure to read. */
-static void bench_quant(int n_tok, int n_threads, const char *isa_name)
+ * ISA, format and shape (SmolLM2-135M's unless given); the two modes alternate round by round (A B
+ * A B ...) so that a machine shared with other work slows both alike: the ratio of the medians is
+ * the figure to read. */
+static void bench_quant(int n_tok, int n_threads, const char *isa_name, const char *shape_list)
 {
-    static const int64_t shapes[][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
+    int64_t shapes[8][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
+    size_t n_shapes = 4;
+    if (shape_list) { /* "ROWSxCOLS,..." (other models' shapes) */
+        n_shapes = 0;
+        for (const char *q = shape_list; *q && n_shapes < KWK_ARRAY_LEN(shapes);) {
+            long long r, c;
+            int used;
+            if (sscanf(q, "%lldx%lld%n", &r, &c, &used) != 2 || r <= 0 || c <= 0 || r > 65536 ||
+                c > 65536) {
+                fprintf(stderr, "bench_kernels: bad shape list '%s' (ROWSxCOLS,...)\n", shape_list);
+                return;
+            }
+            shapes[n_shapes][0] = r;
+            shapes[n_shapes++][1] = c;
+            q += used;
+            q += *q == ',';
+        }
+    }
+    int64_t max_rows = 1, max_cols = 1, max_el = 1;
+    for (size_t i = 0; i < n_shapes; i++) {
+        max_rows = KWK_MAX(max_rows, shapes[i][0]);
+        max_cols = KWK_MAX(max_cols, shapes[i][1]);
+        max_el = KWK_MAX(max_el, shapes[i][0] * shapes[i][1]);
+    }
     static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
     struct kwk_pool *p = kwk_pool_new(n_threads);
-    int64_t max_el = 1536 * 576;
     float *src = kwk_malloc_aligned((size_t)max_el * 4);
-    float *x = kwk_malloc_aligned((size_t)n_tok * 1536 * 4);
-    float *y = kwk_malloc_aligned((size_t)n_tok * 1536 * 4);
+    float *x = kwk_malloc_aligned((size_t)n_tok * (size_t)max_cols * 4);
+    float *y = kwk_malloc_aligned((size_t)n_tok * (size_t)max_rows * 4);
     size_t bytes = 0;
-    kwk_quant_bytes(KWK_W_Q8, 1536, 1536, &bytes);
+    kwk_quant_bytes(KWK_W_Q8, max_rows, max_cols, &bytes);
     void *data = kwk_malloc_aligned(bytes);
     if (!p || !src || !x || !y || !data)
         goto out;
     for (int64_t i = 0; i < max_el; i++)
         src[i] = (float)((i * 7919) % 2001 - 1000) * 1e-4f;
-    for (int64_t i = 0; i < (int64_t)n_tok * 1536; i++)
+    for (int64_t i = 0; i < (int64_t)n_tok * max_cols; i++)
         x[i] = (float)((i * 104729) % 1999 - 999) * 1e-3f;
     printf("quantized matmul, n_tok=%d, threads=%d, GOP/s medians of %d alternating rounds\n",
            n_tok, kwk_pool_size(p), QUANT_ROUNDS);
@@ -154,7 +176,7 @@ static void bench_quant(int n_tok, int n_threads, const char *isa_name)
         if (isa_name && strcmp(isa_name, k->name) != 0)
             continue;
         for (size_t wi = 0; wi < KWK_ARRAY_LEN(wts); wi++)
-            for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++) {
+            for (size_t si = 0; si < n_shapes; si++) {
                 int64_t rows = shapes[si][0], cols = shapes[si][1];
                 struct kwk_mat m = {.wtype = wts[wi], .rows = rows, .cols = cols, .data = data};
                 for (int64_t rb = 0; rb * KWK_QROWS < rows; rb++)
@@ -191,7 +213,7 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "quant") == 0) {
         bench_quant(argc > 2 ? atoi(argv[2]) : 512, argc > 3 ? atoi(argv[3]) : 1,
-                    argc > 4 ? argv[4] : NULL);
+                    argc > 4 ? argv[4] : NULL, argc > 5 ? argv[5] : NULL);
         return 0;
     }
     bench_pool();
