@@ -14,12 +14,14 @@
 /* Row blocks x tokens of a register tile: prompt tiles are 2 x 4 (two int and one float
  * accumulator each: 24 registers, plus 2 weight registers, broadcasts folded into vpdpbusd's
  * memory operand), decode tiles 4 x 1 (eight independent vpdpbusd chains while the weights
- * stream; four with 8-bit activations). */
+ * stream; four with 8-bit activations). int4 and int6 hold two more weight registers, spilled
+ * in part: 2 x 4 measured 6% (int4) and 5-9% (int6) faster than 2 x 3 (bench_kernels quant,
+ * session 6); int8 2 x 5 and 2 x 6 slower than 2 x 4. */
 #define TR 2
 #define TT 8 /* the most tokens a tile function is made for */
 #define TT_Q8 4
-#define TT_Q4 3
-#define TT_Q6 3
+#define TT_Q4 4
+#define TT_Q6 4
 /* 8-bit activations need no low-half accumulators: one int and one float accumulator a tile
  * entry. Measured on SmolLM2-135M's shapes (512 tokens, act8 / 16-bit time): int8 2 x 4, 2 x 6,
  * 2 x 7, 2 x 8 gave 1.8x, 1.9x, 2.0x, 2.1x; 2 x 8 holds 34 vectors, so the compiler keeps a few
