@@ -1,10 +1,15 @@
 /* avx2_attn.c - attention with AVX2 + FMA (compiled with those flags only; chosen at run time by
  * kwk_attn_kernel). Pure functions; any thread. Agrees with attn_ref.c to float rounding.
  *
- * The same plan as avx512_attn.c with 8-lane vectors: the query heads of one kv group in one row
- * are done together (each key block read once from memory, each value row loaded once for up to
- * MAXH heads), scores of 8 keys come out of one transposed reduction. Batch invariance: an item's
- * operations and their order depend only on the item, never on which heads share its loads. */
+ * The same plan as avx512_attn.c with 8-lane vectors. Items are done in tiles: the query heads of
+ * one kv group in up to 16 / heads neighbouring rows that read the same keys (a prompt chunk's
+ * rows of one slot). Each block of 8 keys is read from memory once per tile; with 12 or more
+ * queries their scores come out with the queries in vector lanes (FMAs and adds, then 8 x 8
+ * transposes), else key by key through a transposed reduction; value rows are loaded once into
+ * registers for up to 6 queries, over key ranges that stay in L1. Batch invariance: both score
+ * paths give bitwise the same numbers (the same partial chains added in the same tree), and every
+ * other operation on an item's numbers, and its order, depends only on the item (its q, its keys
+ * and values, head_dim, its position count), never on which rows or heads share its loads. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -15,11 +20,11 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-#define KB 8    /* keys per score block: one ymm of scores */
-#define MAXG 8  /* query heads done together at most (sums[] on the stack) */
-#define MAXH 3  /* query heads per value pass: their accumulators fit the 16 registers (3 heads x 4
-                   chunks, or 1 head x 8 chunks) */
-
+#define KB 8                       /* keys per score block: one ymm of scores */
+#define MAXG 8                     /* query heads of one kv group in a tile at most */
+#define MAXQ KWK_ATTN_TILE_QUERIES /* queries in a tile */
+#define MAXH 6                     /* queries per value pass (accumulators stay in registers) */
+#define LANES_MIN 12               /* queries from which a tile's scores put queries in lanes */
 
 INLINE float hsum(__m256 v)
 {
@@ -84,45 +89,193 @@ INLINE __m256 score_block(const float *q, const float *k, long ldk, int hd, int 
                          _mm256_permute2f128_ps(half[0], half[1], 0x31));
 }
 
-/* Scaled scores of nh heads (queries q + g*hd) over n keys into p + g*ldp; the lanes past n in
- * the last block get -inf. hd is a constant after inlining where scores() makes it one. */
-INLINE void scores_hd(const float *q, int nh, int hd, const float *k, long ldk, int n, float scale,
-                   float *p, long ldp)
+/* ---- scores with queries in lanes ------------------------------------------------------------
+ * The same numbers as score_block, computed the other way round for many queries at once: lane i
+ * of a vector holds query 8g + i (qt = the queries transposed, qt[e * 16 + x] = q_x[e]) and one
+ * key's elements are broadcast. Each of the 8 partial chains P_l (elements l, l + 8, ...) runs in
+ * its own register in the same order as lane l of key_partial (a product, then FMAs), and the
+ * chains are added in the tree of fold4 and score_block: ((P0 + P2) + (P1 + P3)) + ((P4 + P6) +
+ * (P5 + P7)). Additions and products commute exactly, so every query's score of every key is
+ * bitwise the one score_block gives, and a row may take either path. */
+
+/* Chain P_l of 4 keys k[u] for 16 queries: acc[2u + g] lane i = sum over c of
+ * q_{8g+i}[8c + l] * k_u[8c + l]. */
+INLINE void lane_chain(const float *qt, const float *const *k, int hd, int l, __m256 *acc)
 {
-    __m256 sv = _mm256_set1_ps(scale);
-    int b = 0;
-    for (; b + KB <= n; b += KB)
-        for (int g = 0; g < nh; g++) {
-            __m256 s = score_block(q + g * hd, k + b * ldk, ldk, hd, KB);
-            _mm256_storeu_ps(p + g * ldp + b, _mm256_mul_ps(s, sv));
-        }
-    if (b < n) {
-        __m256 m = lanes_below(n - b);
-        for (int g = 0; g < nh; g++) {
-            __m256 s = _mm256_mul_ps(score_block(q + g * hd, k + b * ldk, ldk, hd, n - b), sv);
-            _mm256_storeu_ps(p + g * ldp + b, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, m));
+    __m256 q0 = _mm256_loadu_ps(qt + l * MAXQ), q1 = _mm256_loadu_ps(qt + l * MAXQ + 8);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++) {
+        __m256 kv = _mm256_broadcast_ss(k[u] + l);
+        acc[2 * u] = _mm256_mul_ps(kv, q0);
+        acc[2 * u + 1] = _mm256_mul_ps(kv, q1);
+    }
+#pragma GCC unroll 16
+    for (int e = l + 8; e < hd; e += 8) {
+        q0 = _mm256_loadu_ps(qt + e * MAXQ);
+        q1 = _mm256_loadu_ps(qt + e * MAXQ + 8);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            __m256 kv = _mm256_broadcast_ss(k[u] + e);
+            acc[2 * u] = _mm256_fmadd_ps(kv, q0, acc[2 * u]);
+            acc[2 * u + 1] = _mm256_fmadd_ps(kv, q1, acc[2 * u + 1]);
         }
     }
 }
 
-/* scores_hd, unrolled for the common head sizes: the same operations in the same order. */
-static void scores(const float *q, int nh, int hd, const float *k, long ldk, int n, float scale,
-                   float *p, long ldp)
+/* Scaled scores of the 4 keys k[u] for the 16 queries of qt: out[2u + g] lane i = query 8g + i.
+ * The chains wait in P (8 at a time fit the registers) until the tree adds them. */
+INLINE void lane_keys4(const float *qt, const float *const *k, int hd, __m256 sv, __m256 *out)
 {
-    switch (hd) {
-    case 64: scores_hd(q, nh, 64, k, ldk, n, scale, p, ldp); break;
-    case 128: scores_hd(q, nh, 128, k, ldk, n, scale, p, ldp); break;
-    default: scores_hd(q, nh, hd, k, ldk, n, scale, p, ldp); break;
+    __m256 P[8][8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; l++) {
+        /* Hides that qt is the same for every chain: else GCC loads all of it once into stack
+         * slots instead of each row where it is used. */
+        __asm__("" : "+r"(qt));
+        lane_chain(qt, k, hd, l, P[l]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        __m256 s0 = _mm256_add_ps(_mm256_add_ps(P[0][i], P[2][i]), _mm256_add_ps(P[1][i], P[3][i]));
+        __m256 s1 = _mm256_add_ps(_mm256_add_ps(P[4][i], P[6][i]), _mm256_add_ps(P[5][i], P[7][i]));
+        out[i] = _mm256_mul_ps(_mm256_add_ps(s0, s1), sv);
     }
 }
 
-/* p[0..n) = exp(p - max p), padded to whole blocks with zeros; returns their sum. */
-static float softmax_unnormalized(float *p, int n)
+/* r[i] lane j <- r[j] lane i. */
+INLINE void transpose8(__m256 *r)
+{
+    __m256 t[8], s[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x31);
+    }
+}
+
+/* A tile: the query heads of one kv group in nr rows that read the same keys (one slot, one first
+ * position), query x = r * nh + g. Each key block is read from memory once for all of them and
+ * then from L1; each value row loaded into registers feeds up to MAXH queries. Every query's
+ * numbers are those it would get alone: sharing changes the loop order, never a sum's order. */
+struct tile {
+    int nq, hd;
+    long ldk, ldp; /* stride of cache rows; of score rows in scratch */
+    float scale;
+    const float *k, *v; /* position first, this kv head */
+    const float *q[MAXQ];
+    float *out[MAXQ];
+    int n[MAXQ]; /* positions attended, >= 1, non-decreasing with x */
+    float sums[MAXQ];
+    __m256 mx[MAXQ]; /* lane-wise max of the query's stored scores, block by block in order */
+};
+
+/* Block [b, b + 8)'s scaled scores s (lane u: key b + u) into query x's row of p, and into its
+ * max (so that the softmax need not read the row twice); the lanes past the query's n get -inf,
+ * and a block wholly past it is not stored. */
+INLINE void store_scores(struct tile *t, int x, int b, __m256 s, float *p)
+{
+    int left = t->n[x] - b;
+    float *px = p + x * t->ldp + b;
+    if (left <= 0)
+        return;
+    if (left < KB)
+        s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, lanes_below(left));
+    _mm256_storeu_ps(px, s);
+    t->mx[x] = _mm256_max_ps(t->mx[x], s);
+}
+
+/* Scores key by key for each query (score_block), block by block so that the block stays in L1
+ * across the queries. hd is a constant after inlining. */
+INLINE void scores_hd(struct tile *t, int hd, float *p)
+{
+    __m256 sv = _mm256_set1_ps(t->scale);
+    int nmax = t->n[t->nq - 1];
+    for (int b = 0; b < nmax; b += KB) {
+        const float *kb = t->k + b * t->ldk;
+        for (int x = 0; x < t->nq; x++) {
+            int nk = KWK_MIN(KB, t->n[x] - b);
+            if (nk > 0)
+                store_scores(t, x, b, _mm256_mul_ps(score_block(t->q[x], kb, t->ldk, hd, nk), sv),
+                             p);
+        }
+    }
+}
+
+/* The same scores with the queries in lanes (lane_keys4): qt takes 16 * hd floats. Keys past the
+ * tile's last are not read (their lanes repeat its last key and are dropped). */
+INLINE void lane_scores_hd(struct tile *t, int hd, float *qt, float *p)
+{
+    for (int e = 0; e < hd; e++)
+        for (int x = 0; x < MAXQ; x++)
+            qt[e * MAXQ + x] = x < t->nq ? t->q[x][e] : 0.0f;
+    __m256 sv = _mm256_set1_ps(t->scale);
+    int nmax = t->n[t->nq - 1];
+    for (int b = 0; b < nmax; b += KB) {
+        __m256 r[2 * KB], rg[KB];
+        for (int u0 = 0; u0 < KB; u0 += 4) {
+            const float *k[4];
+            for (int u = 0; u < 4; u++)
+                k[u] = t->k + KWK_MIN(b + u0 + u, nmax - 1) * t->ldk;
+            lane_keys4(qt, k, hd, sv, r + 2 * u0);
+        }
+        for (int g = 0; g < 2; g++) {
+            for (int u = 0; u < KB; u++)
+                rg[u] = r[2 * u + g];
+            transpose8(rg);
+            for (int i = 0; i < KB && 8 * g + i < t->nq; i++)
+                store_scores(t, 8 * g + i, b, rg[i], p);
+        }
+    }
+}
+
+/* Scores of every query into p + x * ldp, by either path (the same numbers), the common head
+ * sizes unrolled; scratch (16 * hd floats) for the queries in lanes. */
+static void scores(struct tile *t, float *p, float *scratch)
+{
+    if (t->nq >= LANES_MIN) {
+        switch (t->hd) {
+        case 64:
+            lane_scores_hd(t, 64, scratch, p);
+            break;
+        case 128:
+            lane_scores_hd(t, 128, scratch, p);
+            break;
+        default:
+            lane_scores_hd(t, t->hd, scratch, p);
+            break;
+        }
+        return;
+    }
+    switch (t->hd) {
+    case 64:
+        scores_hd(t, 64, p);
+        break;
+    case 128:
+        scores_hd(t, 128, p);
+        break;
+    default:
+        scores_hd(t, t->hd, p);
+        break;
+    }
+}
+
+/* p[0..n) = exp(p - max p) given mv (lane-wise maxima of p's blocks), padded to whole blocks
+ * with zeros; returns their sum (block by block, in order). */
+static float softmax_unnormalized(float *p, int n, __m256 mv)
 {
     int npad = (n + KB - 1) / KB * KB;
-    __m256 mv = _mm256_set1_ps(-INFINITY);
-    for (int b = 0; b < npad; b += KB)
-        mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + b));
     __m256 mx = _mm256_set1_ps(hmax(mv));
     __m256 sum = _mm256_setzero_ps();
     for (int b = 0; b < npad; b += KB) {
@@ -135,83 +288,209 @@ static float softmax_unnormalized(float *p, int n)
     return hsum(sum);
 }
 
-/* out_g[c] = sum_j p_g[j] v_j[c] / sums[g] for NH heads and NC chunks of 8 columns, the
- * accumulators in registers while the value rows stream past. NH, NC: constants after inlining. */
-INLINE void values_tile(int NH, int NC, const float *p, long ldp, const float *v, long ldv, int n,
-                        const float *sums, float *out, int hd)
+/* Keys [j0, j1) of out_x[c0 + c] = sum_j p_x[j] v_j[c0 + c] / sums[x] for NH queries from x0 and
+ * NC chunks of 8 columns: the accumulators stay in registers while the value rows stream past,
+ * each chain in key order; between key ranges they wait in out (unscaled), and the last range
+ * (j1 = the largest n) divides. Past its own n a query takes no key. NH and NC are constants
+ * after inlining. */
+INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const float *p, int c0,
+                        int j0, int j1)
 {
     __m256 acc[MAXH][8];
+    const float *v = t->v + c0;
+    long ldv = t->ldk, ldp = t->ldp;
+    int nmin = KWK_MIN(t->n[x0], j1), nmax = t->n[x0 + NH - 1];
+    p += x0 * ldp;
 #pragma GCC unroll 8
     for (int g = 0; g < NH; g++)
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
-            acc[g][c] = _mm256_setzero_ps();
-    /* One weight live at a time and the value chunks as memory operands (from L1 after the
-     * first head): 3 x 4 accumulators then fit the 16 registers. */
-    for (int j = 0; j < n; j++) {
+            acc[g][c] =
+                j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(t->out[x0 + g] + c0 + 8 * c);
+    int j = j0;
+    for (; j < nmin; j++) {
+        __m256 vv[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++)
+            vv[c] = _mm256_loadu_ps(v + j * ldv + 8 * c);
 #pragma GCC unroll 8
         for (int g = 0; g < NH; g++) {
+            __m256 pj = _mm256_broadcast_ss(p + g * ldp + j);
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++)
+                acc[g][c] = _mm256_fmadd_ps(pj, vv[c], acc[g][c]);
+        }
+    }
+    for (; j < KWK_MIN(j1, nmax); j++) {
+#pragma GCC unroll 8
+        for (int g = 0; g < NH; g++) {
+            if (j >= t->n[x0 + g])
+                continue;
             __m256 pj = _mm256_broadcast_ss(p + g * ldp + j);
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++)
                 acc[g][c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * ldv + 8 * c), acc[g][c]);
         }
     }
+    int last = j1 >= nmax;
 #pragma GCC unroll 8
     for (int g = 0; g < NH; g++) {
-        __m256 sv = _mm256_set1_ps(sums[g]);
+        __m256 sv = _mm256_set1_ps(t->sums[x0 + g]);
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
-            _mm256_storeu_ps(out + g * hd + 8 * c, _mm256_div_ps(acc[g][c], sv));
+            _mm256_storeu_ps(t->out[x0 + g] + c0 + 8 * c,
+                             last ? _mm256_div_ps(acc[g][c], sv) : acc[g][c]);
     }
 }
 
-/* values_tile with its constants chosen: nh in 1..MAXH, nc in {1, 2, 4}, or 8 for one head. */
-static void values_tile_n(int nh, int nc, const float *p, long ldp, const float *v, long ldv,
-                          int n, const float *sums, float *out, int hd)
+/* Chunks of 8 columns per value pass for nh queries with left chunks to go: at most 12
+ * accumulators (the value chunks and a weight take the other registers). */
+static int chunks_for(int nh, int left)
+{
+    int nc = nh == 1 ? 8 : nh <= 3 ? 4 : 2;
+    while (nc > left)
+        nc /= 2;
+    return nc;
+}
+
+/* values_tile with its constants chosen: nh in 1..MAXH, nc = chunks_for(nh, ...). */
+static void values_tile_n(int nh, int nc, const struct tile *t, int x0, const float *p, int c0,
+                          int j0, int j1)
 {
     switch (nh * 16 + nc) {
-    case 16 + 1: values_tile(1, 1, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 16 + 2: values_tile(1, 2, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 16 + 4: values_tile(1, 4, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 16 + 8: values_tile(1, 8, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 32 + 1: values_tile(2, 1, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 32 + 2: values_tile(2, 2, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 32 + 4: values_tile(2, 4, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 48 + 1: values_tile(3, 1, p, ldp, v, ldv, n, sums, out, hd); break;
-    case 48 + 2: values_tile(3, 2, p, ldp, v, ldv, n, sums, out, hd); break;
-    default: values_tile(3, 4, p, ldp, v, ldv, n, sums, out, hd); break;
+    case 16 + 1:
+        values_tile(1, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 16 + 2:
+        values_tile(1, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 16 + 4:
+        values_tile(1, 4, t, x0, p, c0, j0, j1);
+        break;
+    case 16 + 8:
+        values_tile(1, 8, t, x0, p, c0, j0, j1);
+        break;
+    case 32 + 1:
+        values_tile(2, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 32 + 2:
+        values_tile(2, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 32 + 4:
+        values_tile(2, 4, t, x0, p, c0, j0, j1);
+        break;
+    case 48 + 1:
+        values_tile(3, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 48 + 2:
+        values_tile(3, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 48 + 4:
+        values_tile(3, 4, t, x0, p, c0, j0, j1);
+        break;
+    case 64 + 1:
+        values_tile(4, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 64 + 2:
+        values_tile(4, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 80 + 1:
+        values_tile(5, 1, t, x0, p, c0, j0, j1);
+        break;
+    case 80 + 2:
+        values_tile(5, 2, t, x0, p, c0, j0, j1);
+        break;
+    case 96 + 1:
+        values_tile(6, 1, t, x0, p, c0, j0, j1);
+        break;
+    default:
+        values_tile(6, 2, t, x0, p, c0, j0, j1);
+        break;
     }
 }
 
-/* Query heads h0 .. h0+nh-1 of row, all of one kv group. */
-static void group_run(const struct kwk_attn_args *a, int row, int h0, int nh, float *scratch)
+/* Query heads h0 .. h0+nh-1 (of one kv group) of rows row0 .. row0+nr-1, which read the same
+ * keys: same slot, same first position, each with at least one position, last non-decreasing. */
+static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                     float *scratch)
 {
-    int hd = a->head_dim, kvh = h0 / (a->n_heads / a->n_kv_heads);
-    int first = a->first[row], n = a->last[row] - first + 1;
-    const float *q = a->q + row * a->ldq + (long)h0 * hd;
-    float *out = a->out + row * a->ldo + (long)h0 * hd;
-    if (n <= 0) {
-        memset(out, 0, sizeof(float) * (size_t)nh * (size_t)hd);
-        return;
-    }
-    const float *k = a->k_rows[row] + (size_t)first * a->kv_dim + (size_t)kvh * hd;
-    const float *v = a->v_rows[row] + (size_t)first * a->kv_dim + (size_t)kvh * hd;
-    long ldp = (n + 15) / 16 * 16; /* as kwk_attn_scratch_floats pads */
-    float sums[MAXG];
-    scores(q, nh, hd, k, a->kv_dim, n, a->scale, scratch, ldp);
-    for (int g = 0; g < nh; g++)
-        sums[g] = softmax_unnormalized(scratch + g * ldp, n);
-    /* Tiles change which loads are shared, not any output's sum: each is its own chain. */
-    for (int g0 = 0; g0 < nh; g0 += MAXH) {
-        int nhb = KWK_MIN(MAXH, nh - g0);
+    int hd = a->head_dim, first = a->first[row0];
+    size_t kv_off = (size_t)first * a->kv_dim + (size_t)(h0 / (a->n_heads / a->n_kv_heads)) * hd;
+    struct tile t = {.nq = nr * nh,
+                     .hd = hd,
+                     .ldk = a->kv_dim,
+                     .scale = a->scale,
+                     .k = a->k_rows[row0] + kv_off,
+                     .v = a->v_rows[row0] + kv_off};
+    for (int r = 0; r < nr; r++)
+        for (int g = 0; g < nh; g++) {
+            int x = r * nh + g, row = row0 + r;
+            t.q[x] = a->q + row * a->ldq + (long)(h0 + g) * hd;
+            t.out[x] = a->out + row * a->ldo + (long)(h0 + g) * hd;
+            t.n[x] = a->last[row] - first + 1;
+            t.mx[x] = _mm256_set1_ps(-INFINITY);
+        }
+    int nmax = t.n[t.nq - 1];
+    t.ldp = (nmax + 15) / 16 * 16;          /* as kwk_attn_scratch_floats pads */
+    float *p = scratch + (size_t)MAXQ * hd; /* after the transposed queries */
+    scores(&t, p, scratch);
+    for (int x = 0; x < t.nq; x++)
+        t.sums[x] = softmax_unnormalized(p + x * t.ldp, t.n[x], t.mx[x]);
+    /* Passes of equal size (a small last pass costs nearly as much as a full one), over key
+     * ranges of about 32 KB of values, which stay in L1 for all the passes and column chunks. */
+    int passes = (t.nq + MAXH - 1) / MAXH, per = (t.nq + passes - 1) / passes;
+    int jb = KWK_MAX(16, 8192 / hd);
+    for (int j0 = 0; j0 < nmax; j0 += jb) {
+        int j1 = KWK_MIN(j0 + jb, nmax);
         for (int c0 = 0; c0 < hd;) {
-            int left = (hd - c0) / 8;
-            int nc = left >= 8 && nhb == 1 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            values_tile_n(nhb, nc, scratch + g0 * ldp, ldp, v + c0, a->kv_dim, n, sums + g0,
-                          out + (long)g0 * hd + c0, hd);
+            int nc = chunks_for(per, (hd - c0) / 8);
+            for (int x0 = 0; x0 < t.nq; x0 += per) {
+                int nh = KWK_MIN(per, t.nq - x0);
+                if (t.n[x0 + nh - 1] > j0) /* else done and divided */
+                    values_tile_n(nh, nc, &t, x0, p, c0, j0, j1);
+            }
             c0 += 8 * nc;
         }
+    }
+}
+
+/* Whether row s can join a tile that starts at row r: it reads the same keys and values, up to
+ * a position no earlier (so that n grows with x, as values_tile needs). */
+static int shares_keys(const struct kwk_attn_args *a, int r, int s)
+{
+    return a->k_rows[s] == a->k_rows[r] && a->v_rows[s] == a->v_rows[r] &&
+           a->first[s] == a->first[r] && a->last[s] >= a->last[s - 1];
+}
+
+/* Query heads h .. h+nh-1 of row, one kv group, alone (zeros if the row attends nothing). */
+static void group_run(const struct kwk_attn_args *a, int row, int h, int nh, float *scratch)
+{
+    if (a->last[row] < a->first[row])
+        memset(a->out + row * a->ldo + (long)h * a->head_dim, 0,
+               sizeof(float) * (size_t)nh * (size_t)a->head_dim);
+    else
+        tile_run(a, row, 1, h, nh, scratch);
+}
+
+/* Items [i, i + n_heads * nr) are whole rows from row; split into tiles of up to MAXQ queries. */
+static void rows_run(const struct kwk_attn_args *a, int row, int nr, float *scratch)
+{
+    int group = a->n_heads / a->n_kv_heads;
+    int max_rows = KWK_MAX(1, MAXQ / KWK_MIN(group, MAXG));
+    for (int r = row; r < row + nr;) {
+        int len = 1;
+        if (a->last[r] >= a->first[r])
+            while (len < max_rows && r + len < row + nr && shares_keys(a, r, r + len))
+                len++;
+        for (int h = 0; h < a->n_heads;) {
+            int nh = KWK_MIN((h / group + 1) * group - h, MAXG);
+            if (len == 1)
+                group_run(a, r, h, nh, scratch);
+            else
+                tile_run(a, r, len, h, nh, scratch);
+            h += nh;
+        }
+        r += len;
     }
 }
 
@@ -225,7 +504,14 @@ static void avx2_items(const struct kwk_attn_args *a, long i0, long i1, float *s
     int group = a->n_heads / a->n_kv_heads;
     for (long i = i0; i < i1;) {
         int row = (int)(i / a->n_heads), h = (int)(i % a->n_heads);
-        int end = (h / group + 1) * group; /* this kv group's last head + 1 */
+        long whole = h == 0 ? (i1 - i) / a->n_heads : 0; /* whole rows from here */
+        if (whole > 0) {
+            rows_run(a, row, (int)whole, scratch);
+            i += whole * a->n_heads;
+            continue;
+        }
+        /* A share's partial row: its kv groups one by one. */
+        int end = (h / group + 1) * group;
         long nh = KWK_MIN((long)KWK_MIN(end - h, MAXG), i1 - i);
         group_run(a, row, h, (int)nh, scratch);
         i += nh;
