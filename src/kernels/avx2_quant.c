@@ -14,17 +14,7 @@
 /* Tokens per register tile: 2 halves x TT tokens of int and float accumulators, plus weights,
  * fit the 16 ymm registers. */
 #define TT 2
-#define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP)
 
-/* With 8-bit activations (a8) l is not written and d, s, m hold what the single pass's
- * epilogue wants (quant_act8). */
-struct qx {
-    int8_t q[KWK_QX_TOKS][KWK_QX_COLS]; /* high halves h of v = 254 h + l */
-    int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves (16-bit mode only) */
-    float d[KWK_QX_TOKS][QG_MAX];       /* d_x; a8: 254 * d_x */
-    int32_t s[KWK_QX_TOKS][QG_MAX];     /* sum of v; a8: sum of h */
-    float m[KWK_QX_TOKS][QG_MAX];       /* a8 only: d_x * (float)(254 * sum of h), int4 */
-};
 _Static_assert(KWK_Q8_GROUP == 32 && KWK_Q4_GROUP == 32 && KWK_Q6_GROUP == 32, "groups of 32");
 
 INLINE __m256i bcast4(const int8_t *p)
@@ -477,19 +467,11 @@ void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, f
 {
     if (r1 <= r0 || n_tok <= 0)
         return;
-    struct qx qx;
+    struct kwk_qx qx;
     struct fmt f = fmt_of(w);
     int G = kwk_quant_group(w->wtype), a8 = w->act8 != 0;
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
-    struct kwk_qact view = {.cols = w->cols,
-                            .act8 = a8,
-                            .ldh = KWK_QX_COLS,
-                            .ldg = QG_MAX,
-                            .h = qx.q[0],
-                            .l = qx.l[0],
-                            .d = qx.d[0],
-                            .s = qx.s[0],
-                            .m = qx.m[0]};
+    struct kwk_qact view = kwk_qx_view(&qx, w->cols, a8);
     for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
         int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
@@ -533,12 +515,7 @@ void kwk_quant_matmul_q_avx2(const struct kwk_mat *w, const struct kwk_qact *qa,
         int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
             int64_t g1 = KWK_MIN(ng, g0 + gc);
-            struct kwk_qact view = *qa;
-            view.h += (long)tb * qa->ldh + g0 * G;
-            view.l += (long)tb * qa->ldh + g0 * G;
-            view.d += (long)tb * qa->ldg + g0;
-            view.s += (long)tb * qa->ldg + g0;
-            view.m += (long)tb * qa->ldg + g0;
+            struct kwk_qact view = kwk_qact_at(qa, tb, g0);
             run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1);
         }
     }

@@ -32,18 +32,6 @@
 #define TT8_Q8 8
 #define TT8_Q4 8
 #define TT8_Q6 8
-#define QG_MAX (KWK_QX_COLS / KWK_Q4_GROUP) /* groups of a column pass */
-
-/* Quantized activations of a token block over one column pass. With 8-bit activations (a8) l
- * is not written and d, s, m hold what the single pass's epilogue wants, computed once per
- * token and group rather than in every tile. */
-struct qx {
-    int8_t q[KWK_QX_TOKS][KWK_QX_COLS]; /* high halves h of v = 254 h + l */
-    int8_t l[KWK_QX_TOKS][KWK_QX_COLS]; /* low halves (16-bit mode only) */
-    float d[KWK_QX_TOKS][QG_MAX];       /* d_x; a8: 254 * d_x */
-    int32_t s[KWK_QX_TOKS][QG_MAX];     /* sum of v; a8: sum of h */
-    float m[KWK_QX_TOKS][QG_MAX];       /* a8 only: d_x * (float)(254 * sum of h), int4 */
-};
 
 INLINE __mmask16 lanes(int64_t n)
 {
@@ -64,13 +52,23 @@ INLINE float load_group(const float *x, int64_t n, int64_t k0, int G, __m512 *v)
 /* kwk_quant_act, vectorized with the same arithmetic: |x| max, 127 / amax, f = x * id rounded
  * to nearest even by cvtps2dq, to h and (times 254) to v (|f| <= 127, so the scalar clamps
  * never change a value). */
+/* 16 values f = x * 127 / amax to h and the low halves l of v = 254 h + l (stored), v added
+ * to sum: kwk_quant_act's rounding (|f| <= 127, so its clamps never change a value). */
+INLINE __m512i halves16(__m512 f, int8_t *xh, int8_t *xl, __m512i sum)
+{
+    __m512i h = _mm512_cvtps_epi32(f),
+            q = _mm512_cvtps_epi32(_mm512_mul_ps(f, _mm512_set1_ps(254.0f)));
+    __m512i l = _mm512_sub_epi32(q, _mm512_mullo_epi32(h, _mm512_set1_epi32(254)));
+    _mm_storeu_si128((__m128i *)xh, _mm512_cvtsepi32_epi8(h));
+    _mm_storeu_si128((__m128i *)xl, _mm512_cvtsepi32_epi8(l));
+    return _mm512_add_epi32(sum, q);
+}
+
 static void quant_act_16(const float *x, int8_t *xh, int8_t *xl, float *xd, int32_t *xs);
 
 static void quant_act(const float *x, int64_t n, int G, int8_t *xh, int8_t *xl, float *xd,
                       int32_t *xs)
 {
-    const __m512 c254f = _mm512_set1_ps(254.0f);
-    const __m512i c254 = _mm512_set1_epi32(254);
     int64_t ng = (n + G - 1) / G, g = 0;
     if (G == 32)
         for (; (g + 16) * 32 <= n; g += 16)
@@ -81,14 +79,8 @@ static void quant_act(const float *x, int64_t n, int G, int8_t *xh, int8_t *xl, 
         float amax = load_group(x, n, k0, G, v);
         __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m512i sum = _mm512_setzero_si512();
-        for (int p = 0; p < G / 16; p++) {
-            __m512 f = _mm512_mul_ps(v[p], id);
-            __m512i h = _mm512_cvtps_epi32(f), q = _mm512_cvtps_epi32(_mm512_mul_ps(f, c254f));
-            __m512i l = _mm512_sub_epi32(q, _mm512_mullo_epi32(h, c254));
-            sum = _mm512_add_epi32(sum, q);
-            _mm_storeu_si128((__m128i *)(xh + k0 + 16 * p), _mm512_cvtsepi32_epi8(h));
-            _mm_storeu_si128((__m128i *)(xl + k0 + 16 * p), _mm512_cvtsepi32_epi8(l));
-        }
+        for (int p = 0; p < G / 16; p++)
+            sum = halves16(_mm512_mul_ps(v[p], id), xh + k0 + 16 * p, xl + k0 + 16 * p, sum);
         xd[g] = amax / (float)KWK_QX_SCALE;
         xs[g] = _mm512_reduce_add_epi32(sum);
     }
@@ -148,10 +140,9 @@ INLINE __m512i fold16_add(__m512i *s)
     return s[0];
 }
 
-/* quant_act8 of 16 whole groups of 32 (512 values of x), the per-group reductions done 16 at a
- * time: the same numbers (max and integer sums are exact; 127 / amax, amax / KWK_QX_SCALE and
- * the epilogue's products are the same IEEE operations lane by lane). */
-static void quant_act8_16(const float *x, int8_t *xh, float *xd254, int32_t *xs, float *xm)
+/* The largest magnitude of each of 16 groups of 32 (lane g: group g) and 127 / it (0 for an
+ * all-zero group) into id[g], as load_group and quant_act compute them. */
+INLINE __m512 amax16(const float *x, float *id)
 {
     __m512 m[16];
     for (int k = 0; k < 16; k++) {
@@ -161,8 +152,17 @@ static void quant_act8_16(const float *x, int8_t *xh, float *xd254, int32_t *xs,
     }
     __m512 amax = fold16_max(m);
     __mmask16 pos = _mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ);
-    float id[16];
     _mm512_storeu_ps(id, _mm512_maskz_div_ps(pos, _mm512_set1_ps(127.0f), amax));
+    return amax;
+}
+
+/* quant_act8 of 16 whole groups of 32 (512 values of x), the per-group reductions done 16 at a
+ * time: the same numbers (max and integer sums are exact; 127 / amax, amax / KWK_QX_SCALE and
+ * the epilogue's products are the same IEEE operations lane by lane). */
+static void quant_act8_16(const float *x, int8_t *xh, float *xd254, int32_t *xs, float *xm)
+{
+    float id[16];
+    __m512 amax = amax16(x, id);
     __m512i sums[16];
     for (int k = 0; k < 16; k++) {
         int g = FOLD_LANE[k];
@@ -184,31 +184,16 @@ static void quant_act8_16(const float *x, int8_t *xh, float *xd254, int32_t *xs,
 /* quant_act of 16 whole groups of 32, the reductions 16 at a time as quant_act8_16. */
 static void quant_act_16(const float *x, int8_t *xh, int8_t *xl, float *xd, int32_t *xs)
 {
-    const __m512 c254f = _mm512_set1_ps(254.0f);
-    const __m512i c254 = _mm512_set1_epi32(254);
-    __m512 m[16];
-    for (int k = 0; k < 16; k++) {
-        const float *xg = x + 32 * FOLD_LANE[k];
-        m[k] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xg)),
-                             _mm512_abs_ps(_mm512_loadu_ps(xg + 16)));
-    }
-    __m512 amax = fold16_max(m);
-    __mmask16 pos = _mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ);
     float id[16];
-    _mm512_storeu_ps(id, _mm512_maskz_div_ps(pos, _mm512_set1_ps(127.0f), amax));
+    __m512 amax = amax16(x, id);
     __m512i sums[16];
     for (int k = 0; k < 16; k++) {
         int g = FOLD_LANE[k];
         __m512 idv = _mm512_set1_ps(id[g]);
         __m512i sum = _mm512_setzero_si512();
-        for (int p = 0; p < 2; p++) {
-            __m512 f = _mm512_mul_ps(_mm512_loadu_ps(x + 32 * g + 16 * p), idv);
-            __m512i h = _mm512_cvtps_epi32(f), q = _mm512_cvtps_epi32(_mm512_mul_ps(f, c254f));
-            __m512i l = _mm512_sub_epi32(q, _mm512_mullo_epi32(h, c254));
-            sum = _mm512_add_epi32(sum, q);
-            _mm_storeu_si128((__m128i *)(xh + 32 * g + 16 * p), _mm512_cvtsepi32_epi8(h));
-            _mm_storeu_si128((__m128i *)(xl + 32 * g + 16 * p), _mm512_cvtsepi32_epi8(l));
-        }
+        for (int p = 0; p < 2; p++)
+            sum = halves16(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * g + 16 * p), idv),
+                           xh + 32 * g + 16 * p, xl + 32 * g + 16 * p, sum);
         sums[k] = sum;
     }
     _mm512_storeu_ps(xd, _mm512_div_ps(amax, _mm512_set1_ps((float)KWK_QX_SCALE)));
@@ -599,19 +584,11 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
 static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                         int64_t r0, int64_t r1)
 {
-    struct qx qx;
+    struct kwk_qx qx;
     struct fmt f = fmt_of(w);
     int G = kwk_quant_group(w->wtype), a8 = w->act8 != 0;
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
-    struct kwk_qact view = {.cols = w->cols,
-                            .act8 = a8,
-                            .ldh = KWK_QX_COLS,
-                            .ldg = QG_MAX,
-                            .h = qx.q[0],
-                            .l = qx.l[0],
-                            .d = qx.d[0],
-                            .s = qx.s[0],
-                            .m = qx.m[0]};
+    struct kwk_qact view = kwk_qx_view(&qx, w->cols, a8);
     for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
         int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
@@ -640,12 +617,7 @@ static void matmul_q_vnni(const struct kwk_mat *w, const struct kwk_qact *qa, in
         int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
             int64_t g1 = KWK_MIN(ng, g0 + gc);
-            struct kwk_qact view = *qa;
-            view.h += (long)tb * qa->ldh + g0 * G;
-            view.l += (long)tb * qa->ldh + g0 * G;
-            view.d += (long)tb * qa->ldg + g0;
-            view.s += (long)tb * qa->ldg + g0;
-            view.m += (long)tb * qa->ldg + g0;
+            struct kwk_qact view = kwk_qact_at(qa, tb, g0);
             run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1);
         }
     }

@@ -171,6 +171,20 @@ struct kwk_qact {
 size_t kwk_qact_bytes(int64_t cols, int n);
 /* Lay out qa in mem for n rows of cols columns in the given mode. */
 void kwk_qact_init(struct kwk_qact *qa, void *mem, int64_t cols, int n, int act8);
+/* qa seen from row t and group g: row 0, column 0 and group 0 of the result are those. */
+struct kwk_qact kwk_qact_at(const struct kwk_qact *qa, long t, int64_t g);
+
+/* One token block's activations over one column pass, quantized on the fly by a SIMD matmul
+ * into its stack (kwk_qx_view: the same seen as a kwk_qact). With 8-bit activations l is not
+ * written and d, s, m hold the SIMD 8-bit numbers. */
+struct kwk_qx {
+    int8_t q[KWK_QX_TOKS][KWK_QX_COLS];                   /* high halves h of v = 254 h + l */
+    int8_t l[KWK_QX_TOKS][KWK_QX_COLS];                   /* low halves (16-bit mode only) */
+    float d[KWK_QX_TOKS][KWK_QX_COLS / KWK_QACT_GROUP];   /* d_x; a8: 254 * d_x */
+    int32_t s[KWK_QX_TOKS][KWK_QX_COLS / KWK_QACT_GROUP]; /* sum of v; a8: sum of h */
+    float m[KWK_QX_TOKS][KWK_QX_COLS / KWK_QACT_GROUP];   /* a8: d_x * (float)(254 * sum of h) */
+};
+struct kwk_qact kwk_qx_view(struct kwk_qx *b, int64_t cols, int act8);
 
 /* The tables' quant_rows and matmul_q (contract in kernels.h). */
 void kwk_quant_rows_ref(const float *x, const struct kwk_qact *qa, int t0, int t1);

@@ -554,6 +554,31 @@ void kwk_qact_init(struct kwk_qact *qa, void *mem, int64_t cols, int n, int act8
     qa->m = (float *)p;
 }
 
+struct kwk_qact kwk_qact_at(const struct kwk_qact *qa, long t, int64_t g)
+{
+    struct kwk_qact v = *qa;
+    long oh = t * qa->ldh + (long)g * KWK_QACT_GROUP, og = t * qa->ldg + (long)g;
+    v.h += oh;
+    v.l += oh;
+    v.d += og;
+    v.s += og;
+    v.m += og;
+    return v;
+}
+
+struct kwk_qact kwk_qx_view(struct kwk_qx *b, int64_t cols, int act8)
+{
+    return (struct kwk_qact){.cols = cols,
+                             .act8 = act8 != 0,
+                             .ldh = KWK_QX_COLS,
+                             .ldg = KWK_QX_COLS / KWK_QACT_GROUP,
+                             .h = b->q[0],
+                             .l = b->l[0],
+                             .d = b->d[0],
+                             .s = b->s[0],
+                             .m = b->m[0]};
+}
+
 /* kwk_quant_act of each row (one call covers every column pass: groups are quantized one by
  * one), then in the 8-bit mode the low halves zeroed as kwk_quant_matmul_ref does. */
 void kwk_quant_rows_ref(const float *x, const struct kwk_qact *qa, int t0, int t1)
