@@ -38,6 +38,21 @@ struct kwk_attn_kernel {
 /* Queries (row, head) whose scores a table may hold at once: a prompt chunk's neighbouring rows
  * read the same keys and values, so a table shares those loads across their heads. */
 #define KWK_ATTN_TILE_QUERIES 16
+/* Query heads of one kv group in a tile at most. */
+#define KWK_ATTN_TILE_HEADS 8
+
+/* Computes one tile: query heads h0 .. h0+nh-1 (of one kv group) of rows row0 .. row0+nr-1,
+ * rows that read the same keys (one slot, one first position, at least one position each, last
+ * non-decreasing); nr * nh <= KWK_ATTN_TILE_QUERIES when nr > 1. */
+typedef void (*kwk_attn_tile_fn)(const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                                 float *scratch);
+
+/* The SIMD tables' items(): items [i0, i1) cut into tiles for run. Whole rows go a kv group at a
+ * time over up to KWK_ATTN_TILE_QUERIES / heads neighbouring rows that read the same keys; a
+ * share's partial first or last row goes kv group by group; rows that attend nothing get zeros.
+ * Which tile an item lands in never changes its numbers (run's contract, as items'). */
+void kwk_attn_tiles(const struct kwk_attn_args *a, long i0, long i1, kwk_attn_tile_fn run,
+                    float *scratch);
 
 /* Floats of scratch one thread needs for rows attending at most max_pos positions: the scores of
  * KWK_ATTN_TILE_QUERIES queries (or of one kv group's query heads, if more), each padded to a

@@ -127,3 +127,66 @@ const struct kwk_attn_kernel *kwk_attn_kernel(void)
 {
     return kwk_attn_kernel_for(kwk_isa());
 }
+
+/* ---- tiles of the SIMD tables -----------------------------------------------------------------
+ */
+
+/* Whether row s can join a tile that starts at row r: it reads the same keys and values, up to
+ * a position no earlier (so that a tile's position counts grow with its rows). */
+static int shares_keys(const struct kwk_attn_args *a, int r, int s)
+{
+    return a->k_rows[s] == a->k_rows[r] && a->v_rows[s] == a->v_rows[r] &&
+           a->first[s] == a->first[r] && a->last[s] >= a->last[s - 1];
+}
+
+/* Query heads h .. h+nh-1 of nr rows from row through run, or zeros if the row attends nothing
+ * (then nr is 1). */
+static void tile_or_zeros(const struct kwk_attn_args *a, int row, int nr, int h, int nh,
+                          kwk_attn_tile_fn run, float *scratch)
+{
+    if (a->last[row] < a->first[row])
+        memset(a->out + row * a->ldo + (long)h * a->head_dim, 0,
+               sizeof(float) * (size_t)nh * (size_t)a->head_dim);
+    else
+        run(a, row, nr, h, nh, scratch);
+}
+
+/* Items [i, i + n_heads * nr) are whole rows from row: tiles of up to KWK_ATTN_TILE_QUERIES. */
+static void rows_tiles(const struct kwk_attn_args *a, int row, int nr, kwk_attn_tile_fn run,
+                       float *scratch)
+{
+    int group = a->n_heads / a->n_kv_heads;
+    int max_rows = KWK_MAX(1, KWK_ATTN_TILE_QUERIES / KWK_MIN(group, KWK_ATTN_TILE_HEADS));
+    for (int r = row; r < row + nr;) {
+        int len = 1;
+        if (a->last[r] >= a->first[r])
+            while (len < max_rows && r + len < row + nr && shares_keys(a, r, r + len))
+                len++;
+        for (int h = 0; h < a->n_heads;) {
+            int nh = KWK_MIN((h / group + 1) * group - h, KWK_ATTN_TILE_HEADS);
+            tile_or_zeros(a, r, len, h, nh, run, scratch);
+            h += nh;
+        }
+        r += len;
+    }
+}
+
+void kwk_attn_tiles(const struct kwk_attn_args *a, long i0, long i1, kwk_attn_tile_fn run,
+                    float *scratch)
+{
+    int group = a->n_heads / a->n_kv_heads;
+    for (long i = i0; i < i1;) {
+        int row = (int)(i / a->n_heads), h = (int)(i % a->n_heads);
+        long whole = h == 0 ? (i1 - i) / a->n_heads : 0; /* whole rows from here */
+        if (whole > 0) {
+            rows_tiles(a, row, (int)whole, run, scratch);
+            i += whole * a->n_heads;
+            continue;
+        }
+        /* A share's partial row: its kv groups one by one. */
+        int end = (h / group + 1) * group;
+        long nh = KWK_MIN((long)KWK_MIN(end - h, KWK_ATTN_TILE_HEADS), i1 - i);
+        tile_or_zeros(a, row, 1, h, (int)nh, run, scratch);
+        i += nh;
+    }
+}

@@ -21,7 +21,6 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #define KB 16                      /* keys per score block: one zmm of scores */
-#define MAXG 8                     /* query heads of one kv group in a tile at most */
 #define MAXQ KWK_ATTN_TILE_QUERIES /* queries in a tile: one per lane of a zmm */
 #define MAXH 6                     /* queries per value pass (accumulators stay in registers) */
 #define LANES_MIN 10               /* queries from which a tile's scores put queries in lanes */
@@ -396,8 +395,8 @@ static void values_tile_n(int nh, int nc, const struct tile *t, int x0, const fl
     }
 }
 
-/* Query heads h0 .. h0+nh-1 (of one kv group) of rows row0 .. row0+nr-1, which read the same
- * keys: same slot, same first position, each with at least one position, last non-decreasing. */
+/* One tile (kwk_attn_tile_fn, attn.h): query heads h0 .. h0+nh-1 of one kv group over rows
+ * row0 .. row0+nr-1, which read the same keys. */
 static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
                      float *scratch)
 {
@@ -437,38 +436,6 @@ static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, in
     }
 }
 
-/* Whether row s can join a tile that starts at row r: it reads the same keys and values, up to
- * a position no earlier (so that n grows with x, as values_tile needs). */
-static int shares_keys(const struct kwk_attn_args *a, int r, int s)
-{
-    return a->k_rows[s] == a->k_rows[r] && a->v_rows[s] == a->v_rows[r] &&
-           a->first[s] == a->first[r] && a->last[s] >= a->last[s - 1];
-}
-
-/* Items [i, i + n_heads * nr) are whole rows from row; split into tiles of up to MAXQ queries. */
-static void rows_run(const struct kwk_attn_args *a, int row, int nr, float *scratch)
-{
-    int group = a->n_heads / a->n_kv_heads;
-    int max_rows = KWK_MAX(1, MAXQ / KWK_MIN(group, MAXG));
-    for (int r = row; r < row + nr;) {
-        int len = 1;
-        if (a->last[r] >= a->first[r])
-            while (len < max_rows && r + len < row + nr && shares_keys(a, r, r + len))
-                len++;
-        for (int h = 0; h < a->n_heads;) {
-            int nh = KWK_MIN((h / group + 1) * group - h, MAXG);
-            if (a->last[r] < a->first[r]) {
-                memset(a->out + r * a->ldo + (long)h * a->head_dim, 0,
-                       sizeof(float) * (size_t)nh * (size_t)a->head_dim);
-            } else {
-                tile_run(a, r, len, h, nh, scratch);
-            }
-            h += nh;
-        }
-        r += len;
-    }
-}
-
 static void avx512_items(const struct kwk_attn_args *a, long i0, long i1, float *scratch)
 {
     if (a->head_dim % 16 != 0) {
@@ -476,25 +443,7 @@ static void avx512_items(const struct kwk_attn_args *a, long i0, long i1, float 
         kwk_attn_ref.items(a, i0, i1, scratch);
         return;
     }
-    int group = a->n_heads / a->n_kv_heads;
-    for (long i = i0; i < i1;) {
-        int row = (int)(i / a->n_heads), h = (int)(i % a->n_heads);
-        long whole = h == 0 ? (i1 - i) / a->n_heads : 0; /* whole rows from here */
-        if (whole > 0) {
-            rows_run(a, row, (int)whole, scratch);
-            i += whole * a->n_heads;
-            continue;
-        }
-        /* A share's partial row: its kv groups one by one. */
-        int end = (h / group + 1) * group;
-        long nh = KWK_MIN((long)KWK_MIN(end - h, MAXG), i1 - i);
-        if (a->last[row] < a->first[row])
-            memset(a->out + row * a->ldo + (long)h * a->head_dim, 0,
-                   sizeof(float) * (size_t)nh * (size_t)a->head_dim);
-        else
-            tile_run(a, row, 1, h, (int)nh, scratch);
-        i += nh;
-    }
+    kwk_attn_tiles(a, i0, i1, tile_run, scratch);
 }
 
 const struct kwk_attn_kernel kwk_attn_avx512 = {.name = "avx512", .items = avx512_items};
