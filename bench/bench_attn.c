@@ -3,8 +3,9 @@
  * one (row, head) at a time, through the kernels table) against the attention table
  * (kernels/attn.h). A 512-token prompt chunk on one thread (its CPU time) and on the whole pool
  * (wall time; old = even split of the items, new = kwk_attn_split), and one decode row at several
- * lengths on one thread. Runs alternate old, new, old, new ... and medians are printed; asserts
- * nothing. Single-threaded driver. Usage: bench_attn [reps] */
+ * lengths on one thread; the table again over a half cache (the balanced / int4 default). Runs
+ * alternate old, new, half, old, new, half ... and medians are printed; asserts nothing.
+ * Single-threaded driver. Usage: bench_attn [reps] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "base/pool.h"
 #include "kernels/attn.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 #define HD 64
 #define N_HEADS 9
@@ -32,8 +34,8 @@ static void old_items(const struct kwk_kernels *k, const struct kwk_attn_args *a
         int kvh = h / (a->n_heads / a->n_kv_heads), first = a->first[row];
         int n = a->last[row] - first + 1;
         const float *q = a->q + row * a->ldq + (long)h * hd;
-        const float *kc = a->k_rows[row] + (size_t)kvh * hd;
-        const float *vc = a->v_rows[row] + (size_t)kvh * hd;
+        const float *kc = (const float *)a->k_rows[row] + (size_t)kvh * hd;
+        const float *vc = (const float *)a->v_rows[row] + (size_t)kvh * hd;
         for (int j = 0; j < n; j++)
             scores[j] = k->dot(q, kc + (size_t)(first + j) * a->kv_dim, hd) * a->scale;
         k->softmax(scores, n);
@@ -46,17 +48,21 @@ static void old_items(const struct kwk_kernels *k, const struct kwk_attn_args *a
 
 struct bench {
     float *kc, *vc, *q, *out, *scratch;
-    const float *k_rows[512], *v_rows[512];
+    uint16_t *kh, *vh; /* the same cache in halves */
+    const void *k_rows[512], *v_rows[512];
     int first[512], last[512];
     struct kwk_attn_args a;
 };
 
-/* n_rows rows ending at position last_pos (rows at last_pos - n_rows + 1 .. last_pos). */
-static void set_rows(struct bench *b, int layer, int n_rows, int last_pos)
+/* n_rows rows ending at position last_pos (rows at last_pos - n_rows + 1 .. last_pos), over the
+ * float cache or the half one. */
+static void set_rows(struct bench *b, int layer, int n_rows, int last_pos, int half)
 {
+    size_t at = (size_t)layer * MAX_LEN * KV_DIM;
+    b->a.kv_half = half;
     for (int r = 0; r < n_rows; r++) {
-        b->k_rows[r] = b->kc + (size_t)layer * MAX_LEN * KV_DIM;
-        b->v_rows[r] = b->vc + (size_t)layer * MAX_LEN * KV_DIM;
+        b->k_rows[r] = half ? (const void *)(b->kh + at) : (const void *)(b->kc + at);
+        b->v_rows[r] = half ? (const void *)(b->vh + at) : (const void *)(b->vc + at);
         b->first[r] = 0;
         b->last[r] = last_pos - n_rows + 1 + r;
     }
@@ -76,15 +82,15 @@ static int cmp_double(const void *x, const void *y)
     return a < b ? -1 : a > b;
 }
 
-/* Seconds per call of one layer's n_rows x N_HEADS items, old (which = 0) or new (1): the calls
- * cycle through the layers for about 0.2 s. */
+/* Seconds per call of one layer's n_rows x N_HEADS items, old (which = 0), new (1) or new over
+ * the half cache (2): the calls cycle through the layers for about 0.2 s. */
 static double time_once(struct bench *b, int which, const struct kwk_kernels *k,
                         const struct kwk_attn_kernel *ak, int n_rows, int last_pos)
 {
     long reps = 0, n_items = (long)n_rows * N_HEADS;
     double t0 = thread_s(), t;
     do {
-        set_rows(b, (int)(reps % N_LAYERS), n_rows, last_pos);
+        set_rows(b, (int)(reps % N_LAYERS), n_rows, last_pos, which == 2);
         if (which)
             ak->items(&b->a, 0, n_items, b->scratch);
         else
@@ -127,7 +133,7 @@ static double time_pool(struct kwk_pool *pool, struct pool_job *j, int which)
     double t0 = kwk_time_s(), t;
     j->which = which;
     do {
-        set_rows(j->b, (int)(reps % N_LAYERS), j->n_rows, j->n_rows - 1);
+        set_rows(j->b, (int)(reps % N_LAYERS), j->n_rows, j->n_rows - 1, which == 2);
         kwk_pool_run(pool, pool_run, j);
         reps++;
         t = kwk_time_s() - t0;
@@ -144,17 +150,17 @@ static void compare_pool(struct bench *b, int isa, int reps)
     struct pool_job j = {.b = b, .k = kwk_kernels_for(isa), .ak = kwk_attn_kernel_for(isa),
                          .n_rows = 512, .per_thread = kwk_attn_scratch_floats(&b->a, MAX_LEN)};
     j.scratch = malloc(sizeof(float) * j.per_thread * (size_t)nth);
-    double t_old[64], t_new[64];
-    for (int r = 0; j.scratch && r < reps; r++) {
-        t_old[r] = time_pool(pool, &j, 0);
-        t_new[r] = time_pool(pool, &j, 1);
-    }
+    double t[3][64];
+    for (int r = 0; j.scratch && r < reps; r++)
+        for (int w = 0; w < 3; w++)
+            t[w][r] = time_pool(pool, &j, w);
     if (j.scratch) {
-        qsort(t_old, (size_t)reps, sizeof(double), cmp_double);
-        qsort(t_new, (size_t)reps, sizeof(double), cmp_double);
-        double mo = t_old[reps / 2], mn = t_new[reps / 2];
-        printf("%-7s  512 rows, %d threads (wall time)   old %9.1f us   new %9.1f us   x%.2f\n",
-               j.ak->name, nth, mo * 1e6, mn * 1e6, mo / mn);
+        for (int w = 0; w < 3; w++)
+            qsort(t[w], (size_t)reps, sizeof(double), cmp_double);
+        double mo = t[0][reps / 2], mn = t[1][reps / 2], mh = t[2][reps / 2];
+        printf("%-7s  512 rows, %d threads (wall time)   old %9.1f us   new %9.1f us   x%.2f   "
+               "half %9.1f us\n",
+               j.ak->name, nth, mo * 1e6, mn * 1e6, mo / mn, mh * 1e6);
     }
     free(j.scratch);
     kwk_pool_free(pool);
@@ -164,16 +170,16 @@ static void compare(struct bench *b, int isa, int n_rows, int last_pos, int reps
 {
     const struct kwk_kernels *k = kwk_kernels_for(isa);
     const struct kwk_attn_kernel *ak = kwk_attn_kernel_for(isa);
-    double t_old[64], t_new[64];
-    for (int r = 0; r < reps; r++) {
-        t_old[r] = time_once(b, 0, k, ak, n_rows, last_pos);
-        t_new[r] = time_once(b, 1, k, ak, n_rows, last_pos);
-    }
-    qsort(t_old, (size_t)reps, sizeof(double), cmp_double);
-    qsort(t_new, (size_t)reps, sizeof(double), cmp_double);
-    double mo = t_old[reps / 2], mn = t_new[reps / 2];
-    printf("%-7s %4d rows  last pos %4d   old %9.1f us   new %9.1f us   x%.2f\n", ak->name,
-           n_rows, last_pos, mo * 1e6, mn * 1e6, mo / mn);
+    double t[3][64];
+    for (int r = 0; r < reps; r++)
+        for (int w = 0; w < 3; w++)
+            t[w][r] = time_once(b, w, k, ak, n_rows, last_pos);
+    for (int w = 0; w < 3; w++)
+        qsort(t[w], (size_t)reps, sizeof(double), cmp_double);
+    double mo = t[0][reps / 2], mn = t[1][reps / 2], mh = t[2][reps / 2];
+    printf("%-7s %4d rows  last pos %4d   old %9.1f us   new %9.1f us   x%.2f   half %9.1f us   "
+           "x%.2f\n",
+           ak->name, n_rows, last_pos, mo * 1e6, mn * 1e6, mo / mn, mh * 1e6, mn / mh);
     fflush(stdout);
 }
 
@@ -184,8 +190,11 @@ int main(int argc, char **argv)
     struct bench b;
     memset(&b, 0, sizeof b);
     size_t cache = (size_t)N_LAYERS * MAX_LEN * KV_DIM;
-    b.kc = malloc(sizeof(float) * cache);
-    b.vc = malloc(sizeof(float) * cache);
+    /* aligned as the decoder's caches are */
+    b.kc = kwk_malloc_aligned(sizeof(float) * cache);
+    b.vc = kwk_malloc_aligned(sizeof(float) * cache);
+    b.kh = kwk_malloc_aligned(sizeof(uint16_t) * cache);
+    b.vh = kwk_malloc_aligned(sizeof(uint16_t) * cache);
     b.q = malloc(sizeof(float) * 512 * N_HEADS * HD);
     b.out = malloc(sizeof(float) * 512 * N_HEADS * HD);
     b.a = (struct kwk_attn_args){.head_dim = HD, .n_heads = N_HEADS, .n_kv_heads = N_KV,
@@ -194,7 +203,7 @@ int main(int argc, char **argv)
                                  .k_rows = b.k_rows, .v_rows = b.v_rows, .first = b.first,
                                  .last = b.last};
     b.scratch = malloc(sizeof(float) * kwk_attn_scratch_floats(&b.a, MAX_LEN));
-    if (!b.kc || !b.vc || !b.q || !b.out || !b.scratch) {
+    if (!b.kc || !b.vc || !b.kh || !b.vh || !b.q || !b.out || !b.scratch) {
         fprintf(stderr, "bench_attn: out of memory\n");
         return 1;
     }
@@ -202,6 +211,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < cache; i++) {
         b.kc[i] = (float)rand() / (float)RAND_MAX - 0.5f;
         b.vc[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+        b.kh[i] = kwk_f32_to_f16(b.kc[i]);
+        b.vh[i] = kwk_f32_to_f16(b.vc[i]);
     }
     for (size_t i = 0; i < 512 * N_HEADS * HD; i++)
         b.q[i] = 2.0f * ((float)rand() / (float)RAND_MAX - 0.5f);
@@ -214,8 +225,10 @@ int main(int argc, char **argv)
         for (int i = 0; i < 5; i++)
             compare(&b, isa, 1, lens[i] - 1, reps);
     }
-    free(b.kc);
-    free(b.vc);
+    kwk_free_aligned(b.kc);
+    kwk_free_aligned(b.vc);
+    kwk_free_aligned(b.kh);
+    kwk_free_aligned(b.vh);
     free(b.q);
     free(b.out);
     free(b.scratch);

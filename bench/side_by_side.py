@@ -12,8 +12,9 @@ low-level API: the prompt in llama_decode calls of 512 tokens, then n single-tok
 each run a fresh process, alternately A B A B, --runs times each, with a read-bandwidth probe
 (bench/bw_probe.c) right before and after every run. It prints medians, the ratio
 Kwker / llama.cpp, the peak resident memory of each run, and the percentage of the bandwidth
-ceiling (probe GB/s / weight bytes read per generated token) as a Markdown table ready for
-docs/benchmarks.md. bench/README.md says what each number means and how it is counted.
+ceiling (probe GB/s / bytes read per generated token: weights and KV cache) as a Markdown
+table ready for docs/benchmarks.md. bench/README.md says what each number means and how it is
+counted.
 
 Internal: `--llama-worker JSON` is the llama.cpp side of one run (run by the chosen Python, so
 that --isa avx2 can use the AVX2-only llama-cpp-python of .cache/venv-llama-avx2).
@@ -257,7 +258,7 @@ def model_files(name, models_dir, formats, threads=2):
 def llama_bytes_per_token(path):
     """Every tensor of the GGUF file at its stored size, except token_embd when a separate
     output matrix exists (then one row of it is read per token: counted as 0). Tied models
-    read token_embd whole as the output matrix. The KV cache is not counted."""
+    read token_embd whole as the output matrix. The KV cache: kv_bytes_per_token."""
     import gguf
     r = gguf.GGUFReader(str(path))
     sizes = {t.name: int(t.n_bytes) for t in r.tensors}
@@ -265,6 +266,31 @@ def llama_bytes_per_token(path):
     if "output.weight" in sizes:
         total -= sizes.get("token_embd.weight", 0)
     return total
+
+
+# bytes of a KV cache element by ggml type (llama.cpp's type_k / type_v): f32, f16, bf16, q8_0
+GGML_TYPE_BYTES = {0: 4.0, 1: 2.0, 30: 2.0, 8: 34.0 / 32.0}
+
+
+def kv_bytes_per_token(gguf_path, n_prompt, n_gen, k_bytes, v_bytes):
+    """The K and V cache bytes attention reads for one generated token, averaged over the
+    n_gen tokens after an n_prompt prompt (token i attends n_prompt + i + 1 positions): layers x
+    kv heads x head_dim x positions x element bytes, from the GGUF's shape (the same model on
+    both sides)."""
+    import gguf
+    r = gguf.GGUFReader(str(gguf_path))
+
+    def val(key):
+        f = r.fields.get(key)
+        return None if f is None else int(f.parts[f.data[0]][0])
+
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    layers = val(arch + ".block_count")
+    heads = val(arch + ".attention.head_count")
+    kv_heads = val(arch + ".attention.head_count_kv") or heads
+    head_dim = val(arch + ".attention.key_length") or val(arch + ".embedding_length") // heads
+    positions = n_prompt + (n_gen + 1) / 2.0
+    return layers * kv_heads * head_dim * positions * (k_bytes + v_bytes)
 
 
 def kwker_preserve_bytes(path):
@@ -384,7 +410,7 @@ def run_kwker(a, model, precision):
         raise RuntimeError("kwker bench --json gave no peak_rss_kib: rebuild kwker")
     if a.isa == "avx2" and res.get("isa") != "avx2":
         raise RuntimeError("kwker ran with isa %s, not avx2" % res.get("isa"))
-    return {"pp_tps": res["pp_tps"], "tg_tps": res["tg_tps"],
+    return {"pp_tps": res["pp_tps"], "tg_tps": res["tg_tps"], "kv_bits": res.get("kv_bits", 32),
             "peak_rss_kib": res["peak_rss_kib"], "isa": res.get("isa"), "load_s": res.get("load_s"),
             "packed_bytes": float(m.group(4)) * 1e6 if m else None,
             "pack": None if not m else "mapped from the pack cache" if m.group(1) else "packed"}
@@ -535,6 +561,17 @@ def measure_pair(a, model, files, kp, lf, bw_state):
         if packed:
             kbytes = packed[0] + one_d_bytes(kpath)
     lbytes = llama_bytes_per_token(lpath)
+    # The KV cache each side reads a generated token: Kwker's element as its bench reports it
+    # (16 or 32 bits), llama.cpp's from its context's type_k / type_v (f16 by default).
+    kbits = runs["kwker"][0].get("kv_bits", 32) / 8.0
+    ctxt = runs["llama"][0].get("context") or {}
+    lk = GGML_TYPE_BYTES.get(ctxt.get("type_k", 1), 2.0)
+    lv = GGML_TYPE_BYTES.get(ctxt.get("type_v", 1), 2.0)
+    kv = {"kwker": kv_bytes_per_token(lpath, a.n_prompt, a.n_gen, kbits, kbits),
+          "llama": kv_bytes_per_token(lpath, a.n_prompt, a.n_gen, lk, lv)}
+    weights = {"kwker": kbytes, "llama": lbytes}
+    kbytes = kbytes and kbytes + kv["kwker"]
+    lbytes = lbytes + kv["llama"]
     rec = {"model": model, "kwker_precision": kwker_label(a, kp), "llama_format": lf,
            "isa": a.isa, "act_bits": a.act_bits or 16, "llama_flash_attn": a.llama_flash_attn,
            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "threads": a.threads, "runs": runs,
@@ -545,7 +582,8 @@ def measure_pair(a, model, files, kp, lf, bw_state):
              "tg_tps": statistics.median(x["tg_tps"] for x in rs),
              "peak_rss_mib": statistics.median(x["peak_rss_kib"] for x in rs) / 1024,
              "bw_gbps": statistics.median((x["bw_before"] + x["bw_after"]) / 2 for x in rs),
-             "bytes_per_token": nbytes}
+             "bytes_per_token": nbytes, "weight_bytes_per_token": weights[side],
+             "kv_bytes_per_token": kv[side]}
         if nbytes:
             s["pct_ceiling"] = statistics.median(
                 100.0 * x["tg_tps"] * nbytes / ((x["bw_before"] + x["bw_after"]) / 2 * 1e9)
@@ -571,19 +609,21 @@ def fmt(x, nd=1):
 def markdown(recs, a):
     lines = ["| model | Kwker | llama.cpp | pp%d Kwker | pp%d llama.cpp | pp × | tg%d Kwker | "
              "tg%d llama.cpp | tg × | %% of ceiling Kwker / llama.cpp | MB read per token "
-             "Kwker / llama.cpp | peak RSS MiB Kwker / llama.cpp (Python) |"
+             "Kwker / llama.cpp (of it KV cache) | peak RSS MiB Kwker / llama.cpp (Python) |"
              % (a.n_prompt, a.n_prompt, a.n_gen, a.n_gen),
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in recs:
         k, l_ = r["kwker"], r["llama"]
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s | "
-                     "%s / %s (%s) |" % (
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s "
+                     "(%s / %s) | %s / %s (%s) |" % (
                          r["model"], r["kwker_precision"], r["llama_format"].upper(),
                          fmt(k["pp_tps"]), fmt(l_["pp_tps"]), fmt(r["ratio_pp"], 2),
                          fmt(k["tg_tps"]), fmt(l_["tg_tps"]), fmt(r["ratio_tg"], 2),
                          fmt(k["pct_ceiling"], 0), fmt(l_["pct_ceiling"], 0),
                          fmt(k["bytes_per_token"] and k["bytes_per_token"] / 1e6, 0),
                          fmt(l_["bytes_per_token"] / 1e6, 0),
+                         fmt(k.get("kv_bytes_per_token") and k["kv_bytes_per_token"] / 1e6, 0),
+                         fmt(l_.get("kv_bytes_per_token") and l_["kv_bytes_per_token"] / 1e6, 0),
                          fmt(k["peak_rss_mib"], 0), fmt(l_["peak_rss_mib"], 0),
                          fmt(l_["base_rss_mib"], 0)))
     return "\n".join(lines)

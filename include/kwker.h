@@ -168,6 +168,10 @@ struct kwk_decoder_params {
      * computes in float32 and takes only 0 or 16 (8 is refused: there is nothing to quantize).
      * Other values: KWK_EARG. */
     int act_bits;
+    /* KV cache elements: 16 = IEEE half (half the bytes a generated token reads from the cache),
+     * 32 = float32. 0 = 16 for balanced and int4, 32 for preserve (which keeps transformers'
+     * float32 numbers). Other values: KWK_EARG. */
+    int kv_bits;
 };
 
 KWK_API void kwk_decoder_params_init(struct kwk_decoder_params *p);
@@ -184,6 +188,8 @@ KWK_API int kwk_decoder_pos(const kwk_decoder *d);
  * blocks' for balanced / int4 (scales included), the checkpoint's storage for preserve (32 for
  * float32, 16 for bf16 / f16; a quantized GGUF is read as float32 by preserve: 32). */
 KWK_API double kwk_decoder_bits_per_weight(const kwk_decoder *d);
+/* Bits of a KV cache element: 16 (half) or 32 (float), as kwk_decoder_params.kv_bits chose. */
+KWK_API int kwk_decoder_kv_bits(const kwk_decoder *d);
 /* Keep the first n positions of the KV cache (0 empties it). Returns 0 or KWK_ERANGE. */
 KWK_API int kwk_decoder_truncate(kwk_decoder *d, int n);
 /* The token ids held in the KV cache (kwk_decoder_pos of them), valid until the next call. */
@@ -512,6 +518,7 @@ struct kwk_engine_params {
     int64_t n_calib;
     int gptq;
     int act_bits;          /* as in kwk_decoder_params: 8 or 16 (0 = 16) */
+    int kv_bits;           /* as in kwk_decoder_params: 16 or 32 (0 = by precision) */
 };
 
 KWK_API void kwk_engine_params_init(struct kwk_engine_params *p);

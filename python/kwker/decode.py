@@ -41,6 +41,7 @@ class _DecoderParams(ctypes.Structure):
         ("n_calib", ctypes.c_int64),
         ("gptq", ctypes.c_int),
         ("act_bits", ctypes.c_int),
+        ("kv_bits", ctypes.c_int),
     ]
 
 
@@ -76,6 +77,16 @@ def _act_bits_arg(act_bits):
     if isinstance(act_bits, (bool, str)) or act_bits not in (8, 16):
         raise ValueError("act_bits must be 8 or 16 (or None: 16), not %r" % (act_bits,))
     return int(act_bits)
+
+
+def _kv_bits_arg(kv_bits):
+    """kv_bits for the C parameters: 0 (by precision) for None."""
+    if kv_bits is None:
+        return 0
+    if isinstance(kv_bits, (bool, str)) or kv_bits not in (16, 32):
+        raise ValueError("kv_bits must be 16 or 32 (or None: 16 for balanced / int4, 32 for "
+                         "preserve), not %r" % (kv_bits,))
+    return int(kv_bits)
 
 
 def default_cache_dir():
@@ -179,6 +190,8 @@ def _bind():
     L.kwk_decoder_free.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_bits_per_weight.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_bits_per_weight.restype = ctypes.c_double
+    L.kwk_decoder_kv_bits.argtypes = [ctypes.c_void_p]
+    L.kwk_decoder_kv_bits.restype = ctypes.c_int
     L.kwk_decoder_pos.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int]
     L.kwk_decoder_tokens.restype = _I32P
@@ -321,11 +334,14 @@ class KwkDecoder:
     8 bits, one pass as llama.cpp does: faster prompts for a few tenths of a percent higher
     perplexity. The weights are the same (one pack file serves both). ValueError for other
     values; preserve (float32 math) refuses 8 with a KwkError.
+    kv_bits: the KV cache's element, 16 (IEEE half: half the bytes a generated token reads from
+    the cache) or 32 (float); None = 16 for balanced / int4, 32 for preserve (whose float32
+    numbers match transformers'). The decoder's choice is in .kv_bits.
     """
 
     def __init__(self, model, max_cache_len=2048, precision="preserve", n_threads=None,
                  weights=None, cache_dir=None, cache_max_bytes=None, max_batch=None,
-                 mix_bits=None, calib=None, gptq=False, act_bits=None):
+                 mix_bits=None, calib=None, gptq=False, act_bits=None, kv_bits=None):
         self._engine = None
         self.max_batch = int(max_batch) if max_batch else None
         self.n_threads = n_threads
@@ -353,9 +369,10 @@ class KwkDecoder:
         mix, ids, n_ids, gq = _quant_args(precision, mix_bits, calib, gptq, self.model_path)
         self._quant = (mix, ids, n_ids, gq)  # an Engine over this decoder packs the same way
         self._act_bits = _act_bits_arg(act_bits)  # and reads activations the same way
+        self._kv_bits = _kv_bits_arg(kv_bits)
         params = _DecoderParams(int(max_cache_len), int(n_threads or 0), _PRECISIONS[precision],
                                 cache_arg, int(cache_max_bytes or 0), mix, ids, n_ids, gq,
-                                self._act_bits)
+                                self._act_bits, self._kv_bits)
         self._dec = L.kwk_decoder_new(self._model, ctypes.byref(params), ctypes.byref(err))
         if not self._dec:
             raise_err(err)
@@ -363,6 +380,7 @@ class KwkDecoder:
         self.precision = precision
         # the activations' width the quantized matrices run with (None: preserve, float32)
         self.act_bits = None if precision == "preserve" else self._act_bits or 16
+        self.kv_bits = int(L.kwk_decoder_kv_bits(self._dec))  # 16 or 32
 
     def close(self):
         # engines over this decoder's model end first (generate_batch's and any Engine(self))

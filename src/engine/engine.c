@@ -62,6 +62,7 @@ kwk_engine *kwk_engine_new(const kwk_model *m, const struct kwk_engine_params *p
     dp.n_calib = prm.n_calib;
     dp.gptq = prm.gptq;
     dp.act_bits = prm.act_bits;
+    dp.kv_bits = prm.kv_bits;
     /* A step holds every running request's decode row and candidates, plus prompt chunks. */
     e->spec_cap = prm.max_batch * (1 + KWK_ENGINE_MAX_SPEC);
     int n_batch = prm.prefill_chunk + e->spec_cap;

@@ -16,9 +16,13 @@ struct kwk_attn_args {
     long ldq;
     float *out;                        /* out[row * ldo + h * head_dim + e] */
     long ldo;
-    const float *const *k_rows;        /* [n_rows] the row's slot's K cache for this layer: key
-                                          position p, kv head g at k_rows[row][p*kv_dim + g*head_dim] */
-    const float *const *v_rows;        /* [n_rows] the same for V */
+    /* The cache's elements: float, or IEEE half (uint16_t bits; 16-bit caches halve what a decode
+     * step reads). Keys and values are widened exactly, so a half cache gives bitwise the numbers
+     * of a float cache that holds the same values. */
+    int kv_half;
+    const void *const *k_rows;         /* [n_rows] the row's slot's K cache for this layer: key
+                                          position p, kv head g at element p*kv_dim + g*head_dim */
+    const void *const *v_rows;         /* [n_rows] the same for V */
     const int *first, *last;           /* [n_rows] attended positions first..last (inclusive):
                                           causal (last = row's position), sliding window (first) */
 };
@@ -56,8 +60,8 @@ void kwk_attn_tiles(const struct kwk_attn_args *a, long i0, long i1, kwk_attn_ti
 
 /* Floats of scratch one thread needs for rows attending at most max_pos positions: the scores of
  * KWK_ATTN_TILE_QUERIES queries (or of one kv group's query heads, if more), each padded to a
- * multiple of 16, and those queries transposed (KWK_ATTN_TILE_QUERIES * head_dim). Same for
- * every table. */
+ * multiple of 16, those queries transposed (KWK_ATTN_TILE_QUERIES * head_dim) and a block of 16
+ * keys widened from half (16 * head_dim). Same for every table. */
 size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos);
 
 /* Thread ith's share [*i0, *i1) of the n_rows * n_heads items, balanced by work (positions

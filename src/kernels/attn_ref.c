@@ -1,6 +1,7 @@
 /* attn_ref.c - attention in plain C, item by item: the specification the SIMD tables are tested
  * against, and the table chooser. Pure functions; any thread. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "base/base.h"
@@ -12,7 +13,7 @@ size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos)
     size_t padded = ((size_t)(max_pos > 0 ? max_pos : 0) + 15) / 16 * 16;
     size_t queries = KWK_MAX(group, (size_t)KWK_ATTN_TILE_QUERIES);
     size_t hd = (size_t)(a->head_dim > 0 ? a->head_dim : 0);
-    return queries * KWK_MAX(padded, (size_t)16) + KWK_ATTN_TILE_QUERIES * hd;
+    return queries * KWK_MAX(padded, (size_t)16) + (KWK_ATTN_TILE_QUERIES + 16) * hd;
 }
 
 /* Work of one item of row r: its positions plus a fixed cost (the softmax, the output). */
@@ -61,6 +62,14 @@ void kwk_attn_split(const struct kwk_attn_args *a, int n_rows, int ith, int nth,
     *i1 = split_at(a, n_rows, total, ith + 1, nth);
 }
 
+/* Element i of a cache row: float, or half widened (exactly). */
+static float kv_at(const struct kwk_attn_args *a, const void *base, size_t i)
+{
+    if (a->kv_half)
+        return kwk_f16_to_f32(((const uint16_t *)base)[i]);
+    return ((const float *)base)[i];
+}
+
 /* The same sums, in the same order, as the decoder's scalar path did with ref.c's dot, softmax
  * and axpy: a sequential dot per key, softmax with the max subtracted, then the weighted sum. */
 static void item_ref(const struct kwk_attn_args *a, long item, float *p)
@@ -69,17 +78,16 @@ static void item_ref(const struct kwk_attn_args *a, long item, float *p)
     int kvh = h / (a->n_heads / a->n_kv_heads);
     int first = a->first[row], n = a->last[row] - first + 1;
     const float *q = a->q + row * a->ldq + (long)h * hd;
-    const float *kc = a->k_rows[row] + (size_t)first * a->kv_dim + (size_t)kvh * hd;
-    const float *vc = a->v_rows[row] + (size_t)first * a->kv_dim + (size_t)kvh * hd;
+    size_t at = (size_t)first * a->kv_dim + (size_t)kvh * hd;
     float *out = a->out + row * a->ldo + (long)h * hd;
     memset(out, 0, sizeof(float) * (size_t)hd);
     if (n <= 0)
         return;
     for (int j = 0; j < n; j++) {
-        const float *k = kc + (size_t)j * a->kv_dim;
+        size_t k = at + (size_t)j * a->kv_dim;
         float s = 0.0f;
         for (int e = 0; e < hd; e++)
-            s += q[e] * k[e];
+            s += q[e] * kv_at(a, a->k_rows[row], k + (size_t)e);
         p[j] = s * a->scale;
     }
     float mx = p[0];
@@ -93,9 +101,9 @@ static void item_ref(const struct kwk_attn_args *a, long item, float *p)
     for (int j = 0; j < n; j++)
         p[j] /= sum;
     for (int j = 0; j < n; j++) {
-        const float *v = vc + (size_t)j * a->kv_dim;
+        size_t v = at + (size_t)j * a->kv_dim;
         for (int e = 0; e < hd; e++)
-            out[e] += p[j] * v[e];
+            out[e] += p[j] * kv_at(a, a->v_rows[row], v + (size_t)e);
     }
 }
 

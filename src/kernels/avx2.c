@@ -311,6 +311,31 @@ static void avx2_swiglu(float *g, const float *u, long n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* kwk_f32_to_f16 eight at a time: the F16C conversion (nearest even), then its saturation and
+ * NaN patched in 32-bit lanes and the lanes packed back to 16 bits. */
+static void avx2_to_half(uint16_t *y, const float *x, long n)
+{
+    const __m256i sgn = _mm256_set1_epi32(0x8000), sat = _mm256_set1_epi32(0x7bff);
+    const __m256i nan = _mm256_set1_epi32(0x7e00);
+    const __m256 lim = _mm256_set1_ps(65504.0f);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 f = _mm256_loadu_ps(x + i);
+        __m256i s = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(f), 16), sgn);
+        __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), f);
+        __m256i v = _mm256_cvtepu16_epi32(
+            _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        v = _mm256_blendv_epi8(v, _mm256_or_si256(s, sat),
+                               _mm256_castps_si256(_mm256_cmp_ps(a, lim, _CMP_GT_OQ)));
+        v = _mm256_blendv_epi8(v, _mm256_or_si256(s, nan),
+                               _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
+        __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storeu_si128((__m128i *)(y + i), h);
+    }
+    for (; i < n; i++)
+        y[i] = kwk_f32_to_f16(x[i]);
+}
+
 const struct kwk_kernels kwk_kernels_avx2 = {
     .name = "avx2",
     .matmul = avx2_matmul,
@@ -322,4 +347,5 @@ const struct kwk_kernels kwk_kernels_avx2 = {
     .rmsnorm = avx2_rmsnorm,
     .softmax = avx2_softmax,
     .swiglu = avx2_swiglu,
+    .to_half = avx2_to_half,
 };

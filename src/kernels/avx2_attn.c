@@ -12,6 +12,7 @@
  * and values, head_dim, its position count), never on which rows or heads share its loads. */
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "base/base.h"
@@ -48,13 +49,23 @@ INLINE __m256 lanes_below(int nk)
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nk), idx));
 }
 
-/* Lane-wise partial dot products of q and one key: lane l sums elements l, l+8, ... in order. */
-INLINE __m256 key_partial(const float *q, const float *k, int hd)
+/* 8 cache elements from element i of base, widened to float when H (a half cache: F16C); H is
+ * a constant after inlining, so each path has its own loops. */
+INLINE __m256 ld_kv(int H, const void *base, long i)
 {
-    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+    if (H)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+    return _mm256_loadu_ps((const float *)base + i);
+}
+
+/* Lane-wise partial dot products of q and the key at element k of the cache: lane l sums
+ * elements l, l+8, ... in order. */
+INLINE __m256 key_partial(int H, const float *q, const void *kc, long k, int hd)
+{
+    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), ld_kv(H, kc, k));
 #pragma GCC unroll 8
     for (int e = 8; e < hd; e += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(k + e), acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), ld_kv(H, kc, k + e), acc);
     return acc;
 }
 
@@ -67,9 +78,10 @@ INLINE __m256 fold4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
     return _mm256_add_ps(_mm256_shuffle_ps(s01, s23, 0x44), _mm256_shuffle_ps(s01, s23, 0xee));
 }
 
-/* The dot products of q with keys k, k + ldk, ... (nk of them, 1..8; the rest read as zero), in
- * key order. Every key's sum has the same tree whatever nk is: lanes never mix keys. */
-INLINE __m256 score_block(const float *q, const float *k, long ldk, int hd, int nk)
+/* The dot products of q with the keys at elements k, k + ldk, ... of the cache (nk of them,
+ * 1..8; the rest read as zero), in key order. Every key's sum has the same tree whatever nk is:
+ * lanes never mix keys. */
+INLINE __m256 score_block(int H, const float *q, const void *kc, long k, long ldk, int hd, int nk)
 {
     /* Four keys at a time, folded at once: few partials live, so q's chunks can stay in
      * registers (hd 64) and each key chunk is one load per FMA. */
@@ -80,7 +92,7 @@ INLINE __m256 score_block(const float *q, const float *k, long ldk, int hd, int 
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) {
             int j = 4 * t + u;
-            a[u] = j < nk ? key_partial(q, k + j * ldk, hd) : _mm256_setzero_ps();
+            a[u] = j < nk ? key_partial(H, q, kc, k + j * ldk, hd) : _mm256_setzero_ps();
         }
         half[t] = fold4(a[0], a[1], a[2], a[3]);
     }
@@ -172,7 +184,8 @@ struct tile {
     int nq, hd;
     long ldk, ldp; /* stride of cache rows; of score rows in scratch */
     float scale;
-    const float *k, *v; /* position first, this kv head */
+    int half;          /* the cache holds halves (uint16_t), else floats */
+    const void *k, *v; /* position first, this kv head */
     const float *q[MAXQ];
     float *out[MAXQ];
     int n[MAXQ]; /* positions attended, >= 1, non-decreasing with x */
@@ -196,26 +209,38 @@ INLINE void store_scores(struct tile *t, int x, int b, __m256 s, float *p)
 }
 
 /* Scores key by key for each query (score_block), block by block so that the block stays in L1
- * across the queries. hd is a constant after inlining. */
-INLINE void scores_hd(struct tile *t, int hd, float *p)
+ * across the queries. H and hd are constants after inlining. */
+INLINE void scores_hd(int H, struct tile *t, int hd, float *p)
 {
     __m256 sv = _mm256_set1_ps(t->scale);
     int nmax = t->n[t->nq - 1];
     for (int b = 0; b < nmax; b += KB) {
-        const float *kb = t->k + b * t->ldk;
+        long kb = b * t->ldk;
         for (int x = 0; x < t->nq; x++) {
             int nk = KWK_MIN(KB, t->n[x] - b);
             if (nk > 0)
-                store_scores(t, x, b, _mm256_mul_ps(score_block(t->q[x], kb, t->ldk, hd, nk), sv),
+                store_scores(t, x, b,
+                             _mm256_mul_ps(score_block(H, t->q[x], t->k, kb, t->ldk, hd, nk), sv),
                              p);
         }
     }
 }
 
-/* The same scores with the queries in lanes (lane_keys4): qt takes 16 * hd floats. Keys past the
- * tile's last are not read (their lanes repeat its last key and are dropped). */
+/* Keys [b, b + nk) of a half cache widened into kf[nk][hd] (exactly), for the paths that read a
+ * key's elements one at a time. */
+static void widen_keys(const struct tile *t, int b, int nk, float *kf)
+{
+    for (int u = 0; u < nk; u++)
+        for (int e = 0; e < t->hd; e += 8)
+            _mm256_storeu_ps(kf + (long)u * t->hd + e, ld_kv(1, t->k, (b + u) * t->ldk + e));
+}
+
+/* The same scores with the queries in lanes (lane_keys4): qt takes 16 * hd floats, then kf
+ * 16 * hd for a block of keys widened from a half cache. Keys past the tile's last are not read
+ * (their lanes repeat its last key and are dropped). */
 INLINE void lane_scores_hd(struct tile *t, int hd, float *qt, float *p)
 {
+    float *kf = qt + MAXQ * hd;
     for (int e = 0; e < hd; e++)
         for (int x = 0; x < MAXQ; x++)
             qt[e * MAXQ + x] = x < t->nq ? t->q[x][e] : 0.0f;
@@ -223,10 +248,15 @@ INLINE void lane_scores_hd(struct tile *t, int hd, float *qt, float *p)
     int nmax = t->n[t->nq - 1];
     for (int b = 0; b < nmax; b += KB) {
         __m256 r[2 * KB], rg[KB];
+        int nk = KWK_MIN(KB, nmax - b);
+        if (t->half)
+            widen_keys(t, b, nk, kf);
         for (int u0 = 0; u0 < KB; u0 += 4) {
             const float *k[4];
-            for (int u = 0; u < 4; u++)
-                k[u] = t->k + KWK_MIN(b + u0 + u, nmax - 1) * t->ldk;
+            for (int u = 0; u < 4; u++) {
+                int j = KWK_MIN(u0 + u, nk - 1);
+                k[u] = t->half ? kf + (long)j * hd : (const float *)t->k + (b + j) * t->ldk;
+            }
             lane_keys4(qt, k, hd, sv, r + 2 * u0);
         }
         for (int g = 0; g < 2; g++) {
@@ -240,7 +270,7 @@ INLINE void lane_scores_hd(struct tile *t, int hd, float *qt, float *p)
 }
 
 /* Scores of every query into p + x * ldp, by either path (the same numbers), the common head
- * sizes unrolled; scratch (16 * hd floats) for the queries in lanes. */
+ * sizes unrolled; scratch (32 * hd floats) for the queries in lanes. */
 static void scores(struct tile *t, float *p, float *scratch)
 {
     if (t->nq >= LANES_MIN) {
@@ -257,15 +287,24 @@ static void scores(struct tile *t, float *p, float *scratch)
         }
         return;
     }
-    switch (t->hd) {
-    case 64:
-        scores_hd(t, 64, p);
-        break;
+    switch (t->hd * 2 + t->half) {
     case 128:
-        scores_hd(t, 128, p);
+        scores_hd(0, t, 64, p);
+        break;
+    case 129:
+        scores_hd(1, t, 64, p);
+        break;
+    case 256:
+        scores_hd(0, t, 128, p);
+        break;
+    case 257:
+        scores_hd(1, t, 128, p);
         break;
     default:
-        scores_hd(t, t->hd, p);
+        if (t->half)
+            scores_hd(1, t, t->hd, p);
+        else
+            scores_hd(0, t, t->hd, p);
         break;
     }
 }
@@ -292,11 +331,11 @@ static float softmax_unnormalized(float *p, int n, __m256 mv)
  * each chain in key order; between key ranges they wait in out (unscaled), and the last range
  * (j1 = the largest n) divides. Past its own n a query takes no key. NH and NC are constants
  * after inlining. */
-INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const float *p, int c0,
+INLINE void values_tile(int NH, int NC, int H, const struct tile *t, int x0, const float *p, int c0,
                         int j0, int j1)
 {
     __m256 acc[MAXH][8];
-    const float *v = t->v + c0;
+    const void *v = t->v;
     long ldv = t->ldk, ldp = t->ldp;
     int nmin = KWK_MIN(t->n[x0], j1), nmax = t->n[x0 + NH - 1];
     p += x0 * ldp;
@@ -311,7 +350,7 @@ INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const floa
         __m256 vv[8];
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
-            vv[c] = _mm256_loadu_ps(v + j * ldv + 8 * c);
+            vv[c] = ld_kv(H, v, c0 + j * ldv + 8 * c);
 #pragma GCC unroll 8
         for (int g = 0; g < NH; g++) {
             __m256 pj = _mm256_broadcast_ss(p + g * ldp + j);
@@ -328,7 +367,7 @@ INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const floa
             __m256 pj = _mm256_broadcast_ss(p + g * ldp + j);
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++)
-                acc[g][c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * ldv + 8 * c), acc[g][c]);
+                acc[g][c] = _mm256_fmadd_ps(pj, ld_kv(H, v, c0 + j * ldv + 8 * c), acc[g][c]);
         }
     }
     int last = j1 >= nmax;
@@ -352,60 +391,31 @@ static int chunks_for(int nh, int left)
     return nc;
 }
 
-/* values_tile with its constants chosen: nh in 1..MAXH, nc = chunks_for(nh, ...). */
+/* values_tile with its constants chosen: nh in 1..MAXH, nc = chunks_for(nh, ...), the cache's
+ * type. */
 static void values_tile_n(int nh, int nc, const struct tile *t, int x0, const float *p, int c0,
                           int j0, int j1)
 {
+#define VT(NH, NC)                                                                                 \
+    case (NH) * 16 + (NC):                                                                         \
+        if (t->half)                                                                               \
+            values_tile(NH, NC, 1, t, x0, p, c0, j0, j1);                                          \
+        else                                                                                       \
+            values_tile(NH, NC, 0, t, x0, p, c0, j0, j1);                                          \
+        return;
     switch (nh * 16 + nc) {
-    case 16 + 1:
-        values_tile(1, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 16 + 2:
-        values_tile(1, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 16 + 4:
-        values_tile(1, 4, t, x0, p, c0, j0, j1);
-        break;
-    case 16 + 8:
-        values_tile(1, 8, t, x0, p, c0, j0, j1);
-        break;
-    case 32 + 1:
-        values_tile(2, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 32 + 2:
-        values_tile(2, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 32 + 4:
-        values_tile(2, 4, t, x0, p, c0, j0, j1);
-        break;
-    case 48 + 1:
-        values_tile(3, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 48 + 2:
-        values_tile(3, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 48 + 4:
-        values_tile(3, 4, t, x0, p, c0, j0, j1);
-        break;
-    case 64 + 1:
-        values_tile(4, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 64 + 2:
-        values_tile(4, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 80 + 1:
-        values_tile(5, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 80 + 2:
-        values_tile(5, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 96 + 1:
-        values_tile(6, 1, t, x0, p, c0, j0, j1);
-        break;
+        /* clang-format off */
+        VT(1, 1) VT(1, 2) VT(1, 4) VT(1, 8) VT(2, 1) VT(2, 2) VT(2, 4) VT(3, 1)
+        VT(3, 2) VT(3, 4) VT(4, 1) VT(4, 2) VT(5, 1) VT(5, 2) VT(6, 1)
     default:
-        values_tile(6, 2, t, x0, p, c0, j0, j1);
         break;
+        /* clang-format on */
     }
+#undef VT
+    if (t->half)
+        values_tile(6, 2, 1, t, x0, p, c0, j0, j1);
+    else
+        values_tile(6, 2, 0, t, x0, p, c0, j0, j1);
 }
 
 /* One tile (kwk_attn_tile_fn, attn.h): query heads h0 .. h0+nh-1 of one kv group over rows
@@ -415,12 +425,11 @@ static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, in
 {
     int hd = a->head_dim, first = a->first[row0];
     size_t kv_off = (size_t)first * a->kv_dim + (size_t)(h0 / (a->n_heads / a->n_kv_heads)) * hd;
-    struct tile t = {.nq = nr * nh,
-                     .hd = hd,
-                     .ldk = a->kv_dim,
-                     .scale = a->scale,
-                     .k = a->k_rows[row0] + kv_off,
-                     .v = a->v_rows[row0] + kv_off};
+    struct tile t = {
+        .nq = nr * nh, .hd = hd, .ldk = a->kv_dim, .scale = a->scale, .half = a->kv_half};
+    size_t esize = a->kv_half ? sizeof(uint16_t) : sizeof(float);
+    t.k = (const char *)a->k_rows[row0] + kv_off * esize;
+    t.v = (const char *)a->v_rows[row0] + kv_off * esize;
     for (int r = 0; r < nr; r++)
         for (int g = 0; g < nh; g++) {
             int x = r * nh + g, row = row0 + r;
@@ -431,7 +440,7 @@ static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, in
         }
     int nmax = t.n[t.nq - 1];
     t.ldp = (nmax + 15) / 16 * 16;          /* as kwk_attn_scratch_floats pads */
-    float *p = scratch + (size_t)MAXQ * hd; /* after the transposed queries */
+    float *p = scratch + (size_t)(MAXQ + 16) * hd; /* after the transposed queries, the keys */
     scores(&t, p, scratch);
     for (int x = 0; x < t.nq; x++)
         t.sums[x] = softmax_unnormalized(p + x * t.ldp, t.n[x], t.mx[x]);

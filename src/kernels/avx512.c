@@ -337,6 +337,27 @@ static void avx512_swiglu(float *g, const float *u, long n)
     }
 }
 
+/* kwk_f32_to_f16 sixteen at a time: the hardware's conversion (nearest even), then its
+ * saturation and NaN patched in 32-bit lanes. */
+static void avx512_to_half(uint16_t *y, const float *x, long n)
+{
+    const __m512i sgn = _mm512_set1_epi32(0x8000), sat = _mm512_set1_epi32(0x7bff);
+    const __m512i nan = _mm512_set1_epi32(0x7e00);
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 f = _mm512_loadu_ps(x + i);
+        __m512i s = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(f), 16), sgn);
+        __m512i v = _mm512_cvtepu16_epi32(
+            _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __mmask16 big = _mm512_cmp_ps_mask(_mm512_abs_ps(f), _mm512_set1_ps(65504.0f), _CMP_GT_OQ);
+        v = _mm512_mask_or_epi32(v, big, s, sat);
+        v = _mm512_mask_or_epi32(v, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), s, nan);
+        _mm256_storeu_si256((__m256i *)(y + i), _mm512_cvtepi32_epi16(v));
+    }
+    for (; i < n; i++)
+        y[i] = kwk_f32_to_f16(x[i]);
+}
+
 const struct kwk_kernels kwk_kernels_avx512 = {
     .name = "avx512",
     .matmul = avx512_matmul,
@@ -348,4 +369,5 @@ const struct kwk_kernels kwk_kernels_avx512 = {
     .rmsnorm = avx512_rmsnorm,
     .softmax = avx512_softmax,
     .swiglu = avx512_swiglu,
+    .to_half = avx512_to_half,
 };

@@ -12,6 +12,7 @@
  * which rows or heads share its loads. */
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "base/base.h"
@@ -25,13 +26,23 @@
 #define MAXH 6                     /* queries per value pass (accumulators stay in registers) */
 #define LANES_MIN 10               /* queries from which a tile's scores put queries in lanes */
 
-/* Lane-wise partial dot products of q and one key: lane l sums elements l, l+16, ... in order. */
-INLINE __m512 key_partial(const float *q, const float *k, int hd)
+/* 16 cache elements from element i of base, widened to float when H (a half cache); H is a
+ * constant after inlining, so each path has its own loops. */
+INLINE __m512 ld_kv(int H, const void *base, long i)
 {
-    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+    if (H)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+    return _mm512_loadu_ps((const float *)base + i);
+}
+
+/* Lane-wise partial dot products of q and the key at element k of the cache: lane l sums
+ * elements l, l+16, ... in order. */
+INLINE __m512 key_partial(int H, const float *q, const void *kc, long k, int hd)
+{
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), ld_kv(H, kc, k));
 #pragma GCC unroll 8
     for (int e = 16; e < hd; e += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), _mm512_loadu_ps(k + e), acc);
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), ld_kv(H, kc, k + e), acc);
     return acc;
 }
 
@@ -44,9 +55,10 @@ INLINE __m512 fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
     return _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xee));
 }
 
-/* The dot products of q with keys k, k + ldk, ... (nk of them, 1..16; the rest read as zero), in
- * key order. Every key's sum has the same tree whatever nk is: lanes never mix keys. */
-INLINE __m512 score_block(const float *q, const float *k, long ldk, int hd, int nk)
+/* The dot products of q with the keys at elements k, k + ldk, ... of the cache (nk of them,
+ * 1..16; the rest read as zero), in key order. Every key's sum has the same tree whatever nk is:
+ * lanes never mix keys. */
+INLINE __m512 score_block(int H, const float *q, const void *kc, long k, long ldk, int hd, int nk)
 {
     __m512 quad[4];
 #pragma GCC unroll 4
@@ -55,7 +67,7 @@ INLINE __m512 score_block(const float *q, const float *k, long ldk, int hd, int 
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) {
             int j = 4 * t + u;
-            a[u] = j < nk ? key_partial(q, k + j * ldk, hd) : _mm512_setzero_ps();
+            a[u] = j < nk ? key_partial(H, q, kc, k + j * ldk, hd) : _mm512_setzero_ps();
         }
         quad[t] = fold4(a[0], a[1], a[2], a[3]);
     }
@@ -166,7 +178,8 @@ struct tile {
     int nq, hd;
     long ldk, ldp; /* stride of cache rows; of score rows in scratch */
     float scale;
-    const float *k, *v; /* position first, this kv head */
+    int half;          /* the cache holds halves (uint16_t), else floats */
+    const void *k, *v; /* position first, this kv head */
     const float *q[MAXQ];
     float *out[MAXQ];
     int n[MAXQ]; /* positions attended, >= 1, non-decreasing with x */
@@ -187,26 +200,38 @@ INLINE void store_scores(const struct tile *t, int x, int b, __m512 s, float *p)
 }
 
 /* Scores key by key for each query (score_block), block by block so that the block stays in L1
- * across the queries. hd is a constant after inlining. */
-INLINE void scores_hd(const struct tile *t, int hd, float *p)
+ * across the queries. H and hd are constants after inlining. */
+INLINE void scores_hd(int H, const struct tile *t, int hd, float *p)
 {
     __m512 sv = _mm512_set1_ps(t->scale);
     int nmax = t->n[t->nq - 1];
     for (int b = 0; b < nmax; b += KB) {
-        const float *kb = t->k + b * t->ldk;
+        long kb = b * t->ldk;
         for (int x = 0; x < t->nq; x++) {
             int nk = KWK_MIN(KB, t->n[x] - b);
             if (nk > 0)
-                store_scores(t, x, b, _mm512_mul_ps(score_block(t->q[x], kb, t->ldk, hd, nk), sv),
+                store_scores(t, x, b,
+                             _mm512_mul_ps(score_block(H, t->q[x], t->k, kb, t->ldk, hd, nk), sv),
                              p);
         }
     }
 }
 
-/* The same scores with the queries in lanes (lane_keys4): qt takes 16 * hd floats. Keys past the
- * tile's last are not read (their lanes repeat its last key and are dropped). */
+/* Keys [b, b + nk) of a half cache widened into kf[nk][hd] (exactly), for the paths that read a
+ * key's elements one at a time. */
+static void widen_keys(const struct tile *t, int b, int nk, float *kf)
+{
+    for (int u = 0; u < nk; u++)
+        for (int e = 0; e < t->hd; e += 16)
+            _mm512_storeu_ps(kf + (long)u * t->hd + e, ld_kv(1, t->k, (b + u) * t->ldk + e));
+}
+
+/* The same scores with the queries in lanes (lane_keys4): qt takes 16 * hd floats, then kf
+ * 16 * hd for a block of keys widened from a half cache. Keys past the tile's last are not read
+ * (their lanes repeat its last key and are dropped). */
 INLINE void lane_scores_hd(const struct tile *t, int hd, float *qt, float *p)
 {
+    float *kf = qt + MAXQ * hd;
     for (int e = 0; e < hd; e++)
         for (int x = 0; x < MAXQ; x++)
             qt[e * MAXQ + x] = x < t->nq ? t->q[x][e] : 0.0f;
@@ -214,13 +239,18 @@ INLINE void lane_scores_hd(const struct tile *t, int hd, float *qt, float *p)
     int nmax = t->n[t->nq - 1];
     for (int b = 0; b < nmax; b += KB) {
         __m512 r[KB];
+        int nk = KWK_MIN(KB, nmax - b);
+        if (t->half)
+            widen_keys(t, b, nk, kf);
         for (int u0 = 0; u0 < KB; u0 += 4) {
             /* Hides that qt is the same for every 4 keys: else GCC loads all of it once into
              * stack slots (hd registers' worth) instead of each row where it is used. */
             __asm__("" : "+r"(qt));
             const float *k[4];
-            for (int u = 0; u < 4; u++)
-                k[u] = t->k + KWK_MIN(b + u0 + u, nmax - 1) * t->ldk;
+            for (int u = 0; u < 4; u++) {
+                int j = KWK_MIN(u0 + u, nk - 1);
+                k[u] = t->half ? kf + (long)j * hd : (const float *)t->k + (b + j) * t->ldk;
+            }
             lane_keys4(qt, k, hd, sv, r + u0);
         }
         transpose16(r);
@@ -230,7 +260,7 @@ INLINE void lane_scores_hd(const struct tile *t, int hd, float *qt, float *p)
 }
 
 /* Scores of every query into p + x * ldp, by either path (the same numbers), the hd common
- * sizes unrolled; scratch (16 * hd floats) for the queries in lanes. */
+ * sizes unrolled; scratch (32 * hd floats) for the queries in lanes. */
 static void scores(const struct tile *t, float *p, float *scratch)
 {
     if (t->nq >= LANES_MIN) {
@@ -247,15 +277,24 @@ static void scores(const struct tile *t, float *p, float *scratch)
         }
         return;
     }
-    switch (t->hd) {
-    case 64:
-        scores_hd(t, 64, p);
-        break;
+    switch (t->hd * 2 + t->half) {
     case 128:
-        scores_hd(t, 128, p);
+        scores_hd(0, t, 64, p);
+        break;
+    case 129:
+        scores_hd(1, t, 64, p);
+        break;
+    case 256:
+        scores_hd(0, t, 128, p);
+        break;
+    case 257:
+        scores_hd(1, t, 128, p);
         break;
     default:
-        scores_hd(t, t->hd, p);
+        if (t->half)
+            scores_hd(1, t, t->hd, p);
+        else
+            scores_hd(0, t, t->hd, p);
         break;
     }
 }
@@ -281,13 +320,13 @@ static float softmax_unnormalized(float *p, int n)
 /* Keys [j0, j1) of out_x[c0 + c] = sum_j p_x[j] v_j[c0 + c] / sums[x] for NH queries from x0 and
  * NC chunks of 16 columns: the accumulators stay in registers while the value rows stream past,
  * each chain in key order; between key ranges they wait in out (unscaled), and the last range
- * (j1 = the largest n) divides. Past its own n a query takes no key. NH and NC are constants
- * after inlining. */
-INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const float *p, int c0,
+ * (j1 = the largest n) divides. Past its own n a query takes no key. NH, NC and H (a half
+ * cache) are constants after inlining. */
+INLINE void values_tile(int NH, int NC, int H, const struct tile *t, int x0, const float *p, int c0,
                         int j0, int j1)
 {
     __m512 acc[MAXH][4];
-    const float *v = t->v + c0;
+    const void *v = t->v;
     long ldv = t->ldk, ldp = t->ldp;
     int nmin = KWK_MIN(t->n[x0], j1), nmax = t->n[x0 + NH - 1];
     p += x0 * ldp;
@@ -302,7 +341,7 @@ INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const floa
         __m512 vv[4];
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
-            vv[c] = _mm512_loadu_ps(v + j * ldv + 16 * c);
+            vv[c] = ld_kv(H, v, c0 + j * ldv + 16 * c);
 #pragma GCC unroll 8
         for (int g = 0; g < NH; g++) {
             __m512 pj = _mm512_set1_ps(p[g * ldp + j]);
@@ -319,7 +358,7 @@ INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const floa
             __m512 pj = _mm512_set1_ps(p[g * ldp + j]);
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++)
-                acc[g][c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + j * ldv + 16 * c), acc[g][c]);
+                acc[g][c] = _mm512_fmadd_ps(pj, ld_kv(H, v, c0 + j * ldv + 16 * c), acc[g][c]);
         }
     }
     int last = j1 >= nmax;
@@ -333,66 +372,30 @@ INLINE void values_tile(int NH, int NC, const struct tile *t, int x0, const floa
     }
 }
 
-/* values_tile with its constants chosen: nh in 1..MAXH, nc in {1, 2, 4}. */
+/* values_tile with its constants chosen: nh in 1..MAXH, nc in {1, 2, 4}, the cache's type. */
 static void values_tile_n(int nh, int nc, const struct tile *t, int x0, const float *p, int c0,
                           int j0, int j1)
 {
+#define VT(NH, NC)                                                                                 \
+    case (NH) * 8 + (NC):                                                                          \
+        if (t->half)                                                                               \
+            values_tile(NH, NC, 1, t, x0, p, c0, j0, j1);                                          \
+        else                                                                                       \
+            values_tile(NH, NC, 0, t, x0, p, c0, j0, j1);                                          \
+        return;
     switch (nh * 8 + nc) {
-    case 8 + 1:
-        values_tile(1, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 8 + 2:
-        values_tile(1, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 8 + 4:
-        values_tile(1, 4, t, x0, p, c0, j0, j1);
-        break;
-    case 16 + 1:
-        values_tile(2, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 16 + 2:
-        values_tile(2, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 16 + 4:
-        values_tile(2, 4, t, x0, p, c0, j0, j1);
-        break;
-    case 24 + 1:
-        values_tile(3, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 24 + 2:
-        values_tile(3, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 24 + 4:
-        values_tile(3, 4, t, x0, p, c0, j0, j1);
-        break;
-    case 32 + 1:
-        values_tile(4, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 32 + 2:
-        values_tile(4, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 32 + 4:
-        values_tile(4, 4, t, x0, p, c0, j0, j1);
-        break;
-    case 40 + 1:
-        values_tile(5, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 40 + 2:
-        values_tile(5, 2, t, x0, p, c0, j0, j1);
-        break;
-    case 40 + 4:
-        values_tile(5, 4, t, x0, p, c0, j0, j1);
-        break;
-    case 48 + 1:
-        values_tile(6, 1, t, x0, p, c0, j0, j1);
-        break;
-    case 48 + 2:
-        values_tile(6, 2, t, x0, p, c0, j0, j1);
-        break;
+        /* clang-format off */
+        VT(1, 1) VT(1, 2) VT(1, 4) VT(2, 1) VT(2, 2) VT(2, 4) VT(3, 1) VT(3, 2) VT(3, 4)
+        VT(4, 1) VT(4, 2) VT(4, 4) VT(5, 1) VT(5, 2) VT(5, 4) VT(6, 1) VT(6, 2)
     default:
-        values_tile(6, 4, t, x0, p, c0, j0, j1);
         break;
+        /* clang-format on */
     }
+#undef VT
+    if (t->half)
+        values_tile(6, 4, 1, t, x0, p, c0, j0, j1);
+    else
+        values_tile(6, 4, 0, t, x0, p, c0, j0, j1);
 }
 
 /* One tile (kwk_attn_tile_fn, attn.h): query heads h0 .. h0+nh-1 of one kv group over rows
@@ -402,12 +405,11 @@ static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, in
 {
     int hd = a->head_dim, first = a->first[row0];
     size_t kv_off = (size_t)first * a->kv_dim + (size_t)(h0 / (a->n_heads / a->n_kv_heads)) * hd;
-    struct tile t = {.nq = nr * nh,
-                     .hd = hd,
-                     .ldk = a->kv_dim,
-                     .scale = a->scale,
-                     .k = a->k_rows[row0] + kv_off,
-                     .v = a->v_rows[row0] + kv_off};
+    struct tile t = {
+        .nq = nr * nh, .hd = hd, .ldk = a->kv_dim, .scale = a->scale, .half = a->kv_half};
+    size_t esize = a->kv_half ? sizeof(uint16_t) : sizeof(float);
+    t.k = (const char *)a->k_rows[row0] + kv_off * esize;
+    t.v = (const char *)a->v_rows[row0] + kv_off * esize;
     for (int r = 0; r < nr; r++)
         for (int g = 0; g < nh; g++) {
             int x = r * nh + g, row = row0 + r;
@@ -416,7 +418,7 @@ static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, in
             t.n[x] = a->last[row] - first + 1;
         }
     t.ldp = (t.n[t.nq - 1] + KB - 1) / KB * KB;
-    float *p = scratch + (size_t)MAXQ * hd; /* after the transposed queries */
+    float *p = scratch + (size_t)(MAXQ + 16) * hd; /* after the transposed queries, the keys */
     scores(&t, p, scratch);
     for (int x = 0; x < t.nq; x++)
         t.sums[x] = softmax_unnormalized(p + x * t.ldp, t.n[x]);

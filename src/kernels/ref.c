@@ -126,6 +126,12 @@ static void ref_swiglu(float *g, const float *u, long n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+static void ref_to_half(uint16_t *y, const float *x, long n)
+{
+    for (long i = 0; i < n; i++)
+        y[i] = kwk_f32_to_f16(x[i]);
+}
+
 const struct kwk_kernels kwk_kernels_ref = {
     .name = "scalar",
     .matmul = ref_matmul,
@@ -137,4 +143,5 @@ const struct kwk_kernels kwk_kernels_ref = {
     .rmsnorm = ref_rmsnorm,
     .softmax = ref_softmax,
     .swiglu = ref_swiglu,
+    .to_half = ref_to_half,
 };

@@ -41,8 +41,8 @@ void kwk_decoder_free(kwk_decoder *d)
     kwk_free((void *)d->att_v);
     kwk_free(d->att_first);
     kwk_free(d->att_last);
-    float *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->rope_cs, d->x,  d->xn,     d->q,
-                     d->kx,      d->vx,      d->att,      d->gate,    d->up, d->scores, d->logits};
+    void *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->rope_cs, d->x,  d->xn,     d->q,
+                    d->kx,      d->vx,      d->att,      d->gate,    d->up, d->scores, d->logits};
     for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
         kwk_free_aligned(bufs[i]);
     kwk_free_aligned(d->qact_mem);
@@ -58,8 +58,8 @@ static int decoder_alloc(struct kwk_decoder *d)
         return -1;
     d->row_slot = kwk_calloc(nb, sizeof(int));
     d->row_pos = kwk_calloc(nb, sizeof(int));
-    d->att_k = kwk_calloc(nb, sizeof(float *));
-    d->att_v = kwk_calloc(nb, sizeof(float *));
+    d->att_k = kwk_calloc(nb, sizeof(void *));
+    d->att_v = kwk_calloc(nb, sizeof(void *));
     d->att_first = kwk_calloc(nb, sizeof(int));
     d->att_last = kwk_calloc(nb, sizeof(int));
     if (!d->row_slot || !d->row_pos || !d->att_k || !d->att_v || !d->att_first || !d->att_last)
@@ -68,15 +68,19 @@ static int decoder_alloc(struct kwk_decoder *d)
     struct kwk_attn_args shape = {.head_dim = c->head_dim, .n_heads = c->n_heads,
                                   .n_kv_heads = c->n_kv_heads};
     d->scores_per_thread = kwk_attn_scratch_floats(&shape, d->max_len);
-    if (alloc_floats(&d->k_cache, cache, (size_t)d->kv_dim) ||
-        alloc_floats(&d->v_cache, cache, (size_t)d->kv_dim))
+    size_t kv_bytes;
+    if (kwk_mul_size(cache, (size_t)d->kv_dim * kwk_kv_elem_size(d), &kv_bytes))
+        return -1;
+    d->k_cache = kwk_malloc_aligned(kv_bytes);
+    d->v_cache = kwk_malloc_aligned(kv_bytes);
+    if (!d->k_cache || !d->v_cache)
         return -1;
     /* Small pages for the KV cache: each layer's (and slot's) positions start in a huge page
      * of their own, so with 2 MiB pages a short sequence would make 2 MiB resident per layer,
      * slot, K and V (120 MiB for SmolLM2-135M's default 4096 positions); small pages make it
      * resident as it fills. */
-    kwk_mem_small_pages(d->k_cache, cache * (size_t)d->kv_dim * sizeof(float));
-    kwk_mem_small_pages(d->v_cache, cache * (size_t)d->kv_dim * sizeof(float));
+    kwk_mem_small_pages(d->k_cache, kv_bytes);
+    kwk_mem_small_pages(d->v_cache, kv_bytes);
     return alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
            alloc_floats(&d->rope_cs, nb, (size_t)c->head_dim) ||
            alloc_floats(&d->x, nb, (size_t)c->d_model) ||
@@ -125,6 +129,13 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
                     "in float32)");
         return NULL;
     }
+    if (p->kv_bits != 0 && p->kv_bits != 16 && p->kv_bits != 32) {
+        kwk_err_set(err, KWK_EARG,
+                    "kv_bits %d: 16 or 32 (0 = 16 for balanced and int4, 32 for "
+                    "preserve)",
+                    p->kv_bits);
+        return NULL;
+    }
     if (p->max_cache_len < 0 || p->max_cache_len > (1 << 24) || p->n_threads < 0 ||
         p->n_threads > 1024 || n_slots < 1 || n_slots > 4096 || n_batch < 0 ||
         n_batch > (1 << 16)) {
@@ -147,6 +158,10 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
     d->n_batch = n_batch ? n_batch : KWK_MIN(d->max_len, KWK_DEFAULT_BATCH);
     d->q_dim = c->n_heads * c->head_dim;
     d->kv_dim = c->n_kv_heads * c->head_dim;
+    /* Preserve keeps float32 (transformers' numbers); the quantized precisions, whose weights
+     * already round far more than a half does, read half the cache bytes a step (llama.cpp's
+     * default cache type too). */
+    d->kv_half = p->kv_bits == 16 || (p->kv_bits == 0 && p->precision != KWK_PRECISION_PRESERVE);
     d->tokens = kwk_calloc((size_t)d->max_len, sizeof(int32_t));
     if (!d->tokens || decoder_alloc(d))
         goto out_nomem;
@@ -202,6 +217,11 @@ static int64_t mat_bits(const struct kwk_mat *w, int64_t *n)
 {
     *n += w->rows * w->cols;
     return w->rows * w->cols * (w->wtype == KWK_W_F32 ? 32 : 16);
+}
+
+int kwk_decoder_kv_bits(const kwk_decoder *d)
+{
+    return d->kv_half ? 16 : 32;
 }
 
 double kwk_decoder_bits_per_weight(const kwk_decoder *d)
@@ -336,14 +356,19 @@ int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logit
     return 0;
 }
 
+size_t kwk_kv_elem_size(const struct kwk_decoder *d)
+{
+    return d->kv_half ? sizeof(uint16_t) : sizeof(float);
+}
+
 void kwk_kv_copy(struct kwk_decoder *d, int dst, int src, int n)
 {
-    size_t row = (size_t)d->kv_dim, len = (size_t)n * row * sizeof(float);
+    size_t row = (size_t)d->kv_dim * kwk_kv_elem_size(d), len = (size_t)n * row;
     for (int L = 0; L < d->c->n_layers; L++) {
         size_t to = ((size_t)dst * (size_t)d->c->n_layers + (size_t)L) * (size_t)d->max_len * row;
         size_t from = ((size_t)src * (size_t)d->c->n_layers + (size_t)L) * (size_t)d->max_len * row;
-        memcpy(d->k_cache + to, d->k_cache + from, len);
-        memcpy(d->v_cache + to, d->v_cache + from, len);
+        memcpy((char *)d->k_cache + to, (char *)d->k_cache + from, len);
+        memcpy((char *)d->v_cache + to, (char *)d->v_cache + from, len);
     }
 }
 

@@ -254,7 +254,7 @@ struct tok_task {
     int n; /* rows in the chunk */
 };
 
-/* Offset of (slot, layer, position 0) in the K and V caches. */
+/* Offset of (slot, layer, position 0) in the K and V caches, in elements. */
 static size_t kv_base(const struct kwk_decoder *d, int slot, int layer)
 {
     return (((size_t)slot * (size_t)d->c->n_layers + (size_t)layer) * (size_t)d->max_len) *
@@ -296,6 +296,15 @@ static size_t kv_at(const struct tok_task *t, int tok, int h)
            (size_t)h * d->c->head_dim;
 }
 
+/* n values into a cache at element at: rounded to halves (nearest even) or copied. */
+static void kv_store(const struct kwk_decoder *d, void *cache, size_t at, const float *x, int n)
+{
+    if (d->kv_half)
+        d->k->to_half((uint16_t *)cache + at, x, n);
+    else
+        memcpy((float *)cache + at, x, sizeof(float) * (size_t)n);
+}
+
 /* Bias, k norm and rotary of key head h of token tok, then into the cache. */
 static void prep_k_head(const struct tok_task *t, int tok, int h, const float *cs)
 {
@@ -307,7 +316,7 @@ static void prep_k_head(const struct tok_task *t, int tok, int h, const float *c
     if (l->k_norm)
         d->k->rmsnorm(k, k, l->k_norm, hd, d->c->rms_eps);
     kwk_rope_rotate(k, hd, cs);
-    memcpy(d->k_cache + kv_at(t, tok, h), k, sizeof(float) * (size_t)hd);
+    kv_store(d, d->k_cache, kv_at(t, tok, h), k, hd);
 }
 
 /* Bias of value head h of token tok, then into the cache. */
@@ -317,7 +326,7 @@ static void prep_v_head(const struct tok_task *t, int tok, int h)
     int hd = d->c->head_dim;
     float *v = d->vx + (size_t)tok * d->kv_dim + (size_t)h * hd;
     add_bias(v, t->l->bv ? t->l->bv + (size_t)h * hd : NULL, hd);
-    memcpy(d->v_cache + kv_at(t, tok, h), v, sizeof(float) * (size_t)hd);
+    kv_store(d, d->v_cache, kv_at(t, tok, h), v, hd);
 }
 
 /* Everything between the q/k/v products and attention, for token tok: each head on its own, so
@@ -385,17 +394,26 @@ static void attend(struct kwk_decoder *d, int layer, int n)
     for (int r = 0; r < n; r++) {
         size_t base = kv_base(d, d->row_slot[r], layer);
         int p = d->row_pos[r];
-        d->att_k[r] = d->k_cache + base;
-        d->att_v[r] = d->v_cache + base;
+        d->att_k[r] = (const char *)d->k_cache + base * kwk_kv_elem_size(d);
+        d->att_v[r] = (const char *)d->v_cache + base * kwk_kv_elem_size(d);
         d->att_last[r] = p;
         d->att_first[r] =
             c->sliding_window > 0 && p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
     }
-    struct kwk_attn_args a = {
-        .head_dim = c->head_dim, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-        .kv_dim = d->kv_dim, .scale = 1.0f / sqrtf((float)c->head_dim),
-        .q = d->q, .ldq = d->q_dim, .out = d->att, .ldo = d->q_dim,
-        .k_rows = d->att_k, .v_rows = d->att_v, .first = d->att_first, .last = d->att_last};
+    struct kwk_attn_args a = {.head_dim = c->head_dim,
+                              .n_heads = c->n_heads,
+                              .n_kv_heads = c->n_kv_heads,
+                              .kv_dim = d->kv_dim,
+                              .scale = 1.0f / sqrtf((float)c->head_dim),
+                              .kv_half = d->kv_half,
+                              .q = d->q,
+                              .ldq = d->q_dim,
+                              .out = d->att,
+                              .ldo = d->q_dim,
+                              .k_rows = d->att_k,
+                              .v_rows = d->att_v,
+                              .first = d->att_first,
+                              .last = d->att_last};
     struct att_task t = {.d = d, .a = &a, .n = n};
     kwk_pool_run(d->pool, attend_run, &t);
 }

@@ -29,8 +29,11 @@ struct kwk_decoder {
     struct kwk_packed *packed;      /* weights repacked for balanced / int4; NULL for preserve */
     struct kwk_capture *capture;    /* calibration: keeps the matrices' inputs (NULL: off) */
 
-    float *k_cache;  /* [n_slots][n_layers][max_len][kv_dim] */
-    float *v_cache;  /* [n_slots][n_layers][max_len][kv_dim] */
+    /* [n_slots][n_layers][max_len][kv_dim] elements: IEEE halves (uint16_t) when kv_half, else
+     * floats (kwk_decoder_params.kv_bits) */
+    void *k_cache;
+    void *v_cache;
+    int kv_half;
     int *row_slot;   /* [n_batch] slot of each row of the chunk being run */
     int *row_pos;    /* [n_batch] position of each row in its slot */
     float *inv_freq; /* [head_dim/2] rotary frequencies, scaling applied */
@@ -48,7 +51,7 @@ struct kwk_decoder {
     float *scores; /* [n_threads][scores_per_thread] attention scratch per thread */
     size_t scores_per_thread;
     const struct kwk_attn_kernel *ak; /* attention kernels (kernels/attn.h) */
-    const float **att_k, **att_v;     /* [n_batch] each row's K / V cache for the layer */
+    const void **att_k, **att_v;      /* [n_batch] each row's K / V cache for the layer */
     int *att_first, *att_last;        /* [n_batch] positions each row attends */
     float *logits; /* [n_vocab] last row of logits */
     /* Quantized precisions: a product task's activations quantized once for all its jobs and
@@ -92,6 +95,9 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
 void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n);
 /* The same for n tokens of slot 0 at positions d->pos .. d->pos+n-1; advances d->pos. */
 void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n);
+
+/* Bytes of one K or V cache element: 2 (half) or 4 (float). */
+size_t kwk_kv_elem_size(const struct kwk_decoder *d);
 
 /* Copy positions 0 .. n-1 of slot src's K/V into slot dst (every layer). */
 void kwk_kv_copy(struct kwk_decoder *d, int dst, int src, int n);

@@ -11,6 +11,7 @@
 #include "base/base.h"
 #include "kernels/attn.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 #include "test.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -37,7 +38,7 @@ struct setup {
     struct kwk_attn_args a;
     int n_rows, max_pos;
     float *q, *out, *kc, *vc;
-    const float **k_rows, **v_rows;
+    const void **k_rows, **v_rows;
     int *first, *last;
 };
 
@@ -118,7 +119,8 @@ static void item_double(const struct kwk_attn_args *a, long item, double *out)
     double *w = malloc(sizeof(double) * (size_t)KWK_MAX(n, 1));
     double mx = -INFINITY, sum = 0.0;
     for (int j = 0; j < n; j++) {
-        const float *k = a->k_rows[row] + (size_t)(first + j) * a->kv_dim + (size_t)kvh * hd;
+        const float *k =
+            (const float *)a->k_rows[row] + (size_t)(first + j) * a->kv_dim + (size_t)kvh * hd;
         double d = 0.0;
         for (int e = 0; e < hd; e++)
             d += (double)q[e] * k[e];
@@ -132,7 +134,8 @@ static void item_double(const struct kwk_attn_args *a, long item, double *out)
     for (int e = 0; e < hd; e++)
         out[e] = 0.0;
     for (int j = 0; j < n; j++) {
-        const float *v = a->v_rows[row] + (size_t)(first + j) * a->kv_dim + (size_t)kvh * hd;
+        const float *v =
+            (const float *)a->v_rows[row] + (size_t)(first + j) * a->kv_dim + (size_t)kvh * hd;
         for (int e = 0; e < hd; e++)
             out[e] += w[j] / sum * v[e];
     }
@@ -198,6 +201,56 @@ static void check_invariance(const struct kwk_attn_kernel *k, struct setup *s, f
     free(alone);
 }
 
+/* A half cache: the float cache rounded to halves (kwk_f32_to_f16) and held both ways; the table
+ * over the halves must give bitwise what it gives over the floats holding the same values (the
+ * widening is exact, so nothing else may change), for the setup's rows as they are. */
+static void check_half(const struct kwk_attn_kernel *k, struct setup *s, float *scratch)
+{
+    struct kwk_attn_args *a = &s->a;
+    size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)a->kv_dim;
+    uint16_t *kh = malloc(sizeof(uint16_t) * cache), *vh = malloc(sizeof(uint16_t) * cache);
+    for (size_t i = 0; i < cache; i++) {
+        kh[i] = kwk_f32_to_f16(s->kc[i]);
+        vh[i] = kwk_f32_to_f16(s->vc[i]);
+        s->kc[i] = kwk_f16_to_f32(kh[i]);
+        s->vc[i] = kwk_f16_to_f32(vh[i]);
+    }
+    long n_items = (long)s->n_rows * a->n_heads;
+    size_t bytes = sizeof(float) * (size_t)n_items * a->head_dim;
+    float *want = malloc(bytes);
+    k->items(a, 0, n_items, scratch);
+    memcpy(want, a->out, bytes);
+    const void **kf = s->k_rows, **vf = s->v_rows;
+    const void **kr = malloc(sizeof(void *) * (size_t)s->n_rows);
+    const void **vr = malloc(sizeof(void *) * (size_t)s->n_rows);
+    for (int r = 0; r < s->n_rows; r++) {
+        kr[r] = kh + ((const float *)kf[r] - s->kc);
+        vr[r] = vh + ((const float *)vf[r] - s->vc);
+    }
+    a->k_rows = kr;
+    a->v_rows = vr;
+    a->kv_half = 1;
+    memset(a->out, 0xff, bytes);
+    k->items(a, 0, n_items, scratch);
+    int whole = memcmp(want, a->out, bytes) == 0;
+    memset(a->out, 0xff, bytes); /* and item by item */
+    for (long i = 0; i < n_items; i++)
+        k->items(a, i, i + 1, scratch);
+    int alone = memcmp(want, a->out, bytes) == 0;
+    T_CHECK(whole && alone,
+            "%s half cache hd %d heads %d/%d: differs from floats of its values "
+            "(all items at once %d, alone %d)",
+            k->name, a->head_dim, a->n_heads, a->n_kv_heads, whole, alone);
+    a->k_rows = kf;
+    a->v_rows = vf;
+    a->kv_half = 0;
+    free(kr);
+    free(vr);
+    free(kh);
+    free(vh);
+    free(want);
+}
+
 struct shape {
     int hd, n_heads, n_kv;
 };
@@ -223,6 +276,7 @@ static void check_table(const struct kwk_attn_kernel *k)
             float *scratch = malloc(sizeof(float) * nf);
             check_values(k, &s, scratch, variant ? "sharp+window" : "flat");
             check_invariance(k, &s, scratch);
+            check_half(k, &s, scratch);
             free(scratch);
             setup_free(&s);
         }
@@ -294,6 +348,7 @@ static void check_chunk(const struct kwk_attn_kernel *k)
                     "%s chunk hd %d heads %d/%d: shares of 7 "
                     "groups differ from items alone",
                     k->name, sh->hd, sh->n_heads, sh->n_kv);
+            check_half(k, &s, scratch);
             free(alone);
             free(scratch);
             setup_free(&s);

@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 #include "test.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -429,6 +430,59 @@ static void test_isa_env(void)
     T_STREQ(kwk_isa_name(99), "unknown");
 }
 
+/* to_half (the half KV cache's stores): bitwise kwk_f32_to_f16 over a sweep of float bit patterns
+ * (every sign, exponent and rounding case, subnormals, the saturation edge, infinities, NaNs) at
+ * lengths with every tail; and kwk_f32_to_f16 itself against the halves' own values: each finite
+ * half comes back unchanged, and the midpoint between two neighbours rounds to the even one. */
+static void test_to_half(const struct kwk_kernels *k)
+{
+    enum { N = 1 << 20 };
+    float *x = malloc(N * sizeof *x);
+    uint16_t *got = malloc(N * sizeof *got);
+    for (uint32_t i = 0; i < N; i++) {
+        union {
+            uint32_t u;
+            float f;
+        } v = {(uint32_t)(i * 4099u) ^ (i << 22)};
+        x[i] = v.f;
+    }
+    const float edge[] = {65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e9f,     INFINITY, -INFINITY,
+                          NAN,      -NAN,      5.96e-8f, 2.98e-8f,  2.99e-8f, 6.1e-5f,  -0.0f};
+    memcpy(x, edge, sizeof edge);
+    long bad = 0;
+    k->to_half(got, x, N);
+    for (long i = 0; i < N; i++)
+        bad += got[i] != kwk_f32_to_f16(x[i]);
+    for (long n = 1; n <= 40; n++) { /* tails: nothing past n is written */
+        memset(got, 0xab, 64 * sizeof *got);
+        k->to_half(got, x + 3, n);
+        for (long i = 0; i < n; i++)
+            bad += got[i] != kwk_f32_to_f16(x[3 + i]);
+        bad += got[n] != 0xabab;
+    }
+    T_CHECK(bad == 0, "%s to_half: %ld values differ from kwk_f32_to_f16", k->name, bad);
+    if (k == &kwk_kernels_ref) {
+        long wrong = 0;
+        for (uint32_t h = 0; h < 0x10000u; h++) {
+            if ((h & 0x7c00u) == 0x7c00u)
+                continue; /* infinities saturate, NaNs are one pattern: the edges above */
+            float f = kwk_f16_to_f32((uint16_t)h);
+            wrong += (uint32_t)kwk_f32_to_f16(f) != h;
+            if ((h & 0x7fffu) < 0x7bffu) { /* the midpoint to the next half away from zero */
+                double mid = ((double)f + (double)kwk_f16_to_f32((uint16_t)(h + 1))) / 2.0;
+                uint16_t even = (h & 1u) ? (uint16_t)(h + 1) : (uint16_t)h;
+                wrong += kwk_f32_to_f16((float)mid) != (uint32_t)even;
+            }
+        }
+        T_CHECK(wrong == 0, "kwk_f32_to_f16: %ld halves do not round trip or tie to even", wrong);
+        T_EQ(kwk_f32_to_f16(1e9f), 0x7bff);
+        T_EQ(kwk_f32_to_f16(-INFINITY), 0xfbff);
+        T_EQ(kwk_f32_to_f16(NAN) & 0x7fff, 0x7e00);
+    }
+    free(x);
+    free(got);
+}
+
 int main(void)
 {
     /* before this process calls kwk_isa(), so the children detect afresh */
@@ -445,6 +499,7 @@ int main(void)
     }
     test_mat_row(&kwk_kernels_ref);
     test_batch_invariance(&kwk_kernels_ref);
+    test_to_half(&kwk_kernels_ref);
 
     const struct kwk_kernels *tables[2];
     int n_tables = 0;
@@ -459,6 +514,7 @@ int main(void)
         test_batch_invariance(tables[i]);
         test_vector_ops(tables[i]);
         test_exp_range(tables[i]);
+        test_to_half(tables[i]);
     }
     return t_report("test_kernels");
 }

@@ -26,27 +26,31 @@ int cli_parse_precision(const char *s);
  * The cache only matters for --precision balanced / int8 / int4. */
 const char *cli_cache_dir(const char *v);
 
-/* How balanced / int4 weights are fitted: --mix-bits, --calib, --calib-tokens, --gptq, and how
- * they are read: --act-bits (the same on generate, chat, bench, perplexity and serve). */
+/* How balanced / int4 weights are fitted: --mix-bits, --calib, --calib-tokens, --gptq; how they
+ * are read: --act-bits; and the KV cache's element: --kv-bits (the same on generate, chat, bench,
+ * perplexity and serve). */
 struct cli_quant {
     int mix_bits;           /* 0 = by model size */
     int gptq;
     int act_bits;           /* 8 or 16; 0 = the library's default (16) */
+    int kv_bits;            /* 16 or 32; 0 = the library's default (by precision) */
     const char *calib_file; /* text whose tokens calibrate, or NULL */
     int calib_tokens;       /* at most this many of its tokens */
     int32_t *ids;           /* after cli_quant_load: the calibration ids (library-allocated) */
     size_t n_ids;
 };
-#define CLI_QUANT_USAGE                                                                        \
-    "  --mix-bits N             int4: bits of the matrices kept wider: 8, 6, 4 (none);\n"       \
-    "                           default 6 from 1B parameters, 8 below\n"                        \
-    "  --calib FILE             fit the packed weights to the model's activations on this\n"    \
-    "                           text (activation-aware scales; part of the pack cache key)\n"   \
-    "  --calib-tokens N         use its first N tokens (default 4096)\n"                        \
-    "  --gptq                   GPTQ on top of --calib\n"                                       \
-    "  --act-bits N             balanced/int4 activations: 16 (default, two int8 passes) or\n"  \
-    "                           8 (one pass as llama.cpp: faster prompts, slightly higher\n"    \
-    "                           perplexity; the same packed weights and cache)\n"
+#define CLI_QUANT_USAGE                                                                            \
+    "  --mix-bits N             int4: bits of the matrices kept wider: 8, 6, 4 (none);\n"          \
+    "                           default 6 from 1B parameters, 8 below\n"                           \
+    "  --calib FILE             fit the packed weights to the model's activations on this\n"       \
+    "                           text (activation-aware scales; part of the pack cache key)\n"      \
+    "  --calib-tokens N         use its first N tokens (default 4096)\n"                           \
+    "  --gptq                   GPTQ on top of --calib\n"                                          \
+    "  --act-bits N             balanced/int4 activations: 16 (default, two int8 passes) or\n"     \
+    "                           8 (one pass as llama.cpp: faster prompts, slightly higher\n"       \
+    "                           perplexity; the same packed weights and cache)\n"                  \
+    "  --kv-bits N              KV cache: 16 (half; default for balanced/int4) or 32 (float;\n"    \
+    "                           default for preserve, transformers' numbers)\n"
 
 void cli_quant_init(struct cli_quant *q);
 /* Option a with its value v (NULL when none follows). Returns 2 when a and v were consumed, 1

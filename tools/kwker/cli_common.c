@@ -70,8 +70,8 @@ int cli_quant_parse(struct cli_quant *q, const char *a, const char *v)
 {
     if (!strcmp(a, "--gptq"))
         return q->gptq = 1, 1;
-    int ours = !strcmp(a, "--mix-bits") || !strcmp(a, "--calib") ||
-               !strcmp(a, "--calib-tokens") || !strcmp(a, "--act-bits");
+    int ours = !strcmp(a, "--mix-bits") || !strcmp(a, "--calib") || !strcmp(a, "--calib-tokens") ||
+               !strcmp(a, "--act-bits") || !strcmp(a, "--kv-bits");
     if (!ours)
         return 0;
     if (!v)
@@ -80,6 +80,9 @@ int cli_quant_parse(struct cli_quant *q, const char *a, const char *v)
         return v[0] ? (q->calib_file = v, 2) : -1;
     if (!strcmp(a, "--calib-tokens"))
         return cli_parse_int(v, 1, 1 << 20, &q->calib_tokens) ? -1 : 2;
+    if (!strcmp(a, "--kv-bits"))
+        return cli_parse_int(v, 16, 32, &q->kv_bits) || (q->kv_bits != 16 && q->kv_bits != 32) ? -1
+                                                                                               : 2;
     if (!strcmp(a, "--act-bits"))
         return cli_parse_int(v, 8, 16, &q->act_bits) || (q->act_bits != 8 && q->act_bits != 16)
                    ? -1

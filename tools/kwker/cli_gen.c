@@ -245,6 +245,7 @@ int cli_session_open(struct cli_session *s, const struct cli_gen_opts *o, int ne
     mp.n_calib = (int64_t)o->quant.n_ids;
     mp.gptq = o->quant.gptq;
     mp.act_bits = o->quant.act_bits;
+    mp.kv_bits = o->quant.kv_bits;
     if (!(s->m = kwk_model_load(o->model, &err)) ||
         !(s->d = decoder_new_quiet(s->m, &mp, &err)))
         goto fail;
@@ -264,6 +265,7 @@ int cli_session_open(struct cli_session *s, const struct cli_gen_opts *o, int ne
         struct kwk_decoder_params dp = o->dec; /* the draft is not calibrated */
         dp.mix_bits = o->quant.mix_bits;
         dp.act_bits = o->quant.act_bits;
+        dp.kv_bits = o->quant.kv_bits;
         if (!(s->dm = kwk_model_load(o->draft, &err)) ||
             !(s->dd = decoder_new_quiet(s->dm, &dp, &err)))
             goto fail;

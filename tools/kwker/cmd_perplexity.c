@@ -58,7 +58,7 @@ static void usage(FILE *f)
                "preserve|balanced|int8|int4] [--chunks 20] [--ctx 512] [-t N]\n"
                "       [--cache-dir DIR|off] [--mix-bits N] [--calib FILE] [--calib-tokens N]"
                " [--gptq]\n"
-               "       [--act-bits 8|16]\n"
+               "       [--act-bits 8|16] [--kv-bits 16|32]\n"
                "  llama.cpp's protocol: chunks of --ctx tokens, each scored on its second half;\n"
                "  --chunks 0 scores every whole chunk of the file.\n");
 }
@@ -287,6 +287,7 @@ int cmd_perplexity(int argc, char **argv)
     o.params.n_calib = (int64_t)o.quant.n_ids;
     o.params.gptq = o.quant.gptq;
     o.params.act_bits = o.quant.act_bits;
+    o.params.kv_bits = o.quant.kv_bits;
     d = kwk_decoder_new(m, &o.params, &err);
     if (!d) {
         fprintf(stderr, "kwker perplexity: %s\n", err.msg);

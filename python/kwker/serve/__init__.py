@@ -35,7 +35,7 @@ from .._lib import KwkErr, KwkError, lib, raise_err
 from ..decode import (_FINISH, _PRECISIONS, _TOP_MAX, KwkDecoder, _ModelInfo, _as_ids,
                       gen_params)
 from ..decode import _bind as _dec_bind
-from ..decode import _act_bits_arg, _cache_dir_arg, _quant_args
+from ..decode import _act_bits_arg, _cache_dir_arg, _kv_bits_arg, _quant_args
 from ..tokenizer import Tokenizer
 
 _I32P = ctypes.POINTER(ctypes.c_int32)
@@ -59,6 +59,7 @@ class _EngineParams(ctypes.Structure):
         ("n_calib", ctypes.c_int64),
         ("gptq", ctypes.c_int),
         ("act_bits", ctypes.c_int),
+        ("kv_bits", ctypes.c_int),
     ]
 
 
@@ -311,12 +312,13 @@ class Engine:
     balanced / int4, as KwkDecoder's (None: none; True: $KWKER_CACHE or ~/.cache/kwker/packs).
     mix_bits, calib, gptq: as KwkDecoder's (taken from the decoder when it is one of the same
     precision). act_bits: as KwkDecoder's (8 or 16); None takes the decoder's when it is one of
-    the same precision, else 16.
+    the same precision, else 16. kv_bits: as KwkDecoder's (16 or 32); None takes the decoder's
+    when it is one of the same precision, else the precision's default.
     """
 
     def __init__(self, model, max_batch=8, max_cache_len=None, precision=None, n_threads=None,
                  prefill_chunk=0, max_queue=0, tokenizer=None, cache_dir=None, mix_bits=None,
-                 calib=None, gptq=False, act_bits=None):
+                 calib=None, gptq=False, act_bits=None, kv_bits=None):
         L = _bind()
         self._lib = L
         self._e = None
@@ -343,6 +345,8 @@ class Engine:
                 quant = model._quant
                 if act_bits is None:
                     act_bits = model._act_bits or None
+                if kv_bits is None:
+                    kv_bits = model._kv_bits or None
         else:
             D = _dec_bind()
             err = KwkErr()
@@ -377,6 +381,7 @@ class Engine:
         p.cache_dir = cache  # borrowed by kwk_engine_new only; `cache` outlives the call
         p.mix_bits, p.calib, p.n_calib, p.gptq = quant  # quant[1] outlives the call too
         p.act_bits = _act_bits_arg(act_bits)
+        p.kv_bits = _kv_bits_arg(kv_bits)
         self.vocab_size = info.n_vocab
         self.eos_token_id = [info.eos_ids[i] for i in range(info.n_eos)]
         self._tokenizer = tok

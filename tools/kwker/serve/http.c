@@ -869,6 +869,7 @@ static int load(struct srv *s, const char *path)
     ep.n_calib = (int64_t)q->n_ids;
     ep.gptq = q->gptq;
     ep.act_bits = q->act_bits;
+    ep.kv_bits = q->kv_bits;
     if (!(s->e = kwk_engine_new(s->m, &ep, &err)) || kwk_engine_start(s->e, &err))
         goto fail;
     return 0;
