@@ -3,7 +3,9 @@
 # tg128, one JSON line per run on stdout, medians and new/old ratios on stderr at the end.
 #   bench/ab_kwker.sh OLD/kwker NEW/kwker [runs=5] > ab.jsonl
 # Environment: AB_MODEL (default the bundled SmolLM2-135M-Instruct Q4_1), AB_PRECISIONS (default
-# "int4 balanced preserve"), AB_ACT_BITS (16 or 8; preserve always runs 16), AB_N_GEN (128).
+# "int4 balanced preserve"), AB_ACT_BITS (16 or 8; preserve always runs 16), AB_N_GEN (128),
+# AB_OLD_ARGS / AB_NEW_ARGS (more bench options for one side: one build against itself with
+# another setting, e.g. AB_OLD_ARGS="--kv-bits 32").
 # Each side has its own pack cache (warmed by its first run).
 set -euo pipefail
 old=$1 new=$2 runs=${3:-5}
@@ -16,9 +18,11 @@ for prec in $precs; do
   ab=$act; [ "$prec" = preserve ] && ab=16
   for ((r = 1; r <= runs; r++)); do
     for side in old new; do
-      bin=$old; [ "$side" = new ] && bin=$new
+      bin=$old extra=${AB_OLD_ARGS:-}
+      [ "$side" = new ] && bin=$new extra=${AB_NEW_ARGS:-}
+      # shellcheck disable=SC2086 # extra is a list of options
       json=$(KWKER_CACHE="$cache/$side" "$bin" bench --model "$model" --precision "$prec" \
-             --act-bits "$ab" -p 512 -n "$ngen" -r 1 -t 2 --json 2>/dev/null)
+             --act-bits "$ab" -p 512 -n "$ngen" -r 1 -t 2 --json $extra 2>/dev/null)
       echo "{\"side\": \"$side\", \"run\": $r, \"r\": $json}" | tee -a "$out"
     done
   done

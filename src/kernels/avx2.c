@@ -336,6 +336,15 @@ static void avx2_to_half(uint16_t *y, const float *x, long n)
         y[i] = kwk_f32_to_f16(x[i]);
 }
 
+static void avx2_from_half(float *y, const uint16_t *x, long n)
+{
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++)
+        y[i] = kwk_f16_to_f32(x[i]);
+}
+
 const struct kwk_kernels kwk_kernels_avx2 = {
     .name = "avx2",
     .matmul = avx2_matmul,
@@ -348,4 +357,5 @@ const struct kwk_kernels kwk_kernels_avx2 = {
     .softmax = avx2_softmax,
     .swiglu = avx2_swiglu,
     .to_half = avx2_to_half,
+    .from_half = avx2_from_half,
 };

@@ -358,6 +358,15 @@ static void avx512_to_half(uint16_t *y, const float *x, long n)
         y[i] = kwk_f32_to_f16(x[i]);
 }
 
+static void avx512_from_half(float *y, const uint16_t *x, long n)
+{
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    for (; i < n; i++)
+        y[i] = kwk_f16_to_f32(x[i]);
+}
+
 const struct kwk_kernels kwk_kernels_avx512 = {
     .name = "avx512",
     .matmul = avx512_matmul,
@@ -370,4 +379,5 @@ const struct kwk_kernels kwk_kernels_avx512 = {
     .softmax = avx512_softmax,
     .swiglu = avx512_swiglu,
     .to_half = avx512_to_half,
+    .from_half = avx512_from_half,
 };

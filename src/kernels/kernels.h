@@ -67,6 +67,8 @@ struct kwk_kernels {
     /* y[i] = kwk_f32_to_f16(x[i]) (kernels/quant.h): nearest even, +-65504 beyond it, NaN as
      * sign | 0x7e00. The half KV cache's stores. */
     void (*to_half)(uint16_t *y, const float *x, long n);
+    /* y[i] = kwk_f16_to_f32(x[i]) (exact). */
+    void (*from_half)(float *y, const uint16_t *x, long n);
 };
 
 /* The table for an ISA (enum kwk_isa); falls back to the best lower one compiled in. */

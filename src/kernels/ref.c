@@ -132,6 +132,12 @@ static void ref_to_half(uint16_t *y, const float *x, long n)
         y[i] = kwk_f32_to_f16(x[i]);
 }
 
+static void ref_from_half(float *y, const uint16_t *x, long n)
+{
+    for (long i = 0; i < n; i++)
+        y[i] = kwk_f16_to_f32(x[i]);
+}
+
 const struct kwk_kernels kwk_kernels_ref = {
     .name = "scalar",
     .matmul = ref_matmul,
@@ -144,4 +150,5 @@ const struct kwk_kernels kwk_kernels_ref = {
     .softmax = ref_softmax,
     .swiglu = ref_swiglu,
     .to_half = ref_to_half,
+    .from_half = ref_from_half,
 };

@@ -46,6 +46,7 @@ void kwk_decoder_free(kwk_decoder *d)
     for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
         kwk_free_aligned(bufs[i]);
     kwk_free_aligned(d->qact_mem);
+    kwk_free_aligned(d->kv_stage);
     kwk_free(d);
 }
 
@@ -81,6 +82,13 @@ static int decoder_alloc(struct kwk_decoder *d)
      * resident as it fills. */
     kwk_mem_small_pages(d->k_cache, kv_bytes);
     kwk_mem_small_pages(d->v_cache, kv_bytes);
+    if (d->kv_half) {
+        /* resident only as far as prompts reach (small pages, as the cache) */
+        if (alloc_floats(&d->kv_stage, 2 * (size_t)d->max_len, (size_t)d->kv_dim))
+            return -1;
+        kwk_mem_small_pages(d->kv_stage,
+                            2 * (size_t)d->max_len * (size_t)d->kv_dim * sizeof(float));
+    }
     return alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
            alloc_floats(&d->rope_cs, nb, (size_t)c->head_dim) ||
            alloc_floats(&d->x, nb, (size_t)c->d_model) ||

@@ -387,6 +387,59 @@ static void attend_run(void *ctx, int ith, int nth)
         t->d->ak->items(t->a, lo, hi, t->d->scores + (size_t)ith * t->d->scores_per_thread);
 }
 
+/* Rows from which a prompt chunk over a half cache reads its slot's keys and values widened. */
+#define KWK_STAGE_ROWS 16
+
+struct stage_task {
+    struct kwk_decoder *d;
+    const uint16_t *k, *v; /* the slot's layer cache at the first position widened */
+    float *kf, *vf;        /* the same positions of d->kv_stage */
+    long n;                /* elements of each */
+};
+
+static void stage_run(void *ctx, int ith, int nth)
+{
+    struct stage_task *t = ctx;
+    long lo, hi;
+    kwk_split_range(t->n, ith, nth, 64, &lo, &hi);
+    t->d->k->from_half(t->kf + lo, t->k + lo, hi - lo);
+    t->d->k->from_half(t->vf + lo, t->v + lo, hi - lo);
+}
+
+/* A prompt chunk of one slot over a half cache: every tile of its attention reads the slot's
+ * keys and values, and widening them in each tile costs a fifth of the attention, so they are
+ * widened once here (exactly: the same numbers) and read as floats. Points att_k / att_v at the
+ * staged copy and returns 1; 0 (nothing done) for float caches, decode steps and chunks mixing
+ * slots, which read the halves. */
+static int stage_slot(struct kwk_decoder *d, int layer, int n)
+{
+    if (!d->kv_half || n < KWK_STAGE_ROWS)
+        return 0;
+    int slot = d->row_slot[0], lo = d->att_first[0], hi = d->att_last[0];
+    for (int r = 1; r < n; r++) {
+        if (d->row_slot[r] != slot)
+            return 0;
+        lo = KWK_MIN(lo, d->att_first[r]);
+        hi = KWK_MAX(hi, d->att_last[r]);
+    }
+    if (hi < lo)
+        return 0;
+    size_t at = kv_base(d, slot, layer) + (size_t)lo * d->kv_dim, len = (size_t)d->max_len;
+    float *kf = d->kv_stage, *vf = d->kv_stage + len * (size_t)d->kv_dim;
+    struct stage_task t = {.d = d,
+                           .k = (const uint16_t *)d->k_cache + at,
+                           .v = (const uint16_t *)d->v_cache + at,
+                           .kf = kf + (size_t)lo * d->kv_dim,
+                           .vf = vf + (size_t)lo * d->kv_dim,
+                           .n = (long)(hi - lo + 1) * d->kv_dim};
+    kwk_pool_run(d->pool, stage_run, &t);
+    for (int r = 0; r < n; r++) {
+        d->att_k[r] = kf;
+        d->att_v[r] = vf;
+    }
+    return 1;
+}
+
 /* Causal attention of the chunk's rows, with Mistral's sliding window when set. */
 static void attend(struct kwk_decoder *d, int layer, int n)
 {
@@ -405,7 +458,7 @@ static void attend(struct kwk_decoder *d, int layer, int n)
                               .n_kv_heads = c->n_kv_heads,
                               .kv_dim = d->kv_dim,
                               .scale = 1.0f / sqrtf((float)c->head_dim),
-                              .kv_half = d->kv_half,
+                              .kv_half = d->kv_half && !stage_slot(d, layer, n),
                               .q = d->q,
                               .ldq = d->q_dim,
                               .out = d->att,

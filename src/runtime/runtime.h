@@ -34,6 +34,9 @@ struct kwk_decoder {
     void *k_cache;
     void *v_cache;
     int kv_half;
+    /* Half caches: [2][max_len][kv_dim] one slot's K, then V, of one layer widened to floats for
+     * a prompt chunk's attention (forward.c stage_slot); NULL for float caches. */
+    float *kv_stage;
     int *row_slot;   /* [n_batch] slot of each row of the chunk being run */
     int *row_pos;    /* [n_batch] position of each row in its slot */
     float *inv_freq; /* [head_dim/2] rotary frequencies, scaling applied */

@@ -128,6 +128,32 @@ def test_16_is_batch_invariant(tiny, prec):
     assert np.array_equal(np.stack(rows), whole)
 
 
+@pytest.mark.parametrize("name", ["llama_odd", "qwen2", "mistral_sw8"])
+@pytest.mark.parametrize("prec", ["preserve", "int4"])
+def test_16_long_prompt_chunks_agree(name, prec):
+    """A prompt chunk of 16 or more rows of one slot reads its slot's keys and values widened
+    once into floats (forward.c stage_slot); shorter chunks and decode rows read the halves.
+    Both paths give the same bits: 40 tokens at once = chunks of 7 = 20 + 20 = token by token,
+    with a sliding window (mistral_sw8: 8 positions) too."""
+    model = tiny_models.build(name)
+    ids = np.asarray(tiny_models.prompt_ids(name, n=40), dtype=np.int32)
+    with decoder(model, prec, kv_bits=16) as d:
+        out = np.empty((len(ids), d.vocab_size), dtype=np.float32)
+
+        def run(sizes):
+            d._lib.kwk_decoder_truncate(d._dec, 0)
+            rows, at = [], 0
+            for n in sizes:
+                d._eval(ids[at:at + n], 2, out[:n])
+                rows.append(out[:n].copy())
+                at += n
+            return np.concatenate(rows)
+
+        whole = run([40])
+        for sizes in ([7, 7, 7, 7, 7, 5], [20, 20], [1] * 40, [3, 17, 16, 4]):
+            assert np.array_equal(run(sizes), whole), sizes
+
+
 # --- the engine ---
 
 def log_softmax(x):
