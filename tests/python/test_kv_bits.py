@@ -12,41 +12,21 @@ float cache holding the same values does is test_attn's (C) check, per kernel ta
 """
 import ctypes
 import json
-import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import kwker_bin, rel_err, smollm2_gguf
+from conftest import rel_err, smollm2_gguf
 import tiny_models
+# the helpers and tiny-model fixture act_bits' tests use: a 2-thread decoder of 64 positions, its
+# logits, a kwker command, log-softmax
+from test_act_bits import decoder, log_softmax, logits, run, tiny  # noqa: F401 (tiny: fixture)
 
 PRECS = ["preserve", "balanced", "int4"]
 # Largest relative difference (of the logits' range, conftest.rel_err) between a half and a
 # float cache on the tiny random models: a half keeps 11 significant bits, so keys and values
 # move by up to 2^-12 of themselves; measured 0.00015-0.0003 (llama_odd, qwen2).
 MAX_REL_16_32 = 0.003
-
-
-def decoder(model, prec, **kw):
-    from kwker.decode import KwkDecoder
-    kw.setdefault("n_threads", 2)
-    return KwkDecoder(model, max_cache_len=64, precision=prec, **kw)
-
-
-def logits(model, prec, ids, **kw):
-    with decoder(model, prec, **kw) as d:
-        return np.array(d.forward(np.asarray(ids, dtype=np.int32)), copy=True)
-
-
-def run(*args, timeout=600):
-    return subprocess.run([kwker_bin()] + [str(a) for a in args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module", params=["llama_odd", "qwen2"])
-def tiny(request):
-    """(folder, prompt ids) of a tiny random model: odd sizes (llama_odd) and q/k/v bias (qwen2)."""
-    return tiny_models.build(request.param), tiny_models.prompt_ids(request.param)
 
 
 # --- refused values ---
@@ -155,12 +135,6 @@ def test_16_long_prompt_chunks_agree(name, prec):
 
 
 # --- the engine ---
-
-def log_softmax(x):
-    x = np.asarray(x, dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-
 
 @pytest.mark.parametrize("prec, kv", [("int4", 16), ("int4", 32), ("preserve", 16)])
 def test_engine_takes_the_decoders(tiny, prec, kv):
