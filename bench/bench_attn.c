@@ -4,7 +4,8 @@
  * (kernels/attn.h). A 512-token prompt chunk on one thread (its CPU time) and on the whole pool
  * (wall time; old = even split of the items, new = kwk_attn_split), and one decode row at several
  * lengths on one thread; the table again over a half cache (the balanced / int4 default). Runs
- * alternate old, new, half, old, new, half ... and medians are printed; asserts nothing.
+ * alternate old, new, half, old, new, half ... and medians are printed; asserts nothing. The
+ * caches are head-major (each kv head's positions in one run), as the decoder's.
  * Single-threaded driver. Usage: bench_attn [reps] */
 #include <math.h>
 #include <stdio.h>
@@ -34,15 +35,15 @@ static void old_items(const struct kwk_kernels *k, const struct kwk_attn_args *a
         int kvh = h / (a->n_heads / a->n_kv_heads), first = a->first[row];
         int n = a->last[row] - first + 1;
         const float *q = a->q + row * a->ldq + (long)h * hd;
-        const float *kc = (const float *)a->k_rows[row] + (size_t)kvh * hd;
-        const float *vc = (const float *)a->v_rows[row] + (size_t)kvh * hd;
+        const float *kc = (const float *)a->k_rows[row] + kvh * a->ld_head;
+        const float *vc = (const float *)a->v_rows[row] + kvh * a->ld_head;
         for (int j = 0; j < n; j++)
-            scores[j] = k->dot(q, kc + (size_t)(first + j) * a->kv_dim, hd) * a->scale;
+            scores[j] = k->dot(q, kc + (first + j) * a->ld_pos, hd) * a->scale;
         k->softmax(scores, n);
         float *out = a->out + row * a->ldo + (long)h * hd;
         memset(out, 0, sizeof(float) * hd);
         for (int j = 0; j < n; j++)
-            k->axpy(out, scores[j], vc + (size_t)(first + j) * a->kv_dim, hd);
+            k->axpy(out, scores[j], vc + (first + j) * a->ld_pos, hd);
     }
 }
 
@@ -197,10 +198,19 @@ int main(int argc, char **argv)
     b.vh = kwk_malloc_aligned(sizeof(uint16_t) * cache);
     b.q = malloc(sizeof(float) * 512 * N_HEADS * HD);
     b.out = malloc(sizeof(float) * 512 * N_HEADS * HD);
-    b.a = (struct kwk_attn_args){.head_dim = HD, .n_heads = N_HEADS, .n_kv_heads = N_KV,
-                                 .kv_dim = KV_DIM, .scale = 1.0f / sqrtf((float)HD), .q = b.q,
-                                 .ldq = N_HEADS * HD, .out = b.out, .ldo = N_HEADS * HD,
-                                 .k_rows = b.k_rows, .v_rows = b.v_rows, .first = b.first,
+    b.a = (struct kwk_attn_args){.head_dim = HD,
+                                 .n_heads = N_HEADS,
+                                 .n_kv_heads = N_KV,
+                                 .ld_pos = HD,
+                                 .ld_head = (long)MAX_LEN * HD,
+                                 .scale = 1.0f / sqrtf((float)HD),
+                                 .q = b.q,
+                                 .ldq = N_HEADS * HD,
+                                 .out = b.out,
+                                 .ldo = N_HEADS * HD,
+                                 .k_rows = b.k_rows,
+                                 .v_rows = b.v_rows,
+                                 .first = b.first,
                                  .last = b.last};
     b.scratch = malloc(sizeof(float) * kwk_attn_scratch_floats(&b.a, MAX_LEN));
     if (!b.kc || !b.vc || !b.kh || !b.vh || !b.q || !b.out || !b.scratch) {

@@ -10,7 +10,10 @@
  * kv head h / (n_heads / n_kv_heads). Everything is borrowed; nothing is written but out. */
 struct kwk_attn_args {
     int head_dim, n_heads, n_kv_heads; /* n_heads % n_kv_heads == 0 */
-    int kv_dim;                        /* n_kv_heads * head_dim: stride of a cache row */
+    long ld_pos, ld_head;              /* elements between a cache's positions, its kv heads:
+                                          the decoder's caches are head-major (ld_pos =
+                                          head_dim), so a decode step reads each head's keys
+                                          and values as one run, not one page apart each */
     float scale;                       /* 1 / sqrt(head_dim) */
     const float *q;                    /* q[row * ldq + h * head_dim + e]: rotated queries */
     long ldq;
@@ -21,7 +24,7 @@ struct kwk_attn_args {
      * of a float cache that holds the same values. */
     int kv_half;
     const void *const *k_rows;         /* [n_rows] the row's slot's K cache for this layer: key
-                                          position p, kv head g at element p*kv_dim + g*head_dim */
+                                          position p, kv head g at element p*ld_pos + g*ld_head */
     const void *const *v_rows;         /* [n_rows] the same for V */
     const int *first, *last;           /* [n_rows] attended positions first..last (inclusive):
                                           causal (last = row's position), sliding window (first) */

@@ -78,13 +78,13 @@ static void item_ref(const struct kwk_attn_args *a, long item, float *p)
     int kvh = h / (a->n_heads / a->n_kv_heads);
     int first = a->first[row], n = a->last[row] - first + 1;
     const float *q = a->q + row * a->ldq + (long)h * hd;
-    size_t at = (size_t)first * a->kv_dim + (size_t)kvh * hd;
+    size_t at = (size_t)first * (size_t)a->ld_pos + (size_t)kvh * (size_t)a->ld_head;
     float *out = a->out + row * a->ldo + (long)h * hd;
     memset(out, 0, sizeof(float) * (size_t)hd);
     if (n <= 0)
         return;
     for (int j = 0; j < n; j++) {
-        size_t k = at + (size_t)j * a->kv_dim;
+        size_t k = at + (size_t)j * (size_t)a->ld_pos;
         float s = 0.0f;
         for (int e = 0; e < hd; e++)
             s += q[e] * kv_at(a, a->k_rows[row], k + (size_t)e);
@@ -101,7 +101,7 @@ static void item_ref(const struct kwk_attn_args *a, long item, float *p)
     for (int j = 0; j < n; j++)
         p[j] /= sum;
     for (int j = 0; j < n; j++) {
-        size_t v = at + (size_t)j * a->kv_dim;
+        size_t v = at + (size_t)j * (size_t)a->ld_pos;
         for (int e = 0; e < hd; e++)
             out[e] += p[j] * kv_at(a, a->v_rows[row], v + (size_t)e);
     }

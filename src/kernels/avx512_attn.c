@@ -404,9 +404,10 @@ static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, in
                      float *scratch)
 {
     int hd = a->head_dim, first = a->first[row0];
-    size_t kv_off = (size_t)first * a->kv_dim + (size_t)(h0 / (a->n_heads / a->n_kv_heads)) * hd;
+    size_t kv_off = (size_t)first * (size_t)a->ld_pos +
+                    (size_t)(h0 / (a->n_heads / a->n_kv_heads)) * (size_t)a->ld_head;
     struct tile t = {
-        .nq = nr * nh, .hd = hd, .ldk = a->kv_dim, .scale = a->scale, .half = a->kv_half};
+        .nq = nr * nh, .hd = hd, .ldk = a->ld_pos, .scale = a->scale, .half = a->kv_half};
     size_t esize = a->kv_half ? sizeof(uint16_t) : sizeof(float);
     t.k = (const char *)a->k_rows[row0] + kv_off * esize;
     t.v = (const char *)a->v_rows[row0] + kv_off * esize;

@@ -371,13 +371,16 @@ size_t kwk_kv_elem_size(const struct kwk_decoder *d)
 
 void kwk_kv_copy(struct kwk_decoder *d, int dst, int src, int n)
 {
-    size_t row = (size_t)d->kv_dim * kwk_kv_elem_size(d), len = (size_t)n * row;
-    for (int L = 0; L < d->c->n_layers; L++) {
-        size_t to = ((size_t)dst * (size_t)d->c->n_layers + (size_t)L) * (size_t)d->max_len * row;
-        size_t from = ((size_t)src * (size_t)d->c->n_layers + (size_t)L) * (size_t)d->max_len * row;
-        memcpy((char *)d->k_cache + to, (char *)d->k_cache + from, len);
-        memcpy((char *)d->v_cache + to, (char *)d->v_cache + from, len);
-    }
+    /* a (slot, layer) block holds each kv head's max_len positions in turn (forward.c kv_base) */
+    size_t pos = (size_t)d->c->head_dim * kwk_kv_elem_size(d), len = (size_t)n * pos;
+    size_t head = (size_t)d->max_len * pos, block = head * (size_t)d->c->n_kv_heads;
+    for (int L = 0; L < d->c->n_layers; L++)
+        for (int h = 0; h < d->c->n_kv_heads; h++) {
+            size_t to = ((size_t)dst * (size_t)d->c->n_layers + (size_t)L) * block + h * head;
+            size_t from = ((size_t)src * (size_t)d->c->n_layers + (size_t)L) * block + h * head;
+            memcpy((char *)d->k_cache + to, (char *)d->k_cache + from, len);
+            memcpy((char *)d->v_cache + to, (char *)d->v_cache + from, len);
+        }
 }
 
 int32_t kwk_argmax(const float *x, int n)

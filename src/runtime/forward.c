@@ -254,7 +254,9 @@ struct tok_task {
     int n; /* rows in the chunk */
 };
 
-/* Offset of (slot, layer, position 0) in the K and V caches, in elements. */
+/* Offset of (slot, layer, kv head 0, position 0) in the K and V caches, in elements. Within a
+ * (slot, layer) the caches are head-major: kv head h, position p at (h * max_len + p) *
+ * head_dim, so attention reads each head's positions as one run. */
 static size_t kv_base(const struct kwk_decoder *d, int slot, int layer)
 {
     return (((size_t)slot * (size_t)d->c->n_layers + (size_t)layer) * (size_t)d->max_len) *
@@ -292,8 +294,8 @@ static void prep_q_head(const struct tok_task *t, int tok, int h, const float *c
 static size_t kv_at(const struct tok_task *t, int tok, int h)
 {
     const struct kwk_decoder *d = t->d;
-    return kv_base(d, d->row_slot[tok], t->layer) + (size_t)d->row_pos[tok] * d->kv_dim +
-           (size_t)h * d->c->head_dim;
+    return kv_base(d, d->row_slot[tok], t->layer) +
+           ((size_t)h * (size_t)d->max_len + (size_t)d->row_pos[tok]) * (size_t)d->c->head_dim;
 }
 
 /* n values into a cache at element at: rounded to halves (nearest even) or copied. */
@@ -392,9 +394,11 @@ static void attend_run(void *ctx, int ith, int nth)
 
 struct stage_task {
     struct kwk_decoder *d;
-    const uint16_t *k, *v; /* the slot's layer cache at the first position widened */
-    float *kf, *vf;        /* the same positions of d->kv_stage */
-    long n;                /* elements of each */
+    const uint16_t *k, *v; /* the slot's layer cache (kv head 0, position 0) */
+    float *kf, *vf;        /* d->kv_stage's K and V, laid out alike */
+    size_t at;             /* each head's first position widened, elements into its run */
+    long per_head, n;      /* elements widened a head; of all heads */
+    size_t head;           /* elements from one head's run to the next (max_len * head_dim) */
 };
 
 static void stage_run(void *ctx, int ith, int nth)
@@ -402,8 +406,13 @@ static void stage_run(void *ctx, int ith, int nth)
     struct stage_task *t = ctx;
     long lo, hi;
     kwk_split_range(t->n, ith, nth, 64, &lo, &hi);
-    t->d->k->from_half(t->kf + lo, t->k + lo, hi - lo);
-    t->d->k->from_half(t->vf + lo, t->v + lo, hi - lo);
+    while (lo < hi) { /* this thread's elements, head by head */
+        long h = lo / t->per_head, i = lo % t->per_head, m = KWK_MIN(hi - lo, t->per_head - i);
+        size_t at = (size_t)h * t->head + t->at + (size_t)i;
+        t->d->k->from_half(t->kf + at, t->k + at, m);
+        t->d->k->from_half(t->vf + at, t->v + at, m);
+        lo += m;
+    }
 }
 
 /* A prompt chunk of one slot over a half cache: every tile of its attention reads the slot's
@@ -424,14 +433,17 @@ static int stage_slot(struct kwk_decoder *d, int layer, int n)
     }
     if (hi < lo)
         return 0;
-    size_t at = kv_base(d, slot, layer) + (size_t)lo * d->kv_dim, len = (size_t)d->max_len;
-    float *kf = d->kv_stage, *vf = d->kv_stage + len * (size_t)d->kv_dim;
+    size_t base = kv_base(d, slot, layer), hd = (size_t)d->c->head_dim;
+    float *kf = d->kv_stage, *vf = d->kv_stage + (size_t)d->max_len * (size_t)d->kv_dim;
     struct stage_task t = {.d = d,
-                           .k = (const uint16_t *)d->k_cache + at,
-                           .v = (const uint16_t *)d->v_cache + at,
-                           .kf = kf + (size_t)lo * d->kv_dim,
-                           .vf = vf + (size_t)lo * d->kv_dim,
-                           .n = (long)(hi - lo + 1) * d->kv_dim};
+                           .k = (const uint16_t *)d->k_cache + base,
+                           .v = (const uint16_t *)d->v_cache + base,
+                           .kf = kf,
+                           .vf = vf,
+                           .at = (size_t)lo * hd,
+                           .per_head = (long)(hi - lo + 1) * (long)hd,
+                           .head = (size_t)d->max_len * hd};
+    t.n = t.per_head * d->c->n_kv_heads;
     kwk_pool_run(d->pool, stage_run, &t);
     for (int r = 0; r < n; r++) {
         d->att_k[r] = kf;
@@ -456,7 +468,8 @@ static void attend(struct kwk_decoder *d, int layer, int n)
     struct kwk_attn_args a = {.head_dim = c->head_dim,
                               .n_heads = c->n_heads,
                               .n_kv_heads = c->n_kv_heads,
-                              .kv_dim = d->kv_dim,
+                              .ld_pos = c->head_dim,
+                              .ld_head = (long)d->max_len * c->head_dim,
                               .scale = 1.0f / sqrtf((float)c->head_dim),
                               .kv_half = d->kv_half && !stage_slot(d, layer, n),
                               .q = d->q,

@@ -29,13 +29,15 @@ struct kwk_decoder {
     struct kwk_packed *packed;      /* weights repacked for balanced / int4; NULL for preserve */
     struct kwk_capture *capture;    /* calibration: keeps the matrices' inputs (NULL: off) */
 
-    /* [n_slots][n_layers][max_len][kv_dim] elements: IEEE halves (uint16_t) when kv_half, else
-     * floats (kwk_decoder_params.kv_bits) */
+    /* [n_slots][n_layers][n_kv_heads][max_len][head_dim] elements (head-major: a decode step
+     * reads each head's positions as one run): IEEE halves (uint16_t) when kv_half, else floats
+     * (kwk_decoder_params.kv_bits) */
     void *k_cache;
     void *v_cache;
     int kv_half;
-    /* Half caches: [2][max_len][kv_dim] one slot's K, then V, of one layer widened to floats for
-     * a prompt chunk's attention (forward.c stage_slot); NULL for float caches. */
+    /* Half caches: [2][n_kv_heads][max_len][head_dim] one slot's K, then V, of one layer
+     * widened to floats for a prompt chunk's attention (forward.c stage_slot); NULL for float
+     * caches. */
     float *kv_stage;
     int *row_slot;   /* [n_batch] slot of each row of the chunk being run */
     int *row_pos;    /* [n_batch] position of each row in its slot */

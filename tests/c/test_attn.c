@@ -37,6 +37,7 @@ static float frand(float lo, float hi)
 struct setup {
     struct kwk_attn_args a;
     int n_rows, max_pos;
+    int kv_dim; /* n_kv_heads * head_dim: a slot's positions take MAX_LEN * kv_dim elements */
     float *q, *out, *kc, *vc;
     const void **k_rows, **v_rows;
     int *first, *last;
@@ -60,19 +61,22 @@ static void setup_rows(struct setup *s, int window)
         int first = window > 0 && r % 2 ? KWK_MAX(0, last - window + 1) : 0;
         if (r == n - 1)
             first = last + 1; /* empty: zeros */
-        s->k_rows[r] = s->kc + (size_t)slot * MAX_LEN * s->a.kv_dim;
-        s->v_rows[r] = s->vc + (size_t)slot * MAX_LEN * s->a.kv_dim;
+        s->k_rows[r] = s->kc + (size_t)slot * MAX_LEN * s->kv_dim;
+        s->v_rows[r] = s->vc + (size_t)slot * MAX_LEN * s->kv_dim;
         s->first[r] = first;
         s->last[r] = last;
         s->max_pos = KWK_MAX(s->max_pos, last - first + 1);
     }
 }
 
+/* head_major: a slot's cache holds each kv head's positions in turn (the decoder's layout), else
+ * each position's kv heads in turn. */
 static void setup_new(struct setup *s, int hd, int n_heads, int n_kv, int n_rows, int window,
-                      float q_range)
+                      float q_range, int head_major)
 {
     memset(s, 0, sizeof *s);
     int kv_dim = n_kv * hd;
+    s->kv_dim = kv_dim;
     size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)kv_dim;
     s->n_rows = n_rows;
     s->q = malloc(sizeof(float) * (size_t)n_rows * n_heads * hd);
@@ -90,11 +94,20 @@ static void setup_new(struct setup *s, int hd, int n_heads, int n_kv, int n_rows
         s->vc[i] = frand(-1.0f, 1.0f);
     }
     setup_rows(s, window);
-    s->a = (struct kwk_attn_args){
-        .head_dim = hd, .n_heads = n_heads, .n_kv_heads = n_kv, .kv_dim = kv_dim,
-        .scale = 1.0f / sqrtf((float)hd), .q = s->q, .ldq = (long)n_heads * hd, .out = s->out,
-        .ldo = (long)n_heads * hd, .k_rows = s->k_rows, .v_rows = s->v_rows,
-        .first = s->first, .last = s->last};
+    s->a = (struct kwk_attn_args){.head_dim = hd,
+                                  .n_heads = n_heads,
+                                  .n_kv_heads = n_kv,
+                                  .ld_pos = head_major ? hd : kv_dim,
+                                  .ld_head = head_major ? (long)MAX_LEN * hd : hd,
+                                  .scale = 1.0f / sqrtf((float)hd),
+                                  .q = s->q,
+                                  .ldq = (long)n_heads * hd,
+                                  .out = s->out,
+                                  .ldo = (long)n_heads * hd,
+                                  .k_rows = s->k_rows,
+                                  .v_rows = s->v_rows,
+                                  .first = s->first,
+                                  .last = s->last};
 }
 
 static void setup_free(struct setup *s)
@@ -119,8 +132,7 @@ static void item_double(const struct kwk_attn_args *a, long item, double *out)
     double *w = malloc(sizeof(double) * (size_t)KWK_MAX(n, 1));
     double mx = -INFINITY, sum = 0.0;
     for (int j = 0; j < n; j++) {
-        const float *k =
-            (const float *)a->k_rows[row] + (size_t)(first + j) * a->kv_dim + (size_t)kvh * hd;
+        const float *k = (const float *)a->k_rows[row] + (first + j) * a->ld_pos + kvh * a->ld_head;
         double d = 0.0;
         for (int e = 0; e < hd; e++)
             d += (double)q[e] * k[e];
@@ -134,8 +146,7 @@ static void item_double(const struct kwk_attn_args *a, long item, double *out)
     for (int e = 0; e < hd; e++)
         out[e] = 0.0;
     for (int j = 0; j < n; j++) {
-        const float *v =
-            (const float *)a->v_rows[row] + (size_t)(first + j) * a->kv_dim + (size_t)kvh * hd;
+        const float *v = (const float *)a->v_rows[row] + (first + j) * a->ld_pos + kvh * a->ld_head;
         for (int e = 0; e < hd; e++)
             out[e] += w[j] / sum * v[e];
     }
@@ -207,7 +218,7 @@ static void check_invariance(const struct kwk_attn_kernel *k, struct setup *s, f
 static void check_half(const struct kwk_attn_kernel *k, struct setup *s, float *scratch)
 {
     struct kwk_attn_args *a = &s->a;
-    size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)a->kv_dim;
+    size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)s->kv_dim;
     uint16_t *kh = malloc(sizeof(uint16_t) * cache), *vh = malloc(sizeof(uint16_t) * cache);
     for (size_t i = 0; i < cache; i++) {
         kh[i] = kwk_f32_to_f16(s->kc[i]);
@@ -267,14 +278,20 @@ static void check_table(const struct kwk_attn_kernel *k)
 {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const struct shape *sh = &shapes[i];
-        for (int variant = 0; variant < 2; variant++) {
+        for (int variant = 0; variant < 4; variant++) {
             struct setup s;
-            /* variant 1: sharp softmax (large scores) and a sliding window of 37 */
-            setup_new(&s, sh->hd, sh->n_heads, sh->n_kv, 12, variant ? 37 : 0,
-                      variant ? 6.0f : 1.0f);
+            /* variants 1, 3: sharp softmax (large scores) and a sliding window of 37; 2, 3: the
+             * cache position-major (kv heads of a position side by side) */
+            int sharp = variant & 1;
+            setup_new(&s, sh->hd, sh->n_heads, sh->n_kv, 12, sharp ? 37 : 0, sharp ? 6.0f : 1.0f,
+                      variant < 2);
             size_t nf = kwk_attn_scratch_floats(&s.a, s.max_pos);
             float *scratch = malloc(sizeof(float) * nf);
-            check_values(k, &s, scratch, variant ? "sharp+window" : "flat");
+            check_values(k, &s, scratch,
+                         variant == 0   ? "flat"
+                         : variant == 1 ? "sharp+window"
+                         : variant == 2 ? "flat, position-major"
+                                        : "sharp+window, position-major");
             check_invariance(k, &s, scratch);
             check_half(k, &s, scratch);
             free(scratch);
@@ -289,7 +306,7 @@ static void check_lengths(const struct kwk_attn_kernel *k)
     int bad = 0;
     for (int n = 1; n <= 80; n++) {
         struct setup s;
-        setup_new(&s, 64, 3, 1, 1, 0, 2.0f);
+        setup_new(&s, 64, 3, 1, 1, 0, 2.0f, 1);
         s.first[0] = 3;
         s.last[0] = 3 + n - 1;
         s.max_pos = n;
@@ -317,7 +334,7 @@ static void check_chunk(const struct kwk_attn_kernel *k)
         for (int at_end = 0; at_end < 2; at_end++) {
             const struct shape *sh = &chunk_shapes[i];
             struct setup s;
-            setup_new(&s, sh->hd, sh->n_heads, sh->n_kv, 40, 0, 3.0f);
+            setup_new(&s, sh->hd, sh->n_heads, sh->n_kv, 40, 0, 3.0f, 1);
             for (int r = 0; r < s.n_rows; r++) {
                 s.k_rows[r] = s.kc;
                 s.v_rows[r] = s.vc;
@@ -362,7 +379,7 @@ static void check_chunk(const struct kwk_attn_kernel *k)
 static void check_split(void)
 {
     struct setup s;
-    setup_new(&s, 64, 9, 3, 40, 0, 1.0f);
+    setup_new(&s, 64, 9, 3, 40, 0, 1.0f, 1);
     for (int r = 0; r < s.n_rows; r++) { /* a prompt chunk: costs grow along the rows */
         s.first[r] = 0;
         s.last[r] = 100 + 10 * r;
