@@ -256,6 +256,24 @@ struct tile_args {
     int first;
 };
 
+/* Decode tiles (one token) are bound by memory, and read R row blocks side by side: R streams
+ * that the hardware prefetcher does not run far enough ahead of (SmolLM2-1.7B int4 generation:
+ * the tiles streamed at ~58% of bw_probe). So each tile asks for its blocks' group g +
+ * PF_GROUPS (about 1.3-1.7 KB a stream ahead) while it computes group g: +15% tokens/s there
+ * (2 to 6 groups ahead measured alike). Prompt tiles are bound by arithmetic and skip it. */
+#define PF_GROUPS 4
+
+INLINE void prefetch_ahead(const struct tile_args *a, int R, int g, size_t block)
+{
+    if (g + PF_GROUPS >= a->ng)
+        return;
+    for (int i = 0; i < R; i++) {
+        const char *p = (const char *)a->blk[i] + (size_t)(g + PF_GROUPS) * block;
+        for (size_t l = 0; l < block; l += 64)
+            _mm_prefetch(p + l, _MM_HINT_T0);
+    }
+}
+
 /* Token t + j of a tile: its high and low halves from the pass's first column, and its numbers of
  * group g of the pass. */
 #define XH(a, j) ((a)->x.h + (long)((a)->t + (j)) * (a)->x.ldh)
@@ -279,6 +297,8 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
         for (int i = 0; i < R; i++)
             for (int j = 0; j < T; j++)
                 acc[i][j] = accl[i][j] = _mm512_setzero_si512();
+        if (T == 1)
+            prefetch_ahead(a, R, g, sizeof(struct kwk_q8_block));
         for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
             __m512i wv[4];
             for (int i = 0; i < R; i++)
@@ -356,6 +376,8 @@ INLINE void tile_nib(const struct tile_args *a, int q6, int R, int T)
         for (int i = 0; i < R; i++)
             for (int j = 0; j < T; j++)
                 acc[i][j] = accl[i][j] = _mm512_setzero_si512();
+        if (T == 1)
+            prefetch_ahead(a, R, g, q6 ? sizeof(struct kwk_q6_block) : sizeof(struct kwk_q4_block));
         for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
             __m512i lo[4], hi[4];
             for (int i = 0; i < R; i++)
@@ -424,6 +446,8 @@ INLINE void tile8_q8(const struct tile_args *a, int R, int T)
         for (int i = 0; i < R; i++)
             for (int j = 0; j < T; j++)
                 acc[i][j] = _mm512_setzero_si512();
+        if (T == 1)
+            prefetch_ahead(a, R, g, sizeof(struct kwk_q8_block));
         for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
             __m512i wv[4];
             for (int i = 0; i < R; i++)
@@ -465,6 +489,8 @@ INLINE void tile8_nib(const struct tile_args *a, int q6, int R, int T)
         for (int i = 0; i < R; i++)
             for (int j = 0; j < T; j++)
                 acc[i][j] = _mm512_setzero_si512();
+        if (T == 1)
+            prefetch_ahead(a, R, g, q6 ? sizeof(struct kwk_q6_block) : sizeof(struct kwk_q4_block));
         for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
             __m512i lo[4], hi[4];
             for (int i = 0; i < R; i++)
