@@ -293,10 +293,17 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
         b[i] = a->blk[i];
     const __m512i c254 = _mm512_set1_epi32(254);
     for (int g = 0; g < a->ng; g++) {
+        /* the weights were stored as w + 128: the low sums start at -128 * sum(v) to take it
+         * back out, so v below needs no subtraction; |254 * acc| and 128 * |sum(v)| stay below
+         * 2^31 (32 * 255 * 127 * 254, 128 * 32 * KWK_QX_SCALE) */
         __m512i acc[4][TT], accl[4][TT];
-        for (int i = 0; i < R; i++)
-            for (int j = 0; j < T; j++)
-                acc[i][j] = accl[i][j] = _mm512_setzero_si512();
+        for (int j = 0; j < T; j++) {
+            __m512i corr = _mm512_set1_epi32(-128 * XS(a, j, g));
+            for (int i = 0; i < R; i++) {
+                acc[i][j] = _mm512_setzero_si512();
+                accl[i][j] = corr;
+            }
+        }
         if (T == 1)
             prefetch_ahead(a, R, g, sizeof(struct kwk_q8_block));
         for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
@@ -313,13 +320,10 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
             }
         }
         for (int j = 0; j < T; j++) {
-            /* the weights were stored as w + 128: take 128 * sum(v) back out; |254 * acc| and
-             * 128 * |sum(v)| stay below 2^31 (32 * 255 * 127 * 254, 128 * 32 * KWK_QX_SCALE) */
-            __m512i corr = _mm512_set1_epi32(128 * XS(a, j, g));
             __m512 dx = _mm512_set1_ps(XD(a, j, g));
             for (int i = 0; i < R; i++) {
                 __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(acc[i][j], c254), accl[i][j]);
-                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(v, corr));
+                __m512 s = _mm512_cvtepi32_ps(v);
                 __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
                 __m512 dd = _mm512_mul_ps(dw, dx);
                 facc[i][j] = _mm512_fmadd_ps(s, dd, facc[i][j]);
@@ -442,10 +446,14 @@ INLINE void tile8_q8(const struct tile_args *a, int R, int T)
     for (int i = 0; i < R; i++)
         b[i] = a->blk[i];
     for (int g = 0; g < a->ng; g++) {
+        /* weights stored as w + 128: the sums start at -128 * sum(h), which takes it back out
+         * (|acc| <= 32 * 255 * 127) */
         __m512i acc[4][TT];
-        for (int i = 0; i < R; i++)
-            for (int j = 0; j < T; j++)
-                acc[i][j] = _mm512_setzero_si512();
+        for (int j = 0; j < T; j++) {
+            __m512i corr = _mm512_set1_epi32(-128 * XS(a, j, g));
+            for (int i = 0; i < R; i++)
+                acc[i][j] = corr;
+        }
         if (T == 1)
             prefetch_ahead(a, R, g, sizeof(struct kwk_q8_block));
         for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
@@ -462,11 +470,9 @@ INLINE void tile8_q8(const struct tile_args *a, int R, int T)
         for (int i = 0; i < R; i++)
             dw[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[i][g].d));
         for (int j = 0; j < T; j++) {
-            /* weights stored as w + 128: s holds 128 * sum(h) (|acc| <= 32 * 255 * 127) */
-            __m512i corr = _mm512_set1_epi32(128 * XS(a, j, g));
             __m512 dx = _mm512_set1_ps(XD(a, j, g));
             for (int i = 0; i < R; i++) {
-                __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
+                __m512 s = _mm512_cvtepi32_ps(acc[i][j]);
                 facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw[i], dx), facc[i][j]);
             }
         }
@@ -485,10 +491,13 @@ INLINE void tile8_nib(const struct tile_args *a, int q6, int R, int T)
         for (int j = 0; j < T; j++)
             facc[i][j] = _mm512_setzero_ps();
     for (int g = 0; g < a->ng; g++) {
+        /* int6: the sums start at -32 * sum(h) (see tile8_q8) */
         __m512i acc[4][TT];
-        for (int i = 0; i < R; i++)
-            for (int j = 0; j < T; j++)
-                acc[i][j] = _mm512_setzero_si512();
+        for (int j = 0; j < T; j++) {
+            __m512i corr = _mm512_set1_epi32(q6 ? -32 * XS(a, j, g) : 0);
+            for (int i = 0; i < R; i++)
+                acc[i][j] = corr;
+        }
         if (T == 1)
             prefetch_ahead(a, R, g, q6 ? sizeof(struct kwk_q6_block) : sizeof(struct kwk_q4_block));
         for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
@@ -516,10 +525,9 @@ INLINE void tile8_nib(const struct tile_args *a, int q6, int R, int T)
         for (int j = 0; j < T; j++) {
             __m512 dx = _mm512_set1_ps(XD(a, j, g));
             __m512 dsx = _mm512_set1_ps(XM(a, j, g));
-            __m512i corr = _mm512_set1_epi32(32 * XS(a, j, g)); /* int6 */
             for (int i = 0; i < R; i++) {
                 if (q6) {
-                    __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr));
+                    __m512 s = _mm512_cvtepi32_ps(acc[i][j]);
                     facc[i][j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d[i], dx), facc[i][j]);
                 } else {
                     __m512 s = _mm512_cvtepi32_ps(acc[i][j]);
