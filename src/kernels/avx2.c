@@ -85,9 +85,20 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
 #pragma GCC unroll 8
     for (int j = 0; j < T; j++)
         xt[j] = x + (int64_t)(t + j) * cols;
+    /* decode also asks for the next tile's rows as it goes (avx512.c says why) */
+    const char *next[ROWS];
+    int ahead = T == 1 && R == ROWS && r + 2 * ROWS <= w->rows;
+    size_t esz = wt == KWK_W_F32 ? 4 : 2;
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        next[i] = (const char *)row_ptr(w, ahead ? r + ROWS + i : r + i, wt);
     int64_t k = k0;
     for (; k + 8 <= k1; k += 8) {
         __m256 wv[ROWS];
+        if (ahead && (k & (esz == 4 ? 15 : 31)) == 0) /* a 64-byte line a row */
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(next[i] + k * (int64_t)esz, _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++)
             wv[i] = ldw(wr[i], k, wt);
