@@ -45,6 +45,7 @@ struct tile_args {
     long ldy;
     int64_t rb, r0, r1;
     int first;
+    size_t next; /* decode: bytes from the row block to the next tile's (0: no next tile) */
 };
 
 /* Decode tiles (one token) ask for their block's group g + PF_GROUPS while computing group g, as
@@ -53,9 +54,13 @@ struct tile_args {
 
 INLINE void prefetch_ahead(const struct tile_args *a, int g, size_t block)
 {
-    if (g + PF_GROUPS >= a->ng)
-        return;
-    const char *p = (const char *)a->blk + (size_t)(g + PF_GROUPS) * block;
+    size_t off = (size_t)(g + PF_GROUPS) * block;
+    if (g + PF_GROUPS >= a->ng) { /* the next tile's first groups */
+        if (!a->next)
+            return;
+        off = a->next + (size_t)(g + PF_GROUPS - a->ng) * block;
+    }
+    const char *p = (const char *)a->blk + off;
     for (size_t l = 0; l < block; l += 64)
         _mm_prefetch(p + l, _MM_HINT_T0);
 }
@@ -479,6 +484,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
     for (int64_t rb = rb0; rb < rb1; rb++) {
         a.blk = (const uint8_t *)w->data + (rb * ng + g0) * f->bsz;
         a.rb = rb;
+        a.next = nt == 1 && rb + 2 <= rb1 ? (size_t)ng * f->bsz : 0;
         for (int t = 0; t < nt; t += f->tt) {
             a.t = t;
             a.y = y + (int64_t)t * ldy;

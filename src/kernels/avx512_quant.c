@@ -254,6 +254,7 @@ struct tile_args {
     long ldy;
     int64_t rb, r0, r1;
     int first;
+    size_t next; /* decode: bytes from a row block to the next tile's (0: no next tile) */
 };
 
 /* Decode tiles (one token) are bound by memory, and read R row blocks side by side: R streams
@@ -265,10 +266,16 @@ struct tile_args {
 
 INLINE void prefetch_ahead(const struct tile_args *a, int R, int g, size_t block)
 {
-    if (g + PF_GROUPS >= a->ng)
-        return;
+    /* near the end of the pass, the next tile's first groups: a row block of a 960-column
+     * matrix is only 30 groups long */
+    size_t off = (size_t)(g + PF_GROUPS) * block;
+    if (g + PF_GROUPS >= a->ng) {
+        if (!a->next)
+            return;
+        off = a->next + (size_t)(g + PF_GROUPS - a->ng) * block;
+    }
     for (int i = 0; i < R; i++) {
-        const char *p = (const char *)a->blk[i] + (size_t)(g + PF_GROUPS) * block;
+        const char *p = (const char *)a->blk[i] + off;
         for (size_t l = 0; l < block; l += 64)
             _mm_prefetch(p + l, _MM_HINT_T0);
     }
@@ -604,6 +611,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
         for (int i = 0; i < R; i++)
             a.blk[i] = (const uint8_t *)w->data + ((rb + i) * ng + g0) * f->bsz;
         a.rb = rb;
+        a.next = nt == 1 && rb + 2 * R <= rb1 ? (size_t)(R * ng) * f->bsz : 0;
         for (int t = 0; t < nt; t += f->tt) {
             int T = KWK_MIN(f->tt, nt - t);
             a.t = t;
