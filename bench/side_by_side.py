@@ -382,8 +382,8 @@ def run_child(cmd, env=None, timeout=3600):
     return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
 
 
-def probe(bw_bin, threads, isa):
-    cmd = [str(bw_bin), "-t", str(threads), "--json"]
+def probe(bw_bin, threads, isa, mib):
+    cmd = [str(bw_bin), "-t", str(threads), "-m", str(mib), "--json"]
     if isa == "avx2":
         cmd += ["--isa", "avx2"]
     rc, out, err = run_child(cmd, timeout=120)
@@ -531,22 +531,37 @@ def pair_key(a, model, kp, lf):
     # settings added later are keyed only when not their old value, so stored pairs stay valid
     extra = [] if a.llama_flash_attn == "auto" else ["fa=" + a.llama_flash_attn]
     extra += ["act%d" % a.act_bits] if a.act_bits and kp != "preserve" else []
+    extra += [] if a.probe_mib == "256" else ["probe=" + a.probe_mib]
     return "|".join(str(x) for x in [a.isa, model, kp, lf, a.n_prompt, a.n_gen, a.threads,
                                      a.runs, a.reps] + extra)
 
 
+def probe_mib(a, lpath):
+    """The probe's buffer: --probe-mib, or (auto) the MiB a generated token reads (llama.cpp's
+    file's weights and f16 KV cache; Kwker's own bytes are known only after its first run and
+    differ by a few percent). Its size matters: this VM's L3 holds 260 MiB, so a 256 MiB buffer
+    reads 33-60 GB/s as the host's other tenants leave more or less of it, and a 1 GiB one
+    ~33 (DRAM); a model is measured against a buffer that caches as its own weights do."""
+    if a.probe_mib != "auto":
+        return int(a.probe_mib)
+    nbytes = llama_bytes_per_token(lpath) + kv_bytes_per_token(lpath, a.n_prompt, a.n_gen, 2, 2)
+    return max(64, int(-(-nbytes // (16 << 20))) * 16)
+
+
 def measure_pair(a, model, files, kp, lf, bw_state):
     """A B A B ... a.runs times each; a probe before and after every run (the probe after one
-    run is the probe before the next). Returns the pair's record."""
+    run is the probe before the next, when both are of the same size). Returns the pair's
+    record."""
     kpath, lpath = files["kwker"][kp], files["llama"][lf]
     runs = {"kwker": [], "llama": []}
-    if bw_state.get("last") is None:
-        bw_state["last"] = probe(a.bw_probe, a.threads, a.isa)
+    mib = probe_mib(a, lpath)
+    if bw_state.get("last") is None or bw_state.get("mib") != mib:
+        bw_state["last"], bw_state["mib"] = probe(a.bw_probe, a.threads, a.isa, mib), mib
     for r in range(a.runs):
         for side in ("kwker", "llama"):
             before = bw_state["last"]
             res = run_kwker(a, kpath, kp) if side == "kwker" else run_llama(a, lpath)
-            after = probe(a.bw_probe, a.threads, a.isa)
+            after = probe(a.bw_probe, a.threads, a.isa, mib)
             bw_state["last"] = after
             res.update(bw_before=before, bw_after=after)
             runs[side].append(res)
@@ -575,6 +590,7 @@ def measure_pair(a, model, files, kp, lf, bw_state):
     rec = {"model": model, "kwker_precision": kwker_label(a, kp), "llama_format": lf,
            "isa": a.isa, "act_bits": a.act_bits or 16, "llama_flash_attn": a.llama_flash_attn,
            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "threads": a.threads, "runs": runs,
+           "probe_mib": mib,
            "kwker_file": str(kpath), "llama_file": str(lpath)}
     for side, nbytes in (("kwker", kbytes), ("llama", lbytes)):
         rs = runs[side]
@@ -660,6 +676,10 @@ def parse_args(argv):
     ap.add_argument("--models-dir", default=str(REPO / ".cache" / "bench-models"))
     ap.add_argument("--kwker-bin", default=None, help="default $KWKER_BIN, else build/kwker")
     ap.add_argument("--bw-probe", default=None, help="default $KWK_BW_PROBE, else build/bw_probe")
+    ap.add_argument("--probe-mib", default="auto",
+                    help="the probe's buffer in MiB; auto (default): the model's bytes read per "
+                         "token, so that it sits in the caches as the weights do (before "
+                         "session 9 the ceilings used 256)")
     ap.add_argument("--llama-python", default=None,
                     help="the Python whose llama_cpp runs llama.cpp (default: this one, or the "
                          "AVX2 venv's with --isa avx2)")
@@ -701,6 +721,8 @@ def main(argv=None):
     if bad:
         raise SystemExit("unknown precision(s) %s" % ", ".join(sorted(bad)))
     pairs = [(kp, lf) for kp, lf in PAIRS if kp in want or lf in want]
+    if a.probe_mib != "auto" and not (a.probe_mib.isdigit() and int(a.probe_mib) > 0):
+        raise SystemExit("--probe-mib: auto or a number of MiB, not %r" % a.probe_mib)
     a.kwker_bin = find_bin(a.kwker_bin, "KWKER_BIN", ["kwker"])
     a.bw_probe = find_bin(a.bw_probe, "KWK_BW_PROBE", ["bw_probe"])
     if not a.bw_probe.is_file() and (a.kwker_bin.parent / "bw_probe").is_file():

@@ -64,6 +64,12 @@ void kwk_unmap(struct kwk_map *m);
 /* Drop the mapping's pages from this process's resident memory (they are read from the file
  * again if touched): for checkpoints whose matrices were repacked and are no longer read. */
 void kwk_map_release(const struct kwk_map *m);
+/* Back a mapping of path read on every token with 2 MiB pages where the kernel and file system
+ * allow it, reading the file in (and, when the page cache holds it in small pages, evicting and
+ * reading it again: hugemap.c says when and why; KWKER_HUGE_PAGES=0 leaves the page cache
+ * alone). Returns 1 when at least half of it is now on huge pages, else 0. Advice: the contents
+ * never change, and failure leaves the mapping as it was. */
+int kwk_map_huge(const struct kwk_map *m, const char *path);
 
 /* Read a whole file into a NUL-terminated heap buffer of at most limit bytes. */
 int kwk_read_file(const char *path, size_t limit, char **out, size_t *n, struct kwk_err *err);

@@ -730,6 +730,26 @@ void kwk_model_embed_row(const struct kwk_model *m, const struct kwk_kernels *k,
                     out, cols);
 }
 
+void kwk_model_huge_pages(const struct kwk_model *cm)
+{
+    struct kwk_model *m = mutable_model(cm);
+    pthread_mutex_lock(&m->lazy_lock);
+    if (!m->huge_done && m->n_lazy == 0) {
+        m->huge_done = 1;
+        for (int i = 0; i < m->n_st; i++)
+            kwk_map_huge(&m->st[i].map, m->st[i].path);
+        if (m->gguf)
+            kwk_map_huge(&m->gguf->map, m->gguf->path);
+        /* an untied embedding table is read a row at a time (kwk_model_embed_row): its pages
+         * need not stay resident */
+        const struct kwk_mat *e = &m->tok_emb;
+        if (e->data && e->data != m->lm_head.data && e->wtype < KWK_W_COUNT)
+            drop_file_pages(m, e->data,
+                            (size_t)(e->rows * e->cols) * (e->wtype == KWK_W_F32 ? 4 : 2));
+    }
+    pthread_mutex_unlock(&m->lazy_lock);
+}
+
 void kwk_model_release_pages(const struct kwk_model *m)
 {
     for (int i = 0; i < m->n_st; i++)

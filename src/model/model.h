@@ -206,6 +206,7 @@ struct kwk_model {
     int n_lazy;
     int lazy_refs;                 /* holders of kwk_model_floats_acquire */
     pthread_mutex_t lazy_lock;
+    int huge_done; /* kwk_model_huge_pages ran (under lazy_lock) */
     /* Where kwk_model_embed_row reads tok_emb's rows from (emb_file 1): pread from the file,
      * not through the mapping, whose page faults would also map the pages around each row. */
     int emb_file;
@@ -234,6 +235,12 @@ struct kwk_model *kwk_model_load_ex(const char *path_or_id, int lazy, struct kwk
 int kwk_model_floats_acquire(const struct kwk_model *m, struct kwk_err *err);
 /* Drop one hold; the last one frees the copies (their data pointers become NULL again). */
 void kwk_model_floats_release(const struct kwk_model *m);
+
+/* Put the checkpoint's files on 2 MiB pages (kwk_map_huge) for a user that reads its matrices
+ * in place on every token (a preserve decoder); once per model, later calls return at once. A
+ * model with lazy matrices runs from their copies and is left alone. Advice: nothing the model
+ * holds changes. Thread-safe. */
+void kwk_model_huge_pages(const struct kwk_model *m);
 
 /* One float32 matrix for a short read (packing it): *out is w itself when w's data is the
  * model's for good (mapped or made at load), else a private copy made now. Pair with

@@ -363,6 +363,9 @@ static int map_existing(struct kwk_packcache *c, const struct pack_head *want,
 #ifdef MADV_POPULATE_READ
     madvise(p, (size_t)st.st_size, MADV_POPULATE_READ);
 #endif
+    /* a pack read into the page cache by something else (a copy, a backup) is in small pages
+     * until read again for this mapping */
+    kwk_map_huge(&(struct kwk_map){.data = p, .size = (size_t)st.st_size}, c->path);
     uint64_t sum;
     if (memcmp((const uint8_t *)p + sizeof h, recs, rec_bytes)) {
         why = "its matrix table does not match";
