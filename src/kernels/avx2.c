@@ -4,9 +4,10 @@
 #include <math.h>
 
 #include "base/base.h"
+#include "kernels/avx2_exp.h"
+#include "kernels/float_rows.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
-#include "kernels/avx2_exp.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -47,12 +48,6 @@ INLINE float ldw1(const void *row, int64_t idx, int wt)
     }
 }
 
-INLINE const void *row_ptr(const struct kwk_mat *w, int64_t r, int wt)
-{
-    size_t esz = wt == KWK_W_F32 ? 4 : 2;
-    return (const uint8_t *)w->data + (size_t)r * (size_t)w->cols * esz;
-}
-
 INLINE float hsum(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -77,7 +72,7 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
     int64_t cols = w->cols;
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        wr[i] = row_ptr(w, r + i, wt);
+        wr[i] = kwk_row_ptr(w, r + i, wt);
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
             acc[i][j] = _mm256_setzero_ps();
@@ -85,13 +80,10 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
 #pragma GCC unroll 8
     for (int j = 0; j < T; j++)
         xt[j] = x + (int64_t)(t + j) * cols;
-    /* decode also asks for the next tile's rows as it goes (avx512.c says why) */
+    /* decode also asks for the next tile's rows as it goes (float_rows.h says why) */
     const char *next[ROWS];
-    int ahead = T == 1 && R == ROWS && r + 2 * ROWS <= w->rows;
-    size_t esz = wt == KWK_W_F32 ? 4 : 2;
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-        next[i] = (const char *)row_ptr(w, ahead ? r + ROWS + i : r + i, wt);
+    int ahead = kwk_next_rows(w, r, R, T, ROWS, wt, next);
+    size_t esz = kwk_wt_bytes(wt);
     int64_t k = k0;
     for (; k + 8 <= k1; k += 8) {
         __m256 wv[ROWS];
@@ -220,13 +212,13 @@ static void avx2_mat_row(const struct kwk_mat *w, int64_t r, float *out)
         kwk_quant_mat_row_ref(w, r, out);
         break;
     case KWK_W_F16:
-        widen_row(row_ptr(w, r, KWK_W_F16), w->cols, out, KWK_W_F16);
+        widen_row(kwk_row_ptr(w, r, KWK_W_F16), w->cols, out, KWK_W_F16);
         break;
     case KWK_W_BF16:
-        widen_row(row_ptr(w, r, KWK_W_BF16), w->cols, out, KWK_W_BF16);
+        widen_row(kwk_row_ptr(w, r, KWK_W_BF16), w->cols, out, KWK_W_BF16);
         break;
     default:
-        widen_row(row_ptr(w, r, KWK_W_F32), w->cols, out, KWK_W_F32);
+        widen_row(kwk_row_ptr(w, r, KWK_W_F32), w->cols, out, KWK_W_F32);
         break;
     }
 }

@@ -4,9 +4,10 @@
 #include <math.h>
 
 #include "base/base.h"
+#include "kernels/avx512_exp.h"
+#include "kernels/float_rows.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
-#include "kernels/avx512_exp.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -51,12 +52,6 @@ INLINE __m512 ldw_tail(const void *row, int64_t idx, __mmask16 m, int wt)
     }
 }
 
-INLINE const void *row_ptr(const struct kwk_mat *w, int64_t r, int wt)
-{
-    size_t esz = wt == KWK_W_F32 ? 4 : 2;
-    return (const uint8_t *)w->data + (size_t)r * (size_t)w->cols * esz;
-}
-
 INLINE __mmask16 tail_mask(int64_t n)
 {
     return (__mmask16)((1u << n) - 1u);
@@ -80,7 +75,7 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
     int64_t cols = w->cols;
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        wr[i] = row_ptr(w, r + i, wt);
+        wr[i] = kwk_row_ptr(w, r + i, wt);
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
             acc[i][j] = _mm512_setzero_ps();
@@ -88,16 +83,10 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
 #pragma GCC unroll 8
     for (int j = 0; j < T; j++)
         xt[j] = x + (int64_t)(t + j) * cols;
-    /* Decode reads R rows side by side: R short streams (a row of SmolLM2-360M is 1920 bytes
-     * in bf16) that end about when the hardware prefetcher has learnt them. So a decode tile
-     * also asks for the next tile's rows, line by line as it goes: 360M preserve generation
-     * +43%. */
+    /* decode also asks for the next tile's rows as it goes (float_rows.h says why) */
     const char *next[ROWS];
-    int ahead = T == 1 && R == ROWS && r + 2 * ROWS <= w->rows;
-    size_t esz = wt == KWK_W_F32 ? 4 : 2;
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-        next[i] = (const char *)row_ptr(w, ahead ? r + ROWS + i : r + i, wt);
+    int ahead = kwk_next_rows(w, r, R, T, ROWS, wt, next);
+    size_t esz = kwk_wt_bytes(wt);
     int64_t k = k0;
     for (; k + 16 <= k1; k += 16) {
         __m512 wv[ROWS];
@@ -229,7 +218,7 @@ static void avx512_mat_row(const struct kwk_mat *w, int64_t r, float *out)
     }
     int64_t n = w->cols, k = 0;
     int wt = w->wtype;
-    const void *row = row_ptr(w, r, wt);
+    const void *row = kwk_row_ptr(w, r, wt);
     for (; k + 16 <= n; k += 16) {
         __m512 v = wt == KWK_W_F16 ? ldw(row, k, KWK_W_F16)
                    : wt == KWK_W_BF16 ? ldw(row, k, KWK_W_BF16)
