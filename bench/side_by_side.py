@@ -536,33 +536,52 @@ def pair_key(a, model, kp, lf):
                                      a.runs, a.reps] + extra)
 
 
-def probe_mib(a, lpath):
-    """The probe's buffer: --probe-mib, or (auto) the MiB a generated token reads (llama.cpp's
-    file's weights and f16 KV cache; Kwker's own bytes are known only after its first run and
-    differ by a few percent). Its size matters: this VM's L3 holds 260 MiB, so a 256 MiB buffer
-    reads 33-60 GB/s as the host's other tenants leave more or less of it, and a 1 GiB one
-    ~33 (DRAM); a model is measured against a buffer that caches as its own weights do."""
+def mib_for(nbytes):
+    """A probe buffer for nbytes read a token: rounded up to 16 MiB, at least 64 MiB."""
+    return max(64, int(-(-int(nbytes) // (16 << 20))) * 16)
+
+
+def probe_sizes(a, kpath, lpath, kp):
+    """Each side's probe buffer in MiB: --probe-mib, or (auto) the bytes that side reads a
+    generated token, weights and KV cache, so that the buffer sits in the caches as that side's
+    weights do. Its size matters here: this VM's L3 holds 260 MiB, so a 256 MiB buffer reads
+    33-60 GB/s as the host's other tenants leave more or less of it, a 64-192 MiB one ~55-60
+    and a 1 GiB one ~33 (DRAM). Kwker's bytes come from a short run (its pack's size from its
+    log; the pack cache makes it quick) or, for preserve, from the file; llama.cpp's from its
+    file, with its default f16 KV cache."""
     if a.probe_mib != "auto":
-        return int(a.probe_mib)
-    nbytes = llama_bytes_per_token(lpath) + kv_bytes_per_token(lpath, a.n_prompt, a.n_gen, 2, 2)
-    return max(64, int(-(-nbytes // (16 << 20))) * 16)
+        return {"kwker": int(a.probe_mib), "llama": int(a.probe_mib)}
+    if kp == "preserve":
+        kweights, kv_bytes = kwker_preserve_bytes(kpath), 4.0
+    else:
+        short = argparse.Namespace(**dict(vars(a), n_prompt=8, n_gen=2, reps=1))
+        res = run_kwker(short, kpath, kp)
+        if not res["packed_bytes"]:
+            raise RuntimeError("kwker bench logged no pack size for %s" % kpath)
+        kweights, kv_bytes = res["packed_bytes"] + one_d_bytes(kpath), res["kv_bits"] / 8.0
+    kv = lambda b: kv_bytes_per_token(lpath, a.n_prompt, a.n_gen, b, b)
+    return {"kwker": mib_for(kweights + kv(kv_bytes)),
+            "llama": mib_for(llama_bytes_per_token(lpath) + kv(2.0))}
+
+
+def probe_all(a, sizes):
+    return {mib: probe(a.bw_probe, a.threads, a.isa, mib) for mib in sorted(set(sizes.values()))}
 
 
 def measure_pair(a, model, files, kp, lf, bw_state):
-    """A B A B ... a.runs times each; a probe before and after every run (the probe after one
-    run is the probe before the next, when both are of the same size). Returns the pair's
-    record."""
+    """A B A B ... a.runs times each; probes (one per side's buffer size) before and after every
+    run (the probes after one run are the probes before the next). Returns the pair's record."""
     kpath, lpath = files["kwker"][kp], files["llama"][lf]
     runs = {"kwker": [], "llama": []}
-    mib = probe_mib(a, lpath)
-    if bw_state.get("last") is None or bw_state.get("mib") != mib:
-        bw_state["last"], bw_state["mib"] = probe(a.bw_probe, a.threads, a.isa, mib), mib
+    mib = probe_sizes(a, kpath, lpath, kp)
+    if set(bw_state.get("last") or {}) != set(mib.values()):
+        bw_state["last"] = probe_all(a, mib)
     for r in range(a.runs):
         for side in ("kwker", "llama"):
-            before = bw_state["last"]
+            before = bw_state["last"][mib[side]]
             res = run_kwker(a, kpath, kp) if side == "kwker" else run_llama(a, lpath)
-            after = probe(a.bw_probe, a.threads, a.isa, mib)
-            bw_state["last"] = after
+            bw_state["last"] = probe_all(a, mib)
+            after = bw_state["last"][mib[side]]
             res.update(bw_before=before, bw_after=after)
             runs[side].append(res)
             log("  %s %-8s run %d: pp %.1f tg %.2f tok/s, peak RSS %.0f MiB, bw %.1f/%.1f GB/s"
@@ -624,18 +643,19 @@ def fmt(x, nd=1):
 
 def markdown(recs, a):
     lines = ["| model | Kwker | llama.cpp | pp%d Kwker | pp%d llama.cpp | pp × | tg%d Kwker | "
-             "tg%d llama.cpp | tg × | %% of ceiling Kwker / llama.cpp | MB read per token "
+             "tg%d llama.cpp | tg × | %% of ceiling (probe GB/s) Kwker / llama.cpp | MB read per token "
              "Kwker / llama.cpp (of it KV cache) | peak RSS MiB Kwker / llama.cpp (Python) |"
              % (a.n_prompt, a.n_prompt, a.n_gen, a.n_gen),
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in recs:
         k, l_ = r["kwker"], r["llama"]
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s "
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) / %s (%s) | %s / %s "
                      "(%s / %s) | %s / %s (%s) |" % (
                          r["model"], r["kwker_precision"], r["llama_format"].upper(),
                          fmt(k["pp_tps"]), fmt(l_["pp_tps"]), fmt(r["ratio_pp"], 2),
                          fmt(k["tg_tps"]), fmt(l_["tg_tps"]), fmt(r["ratio_tg"], 2),
-                         fmt(k["pct_ceiling"], 0), fmt(l_["pct_ceiling"], 0),
+                         fmt(k["pct_ceiling"], 0), fmt(k["bw_gbps"]),
+                         fmt(l_["pct_ceiling"], 0), fmt(l_["bw_gbps"]),
                          fmt(k["bytes_per_token"] and k["bytes_per_token"] / 1e6, 0),
                          fmt(l_["bytes_per_token"] / 1e6, 0),
                          fmt(k.get("kv_bytes_per_token") and k["kv_bytes_per_token"] / 1e6, 0),

@@ -54,10 +54,12 @@ def test_quick_run_writes_complete_json(tmp_path):
                   "pct_ceiling"):
             assert s[f] is not None and s[f] > 0, (side, f, s)
     assert rec["ratio_pp"] > 0 and rec["ratio_tg"] > 0
-    # the probe's buffer is the bytes a token reads (llama.cpp's f16 KV cache: its default),
-    # rounded up to 16 MiB, at least 64 MiB
-    mib, nbytes = rec["probe_mib"], rec["llama"]["bytes_per_token"]
-    assert mib % 16 == 0 and mib * 2**20 >= nbytes and (mib == 64 or (mib - 16) * 2**20 < nbytes)
+    # each side's probe buffer is the bytes that side reads a token, rounded up to 16 MiB, at
+    # least 64 MiB (llama.cpp's with its default f16 KV cache, which this run uses)
+    for side in ("kwker", "llama"):
+        mib, nbytes = rec["probe_mib"][side], rec[side]["bytes_per_token"]
+        assert mib % 16 == 0 and mib * 2**20 >= nbytes, (side, mib, nbytes)
+        assert mib == 64 or (mib - 16) * 2**20 < nbytes, (side, mib, nbytes)
     assert rec["llama"]["base_rss_mib"] > 0
     # llama.cpp at its best: by default each run measures flash attention on and off and keeps
     # each column's faster figure, saying which
