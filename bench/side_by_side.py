@@ -536,6 +536,9 @@ def pair_key(a, model, kp, lf):
                                      a.runs, a.reps] + extra)
 
 
+KWKER_SIZES = {}  # (file, precision) -> (weight bytes, KV element bytes), from probe_sizes
+
+
 def mib_for(nbytes):
     """A probe buffer for nbytes read a token: rounded up to 16 MiB, at least 64 MiB."""
     return max(64, int(-(-int(nbytes) // (16 << 20))) * 16)
@@ -554,11 +557,14 @@ def probe_sizes(a, kpath, lpath, kp):
     if kp == "preserve":
         kweights, kv_bytes = kwker_preserve_bytes(kpath), 4.0
     else:
-        short = argparse.Namespace(**dict(vars(a), n_prompt=8, n_gen=2, reps=1))
-        res = run_kwker(short, kpath, kp)
-        if not res["packed_bytes"]:
-            raise RuntimeError("kwker bench logged no pack size for %s" % kpath)
-        kweights, kv_bytes = res["packed_bytes"] + one_d_bytes(kpath), res["kv_bits"] / 8.0
+        key = (str(kpath), kp)  # int4 is in two pairs: one short run for both
+        if key not in KWKER_SIZES:
+            short = argparse.Namespace(**dict(vars(a), n_prompt=8, n_gen=2, reps=1))
+            res = run_kwker(short, kpath, kp)
+            if not res["packed_bytes"]:
+                raise RuntimeError("kwker bench logged no pack size for %s" % kpath)
+            KWKER_SIZES[key] = (res["packed_bytes"] + one_d_bytes(kpath), res["kv_bits"] / 8.0)
+        kweights, kv_bytes = KWKER_SIZES[key]
     kv = lambda b: kv_bytes_per_token(lpath, a.n_prompt, a.n_gen, b, b)
     return {"kwker": mib_for(kweights + kv(kv_bytes)),
             "llama": mib_for(llama_bytes_per_token(lpath) + kv(2.0))}
@@ -643,14 +649,15 @@ def fmt(x, nd=1):
 
 def markdown(recs, a):
     lines = ["| model | Kwker | llama.cpp | pp%d Kwker | pp%d llama.cpp | pp × | tg%d Kwker | "
-             "tg%d llama.cpp | tg × | %% of ceiling (probe GB/s) Kwker / llama.cpp | MB read per token "
-             "Kwker / llama.cpp (of it KV cache) | peak RSS MiB Kwker / llama.cpp (Python) |"
+             "tg%d llama.cpp | tg × | %% of ceiling (probe GB/s) Kwker / llama.cpp | "
+             "MB read per token Kwker / llama.cpp (of it KV cache) | "
+             "peak RSS MiB Kwker / llama.cpp (Python) |"
              % (a.n_prompt, a.n_prompt, a.n_gen, a.n_gen),
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in recs:
         k, l_ = r["kwker"], r["llama"]
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) / %s (%s) | %s / %s "
-                     "(%s / %s) | %s / %s (%s) |" % (
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) / %s (%s) | "
+                     "%s / %s (%s / %s) | %s / %s (%s) |" % (
                          r["model"], r["kwker_precision"], r["llama_format"].upper(),
                          fmt(k["pp_tps"]), fmt(l_["pp_tps"]), fmt(r["ratio_pp"], 2),
                          fmt(k["tg_tps"]), fmt(l_["tg_tps"]), fmt(r["ratio_tg"], 2),

@@ -67,8 +67,8 @@ void kwk_map_release(const struct kwk_map *m);
 /* Back a mapping of path read on every token with 2 MiB pages where the kernel and file system
  * allow it, reading the file in (and, when the page cache holds it in small pages, evicting and
  * reading it again: hugemap.c says when and why; KWKER_HUGE_PAGES=0 leaves the page cache
- * alone). Returns 1 when at least half of it is now on huge pages, else 0. Advice: the contents
- * never change, and failure leaves the mapping as it was. */
+ * alone). Always reads the mapping in. Returns 1 when at least half of it is now on huge pages,
+ * else 0. Advice: the contents never change, and failure leaves the mapping as it was. */
 int kwk_map_huge(const struct kwk_map *m, const char *path);
 
 /* Read a whole file into a NUL-terminated heap buffer of at most limit bytes. */

@@ -2,8 +2,9 @@
  * thread, but it reads the whole file and may evict it from the page cache, so callers run it
  * once per file.
  *
- * Why: generation reads every weight once per token, and here memory mapped with 2 MiB pages
- * reads about 1.5x faster than with 4 KiB pages (TLB misses and the page walker's own loads).
+ * Why: generation reads every weight once per token, and here a sequential read of memory
+ * mapped with 2 MiB pages runs up to 1.5x faster than with 4 KiB pages (bw_probe); preserve
+ * generation measured +2-3% (docs/benchmarks.md, session 9).
  * Kwker's packed weights (the pack cache, anonymous buffers) ask for huge pages; this is the same
  * for weights used in place from the checkpoint (preserve runs bf16 safetensors as stored).
  *
@@ -77,11 +78,12 @@ int kwk_map_huge(const struct kwk_map *m, const char *path)
 {
 #if defined(MADV_HUGEPAGE) && defined(MADV_POPULATE_READ)
     uintptr_t lo = (uintptr_t)m->data, hi = lo + m->size;
-    if (!m->data || m->size < 2 * HUGE_BYTES || (lo & (HUGE_BYTES - 1)))
-        return 0; /* no whole 2 MiB page of file offset and address alike */
-    if (madvise((void *)m->data, m->size, MADV_HUGEPAGE) != 0)
+    if (!m->data)
         return 0;
-    madvise((void *)m->data, m->size, MADV_POPULATE_READ);
+    int advised = madvise((void *)m->data, m->size, MADV_HUGEPAGE) == 0;
+    madvise((void *)m->data, m->size, MADV_POPULATE_READ); /* read in, huge pages or not */
+    if (!advised || m->size < 2 * HUGE_BYTES || (lo & (HUGE_BYTES - 1)))
+        return 0; /* no whole 2 MiB page of file offset and address alike */
     long want = (long)(m->size >> 11), before = pmd_kib(lo, hi); /* half the file, in KiB */
     if (before < 0 || before >= want)
         return before >= want;

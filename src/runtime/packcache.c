@@ -357,14 +357,9 @@ static int map_existing(struct kwk_packcache *c, const struct pack_head *want,
         close(fd);
         return 0;
     }
-    /* Huge pages where the file system offers them (issue 6), then read it all in at once:
-     * the checksum touches every page anyway. */
-    madvise(p, (size_t)st.st_size, MADV_HUGEPAGE);
-#ifdef MADV_POPULATE_READ
-    madvise(p, (size_t)st.st_size, MADV_POPULATE_READ);
-#endif
-    /* a pack read into the page cache by something else (a copy, a backup) is in small pages
-     * until read again for this mapping */
+    /* Huge pages where the file system offers them (issue 6), read in all at once (the
+     * checksum touches every page anyway); a pack something else read into the page cache (a
+     * copy, a backup) is read again to get them */
     kwk_map_huge(&(struct kwk_map){.data = p, .size = (size_t)st.st_size}, c->path);
     uint64_t sum;
     if (memcmp((const uint8_t *)p + sizeof h, recs, rec_bytes)) {
