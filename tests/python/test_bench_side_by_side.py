@@ -3,8 +3,8 @@ end to end in --quick mode on one pair and its JSON has every field, with positi
 A test of the tool, never of speed: no figure is compared with another.
 
 Needs the kwker CLI and bw_probe ($KWKER_BIN or <repo>/build/kwker; bw_probe from $KWK_BW_PROBE
-or beside kwker), and llama-cpp-python (scripts/setup --bench installs it): without llama_cpp the
-test is skipped and says why; a missing binary fails it. The random 135M checkpoint and its
+or beside kwker), and llama-cpp-python (scripts/setup --test installs it, as --bench does): a
+missing one fails the test and says how to get it, never skips it. The random 135M checkpoint and its
 GGUF files are cached in $KWK_TEST_CACHE/bench-models (default /tmp/kwker-test-models)."""
 import importlib.util
 import json
@@ -19,14 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "side_by_side.py"
 BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
 PROBE = Path(os.environ.get("KWK_BW_PROBE") or BIN.parent / "bw_probe")
-HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
-
-pytestmark = pytest.mark.skipif(
-    not HAVE_LLAMA, reason="llama_cpp (llama-cpp-python) is not importable: run "
-    "scripts/setup --bench to install it")
 
 
 def test_quick_run_writes_complete_json(tmp_path):
+    assert importlib.util.find_spec("llama_cpp") is not None, \
+        "llama_cpp (llama-cpp-python) is not importable: run scripts/setup --test (or --bench)"
     for p, what in ((BIN, "kwker (set KWKER_BIN)"), (PROBE, "bw_probe (set KWK_BW_PROBE)")):
         if not p.is_file():
             pytest.fail("%s not found at %s: build it (scripts/build)" % (what, p))
