@@ -305,29 +305,19 @@ static void head_norm_run(void *ctx, int ith, int nth)
     }
 }
 
-struct lm_task {
-    struct kwk_decoder *d;
-    int n;
-    float *y;
-};
-
-static void lm_run(void *ctx, int ith, int nth)
-{
-    struct lm_task *t = ctx;
-    const struct kwk_mat *w = t->d->lm_head;
-    long lo, hi;
-    kwk_split_range((long)w->rows, ith, nth, 16, &lo, &hi);
-    if (lo < hi)
-        t->d->k->matmul(w, t->d->xn, t->n, t->y, (long)w->rows, lo, hi);
-}
-
+/* The lm_head goes through the layers' product (its row split and shared activations) rather
+ * than a split of its own; one row's norm is the owner's alone, one pool round trip fewer a
+ * token. Same numbers (batch invariance); tokens/s unchanged on SmolLM2-135M int4, where the
+ * head is a quarter of the bytes a token. */
 static void compute_logits(struct kwk_decoder *d, const float *x, const int *idx, int n,
                            float *y)
 {
     struct head_task ht = {.d = d, .x = x, .idx = idx, .n = n};
-    kwk_pool_run(d->pool, head_norm_run, &ht);
-    struct lm_task lt = {.d = d, .n = n, .y = y};
-    kwk_pool_run(d->pool, lm_run, &lt);
+    if (n <= 1)
+        head_norm_run(&ht, 0, 1);
+    else
+        kwk_pool_run(d->pool, head_norm_run, &ht);
+    kwk_forward_matmul(d, n, d->lm_head, d->xn, y, (long)d->lm_head->rows);
 }
 
 void kwk_logits_rows(struct kwk_decoder *d, const int *rows, int n, float *y)

@@ -234,6 +234,13 @@ static void matmul(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm
     matmul_post(d, n_tok, n_jobs, jobs, 0, NULL, NULL);
 }
 
+void kwk_forward_matmul(struct kwk_decoder *d, int n, const struct kwk_mat *w, const float *x,
+                        float *y, long ldy)
+{
+    struct mm_job job = {w, x, y, ldy};
+    matmul(d, n, 1, &job);
+}
+
 /* Tasks split by token leave every thread but the first idle on a one-token chunk (generation):
  * there the owner runs the task alone, which gives the same rows the same arithmetic and saves
  * the pool's round trip. */

@@ -101,6 +101,12 @@ void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n);
 /* The same for n tokens of slot 0 at positions d->pos .. d->pos+n-1; advances d->pos. */
 void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n);
 
+/* y = x w^T for n rows of x (n <= n_batch, w->cols <= the decoder's widest input), split across
+ * the pool as the layers' products are: rows from a shared counter for short chunks (the
+ * threads' reads end together), the input quantized once for every thread. */
+void kwk_forward_matmul(struct kwk_decoder *d, int n, const struct kwk_mat *w, const float *x,
+                        float *y, long ldy);
+
 /* Bytes of one K or V cache element: 2 (half) or 4 (float). */
 size_t kwk_kv_elem_size(const struct kwk_decoder *d);
 
