@@ -95,4 +95,9 @@ void kwk_log(int level, const char *fmt, ...) KWK_PRINTF(2, 3);
 /* Monotonic seconds. */
 double kwk_time_s(void);
 
+/* Where decode kernels' software prefetches of the next weights go: 1 for L2 (PREFETCHT1), 0
+ * for L1 (PREFETCHT0). Which is faster depends on the core, measured per vendor (cpu.c);
+ * KWKER_PREFETCH=l1|l2 overrides. Detected once; any thread. */
+int kwk_cpu_prefetch_l2(void);
+
 #endif

@@ -64,7 +64,7 @@ INLINE float hsum(__m256 v)
 /* ---- prompt: many tokens, compute-bound. An R x T register tile of dot products over columns
  * [k0, k1); R and T are constants after inlining so the accumulators live in registers. */
 INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, int64_t r, int t,
-                 int64_t k0, int64_t k1, int first, int R, int T, int wt)
+                 int64_t k0, int64_t k1, int first, int pf_l2, int R, int T, int wt)
 {
     const void *wr[ROWS];
     const float *xt[TOKS];
@@ -90,7 +90,7 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
         if (ahead && (k & (esz == 4 ? 15 : 31)) == 0) /* a 64-byte line a row */
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++)
-                _mm_prefetch(next[i] + k * (int64_t)esz, _MM_HINT_T0);
+                kwk_prefetch(next[i] + k * (int64_t)esz, pf_l2);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++)
             wv[i] = ldw(wr[i], k, wt);
@@ -115,16 +115,16 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
     }
 }
 
-#define TILE_FN(R, T, WT, NAME)                                                                  \
-    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,      \
-                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,     \
-                                        int first)                                               \
-    {                                                                                            \
-        tile(w, x, y, ldy, r, t, k0, k1, first, R, T, WT);                                       \
+#define TILE_FN(R, T, WT, NAME)                                                                    \
+    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,         \
+                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,        \
+                                        int first, int pf_l2)                                      \
+    {                                                                                              \
+        tile(w, x, y, ldy, r, t, k0, k1, first, pf_l2, R, T, WT);                                  \
     }
 
-typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int,
-                        int64_t, int64_t, int);
+typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int, int64_t,
+                        int64_t, int, int);
 
 #define TILES_FOR(WT, NAME)                                                                      \
     TILE_FN(2, 1, WT, NAME) TILE_FN(2, 2, WT, NAME) TILE_FN(2, 3, WT, NAME)                      \
@@ -148,6 +148,7 @@ static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, l
                  int64_t r0, int64_t r1, const tile_fn tiles[2][TOKS + 1])
 {
     int64_t cols = w->cols;
+    int pf_l2 = kwk_cpu_prefetch_l2();
     for (int tb = 0; tb < n_tok; tb += TB) {
         int te = KWK_MIN(n_tok, tb + TB);
         for (int64_t k0 = 0; k0 < cols; k0 += KC) {
@@ -157,7 +158,7 @@ static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, l
                 int R = r + ROWS <= r1 ? ROWS : 1;
                 for (int t = tb; t < te; t += TOKS) {
                     int T = KWK_MIN(TOKS, te - t);
-                    tiles[R == ROWS][T](w, x, y, ldy, r, t, k0, k1, first);
+                    tiles[R == ROWS][T](w, x, y, ldy, r, t, k0, k1, first, pf_l2);
                 }
                 r += R;
             }

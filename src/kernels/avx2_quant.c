@@ -46,6 +46,7 @@ struct tile_args {
     int64_t rb, r0, r1;
     int first;
     size_t next; /* decode: bytes from the row block to the next tile's (0: no next tile) */
+    int pf_l2;   /* decode: prefetch into L2 rather than L1 (kwk_prefetch) */
 };
 
 /* Decode tiles (one token) ask for their block's group g + PF_GROUPS while computing group g, as
@@ -62,7 +63,7 @@ INLINE void prefetch_ahead(const struct tile_args *a, int g, size_t block)
     }
     const char *p = (const char *)a->blk + off;
     for (size_t l = 0; l < block; l += 64)
-        _mm_prefetch(p + l, _MM_HINT_T0);
+        kwk_prefetch(p + l, a->pf_l2);
 }
 
 /* Token t + j of a tile: its high and low halves from the pass's first column, and its numbers of
@@ -479,8 +480,13 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
 {
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols);
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
-    struct tile_args a = {
-        .x = *x, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0, .r1 = r1, .first = g0 == 0};
+    struct tile_args a = {.x = *x,
+                          .ng = (int)(g1 - g0),
+                          .ldy = ldy,
+                          .r0 = r0,
+                          .r1 = r1,
+                          .first = g0 == 0,
+                          .pf_l2 = nt == 1 && kwk_cpu_prefetch_l2()};
     for (int64_t rb = rb0; rb < rb1; rb++) {
         a.blk = (const uint8_t *)w->data + (rb * ng + g0) * f->bsz;
         a.rb = rb;

@@ -67,7 +67,7 @@ INLINE __mmask16 tail_mask(int64_t n)
  * sums are stored (first column pass) or added (later passes) to y. R and T are constants after
  * inlining, so the accumulator array lives in registers. */
 INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, int64_t r, int t,
-                 int64_t k0, int64_t k1, int first, int R, int T, int wt)
+                 int64_t k0, int64_t k1, int first, int pf_l2, int R, int T, int wt)
 {
     const void *wr[ROWS];
     const float *xt[TOKS];
@@ -93,7 +93,7 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
         if (ahead && (esz == 4 || (k & 31) == 0)) /* a 64-byte line a row */
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++)
-                _mm_prefetch(next[i] + k * (int64_t)esz, _MM_HINT_T0);
+                kwk_prefetch(next[i] + k * (int64_t)esz, pf_l2);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++)
             wv[i] = ldw(wr[i], k, wt);
@@ -131,16 +131,16 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
 }
 
 /* One instance per (R, T) used: full tiles, a partial token block, and single leftover rows. */
-#define TILE_FN(R, T, WT, NAME)                                                                  \
-    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,      \
-                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,     \
-                                        int first)                                               \
-    {                                                                                            \
-        tile(w, x, y, ldy, r, t, k0, k1, first, R, T, WT);                                       \
+#define TILE_FN(R, T, WT, NAME)                                                                    \
+    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,         \
+                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,        \
+                                        int first, int pf_l2)                                      \
+    {                                                                                              \
+        tile(w, x, y, ldy, r, t, k0, k1, first, pf_l2, R, T, WT);                                  \
     }
 
-typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int,
-                        int64_t, int64_t, int);
+typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int, int64_t,
+                        int64_t, int, int);
 
 #define TILES_FOR(WT, NAME)                                                                      \
     TILE_FN(4, 1, WT, NAME) TILE_FN(4, 2, WT, NAME) TILE_FN(4, 3, WT, NAME)                      \
@@ -164,6 +164,7 @@ static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, l
                  int64_t r0, int64_t r1, const tile_fn tiles[2][TOKS + 1])
 {
     int64_t cols = w->cols;
+    int pf_l2 = kwk_cpu_prefetch_l2();
     for (int tb = 0; tb < n_tok; tb += TB) {
         int te = KWK_MIN(n_tok, tb + TB);
         for (int64_t k0 = 0; k0 < cols; k0 += KC) {
@@ -173,7 +174,7 @@ static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, l
                 int R = r + ROWS <= r1 ? ROWS : 1;
                 for (int t = tb; t < te; t += TOKS) {
                     int T = KWK_MIN(TOKS, te - t);
-                    tiles[R == ROWS][T](w, x, y, ldy, r, t, k0, k1, first);
+                    tiles[R == ROWS][T](w, x, y, ldy, r, t, k0, k1, first, pf_l2);
                 }
                 r += R;
             }

@@ -71,6 +71,17 @@ struct kwk_kernels {
     void (*from_half)(float *y, const uint16_t *x, long n);
 };
 
+/* A decode tile's software prefetch of weights it reads soon: into L2 (pf_l2, PREFETCHT1) or L1
+ * (PREFETCHT0), as kwk_cpu_prefetch_l2() (base.h) chose for this CPU; the caller reads that once
+ * a call, since the hint must be a constant. */
+static inline __attribute__((always_inline)) void kwk_prefetch(const void *p, int pf_l2)
+{
+    if (pf_l2)
+        __builtin_prefetch(p, 0, 2);
+    else
+        __builtin_prefetch(p, 0, 3);
+}
+
 /* The table for an ISA (enum kwk_isa); falls back to the best lower one compiled in. */
 const struct kwk_kernels *kwk_kernels_for(int isa);
 /* The table for kwk_isa(): detected once. */

@@ -22,7 +22,7 @@ if "KWKER_LIB" not in os.environ and (BIN.parent / "libkwker.so").exists():
 
 import kwker  # noqa: E402  (after KWKER_LIB is settled)
 from kwker.template import apply_chat_template  # noqa: E402
-from conftest import kwker_bin, smollm2_gguf
+from conftest import kwker_bin, smollm2_gguf, supported_isas
 
 N_NEW = 24
 THREADS = "2"
@@ -352,3 +352,27 @@ def test_bench_json(prec, lo, hi, tmp_path):
     assert r["pp_tps"] > 0 and r["tg_tps"] > 0 and r["peak_rss_kib"] > 0
     assert lo < r["bits_per_weight"] < hi, r
     assert r["act_bits"] == 16, r  # the default
+
+
+@pytest.mark.parametrize("isa", [i for i in supported_isas() if i != "scalar"])
+def test_prefetch_level_changes_no_token(isa, tmp_path):
+    """KWKER_PREFETCH=l1|l2 moves only where the decode tiles' prefetches go (base/cpu.c): the
+    same greedy ids either way, int4 and preserve; the choice is logged at info, and a value
+    other than l1 / l2 is warned about and ignored."""
+    ids = "1,504,3287,314,2681,1781,30,1838,253,2336,28"
+    outs = {}
+    for prec in ("int4", "preserve"):
+        for pf in ("l1", "l2", "l3"):
+            env = dict(os.environ, KWKER_ISA=isa, KWKER_PREFETCH=pf, KWKER_LOG="info",
+                       KWKER_CACHE=str(tmp_path))
+            p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
+                                THREADS, "--precision", prec, "--ids", ids, "-n", "16"],
+                               capture_output=True, text=True, timeout=300, env=env)
+            assert p.returncode == 0, p.stderr
+            if pf == "l3":
+                assert "KWKER_PREFETCH=l3 is not l1|l2; ignored" in p.stderr, p.stderr
+            else:
+                assert "prefetch to L%s" % pf[1] in p.stderr, p.stderr
+            outs[prec, pf] = p.stdout
+        assert len(outs[prec, "l1"].split(",")) == 16, outs[prec, "l1"]
+        assert outs[prec, "l1"] == outs[prec, "l2"] == outs[prec, "l3"], (prec, outs)
