@@ -17,7 +17,6 @@
  * stream; four with 8-bit activations). int4 and int6 hold two more weight registers, spilled
  * in part: 2 x 4 measured 6% (int4) and 5-9% (int6) faster than 2 x 3 (bench_kernels quant,
  * session 6); int8 2 x 5 and 2 x 6 slower than 2 x 4. */
-#define TR 2
 #define TT 8 /* the most tokens a tile function is made for */
 #define TT_Q8 4
 #define TT_Q4 4
@@ -28,8 +27,14 @@
  * float accumulators (touched once a group) in memory, which costs less than the shorter tile.
  * int4 2 x 3 .. 2 x 6 gave 1.7x .. 2.0x, and 2 x 8 4-5% more than 2 x 6 (bench_kernels quant,
  * session 6: the spilled float accumulators cost less than a fourth tile of a 24-token block);
- * int6, with two more constants, 2 x 8 7-10% more than 2 x 5. */
-#define TT8_Q8 8
+ * int6, with two more constants, 2 x 8 7-10% more than 2 x 5. Those were an Intel host's
+ * figures. On Zen 4 (session 10's AMD host) int8 4 x 4 measured 13-26% faster than 2 x 8 on
+ * the same shapes (bench_kernels quant 512 1 avx512, 2 rounds: 323-334 against 259-284 GOP/s):
+ * the same 32 accumulators, half the broadcasts a vpdpbusd; int4 4 x 4 measured alike (+2%)
+ * and int6 4% slower, 4 x 3 and 4 x 6 slower for all three. int8 with 8-bit activations takes
+ * 4 x 4 (not measured on the Intel host); the others keep 2 rows. */
+#define TR8_Q8 4
+#define TT8_Q8 4
 #define TT8_Q4 8
 #define TT8_Q6 8
 
@@ -561,14 +566,15 @@ INLINE void tile8_q6(const struct tile_args *a, int R, int T) { tile8_nib(a, 1, 
 typedef void (*tile_fn)(const struct tile_args *);
 #define TILE(F, R, T)                                                                            \
     static void F##_##R##_##T(const struct tile_args *a) { F(a, R, T); }
-#define TILES(F)                                                                                 \
-    TILE(F, 4, 1) TILE(F, 2, 1) TILE(F, 2, 2) TILE(F, 2, 3) TILE(F, 2, 4) TILE(F, 2, 5)          \
-    TILE(F, 2, 6) TILE(F, 2, 7) TILE(F, 2, 8) TILE(F, 1, 1) TILE(F, 1, 2) TILE(F, 1, 3)          \
-    TILE(F, 1, 4) TILE(F, 1, 5) TILE(F, 1, 6) TILE(F, 1, 7) TILE(F, 1, 8)                        \
-    static const tile_fn tiles_##F[3][TT + 1] = {                                                \
-        {NULL, F##_1_1, F##_1_2, F##_1_3, F##_1_4, F##_1_5, F##_1_6, F##_1_7, F##_1_8},          \
-        {NULL, F##_2_1, F##_2_2, F##_2_3, F##_2_4, F##_2_5, F##_2_6, F##_2_7, F##_2_8},          \
-        {NULL, F##_4_1},                                                                         \
+#define TILES(F)                                                                                   \
+    TILE(F, 4, 1)                                                                                  \
+    TILE(F, 4, 2) TILE(F, 4, 3) TILE(F, 4, 4) TILE(F, 2, 1) TILE(F, 2, 2) TILE(F, 2, 3)            \
+        TILE(F, 2, 4) TILE(F, 2, 5) TILE(F, 2, 6) TILE(F, 2, 7) TILE(F, 2, 8) TILE(F, 1, 1) TILE(  \
+            F, 1, 2) TILE(F, 1, 3) TILE(F, 1, 4) TILE(F, 1, 5) TILE(F, 1, 6) TILE(F, 1, 7)         \
+            TILE(F, 1, 8) static const tile_fn tiles_##F[3][TT + 1] = {                            \
+                {NULL, F##_1_1, F##_1_2, F##_1_3, F##_1_4, F##_1_5, F##_1_6, F##_1_7, F##_1_8},    \
+                {NULL, F##_2_1, F##_2_2, F##_2_3, F##_2_4, F##_2_5, F##_2_6, F##_2_7, F##_2_8},    \
+                {NULL, F##_4_1, F##_4_2, F##_4_3, F##_4_4},                                        \
     };
 
 TILES(tile_q8)
@@ -581,8 +587,9 @@ TILES(tile8_q6)
 /* The weights' side of a product: tile functions, block size and tile width of w's format. */
 struct fmt {
     const tile_fn (*tiles)[TT + 1];
-    int tt;
+    int tt; /* prompt tiles' tokens */
     size_t bsz;
+    int tr; /* prompt tiles' row blocks: 2 or 4 */
 };
 
 static struct fmt fmt_of(const struct kwk_mat *w)
@@ -590,14 +597,14 @@ static struct fmt fmt_of(const struct kwk_mat *w)
     int a8 = w->act8 != 0;
     if (w->wtype == KWK_W_Q8)
         return (struct fmt){a8 ? tiles_tile8_q8 : tiles_tile_q8, a8 ? TT8_Q8 : TT_Q8,
-                            sizeof(struct kwk_q8_block)};
+                            sizeof(struct kwk_q8_block), a8 ? TR8_Q8 : 2};
     if (w->wtype == KWK_W_Q6)
         return (struct fmt){a8 ? tiles_tile8_q6 : tiles_tile_q6, a8 ? TT8_Q6 : TT_Q6,
-                            sizeof(struct kwk_q6_block)};
+                            sizeof(struct kwk_q6_block), 2};
     /* int4 and int6 need two more registers a row block (both nibble halves): fewer tokens a
      * tile */
     return (struct fmt){a8 ? tiles_tile8_q4 : tiles_tile_q4, a8 ? TT8_Q4 : TT_Q4,
-                        sizeof(struct kwk_q4_block)};
+                        sizeof(struct kwk_q4_block), 2};
 }
 
 /* Column pass [g0, g1) of nt tokens whose quantized activations x starts at (the view's row 0
@@ -616,7 +623,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
                           .first = g0 == 0,
                           .pf_l2 = nt == 1 && kwk_cpu_prefetch_l2()};
     for (int64_t rb = rb0; rb < rb1;) {
-        int R = nt == 1 && rb + 4 <= rb1 ? 4 : rb + 2 <= rb1 ? 2 : 1;
+        int R = (nt == 1 || f->tr == 4) && rb + 4 <= rb1 ? 4 : rb + 2 <= rb1 ? 2 : 1;
         for (int i = 0; i < R; i++)
             a.blk[i] = (const uint8_t *)w->data + ((rb + i) * ng + g0) * f->bsz;
         a.rb = rb;
