@@ -115,17 +115,6 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
     }
 }
 
-#define TILE_FN(R, T, WT, NAME)                                                                    \
-    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,         \
-                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,        \
-                                        int first, int pf_l2)                                      \
-    {                                                                                              \
-        tile(w, x, y, ldy, r, t, k0, k1, first, pf_l2, R, T, WT);                                  \
-    }
-
-typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int, int64_t,
-                        int64_t, int, int);
-
 #define TILES_FOR(WT, NAME)                                                                      \
     TILE_FN(2, 1, WT, NAME) TILE_FN(2, 2, WT, NAME) TILE_FN(2, 3, WT, NAME)                      \
     TILE_FN(2, 4, WT, NAME) TILE_FN(2, 5, WT, NAME) TILE_FN(2, 6, WT, NAME)                      \

@@ -480,13 +480,9 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
 {
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols);
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
-    struct tile_args a = {.x = *x,
-                          .ng = (int)(g1 - g0),
-                          .ldy = ldy,
-                          .r0 = r0,
-                          .r1 = r1,
-                          .first = g0 == 0,
-                          .pf_l2 = nt == 1 && kwk_cpu_prefetch_l2()};
+    struct tile_args a = {
+        .x = *x, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0, .r1 = r1, .first = g0 == 0};
+    a.pf_l2 = nt == 1 && kwk_cpu_prefetch_l2();
     for (int64_t rb = rb0; rb < rb1; rb++) {
         a.blk = (const uint8_t *)w->data + (rb * ng + g0) * f->bsz;
         a.rb = rb;

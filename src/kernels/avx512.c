@@ -130,17 +130,8 @@ INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, in
     }
 }
 
-/* One instance per (R, T) used: full tiles, a partial token block, and single leftover rows. */
-#define TILE_FN(R, T, WT, NAME)                                                                    \
-    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,         \
-                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,        \
-                                        int first, int pf_l2)                                      \
-    {                                                                                              \
-        tile(w, x, y, ldy, r, t, k0, k1, first, pf_l2, R, T, WT);                                  \
-    }
-
-typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int, int64_t,
-                        int64_t, int, int);
+/* One instance per (R, T) used (TILE_FN, float_rows.h): full tiles, a partial token block, and
+ * single leftover rows. */
 
 #define TILES_FOR(WT, NAME)                                                                      \
     TILE_FN(4, 1, WT, NAME) TILE_FN(4, 2, WT, NAME) TILE_FN(4, 3, WT, NAME)                      \

@@ -34,4 +34,17 @@ static inline __attribute__((always_inline)) int kwk_next_rows(const struct kwk_
     return ahead;
 }
 
+/* One function per (R, T) of a file's tile(): R, T and the weight type are constants inside, so
+ * the accumulators stay in registers; tile_fn is their type. */
+#define TILE_FN(R, T, WT, NAME)                                                                    \
+    static void tile_##NAME##_##R##_##T(const struct kwk_mat *w, const float *x, float *y,         \
+                                        long ldy, int64_t r, int t, int64_t k0, int64_t k1,        \
+                                        int first, int pf_l2)                                      \
+    {                                                                                              \
+        tile(w, x, y, ldy, r, t, k0, k1, first, pf_l2, R, T, WT);                                  \
+    }
+
+typedef void (*tile_fn)(const struct kwk_mat *, const float *, float *, long, int64_t, int, int64_t,
+                        int64_t, int, int);
+
 #endif
