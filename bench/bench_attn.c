@@ -3,8 +3,9 @@
  * one (row, head) at a time, through the kernels table) against the attention table
  * (kernels/attn.h). A 512-token prompt chunk on one thread (its CPU time) and on the whole pool
  * (wall time; old = even split of the items, new = kwk_attn_split), and one decode row at several
- * lengths on one thread; the table again over a half cache (the balanced / int4 default). Runs
- * alternate old, new, half, old, new, half ... and medians are printed; asserts nothing. The
+ * lengths on one thread; the table again over a half cache (the balanced / int4 default), and
+ * on AVX-512 with AVX512_BF16 the act8 decoders' bf16 table over it. Runs alternate old, new,
+ * half, bf16, old, ... and medians are printed; asserts nothing. The
  * caches are head-major (each kv head's positions in one run), as the decoder's.
  * Single-threaded driver. Usage: bench_attn [reps] */
 #include <math.h>
@@ -83,15 +84,26 @@ static int cmp_double(const void *x, const void *y)
     return a < b ? -1 : a > b;
 }
 
-/* Seconds per call of one layer's n_rows x N_HEADS items, old (which = 0), new (1) or new over
- * the half cache (2): the calls cycle through the layers for about 0.2 s. */
+/* The act8 decoders' table (bf16 products) when the ISA is avx512 and the CPU has it, else
+ * NULL: its column is left out. */
+static const struct kwk_attn_kernel *bf16_table(int isa)
+{
+    const struct kwk_attn_kernel *t = kwk_attn_kernel_act8();
+    return isa == KWK_ISA_AVX512 && t != kwk_attn_kernel_for(isa) ? t : NULL;
+}
+
+/* Seconds per call of one layer's n_rows x N_HEADS items, old (which = 0), new (1), new over
+ * the half cache (2) or the bf16 table over it (3): the calls cycle through the layers for about
+ * 0.2 s. */
 static double time_once(struct bench *b, int which, const struct kwk_kernels *k,
                         const struct kwk_attn_kernel *ak, int n_rows, int last_pos)
 {
     long reps = 0, n_items = (long)n_rows * N_HEADS;
     double t0 = thread_s(), t;
+    if (which == 3)
+        ak = kwk_attn_kernel_act8();
     do {
-        set_rows(b, (int)(reps % N_LAYERS), n_rows, last_pos, which == 2);
+        set_rows(b, (int)(reps % N_LAYERS), n_rows, last_pos, which >= 2);
         if (which)
             ak->items(&b->a, 0, n_items, b->scratch);
         else
@@ -120,7 +132,7 @@ static void pool_run(void *ctx, int ith, int nth)
     float *scratch = j->scratch + (size_t)ith * j->per_thread;
     if (j->which) {
         kwk_attn_split(&j->b->a, j->n_rows, ith, nth, &lo, &hi);
-        j->ak->items(&j->b->a, lo, hi, scratch);
+        (j->which == 3 ? kwk_attn_kernel_act8() : j->ak)->items(&j->b->a, lo, hi, scratch);
     } else {
         kwk_split_range(n_items, ith, nth, 1, &lo, &hi);
         old_items(j->k, &j->b->a, lo, hi, scratch);
@@ -134,7 +146,7 @@ static double time_pool(struct kwk_pool *pool, struct pool_job *j, int which)
     double t0 = kwk_time_s(), t;
     j->which = which;
     do {
-        set_rows(j->b, (int)(reps % N_LAYERS), j->n_rows, j->n_rows - 1, which == 2);
+        set_rows(j->b, (int)(reps % N_LAYERS), j->n_rows, j->n_rows - 1, which >= 2);
         kwk_pool_run(pool, pool_run, j);
         reps++;
         t = kwk_time_s() - t0;
@@ -151,17 +163,21 @@ static void compare_pool(struct bench *b, int isa, int reps)
     struct pool_job j = {.b = b, .k = kwk_kernels_for(isa), .ak = kwk_attn_kernel_for(isa),
                          .n_rows = 512, .per_thread = kwk_attn_scratch_floats(&b->a, MAX_LEN)};
     j.scratch = malloc(sizeof(float) * j.per_thread * (size_t)nth);
-    double t[3][64];
+    double t[4][64];
+    int nw = bf16_table(isa) ? 4 : 3;
     for (int r = 0; j.scratch && r < reps; r++)
-        for (int w = 0; w < 3; w++)
+        for (int w = 0; w < nw; w++)
             t[w][r] = time_pool(pool, &j, w);
     if (j.scratch) {
-        for (int w = 0; w < 3; w++)
+        for (int w = 0; w < nw; w++)
             qsort(t[w], (size_t)reps, sizeof(double), cmp_double);
         double mo = t[0][reps / 2], mn = t[1][reps / 2], mh = t[2][reps / 2];
         printf("%-7s  512 rows, %d threads (wall time)   old %9.1f us   new %9.1f us   x%.2f   "
-               "half %9.1f us\n",
+               "half %9.1f us",
                j.ak->name, nth, mo * 1e6, mn * 1e6, mo / mn, mh * 1e6);
+        if (nw == 4)
+            printf("   bf16 %9.1f us   x%.2f", t[3][reps / 2] * 1e6, mh / t[3][reps / 2]);
+        printf("\n");
     }
     free(j.scratch);
     kwk_pool_free(pool);
@@ -171,16 +187,20 @@ static void compare(struct bench *b, int isa, int n_rows, int last_pos, int reps
 {
     const struct kwk_kernels *k = kwk_kernels_for(isa);
     const struct kwk_attn_kernel *ak = kwk_attn_kernel_for(isa);
-    double t[3][64];
+    double t[4][64];
+    int nw = bf16_table(isa) ? 4 : 3;
     for (int r = 0; r < reps; r++)
-        for (int w = 0; w < 3; w++)
+        for (int w = 0; w < nw; w++)
             t[w][r] = time_once(b, w, k, ak, n_rows, last_pos);
-    for (int w = 0; w < 3; w++)
+    for (int w = 0; w < nw; w++)
         qsort(t[w], (size_t)reps, sizeof(double), cmp_double);
     double mo = t[0][reps / 2], mn = t[1][reps / 2], mh = t[2][reps / 2];
     printf("%-7s %4d rows  last pos %4d   old %9.1f us   new %9.1f us   x%.2f   half %9.1f us   "
-           "x%.2f\n",
+           "x%.2f",
            ak->name, n_rows, last_pos, mo * 1e6, mn * 1e6, mo / mn, mh * 1e6, mn / mh);
+    if (nw == 4)
+        printf("   bf16 %9.1f us   x%.2f", t[3][reps / 2] * 1e6, mh / t[3][reps / 2]);
+    printf("\n");
     fflush(stdout);
 }
 

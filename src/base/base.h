@@ -100,4 +100,8 @@ double kwk_time_s(void);
  * KWKER_PREFETCH=l1|l2 overrides. Detected once; any thread. */
 int kwk_cpu_prefetch_l2(void);
 
+/* Whether the CPU has AVX512_BF16 (vdpbf16ps) and AVX-512 is usable (not whether kwk_isa()
+ * chose it). Detected once; any thread. */
+int kwk_cpu_bf16(void);
+
 #endif

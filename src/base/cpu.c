@@ -15,7 +15,7 @@
 struct cpu_features {
     int avx2;     /* AVX2 + FMA + F16C, with YMM state saved by the OS */
     int avx512;   /* AVX-512 F/BW/VL/DQ, with ZMM/opmask state saved by the OS */
-    int bf16;     /* AVX512_BF16 (noted for later kernels) */
+    int bf16;     /* AVX512_BF16: the attention table of 8-bit activations */
     int vnni;     /* AVX512_VNNI (noted for later kernels) */
     int amd;      /* vendor AuthenticAMD or HygonGenuine (Zen cores) */
 };
@@ -126,6 +126,12 @@ int kwk_cpu_prefetch_l2(void)
 {
     pthread_once(&isa_once, detect);
     return prefetch_l2;
+}
+
+int kwk_cpu_bf16(void)
+{
+    pthread_once(&isa_once, detect);
+    return cpu.bf16;
 }
 
 const char *kwk_isa_name(int isa)

@@ -63,8 +63,9 @@ void kwk_attn_tiles(const struct kwk_attn_args *a, long i0, long i1, kwk_attn_ti
 
 /* Floats of scratch one thread needs for rows attending at most max_pos positions: the scores of
  * KWK_ATTN_TILE_QUERIES queries (or of one kv group's query heads, if more), each padded to a
- * multiple of 16, those queries transposed (KWK_ATTN_TILE_QUERIES * head_dim) and a block of 16
- * keys widened from half (16 * head_dim). Same for every table. */
+ * multiple of 16, those queries transposed (KWK_ATTN_TILE_QUERIES * head_dim), a block of 16
+ * keys widened from half (16 * head_dim) and the bf16 table's values of one key range
+ * interleaved (max(4096, 8 * head_dim)). Same for every table. */
 size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos);
 
 /* Thread ith's share [*i0, *i1) of the n_rows * n_heads items, balanced by work (positions
@@ -80,9 +81,17 @@ const struct kwk_attn_kernel *kwk_attn_kernel_for(int isa);
 /* The table for kwk_isa() (which honours KWKER_ISA): the same ISA as kwk_kernels(). */
 const struct kwk_attn_kernel *kwk_attn_kernel(void);
 
+/* The table of decoders whose matrices read 8-bit activations: kwk_attn_avx512_bf16 when
+ * kwk_isa() is avx512 and the CPU has AVX512_BF16, else kwk_attn_kernel(). */
+const struct kwk_attn_kernel *kwk_attn_kernel_act8(void);
+
 /* Per-ISA tables (attn_ref.c, avx2_attn.c, avx512_attn.c). */
 extern const struct kwk_attn_kernel kwk_attn_ref;
 extern const struct kwk_attn_kernel kwk_attn_avx2;
 extern const struct kwk_attn_kernel kwk_attn_avx512;
+/* AVX-512 with bf16 products (AVX512_BF16): queries, keys, weights and values rounded to
+ * bfloat16, products summed in float; agrees with attention over those rounded numbers to float
+ * rounding, and is batch invariant as the others. Only where kwk_cpu_bf16(). */
+extern const struct kwk_attn_kernel kwk_attn_avx512_bf16;
 
 #endif

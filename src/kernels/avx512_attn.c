@@ -55,6 +55,17 @@ INLINE __m512 fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
     return _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xee));
 }
 
+/* Four fold4 results (keys 4t .. 4t+3 in quad[t]) to one vector of 16 keys' sums, in key order:
+ * the last two levels of the transposed reduction. */
+INLINE __m512 fold_quads(const __m512 *quad)
+{
+    __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0], quad[1], 0x88),
+                              _mm512_shuffle_f32x4(quad[0], quad[1], 0xdd));
+    __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2], quad[3], 0x88),
+                              _mm512_shuffle_f32x4(quad[2], quad[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+}
+
 /* The dot products of q with the keys at elements k, k + ldk, ... of the cache (nk of them,
  * 1..16; the rest read as zero), in key order. Every key's sum has the same tree whatever nk is:
  * lanes never mix keys. */
@@ -71,11 +82,7 @@ INLINE __m512 score_block(int H, const float *q, const void *kc, long k, long ld
         }
         quad[t] = fold4(a[0], a[1], a[2], a[3]);
     }
-    __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[0], quad[1], 0x88),
-                              _mm512_shuffle_f32x4(quad[0], quad[1], 0xdd));
-    __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2], quad[3], 0x88),
-                              _mm512_shuffle_f32x4(quad[2], quad[3], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+    return fold_quads(quad);
 }
 
 /* ---- scores with queries in lanes ------------------------------------------------------------
@@ -87,51 +94,75 @@ INLINE __m512 score_block(int H, const float *q, const void *kc, long k, long ld
  * on. Additions commute exactly, so every query's score of every key is bitwise the one
  * score_block gives, and a row may take either path. */
 
-/* Chain P_l of KP keys k[u]: acc[u] lane x = sum over c of q_x[16c + l] * k_u[16c + l]. */
-INLINE void lane_chain(int KP, const float *qt, const float *const *k, int hd, int l, __m512 *acc)
+/* Chain P_l of KP keys k[u]: acc[u] lane x = sum over c of q_x[16c + l] * k_u[16c + l]. With
+ * BF (the bf16 table) the units are pairs of bfloat16 elements: qt[p * 16 + x] holds query x's
+ * pair p, k[u] the key's elements, and the chain is vdpbf16ps over pairs l, l + 16, ... from
+ * zero, as key_partial_bf's lane l. n: elements (float) or pairs (BF). */
+INLINE void lane_chain(int BF, int KP, const void *qt, const void *const *k, int n, int l,
+                       __m512 *acc)
 {
-    __m512 qv = _mm512_loadu_ps(qt + l * 16);
-#pragma GCC unroll 4
-    for (int u = 0; u < KP; u++)
-        acc[u] = _mm512_mul_ps(_mm512_set1_ps(k[u][l]), qv);
-#pragma GCC unroll 8
-    for (int e = 16 + l; e < hd; e += 16) {
-        qv = _mm512_loadu_ps(qt + e * 16);
+    if (BF) {
+        const uint32_t *qp = qt;
 #pragma GCC unroll 4
         for (int u = 0; u < KP; u++)
-            acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(k[u][e]), qv, acc[u]);
+            acc[u] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int e = l; e < n; e += 16) {
+            __m512bh qv = (__m512bh)_mm512_loadu_si512(qp + e * 16);
+#pragma GCC unroll 4
+            for (int u = 0; u < KP; u++) {
+                uint32_t kp;
+                memcpy(&kp, (const uint16_t *)k[u] + 2 * e, sizeof kp);
+                acc[u] = _mm512_dpbf16_ps(acc[u], qv, (__m512bh)_mm512_set1_epi32((int)kp));
+            }
+        }
+        return;
+    }
+    const float *qf = qt;
+    __m512 qv = _mm512_loadu_ps(qf + l * 16);
+#pragma GCC unroll 4
+    for (int u = 0; u < KP; u++)
+        acc[u] = _mm512_mul_ps(_mm512_set1_ps(((const float *)k[u])[l]), qv);
+#pragma GCC unroll 8
+    for (int e = 16 + l; e < n; e += 16) {
+        qv = _mm512_loadu_ps(qf + e * 16);
+#pragma GCC unroll 4
+        for (int u = 0; u < KP; u++)
+            acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(((const float *)k[u])[e]), qv, acc[u]);
     }
 }
 
 /* (P_l + P_l+2) + (P_l+1 + P_l+3) of KP keys, l = 4m: fold4's sum of quarter m. */
-INLINE void lane_quarter(int KP, const float *qt, const float *const *k, int hd, int m, __m512 *s)
+INLINE void lane_quarter(int BF, int KP, const void *qt, const void *const *k, int n, int m,
+                         __m512 *s)
 {
     __m512 a[4], b[4], t[4];
-    lane_chain(KP, qt, k, hd, 4 * m, a);
-    lane_chain(KP, qt, k, hd, 4 * m + 2, b);
+    lane_chain(BF, KP, qt, k, n, 4 * m, a);
+    lane_chain(BF, KP, qt, k, n, 4 * m + 2, b);
 #pragma GCC unroll 4
     for (int u = 0; u < KP; u++)
         t[u] = _mm512_add_ps(a[u], b[u]);
-    lane_chain(KP, qt, k, hd, 4 * m + 1, a);
-    lane_chain(KP, qt, k, hd, 4 * m + 3, b);
+    lane_chain(BF, KP, qt, k, n, 4 * m + 1, a);
+    lane_chain(BF, KP, qt, k, n, 4 * m + 3, b);
 #pragma GCC unroll 4
     for (int u = 0; u < KP; u++)
         s[u] = _mm512_add_ps(t[u], _mm512_add_ps(a[u], b[u]));
 }
 
-/* Scaled scores of the 4 keys k[u] for the 16 queries of qt: (S0 + S1) + (S2 + S3). */
-INLINE void lane_keys4(const float *qt, const float *const *k, int hd, __m512 sv, __m512 *out)
+/* Scaled scores of the KP keys k[u] for the 16 queries of qt: (S0 + S1) + (S2 + S3). */
+INLINE void lane_keys(int BF, int KP, const void *qt, const void *const *k, int n, __m512 sv,
+                      __m512 *out)
 {
     __m512 s0[4], s1[4], h01[4];
-    lane_quarter(4, qt, k, hd, 0, s0);
-    lane_quarter(4, qt, k, hd, 1, s1);
+    lane_quarter(BF, KP, qt, k, n, 0, s0);
+    lane_quarter(BF, KP, qt, k, n, 1, s1);
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < KP; u++)
         h01[u] = _mm512_add_ps(s0[u], s1[u]);
-    lane_quarter(4, qt, k, hd, 2, s0);
-    lane_quarter(4, qt, k, hd, 3, s1);
+    lane_quarter(BF, KP, qt, k, n, 2, s0);
+    lane_quarter(BF, KP, qt, k, n, 3, s1);
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; u++)
+    for (int u = 0; u < KP; u++)
         out[u] = _mm512_mul_ps(_mm512_add_ps(h01[u], _mm512_add_ps(s0[u], s1[u])), sv);
 }
 
@@ -226,7 +257,7 @@ static void widen_keys(const struct tile *t, int b, int nk, float *kf)
             _mm512_storeu_ps(kf + (long)u * t->hd + e, ld_kv(1, t->k, (b + u) * t->ldk + e));
 }
 
-/* The same scores with the queries in lanes (lane_keys4): qt takes 16 * hd floats, then kf
+/* The same scores with the queries in lanes (lane_keys): qt takes 16 * hd floats, then kf
  * 16 * hd for a block of keys widened from a half cache. Keys past the tile's last are not read
  * (their lanes repeat its last key and are dropped). */
 INLINE void lane_scores_hd(const struct tile *t, int hd, float *qt, float *p)
@@ -246,12 +277,12 @@ INLINE void lane_scores_hd(const struct tile *t, int hd, float *qt, float *p)
             /* Hides that qt is the same for every 4 keys: else GCC loads all of it once into
              * stack slots (hd registers' worth) instead of each row where it is used. */
             __asm__("" : "+r"(qt));
-            const float *k[4];
+            const void *k[4];
             for (int u = 0; u < 4; u++) {
                 int j = KWK_MIN(u0 + u, nk - 1);
                 k[u] = t->half ? kf + (long)j * hd : (const float *)t->k + (b + j) * t->ldk;
             }
-            lane_keys4(qt, k, hd, sv, r + u0);
+            lane_keys(0, 4, qt, k, hd, sv, r + u0);
         }
         transpose16(r);
         for (int x = 0; x < t->nq; x++)
@@ -398,10 +429,260 @@ static void values_tile_n(int nh, int nc, const struct tile *t, int x0, const fl
         values_tile(6, 4, 0, t, x0, p, c0, j0, j1);
 }
 
+/* ---- bf16 products: the table of decoders with 8-bit activations ----------------------------
+ * kwk_attn_avx512_bf16 rounds queries, keys, the softmax's weights and values to bfloat16 (to
+ * nearest even) and sums their products in float with vdpbf16ps: 32 products an instruction
+ * where an FMA does 16 (Zen 4, one core: 117 against 58 GMAC/s), the same number of
+ * instructions for half the work. Decoders whose matrices read 8-bit activations use it (their
+ * activations already round to 8 bits; perplexity in docs/benchmarks.md). Invariance as in the
+ * float paths: lane l of a key's partial chain takes pairs l, l + 16, ... of (2p, 2p + 1)
+ * elements from zero, then score_block's tree; both score paths run the same instruction on the
+ * same operands in every lane. An output element's chain runs over key pairs (j, j + 1) in
+ * order. head_dim a multiple of 32 (else the float tiles). */
+
+/* 32 cache elements from element i, widened and rounded to bf16, in order. */
+INLINE __m512bh ld_bf(int H, const void *base, long i)
+{
+    return _mm512_cvtne2ps_pbh(ld_kv(H, base, i + 16), ld_kv(H, base, i));
+}
+
+/* 32 floats rounded to bf16, in order. */
+INLINE __m512i round_bf(const float *x)
+{
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+
+/* Keys [b, b + nk) rounded into kb[nk][hd]. */
+static void keys_bf(const struct tile *t, int b, int nk, uint16_t *kb)
+{
+    for (int u = 0; u < nk; u++)
+        for (int e = 0; e < t->hd; e += 32)
+            _mm512_storeu_si512(kb + (long)u * t->hd + e,
+                                (__m512i)(t->half ? ld_bf(1, t->k, (b + u) * t->ldk + e)
+                                                  : ld_bf(0, t->k, (b + u) * t->ldk + e)));
+}
+
+/* Lane l: the chain over pairs l, l + 16, ... of query q and key k (both bf16, hd elements). */
+INLINE __m512 key_partial_bf(const uint16_t *q, const uint16_t *k, int hd)
+{
+    __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int e = 0; e < hd; e += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + e),
+                               (__m512bh)_mm512_loadu_si512(k + e));
+    return acc;
+}
+
+/* score_block over a rounded key block kb: q's scores of its keys 0 .. nk-1, in key order. */
+INLINE __m512 score_block_bf(const uint16_t *q, const uint16_t *kb, int hd, int nk)
+{
+    __m512 quad[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; t++) {
+        __m512 a[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            int j = 4 * t + u;
+            a[u] = j < nk ? key_partial_bf(q, kb + (long)j * hd, hd) : _mm512_setzero_ps();
+        }
+        quad[t] = fold4(a[0], a[1], a[2], a[3]);
+    }
+    return fold_quads(quad);
+}
+
+/* Every query's scores into p + x * ldp. scratch: the rounded queries (or their pairs
+ * transposed: 8 * hd floats' room), then a rounded key block (8 * hd). */
+INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
+{
+    uint16_t *qb = (uint16_t *)scratch, *kb = (uint16_t *)(scratch + MAXQ * hd);
+    __m512 sv = _mm512_set1_ps(t->scale);
+    int nmax = t->n[t->nq - 1], lanes = t->nq >= LANES_MIN;
+    uint32_t *qt = (uint32_t *)scratch;
+    if (lanes) { /* qt[p * 16 + x]: pair p of query x (rounded into kb first) */
+        for (int x = 0; x < MAXQ; x++)
+            for (int e = 0; e < hd; e += 32)
+                _mm512_storeu_si512(kb + x * hd + e, x < t->nq ? round_bf(t->q[x] + e)
+                                                               : _mm512_setzero_si512());
+        for (int pr = 0; pr < hd / 2; pr++)
+            for (int x = 0; x < MAXQ; x++)
+                memcpy(qt + pr * MAXQ + x, kb + x * hd + 2 * pr, sizeof *qt);
+    } else {
+        for (int x = 0; x < t->nq; x++)
+            for (int e = 0; e < hd; e += 32)
+                _mm512_storeu_si512(qb + x * hd + e, round_bf(t->q[x] + e));
+    }
+    for (int b = 0; b < nmax; b += KB) {
+        int nk = KWK_MIN(KB, nmax - b);
+        keys_bf(t, b, nk, kb);
+        if (!lanes) {
+            for (int x = 0; x < t->nq; x++) {
+                int nkx = KWK_MIN(KB, t->n[x] - b);
+                if (nkx > 0)
+                    store_scores(
+                        t, x, b,
+                        _mm512_mul_ps(score_block_bf(qb + x * hd, kb, hd, nkx), sv), p);
+            }
+            continue;
+        }
+        __m512 r[KB];
+        for (int u0 = 0; u0 < KB; u0 += 4) {
+            __asm__("" : "+r"(qt)); /* as lane_scores_hd */
+            const void *k[4];
+            for (int u = 0; u < 4; u++)
+                k[u] = kb + (long)KWK_MIN(u0 + u, nk - 1) * hd;
+            lane_keys(1, 4, qt, k, hd / 2, sv, r + u0);
+        }
+        transpose16(r);
+        for (int x = 0; x < t->nq; x++)
+            store_scores(t, x, b, r[x], p);
+    }
+}
+
+static void scores_bf(const struct tile *t, float *p, float *scratch)
+{
+    switch (t->hd) {
+    case 64:
+        scores_bf_hd(t, 64, p, scratch);
+        break;
+    case 128:
+        scores_bf_hd(t, 128, p, scratch);
+        break;
+    default:
+        scores_bf_hd(t, t->hd, p, scratch);
+        break;
+    }
+}
+
+/* Weights p[0 .. n) (zero past n to a whole block) rounded to bf16 in place: the row's first
+ * bytes then hold them as uint16_t, zero-padded to a multiple of 32. Returns the sum of the
+ * rounded weights, the divisor that matches them. Each 64-byte store lands on floats already
+ * read. */
+static float weights_bf(float *p, int n)
+{
+    int npad = (n + KB - 1) / KB * KB;
+    uint16_t *pb = (uint16_t *)p;
+    __m512 sum = _mm512_setzero_ps();
+    for (int b = 0; b < npad; b += 32) {
+        __m512 lo = _mm512_loadu_ps(p + b);
+        __m512 hi = b + KB < npad ? _mm512_loadu_ps(p + b + KB) : _mm512_setzero_ps();
+        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
+        __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
+        sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_castsi512_ps(w0), _mm512_castsi512_ps(w1)));
+        _mm512_storeu_si512(pb + b, r);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* values_tile with bf16 products: key pairs (j, j + 1), the value rows of a pair interleaved
+ * element by element (vdpbf16ps's pairs) and each query's weight pair broadcast. pb: rounded
+ * weights, row x at pb + x * ldpb. A pair's second key past the tile's last reads as zero (its
+ * weights are zero there too, and the cache may hold anything). */
+INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
+                           const uint16_t *pb, long ldpb, const uint16_t *vi, int c0, int j0,
+                           int j1)
+{
+    const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    __m512 acc[MAXH][4];
+    const void *v = t->v;
+    long ldv = t->ldk;
+    int nmin = KWK_MIN(t->n[x0], j1), nmax = t->n[x0 + NH - 1], ntile = t->n[t->nq - 1];
+    pb += x0 * ldpb;
+#pragma GCC unroll 8
+    for (int g = 0; g < NH; g++)
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++)
+            acc[g][c] =
+                j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(t->out[x0 + g] + c0 + 16 * c);
+    int jend = KWK_MIN(j1, nmax);
+    for (int j = j0; j < jend; j += 2) {
+        __m512bh vv[4];
+        int two = j + 1 < ntile;
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++) {
+            if (vi) { /* interleaved once for all passes: the pair's row from j0 */
+                vv[c] = (__m512bh)_mm512_loadu_si512(vi + (long)(j - j0) * t->hd + 2 * (c0 + 16 * c));
+                continue;
+            }
+            __m512 lo = ld_kv(H, v, c0 + j * ldv + 16 * c);
+            __m512 hi = two ? ld_kv(H, v, c0 + (j + 1) * ldv + 16 * c) : _mm512_setzero_ps();
+            vv[c] = (__m512bh)_mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+        int all = j < nmin;
+#pragma GCC unroll 8
+        for (int g = 0; g < NH; g++) {
+            if (!all && j >= t->n[x0 + g])
+                continue;
+            uint32_t wp;
+            memcpy(&wp, pb + g * ldpb + j, sizeof wp);
+            __m512bh pj = (__m512bh)_mm512_set1_epi32((int)wp);
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++)
+                acc[g][c] = _mm512_dpbf16_ps(acc[g][c], vv[c], pj);
+        }
+    }
+    int last = j1 >= nmax;
+#pragma GCC unroll 8
+    for (int g = 0; g < NH; g++) {
+        __m512 sv = _mm512_set1_ps(t->sums[x0 + g]);
+#pragma GCC unroll 8
+        for (int c = 0; c < NC; c++)
+            _mm512_storeu_ps(t->out[x0 + g] + c0 + 16 * c,
+                             last ? _mm512_div_ps(acc[g][c], sv) : acc[g][c]);
+    }
+}
+
+/* Values [j0, j1) of the tile as values_tile_bf reads them, pair by pair: vi[(j - j0) * hd +
+ * 2c + i] = v_{j+i}[c] rounded, for even j - j0 (a second key past the tile's last is zero).
+ * Done once when several passes read the same key range. */
+static void values_interleave(const struct tile *t, int j0, int j1, uint16_t *vi)
+{
+    const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    int ntile = t->n[t->nq - 1], H = t->half;
+    for (int j = j0; j < j1; j += 2)
+        for (int c = 0; c < t->hd; c += 16) {
+            __m512 lo = H ? ld_kv(1, t->v, c + j * t->ldk) : ld_kv(0, t->v, c + j * t->ldk);
+            __m512 hi = j + 1 >= ntile ? _mm512_setzero_ps()
+                        : H            ? ld_kv(1, t->v, c + (j + 1) * t->ldk)
+                                       : ld_kv(0, t->v, c + (j + 1) * t->ldk);
+            _mm512_storeu_si512(vi + (long)(j - j0) * t->hd + 2 * c,
+                                _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)));
+        }
+}
+
+static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const uint16_t *pb,
+                             long ldpb, const uint16_t *vi, int c0, int j0, int j1)
+{
+#define VT(NH, NC)                                                                                 \
+    case (NH) * 8 + (NC):                                                                          \
+        if (t->half)                                                                               \
+            values_tile_bf(NH, NC, 1, t, x0, pb, ldpb, vi, c0, j0, j1);                                \
+        else                                                                                       \
+            values_tile_bf(NH, NC, 0, t, x0, pb, ldpb, vi, c0, j0, j1);                                \
+        return;
+    switch (nh * 8 + nc) {
+        /* clang-format off */
+        VT(1, 1) VT(1, 2) VT(1, 4) VT(2, 1) VT(2, 2) VT(2, 4) VT(3, 1) VT(3, 2) VT(3, 4)
+        VT(4, 1) VT(4, 2) VT(4, 4) VT(5, 1) VT(5, 2) VT(5, 4) VT(6, 1) VT(6, 2)
+    default:
+        break;
+        /* clang-format on */
+    }
+#undef VT
+    if (t->half)
+        values_tile_bf(6, 4, 1, t, x0, pb, ldpb, vi, c0, j0, j1);
+    else
+        values_tile_bf(6, 4, 0, t, x0, pb, ldpb, vi, c0, j0, j1);
+}
+
 /* One tile (kwk_attn_tile_fn, attn.h): query heads h0 .. h0+nh-1 of one kv group over rows
- * row0 .. row0+nr-1, which read the same keys. */
-static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
-                     float *scratch)
+ * row0 .. row0+nr-1, which read the same keys; BF: the bf16 table's products. */
+INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                    float *scratch)
 {
     int hd = a->head_dim, first = a->first[row0];
     size_t kv_off = (size_t)first * (size_t)a->ld_pos +
@@ -420,23 +701,51 @@ static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, in
         }
     t.ldp = (t.n[t.nq - 1] + KB - 1) / KB * KB;
     float *p = scratch + (size_t)(MAXQ + 16) * hd; /* after the transposed queries, the keys */
-    scores(&t, p, scratch);
-    for (int x = 0; x < t.nq; x++)
+    if (BF)
+        scores_bf(&t, p, scratch);
+    else
+        scores(&t, p, scratch);
+    for (int x = 0; x < t.nq; x++) {
         t.sums[x] = softmax_unnormalized(p + x * t.ldp, t.n[x]);
+        if (BF)
+            t.sums[x] = weights_bf(p + x * t.ldp, t.n[x]);
+    }
     /* Passes of equal size (a small last pass costs nearly as much as a full one), over key
-     * ranges of about 32 KB of values, which stay in L1 for all the passes. */
+     * ranges of about 32 KB of values, which stay in L1 for all the passes; even (BF: pairs). */
     int passes = (t.nq + MAXH - 1) / MAXH, per = (t.nq + passes - 1) / passes;
-    int jb = passes > 1 ? KWK_MAX(16, 8192 / hd) : t.n[t.nq - 1];
+    int jb = passes > 1 ? KWK_MAX(16, 8192 / hd) & ~1 : t.n[t.nq - 1];
+    /* BF with several passes: the range's values interleaved once, after the scores' scratch */
+    uint16_t *vi = BF && passes > 1 ? (uint16_t *)(p + (size_t)t.nq * t.ldp) : NULL;
     for (int j0 = 0; j0 < t.n[t.nq - 1]; j0 += jb) {
         int j1 = KWK_MIN(j0 + jb, t.n[t.nq - 1]);
+        if (vi)
+            values_interleave(&t, j0, j1, vi);
         for (int c0 = 0; c0 < hd;) {
             int left = (hd - c0) / 16, nc = left >= 4 ? 4 : left >= 2 ? 2 : 1;
             for (int x0 = 0; x0 < t.nq; x0 += per)
-                if (t.n[x0 + KWK_MIN(per, t.nq - x0) - 1] > j0) /* else done and divided */
-                    values_tile_n(KWK_MIN(per, t.nq - x0), nc, &t, x0, p, c0, j0, j1);
+                if (t.n[x0 + KWK_MIN(per, t.nq - x0) - 1] > j0) { /* else done and divided */
+                    int nhx = KWK_MIN(per, t.nq - x0);
+                    if (BF)
+                        values_tile_bf_n(nhx, nc, &t, x0, (const uint16_t *)p, 2 * t.ldp, vi, c0,
+                                         j0, j1);
+                    else
+                        values_tile_n(nhx, nc, &t, x0, p, c0, j0, j1);
+                }
             c0 += 16 * nc;
         }
     }
+}
+
+static void tile_run(const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                     float *scratch)
+{
+    tile_go(0, a, row0, nr, h0, nh, scratch);
+}
+
+static void tile_run_bf(const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                        float *scratch)
+{
+    tile_go(1, a, row0, nr, h0, nh, scratch);
 }
 
 static void avx512_items(const struct kwk_attn_args *a, long i0, long i1, float *scratch)
@@ -450,3 +759,15 @@ static void avx512_items(const struct kwk_attn_args *a, long i0, long i1, float 
 }
 
 const struct kwk_attn_kernel kwk_attn_avx512 = {.name = "avx512", .items = avx512_items};
+
+static void avx512_bf16_items(const struct kwk_attn_args *a, long i0, long i1, float *scratch)
+{
+    if (a->head_dim % 32 != 0) {
+        avx512_items(a, i0, i1, scratch); /* the float tiles (or the reference), every item */
+        return;
+    }
+    kwk_attn_tiles(a, i0, i1, tile_run_bf, scratch);
+}
+
+const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {.name = "avx512-bf16",
+                                                     .items = avx512_bf16_items};
