@@ -94,6 +94,14 @@ INLINE __m512 score_block(int H, const float *q, const void *kc, long k, long ld
  * on. Additions commute exactly, so every query's score of every key is bitwise the one
  * score_block gives, and a row may take either path. */
 
+/* acc + vdpbf16ps(a, the pair at m broadcast), the broadcast folded into the instruction
+ * (GCC 12 keeps a separate vpbroadcastd: one instruction more per product of the score loops). */
+INLINE __m512 dp_bcast(__m512 acc, __m512bh a, const uint16_t *m)
+{
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const uint32_t *)m));
+    return acc;
+}
+
 /* Chain P_l of KP keys k[u]: acc[u] lane x = sum over c of q_x[16c + l] * k_u[16c + l]. With
  * BF (the bf16 table) the units are pairs of bfloat16 elements: qt[p * 16 + x] holds query x's
  * pair p, k[u] the key's elements, and the chain is vdpbf16ps over pairs l, l + 16, ... from
@@ -110,11 +118,8 @@ INLINE void lane_chain(int BF, int KP, const void *qt, const void *const *k, int
         for (int e = l; e < n; e += 16) {
             __m512bh qv = (__m512bh)_mm512_loadu_si512(qp + e * 16);
 #pragma GCC unroll 4
-            for (int u = 0; u < KP; u++) {
-                uint32_t kp;
-                memcpy(&kp, (const uint16_t *)k[u] + 2 * e, sizeof kp);
-                acc[u] = _mm512_dpbf16_ps(acc[u], qv, (__m512bh)_mm512_set1_epi32((int)kp));
-            }
+            for (int u = 0; u < KP; u++)
+                acc[u] = dp_bcast(acc[u], qv, (const uint16_t *)k[u] + 2 * e);
         }
         return;
     }
@@ -446,6 +451,14 @@ INLINE __m512bh ld_bf(int H, const void *base, long i)
     return _mm512_cvtne2ps_pbh(ld_kv(H, base, i + 16), ld_kv(H, base, i));
 }
 
+/* Pair p (elements 2p, 2p + 1) of bf16 row r, broadcast: vdpbf16ps's second operand. */
+INLINE __m512bh pair_bcast(const uint16_t *r, int p)
+{
+    uint32_t v;
+    memcpy(&v, r + 2 * p, sizeof v);
+    return (__m512bh)_mm512_set1_epi32((int)v);
+}
+
 /* 32 floats rounded to bf16, in order. */
 INLINE __m512i round_bf(const float *x)
 {
@@ -553,19 +566,31 @@ static void scores_bf(const struct tile *t, float *p, float *scratch)
     }
 }
 
-/* Weights p[0 .. n) (zero past n to a whole block) rounded to bf16 in place: the row's first
- * bytes then hold them as uint16_t, zero-padded to a multiple of 32. Returns the sum of the
- * rounded weights, the divisor that matches them. Each 64-byte store lands on floats already
- * read. */
-static float weights_bf(float *p, int n)
+/* softmax_unnormalized's weights rounded to bf16 in place, in one pass: the row's first bytes
+ * then hold them as uint16_t, zero-padded to a multiple of 32. Returns the sum of the rounded
+ * weights, the divisor that matches them. Each 64-byte store lands on floats already read. */
+static float softmax_bf(float *p, int n)
 {
     int npad = (n + KB - 1) / KB * KB;
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int b = 0; b < npad; b += KB)
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(p + b));
+    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
     uint16_t *pb = (uint16_t *)p;
     __m512 sum = _mm512_setzero_ps();
     for (int b = 0; b < npad; b += 32) {
-        __m512 lo = _mm512_loadu_ps(p + b);
-        __m512 hi = b + KB < npad ? _mm512_loadu_ps(p + b + KB) : _mm512_setzero_ps();
-        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        __m512 e[2];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            int at = b + h * KB, left = n - at;
+            __mmask16 m = left >= KB ? (__mmask16)0xffff
+                          : left > 0 ? (__mmask16)((1u << left) - 1)
+                                     : 0;
+            e[h] = at < npad ? _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(p + at),
+                                                                         mx)))
+                             : _mm512_setzero_ps();
+        }
+        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]);
         __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
         __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
         sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_castsi512_ps(w0), _mm512_castsi512_ps(w1)));
@@ -589,35 +614,64 @@ INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
     const void *v = t->v;
     long ldv = t->ldk;
     int nmin = KWK_MIN(t->n[x0], j1), nmax = t->n[x0 + NH - 1], ntile = t->n[t->nq - 1];
-    pb += x0 * ldpb;
+    const uint16_t *w[MAXH];
 #pragma GCC unroll 8
-    for (int g = 0; g < NH; g++)
+    for (int g = 0; g < NH; g++) {
+        w[g] = pb + (x0 + g) * ldpb;
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
             acc[g][c] =
                 j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(t->out[x0 + g] + c0 + 16 * c);
-    int jend = KWK_MIN(j1, nmax);
-    for (int j = j0; j < jend; j += 2) {
+    }
+    int jend = KWK_MIN(j1, nmax), j = j0;
+    /* Pairs every query takes whole: branch-free, from the interleaved copy when there is one. */
+    if (vi) {
+        const uint16_t *vr = vi + 2 * c0;
+        for (; j < nmin && j + 1 < ntile; j += 2, vr += 2 * t->hd) {
+            __m512bh vv[4];
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++)
+                vv[c] = (__m512bh)_mm512_loadu_si512(vr + 32 * c);
+#pragma GCC unroll 8
+            for (int g = 0; g < NH; g++) {
+                __m512bh pj = pair_bcast(w[g], j / 2);
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++)
+                    acc[g][c] = _mm512_dpbf16_ps(acc[g][c], vv[c], pj);
+            }
+        }
+    } else {
+        for (; j < nmin && j + 1 < ntile; j += 2) {
+            __m512bh vv[4];
+#pragma GCC unroll 8
+            for (int c = 0; c < NC; c++)
+                vv[c] = (__m512bh)_mm512_permutexvar_epi16(
+                    ilv, (__m512i)_mm512_cvtne2ps_pbh(ld_kv(H, v, c0 + (j + 1) * ldv + 16 * c),
+                                                      ld_kv(H, v, c0 + j * ldv + 16 * c)));
+#pragma GCC unroll 8
+            for (int g = 0; g < NH; g++) {
+                __m512bh pj = pair_bcast(w[g], j / 2);
+#pragma GCC unroll 8
+                for (int c = 0; c < NC; c++)
+                    acc[g][c] = _mm512_dpbf16_ps(acc[g][c], vv[c], pj);
+            }
+        }
+    }
+    /* The rest: queries past their own n take nothing, a second key past the tile's is zero. */
+    for (; j < jend; j += 2) {
         __m512bh vv[4];
         int two = j + 1 < ntile;
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) {
-            if (vi) { /* interleaved once for all passes: the pair's row from j0 */
-                vv[c] = (__m512bh)_mm512_loadu_si512(vi + (long)(j - j0) * t->hd + 2 * (c0 + 16 * c));
-                continue;
-            }
             __m512 lo = ld_kv(H, v, c0 + j * ldv + 16 * c);
             __m512 hi = two ? ld_kv(H, v, c0 + (j + 1) * ldv + 16 * c) : _mm512_setzero_ps();
             vv[c] = (__m512bh)_mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
-        int all = j < nmin;
 #pragma GCC unroll 8
         for (int g = 0; g < NH; g++) {
-            if (!all && j >= t->n[x0 + g])
+            if (j >= t->n[x0 + g])
                 continue;
-            uint32_t wp;
-            memcpy(&wp, pb + g * ldpb + j, sizeof wp);
-            __m512bh pj = (__m512bh)_mm512_set1_epi32((int)wp);
+            __m512bh pj = pair_bcast(w[g], j / 2);
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++)
                 acc[g][c] = _mm512_dpbf16_ps(acc[g][c], vv[c], pj);
@@ -705,11 +759,9 @@ INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int
         scores_bf(&t, p, scratch);
     else
         scores(&t, p, scratch);
-    for (int x = 0; x < t.nq; x++) {
-        t.sums[x] = softmax_unnormalized(p + x * t.ldp, t.n[x]);
-        if (BF)
-            t.sums[x] = weights_bf(p + x * t.ldp, t.n[x]);
-    }
+    for (int x = 0; x < t.nq; x++)
+        t.sums[x] = BF ? softmax_bf(p + x * t.ldp, t.n[x])
+                       : softmax_unnormalized(p + x * t.ldp, t.n[x]);
     /* Passes of equal size (a small last pass costs nearly as much as a full one), over key
      * ranges of about 32 KB of values, which stay in L1 for all the passes; even (BF: pairs). */
     int passes = (t.nq + MAXH - 1) / MAXH, per = (t.nq + passes - 1) / passes;
