@@ -80,6 +80,24 @@ __attribute__((target("avx512f,avx512vnni"))) static float vnni512(long n)
     return (float)_mm512_reduce_add_epi32(s);
 }
 
+/* bf16 pairs: 32 multiply-accumulates into float (the act8 attention's vdpbf16ps). */
+__attribute__((target("avx512f,avx512bf16"))) static float bf16_512(long n)
+{
+    __m512 acc[CHAINS];
+    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f);
+    for (int i = 0; i < CHAINS; i++)
+        acc[i] = _mm512_set1_ps((float)i);
+    for (long t = 0; t < n; t++) {
+        for (int i = 0; i < CHAINS; i++)
+            acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a));
+    }
+    __m512 s = acc[0];
+    for (int i = 1; i < CHAINS; i++)
+        s = _mm512_add_ps(s, acc[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
 /* AVX2's int8 dot product: maddubs (u8 x s8 pairs to s16) then madd with ones (s16 pairs to s32)
  * and an add: three instructions for 32 multiply-accumulates. */
 __attribute__((target("avx2"))) static float maddubs256(long n)
@@ -112,7 +130,8 @@ struct op {
 static const struct op ops[] = {
     {"fp32_fma_avx512", "avx512f", fma512, 16},
     {"fp32_fma_avx2", "avx2,fma", fma256, 8},
-        {"int8_vnni_avx512", "avx512f,avx512vnni", vnni512, 64},
+    {"int8_vnni_avx512", "avx512f,avx512vnni", vnni512, 64},
+    {"bf16_dp_avx512", "avx512f,avx512bf16", bf16_512, 32},
     {"int8_maddubs_avx2", "avx2", maddubs256, 32},
 };
 
@@ -125,6 +144,7 @@ static int cpu_has(const char *features)
                  : !strcmp(f, "avx2")       ? __builtin_cpu_supports("avx2")
                  : !strcmp(f, "fma")        ? __builtin_cpu_supports("fma")
                  : !strcmp(f, "avx512vnni") ? __builtin_cpu_supports("avx512vnni")
+                 : !strcmp(f, "avx512bf16") ? __builtin_cpu_supports("avx512bf16")
                                             : 0;
         if (!ok)
             return 0;

@@ -466,7 +466,9 @@ static int table_matches_env(const char *value)
         int ok = kwk_attn_kernel() == kwk_attn_kernel_for(isa) &&
                  !strcmp(kwk_attn_kernel()->name, kwk_isa_name(isa)) &&
                  !strcmp(kwk_attn_kernel()->name, kwk_kernels()->name) &&
-                 (strcmp(value, "scalar") || kwk_attn_kernel() == &kwk_attn_ref);
+                 (strcmp(value, "scalar") || kwk_attn_kernel() == &kwk_attn_ref) &&
+                 /* bf16 products only on the AVX-512 path */
+                 (isa == KWK_ISA_AVX512 || kwk_attn_kernel_act8() == kwk_attn_kernel());
         _exit(ok ? 0 : 1);
     }
     int status = 0;
