@@ -335,18 +335,28 @@ static void scores(const struct tile *t, float *p, float *scratch)
     }
 }
 
+/* The largest score of a row of n (its blocks' lanes past n hold -inf), broadcast. */
+INLINE __m512 row_max(const float *p, int n)
+{
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int b = 0; b < n; b += KB)
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(p + b));
+    return _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+}
+
+/* exp(p[b + l] - mx) for the 16 lanes of block b (b < n), zero past n. */
+INLINE __m512 weights16(const float *p, int b, int n, __m512 mx)
+{
+    __mmask16 m = n - b >= KB ? (__mmask16)0xffff : (__mmask16)((1u << (n - b)) - 1);
+    return _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(p + b), mx)));
+}
+
 /* p[0..n) = exp(p - max p), padded to whole blocks with zeros; returns their sum. */
 static float softmax_unnormalized(float *p, int n)
 {
-    int npad = (n + KB - 1) / KB * KB;
-    __m512 mv = _mm512_set1_ps(-INFINITY);
-    for (int b = 0; b < npad; b += KB)
-        mv = _mm512_max_ps(mv, _mm512_loadu_ps(p + b));
-    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
-    __m512 sum = _mm512_setzero_ps();
-    for (int b = 0; b < npad; b += KB) {
-        __mmask16 m = n - b >= KB ? (__mmask16)0xffff : (__mmask16)((1u << (n - b)) - 1);
-        __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(p + b), mx)));
+    __m512 mx = row_max(p, n), sum = _mm512_setzero_ps();
+    for (int b = 0; b < n; b += KB) {
+        __m512 e = weights16(p, b, n, mx);
         _mm512_storeu_ps(p + b, e);
         sum = _mm512_add_ps(sum, e);
     }
@@ -571,26 +581,12 @@ static void scores_bf(const struct tile *t, float *p, float *scratch)
  * weights, the divisor that matches them. Each 64-byte store lands on floats already read. */
 static float softmax_bf(float *p, int n)
 {
-    int npad = (n + KB - 1) / KB * KB;
-    __m512 mv = _mm512_set1_ps(-INFINITY);
-    for (int b = 0; b < npad; b += KB)
-        mv = _mm512_max_ps(mv, _mm512_loadu_ps(p + b));
-    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    __m512 mx = row_max(p, n), sum = _mm512_setzero_ps();
     uint16_t *pb = (uint16_t *)p;
-    __m512 sum = _mm512_setzero_ps();
-    for (int b = 0; b < npad; b += 32) {
-        __m512 e[2];
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            int at = b + h * KB, left = n - at;
-            __mmask16 m = left >= KB ? (__mmask16)0xffff
-                          : left > 0 ? (__mmask16)((1u << left) - 1)
-                                     : 0;
-            e[h] = at < npad ? _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(p + at),
-                                                                         mx)))
-                             : _mm512_setzero_ps();
-        }
-        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]);
+    for (int b = 0; b < n; b += 32) {
+        __m512 e0 = weights16(p, b, n, mx);
+        __m512 e1 = b + KB < n ? weights16(p, b + KB, n, mx) : _mm512_setzero_ps();
+        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
         __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
         __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
         sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_castsi512_ps(w0), _mm512_castsi512_ps(w1)));
