@@ -190,6 +190,10 @@ KWK_API int kwk_decoder_pos(const kwk_decoder *d);
 KWK_API double kwk_decoder_bits_per_weight(const kwk_decoder *d);
 /* Bits of a KV cache element: 16 (half) or 32 (float), as kwk_decoder_params.kv_bits chose. */
 KWK_API int kwk_decoder_kv_bits(const kwk_decoder *d);
+/* The attention kernels a decoder runs: the instruction set's name ("scalar", "avx2", "avx512"),
+ * or "avx512-bf16" when 8-bit activations on an AVX512_BF16 CPU take attention's products in
+ * bfloat16. A static string. */
+KWK_API const char *kwk_decoder_attn_name(const kwk_decoder *d);
 /* Keep the first n positions of the KV cache (0 empties it). Returns 0 or KWK_ERANGE. */
 KWK_API int kwk_decoder_truncate(kwk_decoder *d, int n);
 /* The token ids held in the KV cache (kwk_decoder_pos of them), valid until the next call. */

@@ -237,6 +237,11 @@ int kwk_decoder_kv_bits(const kwk_decoder *d)
     return d->kv_half ? 16 : 32;
 }
 
+const char *kwk_decoder_attn_name(const kwk_decoder *d)
+{
+    return d->ak->name;
+}
+
 double kwk_decoder_bits_per_weight(const kwk_decoder *d)
 {
     if (!d)

@@ -277,6 +277,33 @@ def test_bench_json_act_bits(tiny, tmp_path):
     assert p.returncode == 0 and "8-bit activations" in p.stdout, p.stdout + p.stderr
 
 
+def cpu_has_bf16():
+    """AVX512_BF16 in /proc/cpuinfo (the kernel's name for it: avx512_bf16)."""
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+
+
+def test_bench_json_attention(tiny, tmp_path):
+    """kwker bench names the attention kernels: bf16 products exactly for 8-bit activations on
+    the AVX-512 path of an AVX512_BF16 CPU, the instruction set's own tables otherwise (also when
+    KWKER_ISA forces AVX2 or scalar on such a CPU)."""
+    model, cache = tiny[0], ["--cache-dir", tmp_path]
+    j8 = bench_json(model, "--precision", "int4", "--act-bits", "8", *cache)
+    bf16 = j8["isa"] == "avx512" and cpu_has_bf16()
+    assert j8["attn"] == ("avx512-bf16" if bf16 else j8["isa"]), j8
+    j16 = bench_json(model, "--precision", "int4", "--act-bits", "16", *cache)
+    assert j16["attn"] == j16["isa"], j16
+    assert bench_json(model, "--precision", "preserve")["attn"] == j16["isa"]
+    for isa in ("avx2", "scalar"):
+        p = run("bench", "--model", model, "-p", "8", "-n", "2", "-r", "1", "-t", "2", "--json",
+                "--precision", "balanced", "--act-bits", "8", *cache,
+                env=dict(os.environ, KWKER_ISA=isa))
+        assert p.returncode == 0, p.stderr
+        j = json.loads(p.stdout)
+        if j["isa"] == isa:  # a machine without AVX2 runs scalar for both
+            assert j["attn"] == isa, j
+
+
 def test_generate_equals_python(tmp_path):
     """kwker generate --act-bits 8 on SmolLM2 gives the Python decoder's act_bits=8 tokens."""
     import kwker
