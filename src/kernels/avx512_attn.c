@@ -66,10 +66,24 @@ INLINE __m512 fold_quads(const __m512 *quad)
     return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
 }
 
+/* Lane l of key_partial over bf16 numbers: the chain over pairs l, l + 16, ... of query q and
+ * key k (both bf16, hd elements). */
+INLINE __m512 key_partial_bf(const uint16_t *q, const uint16_t *k, int hd)
+{
+    __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int e = 0; e < hd; e += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + e),
+                               (__m512bh)_mm512_loadu_si512(k + e));
+    return acc;
+}
+
 /* The dot products of q with the keys at elements k, k + ldk, ... of the cache (nk of them,
  * 1..16; the rest read as zero), in key order. Every key's sum has the same tree whatever nk is:
- * lanes never mix keys. */
-INLINE __m512 score_block(int H, const float *q, const void *kc, long k, long ldk, int hd, int nk)
+ * lanes never mix keys. BF: q and the keys (kc) are bf16 rows already rounded (the bf16 table's
+ * key blocks), H unused. */
+INLINE __m512 score_block(int BF, int H, const void *q, const void *kc, long k, long ldk, int hd,
+                          int nk)
 {
     __m512 quad[4];
 #pragma GCC unroll 4
@@ -78,7 +92,9 @@ INLINE __m512 score_block(int H, const float *q, const void *kc, long k, long ld
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) {
             int j = 4 * t + u;
-            a[u] = j < nk ? key_partial(H, q, kc, k + j * ldk, hd) : _mm512_setzero_ps();
+            a[u] = j >= nk ? _mm512_setzero_ps()
+                   : BF    ? key_partial_bf(q, (const uint16_t *)kc + k + j * ldk, hd)
+                           : key_partial(H, q, kc, k + j * ldk, hd);
         }
         quad[t] = fold4(a[0], a[1], a[2], a[3]);
     }
@@ -102,39 +118,48 @@ INLINE __m512 dp_bcast(__m512 acc, __m512bh a, const uint16_t *m)
     return acc;
 }
 
-/* Chain P_l of KP keys k[u]: acc[u] lane x = sum over c of q_x[16c + l] * k_u[16c + l]. With
- * BF (the bf16 table) the units are pairs of bfloat16 elements: qt[p * 16 + x] holds query x's
- * pair p, k[u] the key's elements, and the chain is vdpbf16ps over pairs l, l + 16, ... from
- * zero, as key_partial_bf's lane l. n: elements (float) or pairs (BF). */
-INLINE void lane_chain(int BF, int KP, const void *qt, const void *const *k, int n, int l,
-                       __m512 *acc)
+/* Chain P_l of KP keys k[u]: acc[u] lane x = sum over c of q_x[16c + l] * k_u[16c + l]. qt: the
+ * queries transposed, n their elements. */
+INLINE void lane_chain_f(int KP, const float *qt, const void *const *k, int n, int l, __m512 *acc)
 {
-    if (BF) {
-        const uint32_t *qp = qt;
-#pragma GCC unroll 4
-        for (int u = 0; u < KP; u++)
-            acc[u] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-        for (int e = l; e < n; e += 16) {
-            __m512bh qv = (__m512bh)_mm512_loadu_si512(qp + e * 16);
-#pragma GCC unroll 4
-            for (int u = 0; u < KP; u++)
-                acc[u] = dp_bcast(acc[u], qv, (const uint16_t *)k[u] + 2 * e);
-        }
-        return;
-    }
-    const float *qf = qt;
-    __m512 qv = _mm512_loadu_ps(qf + l * 16);
+    __m512 qv = _mm512_loadu_ps(qt + l * 16);
 #pragma GCC unroll 4
     for (int u = 0; u < KP; u++)
         acc[u] = _mm512_mul_ps(_mm512_set1_ps(((const float *)k[u])[l]), qv);
 #pragma GCC unroll 8
     for (int e = 16 + l; e < n; e += 16) {
-        qv = _mm512_loadu_ps(qf + e * 16);
+        qv = _mm512_loadu_ps(qt + e * 16);
 #pragma GCC unroll 4
         for (int u = 0; u < KP; u++)
             acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(((const float *)k[u])[e]), qv, acc[u]);
     }
+}
+
+/* The bf16 table's chain P_l: the units are pairs of bfloat16 elements, qt[p * 16 + x] holds
+ * query x's pair p, k[u] the key's elements, and the chain is vdpbf16ps over pairs l, l + 16, ...
+ * from zero, as key_partial_bf's lane l. n: pairs. */
+INLINE void lane_chain_bf(int KP, const uint32_t *qt, const void *const *k, int n, int l,
+                          __m512 *acc)
+{
+#pragma GCC unroll 4
+    for (int u = 0; u < KP; u++)
+        acc[u] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int e = l; e < n; e += 16) {
+        __m512bh qv = (__m512bh)_mm512_loadu_si512(qt + e * 16);
+#pragma GCC unroll 4
+        for (int u = 0; u < KP; u++)
+            acc[u] = dp_bcast(acc[u], qv, (const uint16_t *)k[u] + 2 * e);
+    }
+}
+
+INLINE void lane_chain(int BF, int KP, const void *qt, const void *const *k, int n, int l,
+                       __m512 *acc)
+{
+    if (BF)
+        lane_chain_bf(KP, qt, k, n, l, acc);
+    else
+        lane_chain_f(KP, qt, k, n, l, acc);
 }
 
 /* (P_l + P_l+2) + (P_l+1 + P_l+3) of KP keys, l = 4m: fold4's sum of quarter m. */
@@ -247,7 +272,7 @@ INLINE void scores_hd(int H, const struct tile *t, int hd, float *p)
             int nk = KWK_MIN(KB, t->n[x] - b);
             if (nk > 0)
                 store_scores(t, x, b,
-                             _mm512_mul_ps(score_block(H, t->q[x], t->k, kb, t->ldk, hd, nk), sv),
+                             _mm512_mul_ps(score_block(0, H, t->q[x], t->k, kb, t->ldk, hd, nk), sv),
                              p);
         }
     }
@@ -419,6 +444,11 @@ INLINE void values_tile(int NH, int NC, int H, const struct tile *t, int x0, con
 }
 
 /* values_tile with its constants chosen: nh in 1..MAXH, nc in {1, 2, 4}, the cache's type. */
+/* The (queries, 16-column chunks) shapes a values tile is compiled for; 6 x 4 serves the rest. */
+#define VALUE_SHAPES(X)                                                                            \
+    X(1, 1) X(1, 2) X(1, 4) X(2, 1) X(2, 2) X(2, 4) X(3, 1) X(3, 2) X(3, 4) X(4, 1) X(4, 2)        \
+        X(4, 4) X(5, 1) X(5, 2) X(5, 4) X(6, 1) X(6, 2)
+
 static void values_tile_n(int nh, int nc, const struct tile *t, int x0, const float *p, int c0,
                           int j0, int j1)
 {
@@ -430,12 +460,9 @@ static void values_tile_n(int nh, int nc, const struct tile *t, int x0, const fl
             values_tile(NH, NC, 0, t, x0, p, c0, j0, j1);                                          \
         return;
     switch (nh * 8 + nc) {
-        /* clang-format off */
-        VT(1, 1) VT(1, 2) VT(1, 4) VT(2, 1) VT(2, 2) VT(2, 4) VT(3, 1) VT(3, 2) VT(3, 4)
-        VT(4, 1) VT(4, 2) VT(4, 4) VT(5, 1) VT(5, 2) VT(5, 4) VT(6, 1) VT(6, 2)
+        VALUE_SHAPES(VT)
     default:
         break;
-        /* clang-format on */
     }
 #undef VT
     if (t->half)
@@ -485,34 +512,6 @@ static void keys_bf(const struct tile *t, int b, int nk, uint16_t *kb)
                                                   : ld_bf(0, t->k, (b + u) * t->ldk + e)));
 }
 
-/* Lane l: the chain over pairs l, l + 16, ... of query q and key k (both bf16, hd elements). */
-INLINE __m512 key_partial_bf(const uint16_t *q, const uint16_t *k, int hd)
-{
-    __m512 acc = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int e = 0; e < hd; e += 32)
-        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(q + e),
-                               (__m512bh)_mm512_loadu_si512(k + e));
-    return acc;
-}
-
-/* score_block over a rounded key block kb: q's scores of its keys 0 .. nk-1, in key order. */
-INLINE __m512 score_block_bf(const uint16_t *q, const uint16_t *kb, int hd, int nk)
-{
-    __m512 quad[4];
-#pragma GCC unroll 4
-    for (int t = 0; t < 4; t++) {
-        __m512 a[4];
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) {
-            int j = 4 * t + u;
-            a[u] = j < nk ? key_partial_bf(q, kb + (long)j * hd, hd) : _mm512_setzero_ps();
-        }
-        quad[t] = fold4(a[0], a[1], a[2], a[3]);
-    }
-    return fold_quads(quad);
-}
-
 /* Every query's scores into p + x * ldp. scratch: the rounded queries (or their pairs
  * transposed: 8 * hd floats' room), then a rounded key block (8 * hd). */
 INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
@@ -543,7 +542,7 @@ INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
                 if (nkx > 0)
                     store_scores(
                         t, x, b,
-                        _mm512_mul_ps(score_block_bf(qb + x * hd, kb, hd, nkx), sv), p);
+                        _mm512_mul_ps(score_block(1, 0, qb + x * hd, kb, 0, hd, hd, nkx), sv), p);
             }
             continue;
         }
@@ -595,6 +594,17 @@ static float softmax_bf(float *p, int n)
     return _mm512_reduce_add_ps(sum);
 }
 
+/* Elements c .. c + 15 of value rows i and i + ld (zero when !two) as one vector of bf16 pairs:
+ * (v_i[c], v_{i+ld}[c]), (v_i[c+1], ...), the operand order vdpbf16ps sums. */
+INLINE __m512bh pair_rows(int H, const void *v, long i, long ld, int two)
+{
+    const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    __m512 lo = ld_kv(H, v, i), hi = two ? ld_kv(H, v, i + ld) : _mm512_setzero_ps();
+    return (__m512bh)_mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 /* values_tile with bf16 products: key pairs (j, j + 1), the value rows of a pair interleaved
  * element by element (vdpbf16ps's pairs) and each query's weight pair broadcast. pb: rounded
  * weights, row x at pb + x * ldpb. A pair's second key past the tile's last reads as zero (its
@@ -603,9 +613,6 @@ INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
                            const uint16_t *pb, long ldpb, const uint16_t *vi, int c0, int j0,
                            int j1)
 {
-    const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
     __m512 acc[MAXH][4];
     const void *v = t->v;
     long ldv = t->ldk;
@@ -641,9 +648,7 @@ INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
             __m512bh vv[4];
 #pragma GCC unroll 8
             for (int c = 0; c < NC; c++)
-                vv[c] = (__m512bh)_mm512_permutexvar_epi16(
-                    ilv, (__m512i)_mm512_cvtne2ps_pbh(ld_kv(H, v, c0 + (j + 1) * ldv + 16 * c),
-                                                      ld_kv(H, v, c0 + j * ldv + 16 * c)));
+                vv[c] = pair_rows(H, v, c0 + j * ldv + 16 * c, ldv, 1);
 #pragma GCC unroll 8
             for (int g = 0; g < NH; g++) {
                 __m512bh pj = pair_bcast(w[g], j / 2);
@@ -658,11 +663,8 @@ INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
         __m512bh vv[4];
         int two = j + 1 < ntile;
 #pragma GCC unroll 8
-        for (int c = 0; c < NC; c++) {
-            __m512 lo = ld_kv(H, v, c0 + j * ldv + 16 * c);
-            __m512 hi = two ? ld_kv(H, v, c0 + (j + 1) * ldv + 16 * c) : _mm512_setzero_ps();
-            vv[c] = (__m512bh)_mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        }
+        for (int c = 0; c < NC; c++)
+            vv[c] = pair_rows(H, v, c0 + j * ldv + 16 * c, ldv, two);
 #pragma GCC unroll 8
         for (int g = 0; g < NH; g++) {
             if (j >= t->n[x0 + g])
@@ -689,18 +691,14 @@ INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
  * Done once when several passes read the same key range. */
 static void values_interleave(const struct tile *t, int j0, int j1, uint16_t *vi)
 {
-    const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
     int ntile = t->n[t->nq - 1], H = t->half;
     for (int j = j0; j < j1; j += 2)
         for (int c = 0; c < t->hd; c += 16) {
-            __m512 lo = H ? ld_kv(1, t->v, c + j * t->ldk) : ld_kv(0, t->v, c + j * t->ldk);
-            __m512 hi = j + 1 >= ntile ? _mm512_setzero_ps()
-                        : H            ? ld_kv(1, t->v, c + (j + 1) * t->ldk)
-                                       : ld_kv(0, t->v, c + (j + 1) * t->ldk);
+            long i = c + j * t->ldk;
+            int two = j + 1 < ntile;
             _mm512_storeu_si512(vi + (long)(j - j0) * t->hd + 2 * c,
-                                _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(hi, lo)));
+                                (__m512i)(H ? pair_rows(1, t->v, i, t->ldk, two)
+                                            : pair_rows(0, t->v, i, t->ldk, two)));
         }
 }
 
@@ -715,12 +713,9 @@ static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const
             values_tile_bf(NH, NC, 0, t, x0, pb, ldpb, vi, c0, j0, j1);                                \
         return;
     switch (nh * 8 + nc) {
-        /* clang-format off */
-        VT(1, 1) VT(1, 2) VT(1, 4) VT(2, 1) VT(2, 2) VT(2, 4) VT(3, 1) VT(3, 2) VT(3, 4)
-        VT(4, 1) VT(4, 2) VT(4, 4) VT(5, 1) VT(5, 2) VT(5, 4) VT(6, 1) VT(6, 2)
+        VALUE_SHAPES(VT)
     default:
         break;
-        /* clang-format on */
     }
 #undef VT
     if (t->half)
