@@ -269,6 +269,14 @@ INLINE void put8(float *yt, int64_t rb, int h, int64_t r0, int64_t r1, __m256 v,
         yt[base + i] = first ? o[i] : yt[base + i] + o[i];
 }
 
+/* A tile's sums of halves h0 .. h0 + NHALF(T) - 1 (token j's in facc[hh][j]) into y. */
+INLINE void put_halves(const struct tile_args *a, int h0, int T, __m256 facc[2][TT8_MAX])
+{
+    for (int hh = 0; hh < NHALF(T); hh++)
+        for (int j = 0; j < T; j++)
+            put8(a->y + (int64_t)j * a->ldy, a->rb, h0 + hh, a->r0, a->r1, facc[hh][j], a->first);
+}
+
 INLINE __m256 ld_half(const uint16_t *p)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -309,10 +317,7 @@ INLINE void tile8_q8(const struct tile_args *a, int T)
                 }
             }
         }
-        for (int hh = 0; hh < NHALF(T); hh++)
-            for (int j = 0; j < T; j++)
-                put8(a->y + (int64_t)j * a->ldy, a->rb, h0 + hh, a->r0, a->r1, facc[hh][j],
-                     a->first);
+        put_halves(a, h0, T, facc);
     }
 }
 
@@ -354,10 +359,7 @@ INLINE void tile8_q4(const struct tile_args *a, int T)
                 }
             }
         }
-        for (int hh = 0; hh < NHALF(T); hh++)
-            for (int j = 0; j < T; j++)
-                put8(a->y + (int64_t)j * a->ldy, a->rb, h0 + hh, a->r0, a->r1, facc[hh][j],
-                     a->first);
+        put_halves(a, h0, T, facc);
     }
 }
 
@@ -404,10 +406,7 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
                 }
             }
         }
-        for (int hh = 0; hh < NHALF(T); hh++)
-            for (int j = 0; j < T; j++)
-                put8(a->y + (int64_t)j * a->ldy, a->rb, h0 + hh, a->r0, a->r1, facc[hh][j],
-                     a->first);
+        put_halves(a, h0, T, facc);
     }
 }
 
