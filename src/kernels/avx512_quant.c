@@ -124,7 +124,9 @@ static const int FOLD_LANE[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 
  * where one horizontal reduction each takes about 8. */
 INLINE __m512 fold16_max(__m512 *m)
 {
+#pragma GCC unroll 4
     for (int w = 8; w >= 1; w /= 2)
+#pragma GCC unroll 8
         for (int i = 0; i < w; i++) {
             __m512 lo, hi;
             split16(m[i], m[i + w], w, &lo, &hi);
@@ -136,7 +138,9 @@ INLINE __m512 fold16_max(__m512 *m)
 /* The same with integer sums (exact in any order). */
 INLINE __m512i fold16_add(__m512i *s)
 {
+#pragma GCC unroll 4
     for (int w = 8; w >= 1; w /= 2)
+#pragma GCC unroll 8
         for (int i = 0; i < w; i++) {
             __m512 lo, hi;
             split16(_mm512_castsi512_ps(s[i]), _mm512_castsi512_ps(s[i + w]), w, &lo, &hi);
