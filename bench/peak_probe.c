@@ -1,9 +1,9 @@
 /* peak_probe.c - arithmetic peak of this CPU for the operations Kwker's matmuls are made of, so
  * that prompt speeds can be stated as a share of what the cores can do (docs/benchmarks.md):
  * float32 fused multiply-adds (preserve), int8 dot products (vpdpbusd with AVX-512 VNNI;
- * maddubs + madd with AVX2).
- * Each thread runs long chains of independent register-only instructions; the main thread
- * starts and joins them.
+ * maddubs + madd with AVX2), and the same operations in the act8 prompt tiles' shape (below).
+ * Each thread runs long chains of independent register-only instructions (or the tile shapes on
+ * data in L1); the main thread starts and joins them.
  *
  *   peak_probe [-t threads] [-s seconds] [--json]
  *
@@ -120,19 +120,141 @@ __attribute__((target("avx2"))) static float maddubs256(long n)
     return (float)(v[0] + v[7]);
 }
 
+/* ---- tile-shaped probes: the quantized prompt tiles' instruction mix on data in L1 ----------
+ * The register-only peaks above bound what a kernel could do; these bound what the act8 prompt
+ * tiles (kernels/avx512_quant.c tile8_q8 4 x 4, kernels/avx2_quant.c tile8_q8 one half x 4) can
+ * do on this core with their memory operands and their per-group epilogue, so a tile's measured
+ * speed (bench_kernels quant) reads as a share of its own ceiling. Each trip is one 32-column
+ * group over weights cycling through 8 groups (16 KB, in L1). */
+#define TILE_GROUPS 8
+
+static uint8_t tile_w[4][TILE_GROUPS][32 * 16] __attribute__((aligned(64)));
+static int8_t tile_x[4][TILE_GROUPS * 32] __attribute__((aligned(64)));
+static float tile_dx[4][TILE_GROUPS];
+static uint16_t tile_dw[4][TILE_GROUPS][16];
+
+static void tile_data(void)
+{
+    memset(tile_w, 130, sizeof tile_w);
+    memset(tile_x, 3, sizeof tile_x);
+    for (int j = 0; j < 4; j++)
+        for (int g = 0; g < TILE_GROUPS; g++) {
+            tile_dx[j][g] = 1e-3f;
+            for (int r = 0; r < 16; r++)
+                tile_dw[j][g][r] = 0x1400; /* half 2^-10 */
+        }
+}
+
+/* 4 row blocks x 4 tokens: per group 8 steps of 4 weight loads, 4 broadcasts and 16 vpdpbusd,
+ * then (epi) 16 x (convert, d_w * d_x, FMA) into float sums, as tile8_q8; without epi the
+ * integer sums carry on (the loop alone). */
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c"), always_inline)) static inline float
+tile512(long n, int epi)
+{
+    __m512 facc[4][4];
+    __m512i acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            facc[i][j] = _mm512_setzero_ps();
+            acc[i][j] = _mm512_setzero_si512();
+        }
+    for (long t = 0; t < n; t++) {
+        int g = (int)(t % TILE_GROUPS);
+        if (epi)
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] = _mm512_setzero_si512();
+        for (int k4 = 0; k4 < 8; k4++) {
+            __m512i wv[4];
+            for (int i = 0; i < 4; i++)
+                wv[i] = _mm512_load_si512(tile_w[i][g] + 64 * k4);
+            for (int j = 0; j < 4; j++) {
+                int32_t v;
+                memcpy(&v, tile_x[j] + 32 * g + 4 * k4, 4);
+                __m512i xb = _mm512_set1_epi32(v);
+                for (int i = 0; i < 4; i++)
+                    acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wv[i], xb);
+            }
+        }
+        if (epi)
+            for (int i = 0; i < 4; i++) {
+                __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tile_dw[i][g]));
+                for (int j = 0; j < 4; j++)
+                    facc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][j]),
+                                                 _mm512_mul_ps(dw, _mm512_set1_ps(tile_dx[j][g])),
+                                                 facc[i][j]);
+            }
+    }
+    __m512 s = _mm512_setzero_ps();
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            s = _mm512_add_ps(s, _mm512_add_ps(facc[i][j], _mm512_cvtepi32_ps(acc[i][j])));
+    return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) static float tile512_epi(long n)
+{
+    return tile512(n, 1);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) static float tile512_loop(long n)
+{
+    return tile512(n, 0);
+}
+
+/* AVX2: one 8-row half x 4 tokens, weights stored + 128 as tile8_q8 takes them: per step a load,
+ * flip and absolute value, then per token a broadcast, psignb, maddubs, madd and add; per group
+ * 4 x (convert, d_w * d_x, FMA). */
+__attribute__((target("avx2,fma,f16c"))) static float tile256(long n)
+{
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 facc[4];
+    for (int j = 0; j < 4; j++)
+        facc[j] = _mm256_setzero_ps();
+    for (long t = 0; t < n; t++) {
+        int g = (int)(t % TILE_GROUPS);
+        __m256i acc[4];
+        for (int j = 0; j < 4; j++)
+            acc[j] = _mm256_setzero_si256();
+        for (int k4 = 0; k4 < 8; k4++) {
+            __m256i wv = _mm256_xor_si256(
+                _mm256_load_si256((const __m256i *)(tile_w[0][g] + 64 * k4)), flip);
+            __m256i aw = _mm256_abs_epi8(wv);
+            for (int j = 0; j < 4; j++) {
+                int32_t v;
+                memcpy(&v, tile_x[j] + 32 * g + 4 * k4, 4);
+                __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(v), wv));
+                acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(p, ones));
+            }
+        }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile_dw[0][g]));
+        for (int j = 0; j < 4; j++)
+            facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[j]),
+                                      _mm256_mul_ps(dw, _mm256_set1_ps(tile_dx[j][g])), facc[j]);
+    }
+    float v[8];
+    _mm256_storeu_ps(v, _mm256_add_ps(_mm256_add_ps(facc[0], facc[1]),
+                                      _mm256_add_ps(facc[2], facc[3])));
+    return v[0] + v[7];
+}
+
 struct op {
     const char *name;
     const char *feature; /* __builtin_cpu_supports name(s) needed, comma-separated */
     float (*fn)(long);
     double macs; /* multiply-accumulates per instruction (per maddubs+madd+add triple) */
+    double trip_macs; /* tile probes: multiply-accumulates per trip (one group), else 0 */
 };
 
 static const struct op ops[] = {
-    {"fp32_fma_avx512", "avx512f", fma512, 16},
-    {"fp32_fma_avx2", "avx2,fma", fma256, 8},
-    {"int8_vnni_avx512", "avx512f,avx512vnni", vnni512, 64},
-    {"bf16_dp_avx512", "avx512f,avx512bf16", bf16_512, 32},
-    {"int8_maddubs_avx2", "avx2", maddubs256, 32},
+    {"fp32_fma_avx512", "avx512f", fma512, 16, 0},
+    {"fp32_fma_avx2", "avx2,fma", fma256, 8, 0},
+    {"int8_vnni_avx512", "avx512f,avx512vnni", vnni512, 64, 0},
+    {"bf16_dp_avx512", "avx512f,avx512bf16", bf16_512, 32, 0},
+    {"int8_maddubs_avx2", "avx2", maddubs256, 32, 0},
+    {"int8_tile_loop_avx512", "avx512f,avx512bw,avx512vnni", tile512_loop, 0, 8 * 16 * 64},
+    {"int8_tile_avx512", "avx512f,avx512bw,avx512vnni", tile512_epi, 0, 8 * 16 * 64},
+    {"int8_tile_avx2", "avx2,fma", tile256, 0, 8 * 4 * 32},
 };
 
 static int cpu_has(const char *features)
@@ -143,6 +265,7 @@ static int cpu_has(const char *features)
         int ok = !strcmp(f, "avx512f")      ? __builtin_cpu_supports("avx512f")
                  : !strcmp(f, "avx2")       ? __builtin_cpu_supports("avx2")
                  : !strcmp(f, "fma")        ? __builtin_cpu_supports("fma")
+                 : !strcmp(f, "avx512bw")   ? __builtin_cpu_supports("avx512bw")
                  : !strcmp(f, "avx512vnni") ? __builtin_cpu_supports("avx512vnni")
                  : !strcmp(f, "avx512bf16") ? __builtin_cpu_supports("avx512bf16")
                                             : 0;
@@ -193,6 +316,7 @@ int main(int argc, char **argv)
 {
     int n_threads = 1, json = 0;
     double seconds = 0.3;
+    tile_data();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc)
             n_threads = atoi(argv[++i]);
@@ -239,7 +363,8 @@ int main(int argc, char **argv)
             double tp = pass(op, n_threads, trips);
             best = tp < best ? tp : best;
         }
-        double gmacs = (double)trips * CHAINS * op->macs * n_threads / best * 1e-9;
+        double per_trip = op->trip_macs > 0 ? op->trip_macs : CHAINS * op->macs;
+        double gmacs = (double)trips * per_trip * n_threads / best * 1e-9;
         if (json)
             printf(", \"%s\": %.1f", op->name, gmacs);
         else
