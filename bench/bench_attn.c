@@ -4,8 +4,9 @@
  * (kernels/attn.h). A 512-token prompt chunk on one thread (its CPU time) and on the whole pool
  * (wall time; old = even split of the items, new = kwk_attn_split), and one decode row at several
  * lengths on one thread; the table again over a half cache (the balanced / int4 default), and
- * on AVX-512 with AVX512_BF16 the act8 decoders' bf16 table over it. Runs alternate old, new,
- * half, bf16, old, ... and medians are printed; asserts nothing. The
+ * on AVX-512 with AVX512_BF16 the act8 decoders' bf16 table over it, and for prompt chunks over
+ * the copy the decoder stages for it (stage_bf16, its time included). Runs alternate old, new,
+ * half, bf16, staged, old, ... and medians are printed; asserts nothing. The
  * caches are head-major (each kv head's positions in one run), as the decoder's.
  * Single-threaded driver. Usage: bench_attn [reps] */
 #include <math.h>
@@ -51,6 +52,7 @@ static void old_items(const struct kwk_kernels *k, const struct kwk_attn_args *a
 struct bench {
     float *kc, *vc, *q, *out, *scratch;
     uint16_t *kh, *vh; /* the same cache in halves */
+    uint16_t *ks, *vs; /* one layer staged for the bf16 table (stage_bf16) */
     const void *k_rows[512], *v_rows[512];
     int first[512], last[512];
     struct kwk_attn_args a;
@@ -62,6 +64,7 @@ static void set_rows(struct bench *b, int layer, int n_rows, int last_pos, int h
 {
     size_t at = (size_t)layer * MAX_LEN * KV_DIM;
     b->a.kv_half = half;
+    b->a.kv_bf16 = 0;
     for (int r = 0; r < n_rows; r++) {
         b->k_rows[r] = half ? (const void *)(b->kh + at) : (const void *)(b->kc + at);
         b->v_rows[r] = half ? (const void *)(b->vh + at) : (const void *)(b->vc + at);
@@ -92,18 +95,45 @@ static const struct kwk_attn_kernel *bf16_table(int isa)
     return isa == KWK_ISA_AVX512 && t != kwk_attn_kernel_for(isa) ? t : NULL;
 }
 
+/* Positions [p0, p1) of the layer's half cache staged for the bf16 table, head by head (each
+ * head's share of the decoder's stage_slot), and the rows pointed at the copy. */
+static void stage_rows(struct bench *b, int layer, int n_rows, long p0, long p1)
+{
+    const struct kwk_attn_kernel *t = kwk_attn_kernel_act8();
+    size_t at = (size_t)layer * MAX_LEN * KV_DIM;
+    for (int g = 0; g < N_KV; g++) {
+        size_t h = (size_t)g * MAX_LEN * HD;
+        t->stage_bf16(1, b->kh + at + h, b->vh + at + h, b->ks + h, b->vs + h, p0, p1, HD);
+    }
+    b->a.kv_half = 0;
+    b->a.kv_bf16 = 1;
+    for (int r = 0; r < n_rows; r++) {
+        b->k_rows[r] = b->ks;
+        b->v_rows[r] = b->vs;
+    }
+}
+
+/* Variants timed: old, new, half, then bf16 and staged where the table exists (staged: prompt
+ * chunks only, as the decoder stages them). */
+static int n_variants(int isa, int n_rows)
+{
+    return !bf16_table(isa) ? 3 : n_rows > 1 ? 5 : 4;
+}
+
 /* Seconds per call of one layer's n_rows x N_HEADS items, old (which = 0), new (1), new over
- * the half cache (2) or the bf16 table over it (3): the calls cycle through the layers for about
- * 0.2 s. */
+ * the half cache (2), the bf16 table over it (3) or over its staged copy (4, the staging
+ * counted): the calls cycle through the layers for about 0.2 s. */
 static double time_once(struct bench *b, int which, const struct kwk_kernels *k,
                         const struct kwk_attn_kernel *ak, int n_rows, int last_pos)
 {
     long reps = 0, n_items = (long)n_rows * N_HEADS;
     double t0 = thread_s(), t;
-    if (which == 3)
+    if (which >= 3)
         ak = kwk_attn_kernel_act8();
     do {
         set_rows(b, (int)(reps % N_LAYERS), n_rows, last_pos, which >= 2);
+        if (which == 4)
+            stage_rows(b, (int)(reps % N_LAYERS), n_rows, 0, last_pos + 1);
         if (which)
             ak->items(&b->a, 0, n_items, b->scratch);
         else
@@ -164,7 +194,7 @@ static void compare_pool(struct bench *b, int isa, int reps)
                          .n_rows = 512, .per_thread = kwk_attn_scratch_floats(&b->a, MAX_LEN)};
     j.scratch = malloc(sizeof(float) * j.per_thread * (size_t)nth);
     double t[4][64];
-    int nw = bf16_table(isa) ? 4 : 3;
+    int nw = n_variants(isa, 1); /* no staged column: the decoder stages on the pool */
     for (int r = 0; j.scratch && r < reps; r++)
         for (int w = 0; w < nw; w++)
             t[w][r] = time_pool(pool, &j, w);
@@ -187,8 +217,8 @@ static void compare(struct bench *b, int isa, int n_rows, int last_pos, int reps
 {
     const struct kwk_kernels *k = kwk_kernels_for(isa);
     const struct kwk_attn_kernel *ak = kwk_attn_kernel_for(isa);
-    double t[4][64];
-    int nw = bf16_table(isa) ? 4 : 3;
+    double t[5][64];
+    int nw = n_variants(isa, n_rows);
     for (int r = 0; r < reps; r++)
         for (int w = 0; w < nw; w++)
             t[w][r] = time_once(b, w, k, ak, n_rows, last_pos);
@@ -198,8 +228,10 @@ static void compare(struct bench *b, int isa, int n_rows, int last_pos, int reps
     printf("%-7s %4d rows  last pos %4d   old %9.1f us   new %9.1f us   x%.2f   half %9.1f us   "
            "x%.2f",
            ak->name, n_rows, last_pos, mo * 1e6, mn * 1e6, mo / mn, mh * 1e6, mn / mh);
-    if (nw == 4)
+    if (nw >= 4)
         printf("   bf16 %9.1f us   x%.2f", t[3][reps / 2] * 1e6, mh / t[3][reps / 2]);
+    if (nw == 5)
+        printf("   staged %9.1f us   x%.2f", t[4][reps / 2] * 1e6, t[3][reps / 2] / t[4][reps / 2]);
     printf("\n");
     fflush(stdout);
 }
@@ -216,6 +248,8 @@ int main(int argc, char **argv)
     b.vc = kwk_malloc_aligned(sizeof(float) * cache);
     b.kh = kwk_malloc_aligned(sizeof(uint16_t) * cache);
     b.vh = kwk_malloc_aligned(sizeof(uint16_t) * cache);
+    b.ks = kwk_malloc_aligned(sizeof(uint16_t) * MAX_LEN * KV_DIM);
+    b.vs = kwk_malloc_aligned(sizeof(uint16_t) * MAX_LEN * KV_DIM);
     b.q = malloc(sizeof(float) * 512 * N_HEADS * HD);
     b.out = malloc(sizeof(float) * 512 * N_HEADS * HD);
     b.a = (struct kwk_attn_args){.head_dim = HD,
@@ -233,7 +267,7 @@ int main(int argc, char **argv)
                                  .first = b.first,
                                  .last = b.last};
     b.scratch = malloc(sizeof(float) * kwk_attn_scratch_floats(&b.a, MAX_LEN));
-    if (!b.kc || !b.vc || !b.kh || !b.vh || !b.q || !b.out || !b.scratch) {
+    if (!b.kc || !b.vc || !b.kh || !b.vh || !b.ks || !b.vs || !b.q || !b.out || !b.scratch) {
         fprintf(stderr, "bench_attn: out of memory\n");
         return 1;
     }
@@ -259,6 +293,8 @@ int main(int argc, char **argv)
     kwk_free_aligned(b.vc);
     kwk_free_aligned(b.kh);
     kwk_free_aligned(b.vh);
+    kwk_free_aligned(b.ks);
+    kwk_free_aligned(b.vs);
     free(b.q);
     free(b.out);
     free(b.scratch);

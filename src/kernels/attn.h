@@ -5,6 +5,7 @@
 #define KWK_ATTN_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* One layer of one chunk. Item i is (row i / n_heads, query head i % n_heads); query head h reads
  * kv head h / (n_heads / n_kv_heads). Everything is borrowed; nothing is written but out. */
@@ -23,6 +24,11 @@ struct kwk_attn_args {
      * step reads). Keys and values are widened exactly, so a half cache gives bitwise the numbers
      * of a float cache that holds the same values. */
     int kv_half;
+    /* Or the chunk's keys and values staged by the table's stage_bf16 (kv_half 0): keys rounded
+     * to bf16, values rounded and interleaved in pairs of positions. Only for a table with
+     * stage_bf16, head_dim % 32 == 0, ld_pos == head_dim and every row's first even (the pairs
+     * start on even positions); the same outputs, bitwise, as over the cache it was staged from. */
+    int kv_bf16;
     const void *const *k_rows;         /* [n_rows] the row's slot's K cache for this layer: key
                                           position p, kv head g at element p*ld_pos + g*ld_head */
     const void *const *v_rows;         /* [n_rows] the same for V */
@@ -40,6 +46,14 @@ struct kwk_attn_kernel {
      * one table: ranges only share loads, never change an item's order of operations.
      * Does not allocate, lock or fail. */
     void (*items)(const struct kwk_attn_args *a, long i0, long i1, float *scratch);
+    /* NULL, or (the bf16 table) the staging kv_bf16 reads: positions [p0, p1) of one kv head's
+     * run of a cache (position p at element p * head_dim; IEEE halves if half, else floats), p0
+     * even, head_dim % 32 == 0: keys rounded to bf16 into kb[p * head_dim + e], values rounded
+     * into pairs vp[(p & ~1) * head_dim + 2e + (p & 1)], the slot of position p1 when p1 is odd
+     * zero. A prompt chunk's tiles each re-round the keys and values they read; staged once, the
+     * tiles read them as they are. */
+    void (*stage_bf16)(int half, const void *k, const void *v, uint16_t *kb, uint16_t *vp,
+                       long p0, long p1, int head_dim);
 };
 
 /* Queries (row, head) whose scores a table may hold at once: a prompt chunk's neighbouring rows

@@ -240,6 +240,7 @@ struct tile {
     long ldk, ldp; /* stride of cache rows; of score rows in scratch */
     float scale;
     int half;          /* the cache holds halves (uint16_t), else floats */
+    int staged;        /* bf16 table: keys bf16, values bf16 pairs (kwk_attn_args.kv_bf16) */
     const void *k, *v; /* position first, this kv head */
     const float *q[MAXQ];
     float *out[MAXQ];
@@ -535,14 +536,21 @@ INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
     }
     for (int b = 0; b < nmax; b += KB) {
         int nk = KWK_MIN(KB, nmax - b);
-        keys_bf(t, b, nk, kb);
+        /* the block's rounded keys: staged ones where they are, else rounded into kb */
+        const uint16_t *kr = kb;
+        long ldr = hd;
+        if (t->staged)
+            kr = (const uint16_t *)t->k + (long)b * t->ldk, ldr = t->ldk;
+        else
+            keys_bf(t, b, nk, kb);
         if (!lanes) {
             for (int x = 0; x < t->nq; x++) {
                 int nkx = KWK_MIN(KB, t->n[x] - b);
                 if (nkx > 0)
                     store_scores(
                         t, x, b,
-                        _mm512_mul_ps(score_block(1, 0, qb + x * hd, kb, 0, hd, hd, nkx), sv), p);
+                        _mm512_mul_ps(score_block(1, 0, qb + x * hd, kr, 0, ldr, hd, nkx), sv),
+                        p);
             }
             continue;
         }
@@ -551,7 +559,7 @@ INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
             __asm__("" : "+r"(qt)); /* as lane_scores_hd */
             const void *k[4];
             for (int u = 0; u < 4; u++)
-                k[u] = kb + (long)KWK_MIN(u0 + u, nk - 1) * hd;
+                k[u] = kr + (long)KWK_MIN(u0 + u, nk - 1) * ldr;
             lane_keys(1, 4, qt, k, hd / 2, sv, r + u0);
         }
         transpose16(r);
@@ -605,10 +613,19 @@ INLINE __m512bh pair_rows(int H, const void *v, long i, long ld, int two)
     return (__m512bh)_mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 }
 
+/* The same vector from staged pairs (kwk_attn_args.kv_bf16): pair block j (even) of the run at
+ * vp, elements c .. c + 15; the second key's halves zeroed when !two. */
+INLINE __m512bh pair_staged(const uint16_t *vp, long j, long ld, int c, int two)
+{
+    __m512i x = _mm512_loadu_si512(vp + j * ld + 2 * c);
+    return (__m512bh)(two ? x : _mm512_maskz_mov_epi16(0x55555555u, x));
+}
+
 /* values_tile with bf16 products: key pairs (j, j + 1), the value rows of a pair interleaved
  * element by element (vdpbf16ps's pairs) and each query's weight pair broadcast. pb: rounded
  * weights, row x at pb + x * ldpb. A pair's second key past the tile's last reads as zero (its
- * weights are zero there too, and the cache may hold anything). */
+ * weights are zero there too, and the cache may hold anything). H: the cache's floats (0) or
+ * halves (1), or staged pairs (2; vi then points at the range's first pair). */
 INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
                            const uint16_t *pb, long ldpb, const uint16_t *vi, int c0, int j0,
                            int j1)
@@ -664,7 +681,8 @@ INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
         int two = j + 1 < ntile;
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++)
-            vv[c] = pair_rows(H, v, c0 + j * ldv + 16 * c, ldv, two);
+            vv[c] = H == 2 ? pair_staged(v, j, ldv, c0 + 16 * c, two)
+                           : pair_rows(H, v, c0 + j * ldv + 16 * c, ldv, two);
 #pragma GCC unroll 8
         for (int g = 0; g < NH; g++) {
             if (j >= t->n[x0 + g])
@@ -707,10 +725,12 @@ static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const
 {
 #define VT(NH, NC)                                                                                 \
     case (NH) * 8 + (NC):                                                                          \
-        if (t->half)                                                                               \
-            values_tile_bf(NH, NC, 1, t, x0, pb, ldpb, vi, c0, j0, j1);                                \
+        if (t->staged)                                                                             \
+            values_tile_bf(NH, NC, 2, t, x0, pb, ldpb, vi, c0, j0, j1);                            \
+        else if (t->half)                                                                          \
+            values_tile_bf(NH, NC, 1, t, x0, pb, ldpb, vi, c0, j0, j1);                            \
         else                                                                                       \
-            values_tile_bf(NH, NC, 0, t, x0, pb, ldpb, vi, c0, j0, j1);                                \
+            values_tile_bf(NH, NC, 0, t, x0, pb, ldpb, vi, c0, j0, j1);                            \
         return;
     switch (nh * 8 + nc) {
         VALUE_SHAPES(VT)
@@ -718,7 +738,9 @@ static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const
         break;
     }
 #undef VT
-    if (t->half)
+    if (t->staged)
+        values_tile_bf(6, 4, 2, t, x0, pb, ldpb, vi, c0, j0, j1);
+    else if (t->half)
         values_tile_bf(6, 4, 1, t, x0, pb, ldpb, vi, c0, j0, j1);
     else
         values_tile_bf(6, 4, 0, t, x0, pb, ldpb, vi, c0, j0, j1);
@@ -732,9 +754,13 @@ INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int
     int hd = a->head_dim, first = a->first[row0];
     size_t kv_off = (size_t)first * (size_t)a->ld_pos +
                     (size_t)(h0 / (a->n_heads / a->n_kv_heads)) * (size_t)a->ld_head;
-    struct tile t = {
-        .nq = nr * nh, .hd = hd, .ldk = a->ld_pos, .scale = a->scale, .half = a->kv_half};
-    size_t esize = a->kv_half ? sizeof(uint16_t) : sizeof(float);
+    struct tile t = {.nq = nr * nh,
+                     .hd = hd,
+                     .ldk = a->ld_pos,
+                     .scale = a->scale,
+                     .half = a->kv_half,
+                     .staged = BF && a->kv_bf16};
+    size_t esize = a->kv_half || t.staged ? sizeof(uint16_t) : sizeof(float);
     t.k = (const char *)a->k_rows[row0] + kv_off * esize;
     t.v = (const char *)a->v_rows[row0] + kv_off * esize;
     for (int r = 0; r < nr; r++)
@@ -757,10 +783,12 @@ INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int
      * ranges of about 32 KB of values, which stay in L1 for all the passes; even (BF: pairs). */
     int passes = (t.nq + MAXH - 1) / MAXH, per = (t.nq + passes - 1) / passes;
     int jb = passes > 1 ? KWK_MAX(16, 8192 / hd) & ~1 : t.n[t.nq - 1];
-    /* BF with several passes: the range's values interleaved once, after the scores' scratch */
-    uint16_t *vi = BF && passes > 1 ? (uint16_t *)(p + (size_t)t.nq * t.ldp) : NULL;
+    /* BF with several passes: the range's values interleaved once, after the scores' scratch
+     * (staged values are pairs already) */
+    uint16_t *vi = BF && passes > 1 && !t.staged ? (uint16_t *)(p + (size_t)t.nq * t.ldp) : NULL;
     for (int j0 = 0; j0 < t.n[t.nq - 1]; j0 += jb) {
         int j1 = KWK_MIN(j0 + jb, t.n[t.nq - 1]);
+        const uint16_t *pairs = t.staged ? (const uint16_t *)t.v + (long)j0 * t.ldk : vi;
         if (vi)
             values_interleave(&t, j0, j1, vi);
         for (int c0 = 0; c0 < hd;) {
@@ -769,8 +797,8 @@ INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int
                 if (t.n[x0 + KWK_MIN(per, t.nq - x0) - 1] > j0) { /* else done and divided */
                     int nhx = KWK_MIN(per, t.nq - x0);
                     if (BF)
-                        values_tile_bf_n(nhx, nc, &t, x0, (const uint16_t *)p, 2 * t.ldp, vi, c0,
-                                         j0, j1);
+                        values_tile_bf_n(nhx, nc, &t, x0, (const uint16_t *)p, 2 * t.ldp, pairs,
+                                         c0, j0, j1);
                     else
                         values_tile_n(nhx, nc, &t, x0, p, c0, j0, j1);
                 }
@@ -812,5 +840,23 @@ static void avx512_bf16_items(const struct kwk_attn_args *a, long i0, long i1, f
     kwk_attn_tiles(a, i0, i1, tile_run_bf, scratch);
 }
 
-const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {.name = "avx512-bf16",
-                                                     .items = avx512_bf16_items};
+/* kwk_attn_kernel.stage_bf16: the rounding keys_bf and pair_rows do in each tile, done once. */
+static void stage_bf16(int half, const void *k, const void *v, uint16_t *kb, uint16_t *vp, long p0,
+                       long p1, int hd)
+{
+    for (long p = p0; p < p1; p += 2) {
+        int two = p + 1 < p1;
+        for (int u = 0; u < 1 + two; u++)
+            for (int e = 0; e < hd; e += 32)
+                _mm512_storeu_si512(kb + (p + u) * hd + e,
+                                    (__m512i)(half ? ld_bf(1, k, (p + u) * hd + e)
+                                                   : ld_bf(0, k, (p + u) * hd + e)));
+        for (int c = 0; c < hd; c += 16)
+            _mm512_storeu_si512(vp + p * hd + 2 * c,
+                                (__m512i)(half ? pair_rows(1, v, p * hd + c, hd, two)
+                                               : pair_rows(0, v, p * hd + c, hd, two)));
+    }
+}
+
+const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {
+    .name = "avx512-bf16", .items = avx512_bf16_items, .stage_bf16 = stage_bf16};

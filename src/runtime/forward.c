@@ -402,61 +402,85 @@ static void attend_run(void *ctx, int ith, int nth)
 struct stage_task {
     struct kwk_decoder *d;
     const uint16_t *k, *v; /* the slot's layer cache (kv head 0, position 0) */
-    float *kf, *vf;        /* d->kv_stage's K and V, laid out alike */
-    size_t at;             /* each head's first position widened, elements into its run */
-    long per_head, n;      /* elements widened a head; of all heads */
+    void *ks, *vs;         /* d->kv_stage's K and V, laid out alike */
+    int lo, hi;            /* the positions staged, lo..hi */
+    long per_head, n;      /* units a head (elements; bf16: position pairs); of all heads */
     size_t head;           /* elements from one head's run to the next (max_len * head_dim) */
 };
 
+/* Floats: elements widened, lo's first onwards. */
 static void stage_run(void *ctx, int ith, int nth)
 {
     struct stage_task *t = ctx;
     long lo, hi;
     kwk_split_range(t->n, ith, nth, 64, &lo, &hi);
+    size_t first = (size_t)t->lo * (size_t)t->d->c->head_dim;
     while (lo < hi) { /* this thread's elements, head by head */
         long h = lo / t->per_head, i = lo % t->per_head, m = KWK_MIN(hi - lo, t->per_head - i);
-        size_t at = (size_t)h * t->head + t->at + (size_t)i;
-        t->d->k->from_half(t->kf + at, t->k + at, m);
-        t->d->k->from_half(t->vf + at, t->v + at, m);
+        size_t at = (size_t)h * t->head + first + (size_t)i;
+        t->d->k->from_half((float *)t->ks + at, t->k + at, m);
+        t->d->k->from_half((float *)t->vs + at, t->v + at, m);
+        lo += m;
+    }
+}
+
+/* bf16 (the attention table's stage_bf16): position pairs from lo (even). */
+static void stage_bf16_run(void *ctx, int ith, int nth)
+{
+    struct stage_task *t = ctx;
+    long lo, hi;
+    kwk_split_range(t->n, ith, nth, 1, &lo, &hi);
+    int hd = t->d->c->head_dim;
+    while (lo < hi) { /* this thread's pairs, head by head */
+        long h = lo / t->per_head, i = lo % t->per_head, m = KWK_MIN(hi - lo, t->per_head - i);
+        size_t at = (size_t)h * t->head;
+        long p0 = t->lo + 2 * i, p1 = KWK_MIN((long)t->hi + 1, p0 + 2 * m);
+        t->d->ak->stage_bf16(1, t->k + at, t->v + at, (uint16_t *)t->ks + at,
+                             (uint16_t *)t->vs + at, p0, p1, hd);
         lo += m;
     }
 }
 
 /* A prompt chunk of one slot over a half cache: every tile of its attention reads the slot's
  * keys and values, and widening them in each tile costs a fifth of the attention, so they are
- * widened once here (exactly: the same numbers) and read as floats. Points att_k / att_v at the
- * staged copy and returns 1; 0 (nothing done) for float caches, decode steps and chunks mixing
- * slots, which read the halves. */
+ * converted once here and the tiles read the staged copy: widened to floats (exactly: the same
+ * numbers), or for a table that computes with bf16 products, rounded to bf16 as its tiles would
+ * round them (the same numbers again), values in the pairs its products take. Points att_k /
+ * att_v at the copy and returns 1 (floats) or 2 (bf16, kwk_attn_args.kv_bf16); 0 (nothing done)
+ * for float caches, decode steps and chunks mixing slots, which read the cache. */
 static int stage_slot(struct kwk_decoder *d, int layer, int n)
 {
     if (!d->kv_half || n < KWK_STAGE_ROWS)
         return 0;
-    int slot = d->row_slot[0], lo = d->att_first[0], hi = d->att_last[0];
-    for (int r = 1; r < n; r++) {
+    int hd = d->c->head_dim, slot = d->row_slot[0], lo = d->att_first[0], hi = d->att_last[0];
+    int bf = d->ak->stage_bf16 && hd % 32 == 0;
+    for (int r = 0; r < n; r++) {
         if (d->row_slot[r] != slot)
             return 0;
+        bf &= d->att_first[r] % 2 == 0; /* pairs start on even positions */
         lo = KWK_MIN(lo, d->att_first[r]);
         hi = KWK_MAX(hi, d->att_last[r]);
     }
     if (hi < lo)
         return 0;
-    size_t base = kv_base(d, slot, layer), hd = (size_t)d->c->head_dim;
-    float *kf = d->kv_stage, *vf = d->kv_stage + (size_t)d->max_len * (size_t)d->kv_dim;
+    size_t base = kv_base(d, slot, layer);
+    float *ks = d->kv_stage, *vs = d->kv_stage + (size_t)d->max_len * (size_t)d->kv_dim;
     struct stage_task t = {.d = d,
                            .k = (const uint16_t *)d->k_cache + base,
                            .v = (const uint16_t *)d->v_cache + base,
-                           .kf = kf,
-                           .vf = vf,
-                           .at = (size_t)lo * hd,
-                           .per_head = (long)(hi - lo + 1) * (long)hd,
-                           .head = (size_t)d->max_len * hd};
+                           .ks = ks,
+                           .vs = vs,
+                           .lo = lo,
+                           .hi = hi,
+                           .per_head = bf ? (hi - lo + 2) / 2 : (long)(hi - lo + 1) * hd,
+                           .head = (size_t)d->max_len * (size_t)hd};
     t.n = t.per_head * d->c->n_kv_heads;
-    kwk_pool_run(d->pool, stage_run, &t);
+    kwk_pool_run(d->pool, bf ? stage_bf16_run : stage_run, &t);
     for (int r = 0; r < n; r++) {
-        d->att_k[r] = kf;
-        d->att_v[r] = vf;
+        d->att_k[r] = ks;
+        d->att_v[r] = vs;
     }
-    return 1;
+    return bf ? 2 : 1;
 }
 
 /* Causal attention of the chunk's rows, with Mistral's sliding window when set. */
@@ -472,13 +496,15 @@ static void attend(struct kwk_decoder *d, int layer, int n)
         d->att_first[r] =
             c->sliding_window > 0 && p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
     }
+    int staged = stage_slot(d, layer, n);
     struct kwk_attn_args a = {.head_dim = c->head_dim,
                               .n_heads = c->n_heads,
                               .n_kv_heads = c->n_kv_heads,
                               .ld_pos = c->head_dim,
                               .ld_head = (long)d->max_len * c->head_dim,
                               .scale = 1.0f / sqrtf((float)c->head_dim),
-                              .kv_half = d->kv_half && !stage_slot(d, layer, n),
+                              .kv_half = d->kv_half && !staged,
+                              .kv_bf16 = staged == 2,
                               .q = d->q,
                               .ldq = d->q_dim,
                               .out = d->att,

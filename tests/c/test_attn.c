@@ -298,6 +298,82 @@ static void check_half(const struct kwk_attn_kernel *k, struct setup *s, float *
     free(want);
 }
 
+/* A half cache staged for the bf16 table (kv_bf16): the table over the staged copy must give
+ * bitwise what it gives over the halves, whole and item by item. The copy covers each row's
+ * positions only (0 .. the setup's last + 1; the buffers around them hold NaNs, so a read past
+ * them shows), and rows start on even positions (its contract). Head-major caches only
+ * (ld_pos == head_dim), as the decoder's. */
+static void check_staged(const struct kwk_attn_kernel *k, struct setup *s, float *scratch)
+{
+    struct kwk_attn_args *a = &s->a;
+    if (!k->stage_bf16 || a->head_dim % 32 != 0 || a->ld_pos != a->head_dim)
+        return;
+    size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)s->kv_dim;
+    uint16_t *kh = malloc(sizeof(uint16_t) * cache), *vh = malloc(sizeof(uint16_t) * cache);
+    uint16_t *kb = malloc(sizeof(uint16_t) * cache), *vp = malloc(sizeof(uint16_t) * cache);
+    for (size_t i = 0; i < cache; i++) {
+        kh[i] = kwk_f32_to_f16(s->kc[i]);
+        vh[i] = kwk_f32_to_f16(s->vc[i]);
+        kb[i] = vp[i] = 0xffff; /* NaN */
+    }
+    const void **kf = s->k_rows, **vf = s->v_rows;
+    const void **kr = malloc(sizeof(void *) * (size_t)s->n_rows);
+    const void **vr = malloc(sizeof(void *) * (size_t)s->n_rows);
+    int *first = s->first, *fe = malloc(sizeof(int) * (size_t)s->n_rows), p1 = 0;
+    for (int r = 0; r < s->n_rows; r++) {
+        fe[r] = first[r] <= s->last[r] ? first[r] & ~1 : (s->last[r] + 2) & ~1;
+        p1 = KWK_MAX(p1, s->last[r] + 1);
+    }
+    int hd = a->head_dim;
+    for (int sl = 0; sl < N_SLOTS; sl++)
+        for (int g = 0; g < a->n_kv_heads; g++) {
+            size_t at = (size_t)sl * MAX_LEN * s->kv_dim + (size_t)g * MAX_LEN * hd;
+            k->stage_bf16(1, kh + at, vh + at, kb + at, vp + at, 0, p1, hd);
+        }
+    long n_items = (long)s->n_rows * a->n_heads;
+    size_t bytes = sizeof(float) * (size_t)n_items * hd;
+    float *want = malloc(bytes);
+    for (int r = 0; r < s->n_rows; r++) { /* the halves first */
+        kr[r] = kh + ((const float *)kf[r] - s->kc);
+        vr[r] = vh + ((const float *)vf[r] - s->vc);
+    }
+    a->k_rows = kr;
+    a->v_rows = vr;
+    a->first = fe;
+    a->kv_half = 1;
+    k->items(a, 0, n_items, scratch);
+    memcpy(want, a->out, bytes);
+    for (int r = 0; r < s->n_rows; r++) { /* then the staged copy */
+        kr[r] = kb + ((const float *)kf[r] - s->kc);
+        vr[r] = vp + ((const float *)vf[r] - s->vc);
+    }
+    a->kv_half = 0;
+    a->kv_bf16 = 1;
+    memset(a->out, 0xff, bytes);
+    k->items(a, 0, n_items, scratch);
+    int whole = memcmp(want, a->out, bytes) == 0;
+    memset(a->out, 0xff, bytes);
+    for (long i = 0; i < n_items; i++)
+        k->items(a, i, i + 1, scratch);
+    int alone = memcmp(want, a->out, bytes) == 0;
+    T_CHECK(whole && alone,
+            "%s staged bf16 hd %d heads %d/%d: differs from the halves it was staged from "
+            "(all items at once %d, alone %d)",
+            k->name, hd, a->n_heads, a->n_kv_heads, whole, alone);
+    a->k_rows = kf;
+    a->v_rows = vf;
+    a->first = first;
+    a->kv_bf16 = 0;
+    free(fe);
+    free(kr);
+    free(vr);
+    free(kh);
+    free(vh);
+    free(kb);
+    free(vp);
+    free(want);
+}
+
 struct shape {
     int hd, n_heads, n_kv;
 };
@@ -329,6 +405,7 @@ static void check_table(const struct kwk_attn_kernel *k)
                          : variant == 2 ? "flat, position-major"
                                         : "sharp+window, position-major");
             check_invariance(k, &s, scratch);
+            check_staged(k, &s, scratch);
             check_half(k, &s, scratch);
             free(scratch);
             setup_free(&s);
@@ -349,6 +426,7 @@ static void check_lengths(const struct kwk_attn_kernel *k)
         float *scratch = malloc(sizeof(float) * kwk_attn_scratch_floats(&s.a, n));
         int before = t_failed;
         check_values(k, &s, scratch, "length");
+        check_staged(k, &s, scratch); /* a position count of each parity */
         bad += t_failed != before;
         free(scratch);
         setup_free(&s);
@@ -401,6 +479,7 @@ static void check_chunk(const struct kwk_attn_kernel *k)
                     "%s chunk hd %d heads %d/%d: shares of 7 "
                     "groups differ from items alone",
                     k->name, sh->hd, sh->n_heads, sh->n_kv);
+            check_staged(k, &s, scratch);
             check_half(k, &s, scratch);
             free(alone);
             free(scratch);
