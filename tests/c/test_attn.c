@@ -248,53 +248,81 @@ static void check_invariance(const struct kwk_attn_kernel *k, struct setup *s, f
     free(alone);
 }
 
+/* Runs every item of a at once, then item by item: each run's output must be want, bitwise
+ * (what: the case, for the failure's message). */
+static void check_runs(const struct kwk_attn_kernel *k, struct kwk_attn_args *a, long n_items,
+                       float *scratch, const float *want, const char *what)
+{
+    size_t bytes = sizeof(float) * (size_t)n_items * a->head_dim;
+    memset(a->out, 0xff, bytes);
+    k->items(a, 0, n_items, scratch);
+    int whole = memcmp(want, a->out, bytes) == 0;
+    memset(a->out, 0xff, bytes);
+    for (long i = 0; i < n_items; i++)
+        k->items(a, i, i + 1, scratch);
+    int alone = memcmp(want, a->out, bytes) == 0;
+    T_CHECK(whole && alone, "%s %s hd %d heads %d/%d (all items at once %d, alone %d)", k->name,
+            what, a->head_dim, a->n_heads, a->n_kv_heads, whole, alone);
+}
+
+/* Another copy of the setup's caches in 16-bit elements, and the setup's rows pointed into it
+ * (at kc's and vc's offsets): IEEE halves of the floats, or all NaN (to be filled). */
+struct copy {
+    uint16_t *k, *v;
+    const void **kr, **vr;
+};
+
+static void copy_new(struct copy *c, const struct setup *s, int halves)
+{
+    size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)s->kv_dim;
+    c->k = malloc(sizeof(uint16_t) * cache);
+    c->v = malloc(sizeof(uint16_t) * cache);
+    c->kr = malloc(sizeof(void *) * (size_t)s->n_rows);
+    c->vr = malloc(sizeof(void *) * (size_t)s->n_rows);
+    for (size_t i = 0; i < cache; i++) {
+        c->k[i] = halves ? kwk_f32_to_f16(s->kc[i]) : 0xffff;
+        c->v[i] = halves ? kwk_f32_to_f16(s->vc[i]) : 0xffff;
+    }
+    for (int r = 0; r < s->n_rows; r++) {
+        c->kr[r] = c->k + ((const float *)s->k_rows[r] - s->kc);
+        c->vr[r] = c->v + ((const float *)s->v_rows[r] - s->vc);
+    }
+}
+
+static void copy_free(struct copy *c)
+{
+    free(c->k);
+    free(c->v);
+    free(c->kr);
+    free(c->vr);
+}
+
 /* A half cache: the float cache rounded to halves (kwk_f32_to_f16) and held both ways; the table
  * over the halves must give bitwise what it gives over the floats holding the same values (the
  * widening is exact, so nothing else may change), for the setup's rows as they are. */
 static void check_half(const struct kwk_attn_kernel *k, struct setup *s, float *scratch)
 {
     struct kwk_attn_args *a = &s->a;
+    struct copy h;
+    copy_new(&h, s, 1);
     size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)s->kv_dim;
-    uint16_t *kh = malloc(sizeof(uint16_t) * cache), *vh = malloc(sizeof(uint16_t) * cache);
     for (size_t i = 0; i < cache; i++) {
-        kh[i] = kwk_f32_to_f16(s->kc[i]);
-        vh[i] = kwk_f32_to_f16(s->vc[i]);
-        s->kc[i] = kwk_f16_to_f32(kh[i]);
-        s->vc[i] = kwk_f16_to_f32(vh[i]);
+        s->kc[i] = kwk_f16_to_f32(h.k[i]);
+        s->vc[i] = kwk_f16_to_f32(h.v[i]);
     }
     long n_items = (long)s->n_rows * a->n_heads;
     size_t bytes = sizeof(float) * (size_t)n_items * a->head_dim;
     float *want = malloc(bytes);
     k->items(a, 0, n_items, scratch);
     memcpy(want, a->out, bytes);
-    const void **kf = s->k_rows, **vf = s->v_rows;
-    const void **kr = malloc(sizeof(void *) * (size_t)s->n_rows);
-    const void **vr = malloc(sizeof(void *) * (size_t)s->n_rows);
-    for (int r = 0; r < s->n_rows; r++) {
-        kr[r] = kh + ((const float *)kf[r] - s->kc);
-        vr[r] = vh + ((const float *)vf[r] - s->vc);
-    }
-    a->k_rows = kr;
-    a->v_rows = vr;
+    a->k_rows = h.kr;
+    a->v_rows = h.vr;
     a->kv_half = 1;
-    memset(a->out, 0xff, bytes);
-    k->items(a, 0, n_items, scratch);
-    int whole = memcmp(want, a->out, bytes) == 0;
-    memset(a->out, 0xff, bytes); /* and item by item */
-    for (long i = 0; i < n_items; i++)
-        k->items(a, i, i + 1, scratch);
-    int alone = memcmp(want, a->out, bytes) == 0;
-    T_CHECK(whole && alone,
-            "%s half cache hd %d heads %d/%d: differs from floats of its values "
-            "(all items at once %d, alone %d)",
-            k->name, a->head_dim, a->n_heads, a->n_kv_heads, whole, alone);
-    a->k_rows = kf;
-    a->v_rows = vf;
+    check_runs(k, a, n_items, scratch, want, "half cache: differs from floats of its values:");
+    a->k_rows = s->k_rows;
+    a->v_rows = s->v_rows;
     a->kv_half = 0;
-    free(kr);
-    free(vr);
-    free(kh);
-    free(vh);
+    copy_free(&h);
     free(want);
 }
 
@@ -308,69 +336,41 @@ static void check_staged(const struct kwk_attn_kernel *k, struct setup *s, float
     struct kwk_attn_args *a = &s->a;
     if (!k->stage_bf16 || a->head_dim % 32 != 0 || a->ld_pos != a->head_dim)
         return;
-    size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)s->kv_dim;
-    uint16_t *kh = malloc(sizeof(uint16_t) * cache), *vh = malloc(sizeof(uint16_t) * cache);
-    uint16_t *kb = malloc(sizeof(uint16_t) * cache), *vp = malloc(sizeof(uint16_t) * cache);
-    for (size_t i = 0; i < cache; i++) {
-        kh[i] = kwk_f32_to_f16(s->kc[i]);
-        vh[i] = kwk_f32_to_f16(s->vc[i]);
-        kb[i] = vp[i] = 0xffff; /* NaN */
-    }
-    const void **kf = s->k_rows, **vf = s->v_rows;
-    const void **kr = malloc(sizeof(void *) * (size_t)s->n_rows);
-    const void **vr = malloc(sizeof(void *) * (size_t)s->n_rows);
-    int *first = s->first, *fe = malloc(sizeof(int) * (size_t)s->n_rows), p1 = 0;
+    struct copy h, st;
+    copy_new(&h, s, 1);
+    copy_new(&st, s, 0);
+    int *fe = malloc(sizeof(int) * (size_t)s->n_rows), p1 = 0;
     for (int r = 0; r < s->n_rows; r++) {
-        fe[r] = first[r] <= s->last[r] ? first[r] & ~1 : (s->last[r] + 2) & ~1;
+        fe[r] = s->first[r] <= s->last[r] ? s->first[r] & ~1 : (s->last[r] + 2) & ~1;
         p1 = KWK_MAX(p1, s->last[r] + 1);
     }
     int hd = a->head_dim;
     for (int sl = 0; sl < N_SLOTS; sl++)
         for (int g = 0; g < a->n_kv_heads; g++) {
             size_t at = (size_t)sl * MAX_LEN * s->kv_dim + (size_t)g * MAX_LEN * hd;
-            k->stage_bf16(1, kh + at, vh + at, kb + at, vp + at, 0, p1, hd);
+            k->stage_bf16(1, h.k + at, h.v + at, st.k + at, st.v + at, 0, p1, hd);
         }
     long n_items = (long)s->n_rows * a->n_heads;
     size_t bytes = sizeof(float) * (size_t)n_items * hd;
     float *want = malloc(bytes);
-    for (int r = 0; r < s->n_rows; r++) { /* the halves first */
-        kr[r] = kh + ((const float *)kf[r] - s->kc);
-        vr[r] = vh + ((const float *)vf[r] - s->vc);
-    }
-    a->k_rows = kr;
-    a->v_rows = vr;
+    a->k_rows = h.kr; /* the halves first */
+    a->v_rows = h.vr;
     a->first = fe;
     a->kv_half = 1;
     k->items(a, 0, n_items, scratch);
     memcpy(want, a->out, bytes);
-    for (int r = 0; r < s->n_rows; r++) { /* then the staged copy */
-        kr[r] = kb + ((const float *)kf[r] - s->kc);
-        vr[r] = vp + ((const float *)vf[r] - s->vc);
-    }
+    a->k_rows = st.kr; /* then the staged copy */
+    a->v_rows = st.vr;
     a->kv_half = 0;
     a->kv_bf16 = 1;
-    memset(a->out, 0xff, bytes);
-    k->items(a, 0, n_items, scratch);
-    int whole = memcmp(want, a->out, bytes) == 0;
-    memset(a->out, 0xff, bytes);
-    for (long i = 0; i < n_items; i++)
-        k->items(a, i, i + 1, scratch);
-    int alone = memcmp(want, a->out, bytes) == 0;
-    T_CHECK(whole && alone,
-            "%s staged bf16 hd %d heads %d/%d: differs from the halves it was staged from "
-            "(all items at once %d, alone %d)",
-            k->name, hd, a->n_heads, a->n_kv_heads, whole, alone);
-    a->k_rows = kf;
-    a->v_rows = vf;
-    a->first = first;
+    check_runs(k, a, n_items, scratch, want, "staged bf16: differs from the halves it came from:");
+    a->k_rows = s->k_rows;
+    a->v_rows = s->v_rows;
+    a->first = s->first;
     a->kv_bf16 = 0;
+    copy_free(&h);
+    copy_free(&st);
     free(fe);
-    free(kr);
-    free(vr);
-    free(kh);
-    free(vh);
-    free(kb);
-    free(vp);
     free(want);
 }
 
