@@ -282,25 +282,14 @@ INLINE void prefetch_ahead(const struct tile_args *a, int R, int g, size_t block
     /* and group g of the next tile's blocks, a tile ahead (as avx2_quant.c, where one stream
      * a tile gained 28-45%): SmolLM2-135M, whose rows of 18 and 48 groups leave the 4 groups'
      * lead little room, +3-10% balanced and +10-16% int4 generation; 360M, Qwen2.5-0.5B and
-     * 1.7B within noise (5 interleaved rounds each) */
-    if (a->next)
-        for (int i = 0; i < R; i++) {
-            const char *p = (const char *)a->blk[i] + a->next + (size_t)g * block;
-            for (size_t l = 0; l < block; l += 64)
-                kwk_prefetch(p + l, a->pf_l2);
-        }
-    /* near the end of the pass, the next tile's first groups: a row block of a 960-column
-     * matrix is only 30 groups long */
-    size_t off = (size_t)(g + PF_GROUPS) * block;
-    if (g + PF_GROUPS >= a->ng) {
-        if (!a->next)
-            return;
-        off = a->next + (size_t)(g + PF_GROUPS - a->ng) * block;
-    }
+     * 1.7B within noise (5 interleaved rounds each). That also covers the next tile's first
+     * groups, which the lead reaches near the end of the row. */
     for (int i = 0; i < R; i++) {
-        const char *p = (const char *)a->blk[i] + off;
-        for (size_t l = 0; l < block; l += 64)
-            kwk_prefetch(p + l, a->pf_l2);
+        const char *b = (const char *)a->blk[i];
+        if (a->next)
+            kwk_prefetch_bytes(b + a->next + (size_t)g * block, block, a->pf_l2);
+        if (g + PF_GROUPS < a->ng)
+            kwk_prefetch_bytes(b + (size_t)(g + PF_GROUPS) * block, block, a->pf_l2);
     }
 }
 

@@ -82,6 +82,14 @@ static inline __attribute__((always_inline)) void kwk_prefetch(const void *p, in
         __builtin_prefetch(p, 0, 3);
 }
 
+/* kwk_prefetch of every 64-byte line of [p, p + n). */
+static inline __attribute__((always_inline)) void kwk_prefetch_bytes(const void *p, size_t n,
+                                                                     int pf_l2)
+{
+    for (size_t l = 0; l < n; l += 64)
+        kwk_prefetch((const char *)p + l, pf_l2);
+}
+
 /* The table for an ISA (enum kwk_isa); falls back to the best lower one compiled in. */
 const struct kwk_kernels *kwk_kernels_for(int isa);
 /* The table for kwk_isa(): detected once. */
