@@ -253,8 +253,7 @@ INLINE void tile_q6(const struct tile_args *a, int T)
 }
 
 /* ---- 8-bit activations: one pass ---------------------------------------------------------------
- * The tiles above without the low halves, one 8-row half of a block at a time (its int and float
- * accumulators for TT8 tokens, the weight vectors and two constants fill the 16 registers):
+ * The tiles above without the low halves, both 8-row halves of a block for up to TT8 tokens:
  *   int8: one sign + maddubs + madd a weight vector and token instead of two; pairs stay within
  *         2 * 127 * 127 = 32258 (|w| times h carrying w's sign; h in [-127, 127]).
  *   int4: the unsigned nibbles meet h directly: a maddubs pair is at most 2 * 15 * 127 = 3810,
@@ -265,10 +264,13 @@ INLINE void tile_q6(const struct tile_args *a, int T)
  * The epilogue is (float)isum_h * (d_w * 254 d_x): the integers are the h pass's, exactly. */
 #define TT8 4     /* measured: 2 to 6 tokens within noise of each other; 4 keeps all in registers */
 #define TT8_MAX 6 /* the most tokens a tile function is made for */
-/* Halves of the row block a pass takes: both for decode (one token), so that each 64-byte line
- * of a block is read once, whole; one for prompts, whose 2 x T accumulators would not fit the 16
- * registers. Each half's sums are the same either way. */
-#define NHALF(T) ((T) == 1 ? 2 : 1)
+/* Halves of the row block a tile takes: both up to 4 tokens, so that each broadcast of a token's
+ * 4 activations feeds a maddubs of each half (2 x 4 int accumulators and the 2 halves' weight
+ * vectors fill the 16 registers; the float sums wait on the stack, touched once a group), and
+ * for decode each 64-byte line of a block is read once, whole. Against one half at a time (Zen
+ * 3, one thread, bench_kernels quant 512 1 avx2): int4 149-159 -> 176-188 GOP/s, int8 100-105
+ * -> 105-116, int6 the same. Each half's sums are the same either way. */
+#define NHALF(T) ((T) <= 4 ? 2 : 1)
 /* Store (first pass) or add the 8 row sums of half h of block rb for one token. */
 INLINE void put8(float *yt, int64_t rb, int h, int64_t r0, int64_t r1, __m256 v, int first)
 {
@@ -280,10 +282,10 @@ INLINE void put8(float *yt, int64_t rb, int h, int64_t r0, int64_t r1, __m256 v,
         yt[base + i] = first ? o[i] : yt[base + i] + o[i];
 }
 
-/* A tile's sums of halves h0 .. h0 + NHALF(T) - 1 (token j's in facc[hh][j]) into y. */
-INLINE void put_halves(const struct tile_args *a, int h0, int T, __m256 facc[2][TT8_MAX])
+/* A tile's sums of halves h0 .. h0 + nh - 1 (token j's in facc[hh][j]) into y. */
+INLINE void put_halves(const struct tile_args *a, int h0, int nh, int T, __m256 facc[2][TT8_MAX])
 {
-    for (int hh = 0; hh < NHALF(T); hh++)
+    for (int hh = 0; hh < nh; hh++)
         for (int j = 0; j < T; j++)
             put8(a->y + (int64_t)j * a->ldy, a->rb, h0 + hh, a->r0, a->r1, facc[hh][j], a->first);
 }
@@ -297,31 +299,36 @@ INLINE void tile8_q8(const struct tile_args *a, int T)
 {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     const struct kwk_q8_block *b = a->blk;
-    for (int h0 = 0; h0 < 2; h0 += NHALF(T)) {
+    const int nh = NHALF(T);
+    for (int h0 = 0; h0 < 2; h0 += nh) {
         __m256 facc[2][TT8_MAX];
-        for (int hh = 0; hh < NHALF(T); hh++)
+        for (int hh = 0; hh < nh; hh++)
             for (int j = 0; j < T; j++)
                 facc[hh][j] = _mm256_setzero_ps();
         for (int g = 0; g < a->ng; g++) {
             __m256i acc[2][TT8_MAX];
-            for (int hh = 0; hh < NHALF(T); hh++)
+            for (int hh = 0; hh < nh; hh++)
                 for (int j = 0; j < T; j++)
                     acc[hh][j] = _mm256_setzero_si256();
             if (T == 1)
                 prefetch_ahead(a, g, sizeof(struct kwk_q8_block));
-            for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++)
-                for (int hh = 0; hh < NHALF(T); hh++) {
-                    __m256i wv = _mm256_xor_si256(
+            for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
+                __m256i wv[2], aw[2];
+                for (int hh = 0; hh < nh; hh++) {
+                    wv[hh] = _mm256_xor_si256(
                         _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * (h0 + hh)]), flip);
-                    __m256i aw = _mm256_abs_epi8(wv);
-                    for (int j = 0; j < T; j++) {
-                        __m256i xb = bcast4(XH(a, j) + g * KWK_Q8_GROUP + k4 * 4);
-                        __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv));
+                    aw[hh] = _mm256_abs_epi8(wv[hh]);
+                }
+                for (int j = 0; j < T; j++) {
+                    __m256i xb = bcast4(XH(a, j) + g * KWK_Q8_GROUP + k4 * 4);
+                    for (int hh = 0; hh < nh; hh++) {
+                        __m256i p = _mm256_maddubs_epi16(aw[hh], _mm256_sign_epi8(xb, wv[hh]));
                         acc[hh][j] = _mm256_add_epi32(acc[hh][j], _mm256_madd_epi16(p, ones));
                         KEEP(acc[hh][j]);
                     }
                 }
-            for (int hh = 0; hh < NHALF(T); hh++) {
+            }
+            for (int hh = 0; hh < nh; hh++) {
                 __m256 dw = ld_half(b[g].d + 8 * (h0 + hh));
                 for (int j = 0; j < T; j++) {
                     __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
@@ -329,7 +336,7 @@ INLINE void tile8_q8(const struct tile_args *a, int T)
                 }
             }
         }
-        put_halves(a, h0, T, facc);
+        put_halves(a, h0, nh, T, facc);
     }
 }
 
@@ -337,32 +344,38 @@ INLINE void tile8_q4(const struct tile_args *a, int T)
 {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const struct kwk_q4_block *b = a->blk;
-    for (int h0 = 0; h0 < 2; h0 += NHALF(T)) {
+    const int nh = NHALF(T);
+    for (int h0 = 0; h0 < 2; h0 += nh) {
         __m256 facc[2][TT8_MAX];
-        for (int hh = 0; hh < NHALF(T); hh++)
+        for (int hh = 0; hh < nh; hh++)
             for (int j = 0; j < T; j++)
                 facc[hh][j] = _mm256_setzero_ps();
         for (int g = 0; g < a->ng; g++) {
             __m256i acc[2][TT8_MAX]; /* 16-bit sums of the group (bound above) */
-            for (int hh = 0; hh < NHALF(T); hh++)
+            for (int hh = 0; hh < nh; hh++)
                 for (int j = 0; j < T; j++)
                     acc[hh][j] = _mm256_setzero_si256();
             if (T == 1)
                 prefetch_ahead(a, g, sizeof(struct kwk_q4_block));
-            for (int c = 0; c < KWK_Q4_GROUP / 8; c++)
-                for (int hh = 0; hh < NHALF(T); hh++) {
+            for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+                __m256i lo[2], hi[2];
+                for (int hh = 0; hh < nh; hh++) {
                     __m256i p = _mm256_loadu_si256((const __m256i *)b[g].q[c][8 * (h0 + hh)]);
-                    __m256i lo = _mm256_and_si256(p, m4);
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
-                    for (int j = 0; j < T; j++) {
-                        const int8_t *xh = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
+                    lo[hh] = _mm256_and_si256(p, m4);
+                    hi[hh] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
+                }
+                for (int j = 0; j < T; j++) {
+                    const int8_t *xh = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
+                    __m256i xl4 = bcast4(xh), xh4 = bcast4(xh + 4);
+                    for (int hh = 0; hh < nh; hh++) {
                         __m256i *ac = &acc[hh][j];
-                        *ac = _mm256_add_epi16(*ac, _mm256_maddubs_epi16(lo, bcast4(xh)));
-                        *ac = _mm256_add_epi16(*ac, _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
+                        *ac = _mm256_add_epi16(*ac, _mm256_maddubs_epi16(lo[hh], xl4));
+                        *ac = _mm256_add_epi16(*ac, _mm256_maddubs_epi16(hi[hh], xh4));
                         KEEP(*ac);
                     }
                 }
-            for (int hh = 0; hh < NHALF(T); hh++) {
+            }
+            for (int hh = 0; hh < nh; hh++) {
                 __m256 d = ld_half(b[g].d + 8 * (h0 + hh)), m = ld_half(b[g].m + 8 * (h0 + hh));
                 for (int j = 0; j < T; j++) {
                     __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[hh][j], ones));
@@ -372,7 +385,7 @@ INLINE void tile8_q4(const struct tile_args *a, int T)
                 }
             }
         }
-        put_halves(a, h0, T, facc);
+        put_halves(a, h0, nh, T, facc);
     }
 }
 
@@ -381,36 +394,42 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     const __m256i ones = _mm256_set1_epi16(1);
     const struct kwk_q6_block *b = a->blk;
-    for (int h0 = 0; h0 < 2; h0 += NHALF(T)) {
+    const int nh = NHALF(T);
+    for (int h0 = 0; h0 < 2; h0 += nh) {
         __m256 facc[2][TT8_MAX];
-        for (int hh = 0; hh < NHALF(T); hh++)
+        for (int hh = 0; hh < nh; hh++)
             for (int j = 0; j < T; j++)
                 facc[hh][j] = _mm256_setzero_ps();
         for (int g = 0; g < a->ng; g++) {
             __m256i acc[2][TT8_MAX];
-            for (int hh = 0; hh < NHALF(T); hh++)
+            for (int hh = 0; hh < nh; hh++)
                 for (int j = 0; j < T; j++)
                     acc[hh][j] = _mm256_setzero_si256();
             if (T == 1)
                 prefetch_ahead(a, g, sizeof(struct kwk_q6_block));
-            for (int c = 0; c < KWK_Q6_GROUP / 8; c++)
-                for (int hh = 0; hh < NHALF(T); hh++) {
+            for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
+                __m256i lo[2], hi[2];
+                for (int hh = 0; hh < nh; hh++) {
                     int h = h0 + hh;
                     __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
                     __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
-                    __m256i lo = _mm256_or_si256(_mm256_and_si256(p, m4),
-                                                 q6_high(qh, 2 * (c % 2), m30));
-                    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
-                                                 q6_high(qh, 2 * (c % 2) + 1, m30));
-                    for (int j = 0; j < T; j++) {
-                        const int8_t *xh = XH(a, j) + g * KWK_Q6_GROUP + 8 * c;
-                        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
-                                                     _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
+                    lo[hh] = _mm256_or_si256(_mm256_and_si256(p, m4),
+                                             q6_high(qh, 2 * (c % 2), m30));
+                    hi[hh] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
+                                             q6_high(qh, 2 * (c % 2) + 1, m30));
+                }
+                for (int j = 0; j < T; j++) {
+                    const int8_t *xh = XH(a, j) + g * KWK_Q6_GROUP + 8 * c;
+                    __m256i xl4 = bcast4(xh), xh4 = bcast4(xh + 4);
+                    for (int hh = 0; hh < nh; hh++) {
+                        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[hh], xl4),
+                                                     _mm256_maddubs_epi16(hi[hh], xh4));
                         acc[hh][j] = _mm256_add_epi32(acc[hh][j], _mm256_madd_epi16(s, ones));
                         KEEP(acc[hh][j]);
                     }
                 }
-            for (int hh = 0; hh < NHALF(T); hh++) {
+            }
+            for (int hh = 0; hh < nh; hh++) {
                 __m256 dw = ld_half(b[g].d + 8 * (h0 + hh));
                 for (int j = 0; j < T; j++) {
                     __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
@@ -420,7 +439,7 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
                 }
             }
         }
-        put_halves(a, h0, T, facc);
+        put_halves(a, h0, nh, T, facc);
     }
 }
 
