@@ -202,39 +202,54 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) static float tile512
     return tile512(n, 0);
 }
 
-/* AVX2: one 8-row half x 4 tokens, weights stored + 128 as tile8_q8 takes them: per step a load,
- * flip and absolute value, then per token a broadcast, psignb, maddubs, madd and add; per group
- * 4 x (convert, d_w * d_x, FMA). */
+/* AVX2: both 8-row halves of a block x 4 tokens, weights stored + 128 as tile8_q8 takes them:
+ * per step and half a load, flip and absolute value, then per token a broadcast and per half
+ * psignb, maddubs, madd and add; per group 2 x 4 x (convert, d_w * d_x, FMA). */
 __attribute__((target("avx2,fma,f16c"))) static float tile256(long n)
 {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    __m256 facc[4];
-    for (int j = 0; j < 4; j++)
-        facc[j] = _mm256_setzero_ps();
+    __m256 facc[2][4];
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            facc[h][j] = _mm256_setzero_ps();
     for (long t = 0; t < n; t++) {
         int g = (int)(t % TILE_GROUPS);
-        __m256i acc[4];
-        for (int j = 0; j < 4; j++)
-            acc[j] = _mm256_setzero_si256();
+        __m256i acc[2][4];
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                acc[h][j] = _mm256_setzero_si256();
         for (int k4 = 0; k4 < 8; k4++) {
-            __m256i wv = _mm256_xor_si256(
-                _mm256_load_si256((const __m256i *)(tile_w[0][g] + 64 * k4)), flip);
-            __m256i aw = _mm256_abs_epi8(wv);
+            __m256i wv[2], aw[2];
+            for (int h = 0; h < 2; h++) {
+                wv[h] = _mm256_xor_si256(
+                    _mm256_load_si256((const __m256i *)(tile_w[0][g] + 64 * k4 + 32 * h)), flip);
+                aw[h] = _mm256_abs_epi8(wv[h]);
+            }
             for (int j = 0; j < 4; j++) {
                 int32_t v;
                 memcpy(&v, tile_x[j] + 32 * g + 4 * k4, 4);
-                __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(v), wv));
-                acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(p, ones));
+                __m256i xb = _mm256_set1_epi32(v);
+                for (int h = 0; h < 2; h++) {
+                    __m256i p = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wv[h]));
+                    acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(p, ones));
+                    __asm__("" : "+x"(acc[h][j])); /* as avx2_quant.c's KEEP */
+                }
             }
         }
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile_dw[0][g]));
-        for (int j = 0; j < 4; j++)
-            facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[j]),
-                                      _mm256_mul_ps(dw, _mm256_set1_ps(tile_dx[j][g])), facc[j]);
+        for (int h = 0; h < 2; h++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile_dw[0][g] + 8 * h)));
+            for (int j = 0; j < 4; j++)
+                facc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][j]),
+                                             _mm256_mul_ps(dw, _mm256_set1_ps(tile_dx[j][g])),
+                                             facc[h][j]);
+        }
     }
     float v[8];
-    _mm256_storeu_ps(v, _mm256_add_ps(_mm256_add_ps(facc[0], facc[1]),
-                                      _mm256_add_ps(facc[2], facc[3])));
+    __m256 s = _mm256_setzero_ps();
+    for (int h = 0; h < 2; h++)
+        s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(facc[h][0], facc[h][1]),
+                                           _mm256_add_ps(facc[h][2], facc[h][3])));
+    _mm256_storeu_ps(v, s);
     return v[0] + v[7];
 }
 
@@ -254,7 +269,7 @@ static const struct op ops[] = {
     {"int8_maddubs_avx2", "avx2", maddubs256, 32, 0},
     {"int8_tile_loop_avx512", "avx512f,avx512bw,avx512vnni", tile512_loop, 0, 8 * 16 * 64},
     {"int8_tile_avx512", "avx512f,avx512bw,avx512vnni", tile512_epi, 0, 8 * 16 * 64},
-    {"int8_tile_avx2", "avx2,fma", tile256, 0, 8 * 4 * 32},
+    {"int8_tile_avx2", "avx2,fma", tile256, 0, 16 * 4 * 32},
 };
 
 static int cpu_has(const char *features)
