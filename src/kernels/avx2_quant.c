@@ -134,8 +134,13 @@ INLINE void tile_q8(const struct tile_args *a, int T)
         put(a->y + (int64_t)j * a->ldy, a->rb, a->r0, a->r1, facc[0][j], facc[1][j], a->first);
 }
 
-/* int4: nibbles are unsigned already; the two maddubs of a byte vector (low and high nibbles)
- * add in 16 bits without overflow (2 * 2 * 15 * 127 < 32767); halves combine as in tile_q8. */
+/* int4: nibbles are unsigned already, so each activation half meets them directly: a maddubs pair
+ * is at most 2 * 15 * 127 = 3810 and a group's 8 maddubs of one half add up in 16 bits (30480 <
+ * 32767), as in tile8_q4; one madd each a group (254 for h, 1 for l) widens them into the exact
+ * 254 * isum_h + isum_l. Each broadcast feeds both 8-row halves; the 2 x 2 x 2 sums and the
+ * nibble vectors fill the registers, the float sums wait on the stack. Against summing h and l
+ * per step through two madds (Zen 3, one thread, SmolLM2-135M's shapes): 49-80 -> 53-93 GOP/s
+ * (576 x 576: 69.5 -> 79.3); the same integers. */
 INLINE void tile_q4(const struct tile_args *a, int T)
 {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
@@ -146,28 +151,34 @@ INLINE void tile_q4(const struct tile_args *a, int T)
         for (int j = 0; j < T; j++)
             facc[h][j] = _mm256_setzero_ps();
     for (int g = 0; g < a->ng; g++) {
-        __m256i acc[2][TT];
+        __m256i ah[2][TT], al[2][TT]; /* 16-bit sums of the group, high and low halves */
         for (int h = 0; h < 2; h++)
             for (int j = 0; j < T; j++)
-                acc[h][j] = _mm256_setzero_si256();
+                ah[h][j] = al[h][j] = _mm256_setzero_si256();
         if (T == 1)
             prefetch_ahead(a, g, sizeof(struct kwk_q4_block));
         for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+            __m256i lo[2], hi[2];
             for (int h = 0; h < 2; h++) {
                 __m256i p = _mm256_loadu_si256((const __m256i *)b[g].q[c][8 * h]);
-                __m256i lo = _mm256_and_si256(p, m4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
-                for (int j = 0; j < T; j++) {
-                    int64_t k = g * KWK_Q4_GROUP + 8 * c;
-                    const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
-                    __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
-                                                  _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
-                    __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xl)),
-                                                  _mm256_maddubs_epi16(hi, bcast4(xl + 4)));
-                    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sh, c254),
-                                                 _mm256_madd_epi16(sl, ones));
-                    acc[h][j] = _mm256_add_epi32(acc[h][j], s);
-                    KEEP(acc[h][j]);
+                lo[h] = _mm256_and_si256(p, m4);
+                hi[h] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
+            }
+            for (int j = 0; j < T; j++) {
+                int64_t k = g * KWK_Q4_GROUP + 8 * c;
+                const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
+                __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
+                for (int h = 0; h < 2; h++) {
+                    ah[h][j] = _mm256_add_epi16(ah[h][j], _mm256_maddubs_epi16(lo[h], x0));
+                    ah[h][j] = _mm256_add_epi16(ah[h][j], _mm256_maddubs_epi16(hi[h], x1));
+                    KEEP(ah[h][j]);
+                }
+                x0 = bcast4(xl);
+                x1 = bcast4(xl + 4);
+                for (int h = 0; h < 2; h++) {
+                    al[h][j] = _mm256_add_epi16(al[h][j], _mm256_maddubs_epi16(lo[h], x0));
+                    al[h][j] = _mm256_add_epi16(al[h][j], _mm256_maddubs_epi16(hi[h], x1));
+                    KEEP(al[h][j]);
                 }
             }
         }
@@ -178,7 +189,9 @@ INLINE void tile_q4(const struct tile_args *a, int T)
             for (int h = 0; h < 2; h++) {
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
                 __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].m + 8 * h)));
-                __m256 s = _mm256_cvtepi32_ps(acc[h][j]);
+                __m256i acc = _mm256_add_epi32(_mm256_madd_epi16(ah[h][j], c254),
+                                               _mm256_madd_epi16(al[h][j], ones));
+                __m256 s = _mm256_cvtepi32_ps(acc);
                 facc[h][j] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, dx), facc[h][j]);
                 facc[h][j] = _mm256_fmadd_ps(m, dsx, facc[h][j]);
             }
