@@ -16,8 +16,8 @@
  * every product of a group first, spilled them to the stack and summed them after, 65 spilled
  * vectors in the 4-token int4 tile. Pinned after each add, the sums stay in order in registers:
  * KWKER_ISA=avx2 on Zen 3, one thread (bench_kernels quant 512 1 avx2): act8 tiles int4 +22%,
- * int6 +9%, int8 the same; the 16-bit int4 tile +3%. The 16-bit int8 and int6 tiles, whose 2 x 2
- * accumulators spill either way, ran the same or 3% slower pinned and are left to GCC. */
+ * int6 +9%, int8 the same. The 16-bit int8 and int6 tiles, whose 2 x 2 accumulators spill
+ * either way, ran the same or 3% slower pinned and are left to GCC. */
 #define KEEP(v) __asm__("" : "+x"(v))
 
 /* Tokens per register tile: 2 halves x TT tokens of int and float accumulators, plus weights,
@@ -281,8 +281,8 @@ INLINE void tile_q6(const struct tile_args *a, int T)
  * 4 activations feeds a maddubs of each half (2 x 4 int accumulators and the 2 halves' weight
  * vectors fill the 16 registers; the float sums wait on the stack, touched once a group), and
  * for decode each 64-byte line of a block is read once, whole. Against one half at a time (Zen
- * 3, one thread, bench_kernels quant 512 1 avx2): int4 149-159 -> 176-188 GOP/s, int8 100-105
- * -> 105-116, int6 the same. Each half's sums are the same either way. */
+ * 3, one thread, bench_kernels quant 512 1 avx2): int4 149-159 -> 174-188 GOP/s, int8 100-105
+ * -> 101-116, int6 the same. Each half's sums are the same either way. */
 #define NHALF(T) ((T) <= 4 ? 2 : 1)
 /* Store (first pass) or add the 8 row sums of half h of block rb for one token. */
 INLINE void put8(float *yt, int64_t rb, int h, int64_t r0, int64_t r1, __m256 v, int first)
