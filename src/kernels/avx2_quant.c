@@ -20,6 +20,15 @@
  * either way, ran the same or 3% slower pinned and are left to GCC. */
 #define KEEP(v) __asm__("" : "+x"(v))
 
+/* An int4 step into a group's 16-bit sum: the low nibbles times activations x0 (columns 8c ..
+ * 8c + 3), the high ones times x1 (8c + 4 .. 8c + 7); bounds at tile_q4 and tile8_q4. */
+INLINE void nib_add(__m256i *acc, __m256i lo, __m256i hi, __m256i x0, __m256i x1)
+{
+    *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(lo, x0));
+    *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(hi, x1));
+    KEEP(*acc);
+}
+
 /* Tokens per register tile: 2 halves x TT tokens of int and float accumulators, plus weights,
  * fit the 16 ymm registers. */
 #define TT 2
@@ -168,18 +177,12 @@ INLINE void tile_q4(const struct tile_args *a, int T)
                 int64_t k = g * KWK_Q4_GROUP + 8 * c;
                 const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
                 __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
-                for (int h = 0; h < 2; h++) {
-                    ah[h][j] = _mm256_add_epi16(ah[h][j], _mm256_maddubs_epi16(lo[h], x0));
-                    ah[h][j] = _mm256_add_epi16(ah[h][j], _mm256_maddubs_epi16(hi[h], x1));
-                    KEEP(ah[h][j]);
-                }
+                for (int h = 0; h < 2; h++)
+                    nib_add(&ah[h][j], lo[h], hi[h], x0, x1);
                 x0 = bcast4(xl);
                 x1 = bcast4(xl + 4);
-                for (int h = 0; h < 2; h++) {
-                    al[h][j] = _mm256_add_epi16(al[h][j], _mm256_maddubs_epi16(lo[h], x0));
-                    al[h][j] = _mm256_add_epi16(al[h][j], _mm256_maddubs_epi16(hi[h], x1));
-                    KEEP(al[h][j]);
-                }
+                for (int h = 0; h < 2; h++)
+                    nib_add(&al[h][j], lo[h], hi[h], x0, x1);
             }
         }
         for (int j = 0; j < T; j++) {
@@ -275,7 +278,7 @@ INLINE void tile_q6(const struct tile_args *a, int T)
  *   int6: u = q + 32 <= 63: a pair is at most 2 * 63 * 127 = 16002, two add in 16 bits (32004)
  *         before a madd; 32 * sum(h) comes back out at the end of the group.
  * The epilogue is (float)isum_h * (d_w * 254 d_x): the integers are the h pass's, exactly. */
-#define TT8 4     /* measured: 2 to 6 tokens within noise of each other; 4 keeps all in registers */
+#define TT8 4     /* the most that take both halves (NHALF); 3 measured 3-4% slower on Zen 3 */
 #define TT8_MAX 6 /* the most tokens a tile function is made for */
 /* Halves of the row block a tile takes: both up to 4 tokens, so that each broadcast of a token's
  * 4 activations feeds a maddubs of each half (2 x 4 int accumulators and the 2 halves' weight
@@ -295,10 +298,10 @@ INLINE void put8(float *yt, int64_t rb, int h, int64_t r0, int64_t r1, __m256 v,
         yt[base + i] = first ? o[i] : yt[base + i] + o[i];
 }
 
-/* A tile's sums of halves h0 .. h0 + nh - 1 (token j's in facc[hh][j]) into y. */
-INLINE void put_halves(const struct tile_args *a, int h0, int nh, int T, __m256 facc[2][TT8_MAX])
+/* A tile's sums of halves h0 .. h0 + NHALF(T) - 1 (token j's in facc[hh][j]) into y. */
+INLINE void put_halves(const struct tile_args *a, int h0, int T, __m256 facc[2][TT8_MAX])
 {
-    for (int hh = 0; hh < nh; hh++)
+    for (int hh = 0; hh < NHALF(T); hh++)
         for (int j = 0; j < T; j++)
             put8(a->y + (int64_t)j * a->ldy, a->rb, h0 + hh, a->r0, a->r1, facc[hh][j], a->first);
 }
@@ -349,7 +352,7 @@ INLINE void tile8_q8(const struct tile_args *a, int T)
                 }
             }
         }
-        put_halves(a, h0, nh, T, facc);
+        put_halves(a, h0, T, facc);
     }
 }
 
@@ -379,13 +382,9 @@ INLINE void tile8_q4(const struct tile_args *a, int T)
                 }
                 for (int j = 0; j < T; j++) {
                     const int8_t *xh = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
-                    __m256i xl4 = bcast4(xh), xh4 = bcast4(xh + 4);
-                    for (int hh = 0; hh < nh; hh++) {
-                        __m256i *ac = &acc[hh][j];
-                        *ac = _mm256_add_epi16(*ac, _mm256_maddubs_epi16(lo[hh], xl4));
-                        *ac = _mm256_add_epi16(*ac, _mm256_maddubs_epi16(hi[hh], xh4));
-                        KEEP(*ac);
-                    }
+                    __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
+                    for (int hh = 0; hh < nh; hh++)
+                        nib_add(&acc[hh][j], lo[hh], hi[hh], x0, x1);
                 }
             }
             for (int hh = 0; hh < nh; hh++) {
@@ -398,7 +397,7 @@ INLINE void tile8_q4(const struct tile_args *a, int T)
                 }
             }
         }
-        put_halves(a, h0, nh, T, facc);
+        put_halves(a, h0, T, facc);
     }
 }
 
@@ -433,10 +432,10 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
                 }
                 for (int j = 0; j < T; j++) {
                     const int8_t *xh = XH(a, j) + g * KWK_Q6_GROUP + 8 * c;
-                    __m256i xl4 = bcast4(xh), xh4 = bcast4(xh + 4);
+                    __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
                     for (int hh = 0; hh < nh; hh++) {
-                        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[hh], xl4),
-                                                     _mm256_maddubs_epi16(hi[hh], xh4));
+                        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[hh], x0),
+                                                     _mm256_maddubs_epi16(hi[hh], x1));
                         acc[hh][j] = _mm256_add_epi32(acc[hh][j], _mm256_madd_epi16(s, ones));
                         KEEP(acc[hh][j]);
                     }
@@ -452,7 +451,7 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
                 }
             }
         }
-        put_halves(a, h0, nh, T, facc);
+        put_halves(a, h0, T, facc);
     }
 }
 
