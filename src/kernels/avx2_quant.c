@@ -20,6 +20,18 @@
  * either way, ran the same or 3% slower pinned and are left to GCC. */
 #define KEEP(v) __asm__("" : "+x"(v))
 
+/* Step c of an int4 block, both 8-row halves: the low nibbles (columns 8c .. 8c + 3) and the high
+ * ones (8c + 4 .. 8c + 7) as bytes. */
+INLINE void nib_halves(const struct kwk_q4_block *bg, int c, __m256i m4, __m256i lo[2],
+                       __m256i hi[2])
+{
+    for (int h = 0; h < 2; h++) {
+        __m256i p = _mm256_loadu_si256((const __m256i *)bg->q[c][8 * h]);
+        lo[h] = _mm256_and_si256(p, m4);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
+    }
+}
+
 /* An int4 step into a group's 16-bit sum: the low nibbles times activations x0 (columns 8c ..
  * 8c + 3), the high ones times x1 (8c + 4 .. 8c + 7); bounds at tile_q4 and tile8_q4. */
 INLINE void nib_add(__m256i *acc, __m256i lo, __m256i hi, __m256i x0, __m256i x1)
@@ -168,11 +180,7 @@ INLINE void tile_q4(const struct tile_args *a, int T)
             prefetch_ahead(a, g, sizeof(struct kwk_q4_block));
         for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
             __m256i lo[2], hi[2];
-            for (int h = 0; h < 2; h++) {
-                __m256i p = _mm256_loadu_si256((const __m256i *)b[g].q[c][8 * h]);
-                lo[h] = _mm256_and_si256(p, m4);
-                hi[h] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
-            }
+            nib_halves(&b[g], c, m4, lo, hi);
             for (int j = 0; j < T; j++) {
                 int64_t k = g * KWK_Q4_GROUP + 8 * c;
                 const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
@@ -278,15 +286,14 @@ INLINE void tile_q6(const struct tile_args *a, int T)
  *   int6: u = q + 32 <= 63: a pair is at most 2 * 63 * 127 = 16002, two add in 16 bits (32004)
  *         before a madd; 32 * sum(h) comes back out at the end of the group.
  * The epilogue is (float)isum_h * (d_w * 254 d_x): the integers are the h pass's, exactly. */
-#define TT8 4     /* the most that take both halves (NHALF); 3 measured 3-4% slower on Zen 3 */
-#define TT8_MAX 6 /* the most tokens a tile function is made for */
-/* Halves of the row block a tile takes: both up to 4 tokens, so that each broadcast of a token's
- * 4 activations feeds a maddubs of each half (2 x 4 int accumulators and the 2 halves' weight
- * vectors fill the 16 registers; the float sums wait on the stack, touched once a group), and
- * for decode each 64-byte line of a block is read once, whole. Against one half at a time (Zen
- * 3, one thread, bench_kernels quant 512 1 avx2): int4 149-159 -> 174-188 GOP/s, int8 100-105
- * -> 101-116, int6 the same. Each half's sums are the same either way. */
-#define NHALF(T) ((T) <= 4 ? 2 : 1)
+/* A tile takes both 8-row halves of its block for 1 to TT8 tokens, so that each broadcast of a
+ * token's 4 activations feeds a maddubs of each half (2 x 4 int accumulators and the 2 halves'
+ * weight vectors fill the 16 registers; the float sums wait on the stack, touched once a group),
+ * and for decode each 64-byte line of a block is read once, whole. Against one half at a time
+ * (Zen 3, one thread, bench_kernels quant 512 1 avx2): int4 149-159 -> 174-188 GOP/s, int8
+ * 100-105 -> 101-116, int6 the same; 3 tokens measured 3-4% slower than 4. Each half's sums are
+ * the same either way. */
+#define TT8 4
 /* Store (first pass) or add the 8 row sums of half h of block rb for one token. */
 INLINE void put8(float *yt, int64_t rb, int h, int64_t r0, int64_t r1, __m256 v, int first)
 {
@@ -298,12 +305,12 @@ INLINE void put8(float *yt, int64_t rb, int h, int64_t r0, int64_t r1, __m256 v,
         yt[base + i] = first ? o[i] : yt[base + i] + o[i];
 }
 
-/* A tile's sums of halves h0 .. h0 + NHALF(T) - 1 (token j's in facc[hh][j]) into y. */
-INLINE void put_halves(const struct tile_args *a, int h0, int T, __m256 facc[2][TT8_MAX])
+/* A tile's sums of both halves (token j's in facc[h][j]) into y. */
+INLINE void put_halves(const struct tile_args *a, int T, __m256 facc[2][TT8])
 {
-    for (int hh = 0; hh < NHALF(T); hh++)
+    for (int h = 0; h < 2; h++)
         for (int j = 0; j < T; j++)
-            put8(a->y + (int64_t)j * a->ldy, a->rb, h0 + hh, a->r0, a->r1, facc[hh][j], a->first);
+            put8(a->y + (int64_t)j * a->ldy, a->rb, h, a->r0, a->r1, facc[h][j], a->first);
 }
 
 INLINE __m256 ld_half(const uint16_t *p)
@@ -315,90 +322,80 @@ INLINE void tile8_q8(const struct tile_args *a, int T)
 {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     const struct kwk_q8_block *b = a->blk;
-    const int nh = NHALF(T);
-    for (int h0 = 0; h0 < 2; h0 += nh) {
-        __m256 facc[2][TT8_MAX];
-        for (int hh = 0; hh < nh; hh++)
+    __m256 facc[2][TT8];
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < T; j++)
+            facc[h][j] = _mm256_setzero_ps();
+    for (int g = 0; g < a->ng; g++) {
+        __m256i acc[2][TT8];
+        for (int h = 0; h < 2; h++)
             for (int j = 0; j < T; j++)
-                facc[hh][j] = _mm256_setzero_ps();
-        for (int g = 0; g < a->ng; g++) {
-            __m256i acc[2][TT8_MAX];
-            for (int hh = 0; hh < nh; hh++)
-                for (int j = 0; j < T; j++)
-                    acc[hh][j] = _mm256_setzero_si256();
-            if (T == 1)
-                prefetch_ahead(a, g, sizeof(struct kwk_q8_block));
-            for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
-                __m256i wv[2], aw[2];
-                for (int hh = 0; hh < nh; hh++) {
-                    wv[hh] = _mm256_xor_si256(
-                        _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * (h0 + hh)]), flip);
-                    aw[hh] = _mm256_abs_epi8(wv[hh]);
-                }
-                for (int j = 0; j < T; j++) {
-                    __m256i xb = bcast4(XH(a, j) + g * KWK_Q8_GROUP + k4 * 4);
-                    for (int hh = 0; hh < nh; hh++) {
-                        __m256i p = _mm256_maddubs_epi16(aw[hh], _mm256_sign_epi8(xb, wv[hh]));
-                        acc[hh][j] = _mm256_add_epi32(acc[hh][j], _mm256_madd_epi16(p, ones));
-                        KEEP(acc[hh][j]);
-                    }
-                }
+                acc[h][j] = _mm256_setzero_si256();
+        if (T == 1)
+            prefetch_ahead(a, g, sizeof(struct kwk_q8_block));
+        for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
+            __m256i wv[2], aw[2];
+            for (int h = 0; h < 2; h++) {
+                wv[h] = _mm256_xor_si256(
+                    _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * h]), flip);
+                aw[h] = _mm256_abs_epi8(wv[h]);
             }
-            for (int hh = 0; hh < nh; hh++) {
-                __m256 dw = ld_half(b[g].d + 8 * (h0 + hh));
-                for (int j = 0; j < T; j++) {
-                    __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
-                    facc[hh][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[hh][j]), dd, facc[hh][j]);
+            for (int j = 0; j < T; j++) {
+                __m256i xb = bcast4(XH(a, j) + g * KWK_Q8_GROUP + k4 * 4);
+                for (int h = 0; h < 2; h++) {
+                    __m256i p = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wv[h]));
+                    acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(p, ones));
+                    KEEP(acc[h][j]);
                 }
             }
         }
-        put_halves(a, h0, T, facc);
+        for (int h = 0; h < 2; h++) {
+            __m256 dw = ld_half(b[g].d + 8 * h);
+            for (int j = 0; j < T; j++) {
+                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
+                facc[h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][j]), dd, facc[h][j]);
+            }
+        }
     }
+    put_halves(a, T, facc);
 }
 
 INLINE void tile8_q4(const struct tile_args *a, int T)
 {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const struct kwk_q4_block *b = a->blk;
-    const int nh = NHALF(T);
-    for (int h0 = 0; h0 < 2; h0 += nh) {
-        __m256 facc[2][TT8_MAX];
-        for (int hh = 0; hh < nh; hh++)
+    __m256 facc[2][TT8];
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < T; j++)
+            facc[h][j] = _mm256_setzero_ps();
+    for (int g = 0; g < a->ng; g++) {
+        __m256i acc[2][TT8]; /* 16-bit sums of the group (bound above) */
+        for (int h = 0; h < 2; h++)
             for (int j = 0; j < T; j++)
-                facc[hh][j] = _mm256_setzero_ps();
-        for (int g = 0; g < a->ng; g++) {
-            __m256i acc[2][TT8_MAX]; /* 16-bit sums of the group (bound above) */
-            for (int hh = 0; hh < nh; hh++)
-                for (int j = 0; j < T; j++)
-                    acc[hh][j] = _mm256_setzero_si256();
-            if (T == 1)
-                prefetch_ahead(a, g, sizeof(struct kwk_q4_block));
-            for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
-                __m256i lo[2], hi[2];
-                for (int hh = 0; hh < nh; hh++) {
-                    __m256i p = _mm256_loadu_si256((const __m256i *)b[g].q[c][8 * (h0 + hh)]);
-                    lo[hh] = _mm256_and_si256(p, m4);
-                    hi[hh] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
-                }
-                for (int j = 0; j < T; j++) {
-                    const int8_t *xh = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
-                    __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
-                    for (int hh = 0; hh < nh; hh++)
-                        nib_add(&acc[hh][j], lo[hh], hi[hh], x0, x1);
-                }
-            }
-            for (int hh = 0; hh < nh; hh++) {
-                __m256 d = ld_half(b[g].d + 8 * (h0 + hh)), m = ld_half(b[g].m + 8 * (h0 + hh));
-                for (int j = 0; j < T; j++) {
-                    __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[hh][j], ones));
-                    __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(XD(a, j, g)));
-                    facc[hh][j] = _mm256_fmadd_ps(s, dd, facc[hh][j]);
-                    facc[hh][j] = _mm256_fmadd_ps(m, _mm256_set1_ps(XM(a, j, g)), facc[hh][j]);
-                }
+                acc[h][j] = _mm256_setzero_si256();
+        if (T == 1)
+            prefetch_ahead(a, g, sizeof(struct kwk_q4_block));
+        for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+            __m256i lo[2], hi[2];
+            nib_halves(&b[g], c, m4, lo, hi);
+            for (int j = 0; j < T; j++) {
+                const int8_t *xh = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
+                __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
+                for (int h = 0; h < 2; h++)
+                    nib_add(&acc[h][j], lo[h], hi[h], x0, x1);
             }
         }
-        put_halves(a, h0, T, facc);
+        for (int h = 0; h < 2; h++) {
+            __m256 d = ld_half(b[g].d + 8 * h), m = ld_half(b[g].m + 8 * h);
+            for (int j = 0; j < T; j++) {
+                __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[h][j], ones));
+                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(XD(a, j, g)));
+                facc[h][j] = _mm256_fmadd_ps(s, dd, facc[h][j]);
+                facc[h][j] = _mm256_fmadd_ps(m, _mm256_set1_ps(XM(a, j, g)), facc[h][j]);
+            }
+        }
     }
+    put_halves(a, T, facc);
 }
 
 INLINE void tile8_q6(const struct tile_args *a, int T)
@@ -406,53 +403,49 @@ INLINE void tile8_q6(const struct tile_args *a, int T)
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     const __m256i ones = _mm256_set1_epi16(1);
     const struct kwk_q6_block *b = a->blk;
-    const int nh = NHALF(T);
-    for (int h0 = 0; h0 < 2; h0 += nh) {
-        __m256 facc[2][TT8_MAX];
-        for (int hh = 0; hh < nh; hh++)
+    __m256 facc[2][TT8];
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < T; j++)
+            facc[h][j] = _mm256_setzero_ps();
+    for (int g = 0; g < a->ng; g++) {
+        __m256i acc[2][TT8];
+        for (int h = 0; h < 2; h++)
             for (int j = 0; j < T; j++)
-                facc[hh][j] = _mm256_setzero_ps();
-        for (int g = 0; g < a->ng; g++) {
-            __m256i acc[2][TT8_MAX];
-            for (int hh = 0; hh < nh; hh++)
-                for (int j = 0; j < T; j++)
-                    acc[hh][j] = _mm256_setzero_si256();
-            if (T == 1)
-                prefetch_ahead(a, g, sizeof(struct kwk_q6_block));
-            for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
-                __m256i lo[2], hi[2];
-                for (int hh = 0; hh < nh; hh++) {
-                    int h = h0 + hh;
-                    __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
-                    __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
-                    lo[hh] = _mm256_or_si256(_mm256_and_si256(p, m4),
-                                             q6_high(qh, 2 * (c % 2), m30));
-                    hi[hh] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
-                                             q6_high(qh, 2 * (c % 2) + 1, m30));
-                }
-                for (int j = 0; j < T; j++) {
-                    const int8_t *xh = XH(a, j) + g * KWK_Q6_GROUP + 8 * c;
-                    __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
-                    for (int hh = 0; hh < nh; hh++) {
-                        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[hh], x0),
-                                                     _mm256_maddubs_epi16(hi[hh], x1));
-                        acc[hh][j] = _mm256_add_epi32(acc[hh][j], _mm256_madd_epi16(s, ones));
-                        KEEP(acc[hh][j]);
-                    }
-                }
+                acc[h][j] = _mm256_setzero_si256();
+        if (T == 1)
+            prefetch_ahead(a, g, sizeof(struct kwk_q6_block));
+        for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
+            __m256i lo[2], hi[2];
+            for (int h = 0; h < 2; h++) {
+                __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
+                __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
+                lo[h] = _mm256_or_si256(_mm256_and_si256(p, m4),
+                                         q6_high(qh, 2 * (c % 2), m30));
+                hi[h] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
+                                         q6_high(qh, 2 * (c % 2) + 1, m30));
             }
-            for (int hh = 0; hh < nh; hh++) {
-                __m256 dw = ld_half(b[g].d + 8 * (h0 + hh));
-                for (int j = 0; j < T; j++) {
-                    __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
-                    __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[hh][j], corr));
-                    __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
-                    facc[hh][j] = _mm256_fmadd_ps(s, dd, facc[hh][j]);
+            for (int j = 0; j < T; j++) {
+                const int8_t *xh = XH(a, j) + g * KWK_Q6_GROUP + 8 * c;
+                __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
+                for (int h = 0; h < 2; h++) {
+                    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0),
+                                                 _mm256_maddubs_epi16(hi[h], x1));
+                    acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(s, ones));
+                    KEEP(acc[h][j]);
                 }
             }
         }
-        put_halves(a, h0, T, facc);
+        for (int h = 0; h < 2; h++) {
+            __m256 dw = ld_half(b[g].d + 8 * h);
+            for (int j = 0; j < T; j++) {
+                __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
+                __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h][j], corr));
+                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
+                facc[h][j] = _mm256_fmadd_ps(s, dd, facc[h][j]);
+            }
+        }
     }
+    put_halves(a, T, facc);
 }
 
 /* kwk_quant_act with 8-bit activations, vectorized with its arithmetic (127 / amax, x * id
@@ -515,10 +508,9 @@ static const tile_fn tiles_q4[TT + 1] = {NULL, tile_q4_1, tile_q4_2};
 #define TILE8(F, T)                                                                              \
     static void tile8_##F##_##T(const struct tile_args *a) { tile8_##F(a, T); }
 #define TILES8(F)                                                                                \
-    TILE8(F, 1) TILE8(F, 2) TILE8(F, 3) TILE8(F, 4) TILE8(F, 5) TILE8(F, 6)                      \
-    static const tile_fn tiles8_##F[TT8_MAX + 1] = {NULL,          tile8_##F##_1, tile8_##F##_2, \
-                                                    tile8_##F##_3, tile8_##F##_4, tile8_##F##_5, \
-                                                    tile8_##F##_6};
+    TILE8(F, 1) TILE8(F, 2) TILE8(F, 3) TILE8(F, 4)                                              \
+    static const tile_fn tiles8_##F[TT8 + 1] = {NULL, tile8_##F##_1, tile8_##F##_2,               \
+                                                tile8_##F##_3, tile8_##F##_4};
 TILES8(q8)
 TILES8(q4)
 TILES8(q6)
