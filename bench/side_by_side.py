@@ -401,6 +401,8 @@ def run_kwker(a, model, precision):
            "--json"]
     if a.act_bits and precision != "preserve":
         cmd += ["--act-bits", str(a.act_bits)]
+    if a.mix_bits and precision == "int4":
+        cmd += ["--mix-bits", str(a.mix_bits)]
     rc, out, err = run_child(cmd, env=env)
     if rc != 0:
         raise RuntimeError("kwker bench failed (%d): %s\n%s" % (rc, " ".join(cmd), err[-2000:]))
@@ -412,6 +414,7 @@ def run_kwker(a, model, precision):
         raise RuntimeError("kwker ran with isa %s, not avx2" % res.get("isa"))
     return {"pp_tps": res["pp_tps"], "tg_tps": res["tg_tps"], "kv_bits": res.get("kv_bits", 32),
             "peak_rss_kib": res["peak_rss_kib"], "isa": res.get("isa"), "load_s": res.get("load_s"),
+            "bits_per_weight": res.get("bits_per_weight"),
             "packed_bytes": float(m.group(4)) * 1e6 if m else None,
             "pack": None if not m else "mapped from the pack cache" if m.group(1) else "packed"}
 
@@ -523,14 +526,17 @@ def llama_worker(job):
 
 
 def kwker_label(a, kp):
-    """Kwker's column: the precision, and its activation bits when not the default."""
-    return kp + (" act%d" % a.act_bits if a.act_bits and kp != "preserve" else "")
+    """Kwker's column: the precision, int4's --mix-bits and the activation bits when not the
+    defaults."""
+    return (kp + (" mix%d" % a.mix_bits if a.mix_bits and kp == "int4" else "")
+            + (" act%d" % a.act_bits if a.act_bits and kp != "preserve" else ""))
 
 
 def pair_key(a, model, kp, lf):
     # settings added later are keyed only when not their old value, so stored pairs stay valid
     extra = [] if a.llama_flash_attn == "auto" else ["fa=" + a.llama_flash_attn]
     extra += ["act%d" % a.act_bits] if a.act_bits and kp != "preserve" else []
+    extra += ["mix%d" % a.mix_bits] if a.mix_bits and kp == "int4" else []
     extra += [] if a.probe_mib == "256" else ["probe=" + a.probe_mib]
     return "|".join(str(x) for x in [a.isa, model, kp, lf, a.n_prompt, a.n_gen, a.threads,
                                      a.runs, a.reps] + extra)
@@ -557,7 +563,7 @@ def probe_sizes(a, kpath, lpath, kp):
     if kp == "preserve":
         kweights, kv_bytes = kwker_preserve_bytes(kpath), 4.0
     else:
-        key = (str(kpath), kp)  # int4 is in two pairs: one short run for both
+        key = (str(kpath), kp, a.mix_bits)  # int4 is in two pairs: one short run for both
         if key not in KWKER_SIZES:
             short = argparse.Namespace(**dict(vars(a), n_prompt=8, n_gen=2, reps=1))
             res = run_kwker(short, kpath, kp)
@@ -614,6 +620,7 @@ def measure_pair(a, model, files, kp, lf, bw_state):
     lbytes = lbytes + kv["llama"]
     rec = {"model": model, "kwker_precision": kwker_label(a, kp), "llama_format": lf,
            "isa": a.isa, "act_bits": a.act_bits or 16, "llama_flash_attn": a.llama_flash_attn,
+           "mix_bits": a.mix_bits if kp == "int4" else None,
            "n_prompt": a.n_prompt, "n_gen": a.n_gen, "threads": a.threads, "runs": runs,
            "probe_mib": mib,
            "kwker_file": str(kpath), "llama_file": str(lpath)}
@@ -720,6 +727,10 @@ def parse_args(argv):
     ap.add_argument("--act-bits", type=int, choices=(8, 16), default=None,
                     help="Kwker's activation bits for balanced and int4 (kwker --act-bits; "
                          "default: kwker's own, 16)")
+    ap.add_argument("--mix-bits", type=int, choices=(4, 6, 8), default=None,
+                    help="int4's wider matrices (kwker --mix-bits; default: kwker's own, 8 "
+                         "below 1B parameters, 6 from 1B). 4 keeps none: every matrix at 4 "
+                         "bits, the matched-bits comparison with Q4_0")
     ap.add_argument("--llama-flash-attn", choices=("best", "auto", "on", "off"), default="best",
                     help="llama.cpp's flash attention: best (default) measures on and off in "
                          "each run and keeps each column's faster figure; auto is llama.cpp's "

@@ -29,7 +29,8 @@ def test_quick_run_writes_complete_json(tmp_path):
             pytest.fail("%s not found at %s: build it (scripts/build)" % (what, p))
     models = Path(os.environ.get("KWK_TEST_CACHE") or "/tmp/kwker-test-models") / "bench-models"
     out = tmp_path / "sbs.json"
-    cmd = [sys.executable, str(SCRIPT), "--quick", "--precisions", "q4_0",
+    # --mix-bits 4: int4 with every matrix at 4 bits, the matched-bits pair with Q4_0
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--precisions", "q4_0", "--mix-bits", "4",
            "--models-dir", str(models), "--kwker-bin", str(BIN), "--bw-probe", str(PROBE),
            "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -39,7 +40,10 @@ def test_quick_run_writes_complete_json(tmp_path):
     assert data["settings"]["n_prompt"] == 64 and data["settings"]["n_gen"] == 16
     (rec,) = data["results"]
     assert (rec["model"], rec["kwker_precision"], rec["llama_format"]) == \
-        ("smollm2-135m", "int4", "q4_0")
+        ("smollm2-135m", "int4 mix4", "q4_0")
+    assert rec["mix_bits"] == 4
+    # 4-bit codes and two half-precision numbers (scale, offset) a group of 32: 5 bits a weight
+    assert [r["bits_per_weight"] for r in rec["runs"]["kwker"]] == [5.0, 5.0]
     for side in ("kwker", "llama"):
         runs = rec["runs"][side]
         assert len(runs) == 2
@@ -68,5 +72,5 @@ def test_quick_run_writes_complete_json(tmp_path):
         assert ctx["per_flash_attn"][best][i] == max(v[i] for v in ctx["per_flash_attn"].values())
     # the Markdown table (stdout and JSON) has the header, the separator and the one row
     table = data["markdown"].splitlines()
-    assert len(table) == 3 and table[2].startswith("| smollm2-135m | int4 | Q4_0 |")
+    assert len(table) == 3 and table[2].startswith("| smollm2-135m | int4 mix4 | Q4_0 |")
     assert data["markdown"] in proc.stdout
