@@ -1,7 +1,8 @@
 /* bench_kernels.c - the pool's synchronization cost (an empty task's round trip, an in-task
  * barrier), then matmul speed per instruction set: GB/s of weights streamed for one token (decode)
  * and GFLOP/s for 64 tokens (prompt), on 1 thread and on the whole pool; or (`quant`) the
- * quantized matmul with 8-bit against 16-bit activations on SmolLM2-135M's shapes (or others).
+ * quantized matmul with 8-bit against 16-bit activations on SmolLM2-135M's shapes (or others;
+ * for one token over copies cycled through DRAM, with GB/s).
  * Prints; asserts nothing. Single-threaded driver. Usage: bench_kernels [rows cols | pool | quant
  * [n_tok [threads [avx2|avx512 [RxC,...]]]]] */
 #include <stdio.h>
@@ -103,17 +104,23 @@ static void bench_pool(void)
     kwk_pool_free(p);
 }
 
-/* Seconds per call of job j, repeated for about secs after one warm-up call. */
-static double time_calls(struct kwk_pool *p, struct job *j, double secs)
+/* Seconds per call of job j over the n matrices mats[] in turn, repeated for about secs (and at
+ * least once over all) after one warm-up round. */
+static double time_calls(struct kwk_pool *p, struct job *j, const struct kwk_mat *mats, int n,
+                         double secs)
 {
-    kwk_pool_run(p, job_run, j);
+    for (int i = 0; i < n; i++) {
+        j->w = &mats[i];
+        kwk_pool_run(p, job_run, j);
+    }
     long reps = 0;
     double t0 = kwk_time_s(), t;
     do {
+        j->w = &mats[reps % n];
         kwk_pool_run(p, job_run, j);
         reps++;
         t = kwk_time_s() - t0;
-    } while (t < secs);
+    } while (t < secs || reps < n);
     return t / (double)reps;
 }
 
@@ -128,7 +135,8 @@ static int cmp_double(const void *a, const void *b)
 /* act8 against 16-bit activations, GOP/s of the quantized matmul (2 * rows * cols * n_tok) per
  * ISA, format and shape (SmolLM2-135M's unless given); the two modes alternate round by round (A B
  * A B ...) so that a machine shared with other work slows both alike: the ratio of the medians is
- * the figure to read. */
+ * the figure to read. One token (decode) cycles through copies of the packed matrix larger
+ * together than the last-level cache, as a model's weights are read, and also prints GB/s. */
 static void bench_quant(int n_tok, int n_threads, const char *isa_name, const char *shape_list)
 {
     int64_t shapes[8][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}};
@@ -160,17 +168,21 @@ static void bench_quant(int n_tok, int n_threads, const char *isa_name, const ch
     float *src = kwk_malloc_aligned((size_t)max_el * 4);
     float *x = kwk_malloc_aligned((size_t)n_tok * (size_t)max_cols * 4);
     float *y = kwk_malloc_aligned((size_t)n_tok * (size_t)max_rows * 4);
-    size_t bytes = 0;
+    size_t bytes = 0; /* the largest packed matrix: q8 of the largest shape */
     kwk_quant_bytes(KWK_W_Q8, max_rows, max_cols, &bytes);
-    void *data = kwk_malloc_aligned(bytes);
-    if (!p || !src || !x || !y || !data)
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    int n_copies = n_tok == 1 ? (int)(WORKING_SET / (double)bytes) + 1 : 1;
+    uint8_t *data = kwk_malloc_aligned(bytes * (size_t)n_copies);
+    struct kwk_mat *mats = kwk_calloc((size_t)n_copies, sizeof *mats);
+    if (!p || !src || !x || !y || !data || !mats)
         goto out;
     for (int64_t i = 0; i < max_el; i++)
         src[i] = (float)((i * 7919) % 2001 - 1000) * 1e-4f;
     for (int64_t i = 0; i < (int64_t)n_tok * max_cols; i++)
         x[i] = (float)((i * 104729) % 1999 - 999) * 1e-3f;
-    printf("quantized matmul, n_tok=%d, threads=%d, GOP/s medians of %d alternating rounds\n",
-           n_tok, kwk_pool_size(p), QUANT_ROUNDS);
+    printf("quantized matmul, n_tok=%d, threads=%d, GOP/s medians of %d alternating rounds%s\n",
+           n_tok, kwk_pool_size(p), QUANT_ROUNDS,
+           n_copies > 1 ? " over copies cycled (GB/s of weights read)" : "");
     for (int isa = KWK_ISA_AVX2; isa <= kwk_isa(); isa++) {
         const struct kwk_kernels *k = kwk_kernels_for(isa);
         if (isa_name && strcmp(isa_name, k->name) != 0)
@@ -178,27 +190,38 @@ static void bench_quant(int n_tok, int n_threads, const char *isa_name, const ch
         for (size_t wi = 0; wi < KWK_ARRAY_LEN(wts); wi++)
             for (size_t si = 0; si < n_shapes; si++) {
                 int64_t rows = shapes[si][0], cols = shapes[si][1];
-                struct kwk_mat m = {.wtype = wts[wi], .rows = rows, .cols = cols, .data = data};
+                size_t mb = 0;
+                kwk_quant_bytes(wts[wi], rows, cols, &mb);
                 for (int64_t rb = 0; rb * KWK_QROWS < rows; rb++)
-                    kwk_quant_pack_rows(m.wtype, data, rows, cols, rb,
+                    kwk_quant_pack_rows(wts[wi], data, rows, cols, rb,
                                         src + rb * KWK_QROWS * cols, (long)cols);
+                for (int c = 0; c < n_copies; c++) {
+                    if (c > 0)
+                        memcpy(data + (size_t)c * bytes, data, mb);
+                    mats[c] = (struct kwk_mat){
+                        .wtype = wts[wi], .rows = rows, .cols = cols, .data = data + (size_t)c * bytes};
+                }
                 double t[2][QUANT_ROUNDS];
                 for (int r = 0; r < QUANT_ROUNDS; r++)
                     for (int a8 = 0; a8 < 2; a8++) {
-                        m.act8 = a8;
-                        struct job j = {k, &m, x, y, n_tok};
-                        t[a8][r] = time_calls(p, &j, 0.15);
+                        for (int c = 0; c < n_copies; c++)
+                            mats[c].act8 = a8;
+                        struct job j = {k, &mats[0], x, y, n_tok};
+                        t[a8][r] = time_calls(p, &j, mats, n_copies, 0.15);
                     }
                 qsort(t[0], QUANT_ROUNDS, sizeof(double), cmp_double);
                 qsort(t[1], QUANT_ROUNDS, sizeof(double), cmp_double);
                 double op = 2.0 * (double)rows * (double)cols * n_tok * 1e-9;
                 double s16 = t[0][QUANT_ROUNDS / 2], s8 = t[1][QUANT_ROUNDS / 2];
-                printf("%-7s %s %4lldx%-4lld  16-bit %7.1f  act8 %7.1f  act8/16-bit %.2fx\n",
-                       k->name,
+                printf("%-7s %s %4lldx%-4lld  16-bit %7.1f  act8 %7.1f  act8/16-bit %.2fx", k->name,
                        wts[wi] == KWK_W_Q8   ? "q8"
                        : wts[wi] == KWK_W_Q6 ? "q6"
                                              : "q4",
                        (long long)rows, (long long)cols, op / s16, op / s8, s16 / s8);
+                if (n_copies > 1)
+                    printf("  (%.1f / %.1f GB/s)", (double)mb / s16 * 1e-9,
+                           (double)mb / s8 * 1e-9);
+                printf("\n");
             }
     }
 out:
@@ -207,6 +230,7 @@ out:
     kwk_free_aligned(x);
     kwk_free_aligned(y);
     kwk_free_aligned(data);
+    kwk_free(mats);
 }
 
 int main(int argc, char **argv)
