@@ -22,7 +22,8 @@
  * preserve generation, 5 interleaved rounds). */
 #define DEC_ROWS 2
 #define MAX_ROWS (ROWS > DEC_ROWS ? ROWS : DEC_ROWS)
-/* Columns per pass: a 2-row slice of weights stays in L1 across the token tiles of a block. */
+/* Columns per pass: a tile's rows of weights (3 x 4 KiB in bf16) stay in L1 across the token
+ * tiles of a block. */
 #define KC 2048
 /* Tokens per pass: their KC-column slice of activations (TB * 8 KiB) stays in L2. */
 #define TB 48
