@@ -359,6 +359,15 @@ static void test_batch_invariance(int act8)
             }
             T_CHECK(diff == 0, "%s %s act%d: %ld tokens differ alone vs in a batch",
                     tabs[ti]->name, wname(wts[wi]), act8 ? 8 : 16, diff);
+            /* all 4 row blocks at once: avx2_quant.c's decode takes them as 4 streams */
+            diff = 0;
+            for (int t = 0; t < n_tok; t++) {
+                tabs[ti]->matmul(&m, x + (size_t)t * (size_t)cols, 1, y1, (long)rows, 0, rows);
+                diff += memcmp(y1, yb + (size_t)t * (size_t)rows,
+                               sizeof(float) * (size_t)rows) != 0;
+            }
+            T_CHECK(diff == 0, "%s %s act%d: %ld tokens differ alone (all rows) vs in a batch",
+                    tabs[ti]->name, wname(wts[wi]), act8 ? 8 : 16, diff);
             /* the same tokens at other positions of a smaller batch, other row splits */
             float *y2 = malloc(sizeof(float) * (size_t)(n_tok * rows));
             tabs[ti]->matmul(&m, x + 3 * cols, n_tok - 3, y2, (long)rows, 0, 37);
