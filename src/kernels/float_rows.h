@@ -19,7 +19,8 @@ static inline __attribute__((always_inline)) const void *kwk_row_ptr(const struc
 }
 
 /* Where a decode tile (one token, a full tile of rows_per_tile rows at r) prefetches: the next
- * tile's rows, into next[0..rows_per_tile). Decode reads a tile's rows side by side: short
+ * tile's rows, into next[0..rows_per_tile) (avx512.c; avx2.c's decode reads long runs of rows
+ * instead, its comment says why). Decode reads a tile's rows side by side: short
  * streams (a row of SmolLM2-360M is 1920 bytes in bf16) that end about when the hardware
  * prefetcher has learnt them, so the tile asks for the next tile's rows line by line as it goes
  * (360M preserve generation +39% AVX-512, +56% AVX2). Returns 0, and next[] = the tile's own
