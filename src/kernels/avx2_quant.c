@@ -66,6 +66,13 @@ INLINE void put(float *yt, int64_t rb, int64_t r0, int64_t r1, __m256 lo, __m256
         yt[base + i] = first ? v[i] : yt[base + i] + v[i];
 }
 
+/* The first n vectors of a tile's float sums (facc, flat) to zero. */
+INLINE void zero_sums(__m256 *f, int n)
+{
+    for (int i = 0; i < n; i++)
+        f[i] = _mm256_setzero_ps();
+}
+
 /* Row blocks a decode tile takes in lockstep (run_pass says why). */
 #define DEC_BLOCKS 4
 
@@ -83,6 +90,16 @@ struct tile_args {
     int more[DEC_BLOCKS];     /* decode: the next row block is read next by this stream */
     int pf_l2;                /* decode: prefetch into L2 rather than L1 (kwk_prefetch) */
 };
+
+/* The sums of a tile's NB blocks (block ib's token j in facc[ib][0][j] and facc[ib][1][j]) into
+ * y. */
+INLINE void put_blocks(const struct tile_args *a, int NB, int T, __m256 facc[][2][TT])
+{
+    for (int ib = 0; ib < NB; ib++)
+        for (int j = 0; j < T; j++)
+            put(a->y + (int64_t)j * a->ldy, a->rb[ib], a->r0, a->r1, facc[ib][0][j],
+                facc[ib][1][j], a->first);
+}
 
 /* A decode stream asks for the group PF_GROUPS ahead of the one it computes, into the next row
  * block of its run near a block's end (run_pass). Prompt tiles are bound by arithmetic. */
@@ -115,49 +132,44 @@ INLINE void tile_q8(const struct tile_args *a, int T, int NB)
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     const __m256i c254 = _mm256_set1_epi16(254);
     __m256 facc[DEC_BLOCKS][2][TT];
-    for (int ib = 0; ib < NB; ib++)
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                facc[ib][h][j] = _mm256_setzero_ps();
+    zero_sums((__m256 *)facc, NB * 2 * TT);
     for (int g = 0; g < a->ng; g++)
-      for (int ib = 0; ib < NB; ib++) {
-        const struct kwk_q8_block *b = a->blk[ib];
-        __m256i acc[2][TT];
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                acc[h][j] = _mm256_setzero_si256();
-        if (T == 1)
-            prefetch_ahead(a, ib, g, sizeof(struct kwk_q8_block));
-        for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
-            for (int h = 0; h < 2; h++) {
-                __m256i wv = _mm256_xor_si256(
-                    _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * h]), flip);
-                __m256i aw = _mm256_abs_epi8(wv);
-                for (int j = 0; j < T; j++) {
-                    int64_t k = g * KWK_Q8_GROUP + k4 * 4;
-                    __m256i xh = bcast4(XH(a, j) + k);
-                    __m256i xl = bcast4(XL(a, j) + k);
-                    __m256i ph = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xh, wv));
-                    __m256i pl = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xl, wv));
-                    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ph, c254),
-                                                 _mm256_madd_epi16(pl, ones));
-                    acc[h][j] = _mm256_add_epi32(acc[h][j], s);
+        for (int ib = 0; ib < NB; ib++) {
+            const struct kwk_q8_block *b = a->blk[ib];
+            __m256i acc[2][TT];
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < T; j++)
+                    acc[h][j] = _mm256_setzero_si256();
+            if (T == 1)
+                prefetch_ahead(a, ib, g, sizeof(struct kwk_q8_block));
+            for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
+                for (int h = 0; h < 2; h++) {
+                    __m256i wv = _mm256_xor_si256(
+                        _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * h]), flip);
+                    __m256i aw = _mm256_abs_epi8(wv);
+                    for (int j = 0; j < T; j++) {
+                        int64_t k = g * KWK_Q8_GROUP + k4 * 4;
+                        __m256i xh = bcast4(XH(a, j) + k);
+                        __m256i xl = bcast4(XL(a, j) + k);
+                        __m256i ph = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xh, wv));
+                        __m256i pl = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xl, wv));
+                        __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ph, c254),
+                                                     _mm256_madd_epi16(pl, ones));
+                        acc[h][j] = _mm256_add_epi32(acc[h][j], s);
+                    }
+                }
+            }
+            for (int j = 0; j < T; j++) {
+                __m256 dx = _mm256_set1_ps(XD(a, j, g));
+                for (int h = 0; h < 2; h++) {
+                    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
+                    __m256 dd = _mm256_mul_ps(dw, dx);
+                    __m256 v = _mm256_cvtepi32_ps(acc[h][j]);
+                    facc[ib][h][j] = _mm256_fmadd_ps(v, dd, facc[ib][h][j]);
                 }
             }
         }
-        for (int j = 0; j < T; j++) {
-            __m256 dx = _mm256_set1_ps(XD(a, j, g));
-            for (int h = 0; h < 2; h++) {
-                __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
-                __m256 dd = _mm256_mul_ps(dw, dx);
-                facc[ib][h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][j]), dd, facc[ib][h][j]);
-            }
-        }
-    }
-    for (int ib = 0; ib < NB; ib++)
-        for (int j = 0; j < T; j++)
-            put(a->y + (int64_t)j * a->ldy, a->rb[ib], a->r0, a->r1, facc[ib][0][j], facc[ib][1][j],
-                a->first);
+    put_blocks(a, NB, T, facc);
 }
 
 /* int4: nibbles are unsigned already, so each activation half meets them directly: a maddubs pair
@@ -172,53 +184,47 @@ INLINE void tile_q4(const struct tile_args *a, int T, int NB)
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i c254 = _mm256_set1_epi16(254);
     __m256 facc[DEC_BLOCKS][2][TT];
-    for (int ib = 0; ib < NB; ib++)
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                facc[ib][h][j] = _mm256_setzero_ps();
+    zero_sums((__m256 *)facc, NB * 2 * TT);
     for (int g = 0; g < a->ng; g++)
-      for (int ib = 0; ib < NB; ib++) {
-        const struct kwk_q4_block *b = a->blk[ib];
-        __m256i ah[2][TT], al[2][TT]; /* 16-bit sums of the group, high and low halves */
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                ah[h][j] = al[h][j] = _mm256_setzero_si256();
-        if (T == 1)
-            prefetch_ahead(a, ib, g, sizeof(struct kwk_q4_block));
-        for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
-            __m256i lo[2], hi[2];
-            nib_halves(&b[g], c, m4, lo, hi);
+        for (int ib = 0; ib < NB; ib++) {
+            const struct kwk_q4_block *b = a->blk[ib];
+            __m256i ah[2][TT], al[2][TT]; /* 16-bit sums of the group, high and low halves */
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < T; j++)
+                    ah[h][j] = al[h][j] = _mm256_setzero_si256();
+            if (T == 1)
+                prefetch_ahead(a, ib, g, sizeof(struct kwk_q4_block));
+            for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+                __m256i lo[2], hi[2];
+                nib_halves(&b[g], c, m4, lo, hi);
+                for (int j = 0; j < T; j++) {
+                    int64_t k = g * KWK_Q4_GROUP + 8 * c;
+                    const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
+                    __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
+                    for (int h = 0; h < 2; h++)
+                        nib_add(&ah[h][j], lo[h], hi[h], x0, x1);
+                    x0 = bcast4(xl);
+                    x1 = bcast4(xl + 4);
+                    for (int h = 0; h < 2; h++)
+                        nib_add(&al[h][j], lo[h], hi[h], x0, x1);
+                }
+            }
             for (int j = 0; j < T; j++) {
-                int64_t k = g * KWK_Q4_GROUP + 8 * c;
-                const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
-                __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
-                for (int h = 0; h < 2; h++)
-                    nib_add(&ah[h][j], lo[h], hi[h], x0, x1);
-                x0 = bcast4(xl);
-                x1 = bcast4(xl + 4);
-                for (int h = 0; h < 2; h++)
-                    nib_add(&al[h][j], lo[h], hi[h], x0, x1);
+                float xd = XD(a, j, g);
+                __m256 dx = _mm256_set1_ps(xd);
+                __m256 dsx = _mm256_set1_ps(xd * (float)XS(a, j, g));
+                for (int h = 0; h < 2; h++) {
+                    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
+                    __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].m + 8 * h)));
+                    __m256i acc = _mm256_add_epi32(_mm256_madd_epi16(ah[h][j], c254),
+                                                   _mm256_madd_epi16(al[h][j], ones));
+                    __m256 s = _mm256_cvtepi32_ps(acc);
+                    facc[ib][h][j] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, dx), facc[ib][h][j]);
+                    facc[ib][h][j] = _mm256_fmadd_ps(m, dsx, facc[ib][h][j]);
+                }
             }
         }
-        for (int j = 0; j < T; j++) {
-            float xd = XD(a, j, g);
-            __m256 dx = _mm256_set1_ps(xd);
-            __m256 dsx = _mm256_set1_ps(xd * (float)XS(a, j, g));
-            for (int h = 0; h < 2; h++) {
-                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
-                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].m + 8 * h)));
-                __m256i acc = _mm256_add_epi32(_mm256_madd_epi16(ah[h][j], c254),
-                                               _mm256_madd_epi16(al[h][j], ones));
-                __m256 s = _mm256_cvtepi32_ps(acc);
-                facc[ib][h][j] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, dx), facc[ib][h][j]);
-                facc[ib][h][j] = _mm256_fmadd_ps(m, dsx, facc[ib][h][j]);
-            }
-        }
-    }
-    for (int ib = 0; ib < NB; ib++)
-        for (int j = 0; j < T; j++)
-            put(a->y + (int64_t)j * a->ldy, a->rb[ib], a->r0, a->r1, facc[ib][0][j], facc[ib][1][j],
-                a->first);
+    put_blocks(a, NB, T, facc);
 }
 
 /* The high bits of slice 4h + t of a qh vector at bits 4-5 of each byte (quant.h). */
@@ -239,54 +245,48 @@ INLINE void tile_q6(const struct tile_args *a, int T, int NB)
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     const __m256i ones = _mm256_set1_epi16(1), c254 = _mm256_set1_epi16(254);
     __m256 facc[DEC_BLOCKS][2][TT];
-    for (int ib = 0; ib < NB; ib++)
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                facc[ib][h][j] = _mm256_setzero_ps();
+    zero_sums((__m256 *)facc, NB * 2 * TT);
     for (int g = 0; g < a->ng; g++)
-      for (int ib = 0; ib < NB; ib++) {
-        const struct kwk_q6_block *b = a->blk[ib];
-        __m256i acc[2][TT];
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                acc[h][j] = _mm256_setzero_si256();
-        if (T == 1)
-            prefetch_ahead(a, ib, g, sizeof(struct kwk_q6_block));
-        for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
-            for (int h = 0; h < 2; h++) {
-                __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
-                __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
-                __m256i lo = _mm256_or_si256(_mm256_and_si256(p, m4),
-                                             q6_high(qh, 2 * (c % 2), m30));
-                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
-                                             q6_high(qh, 2 * (c % 2) + 1, m30));
-                for (int j = 0; j < T; j++) {
-                    int64_t k = g * KWK_Q6_GROUP + 8 * c;
-                    const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
-                    __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
-                                                  _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
-                    __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xl)),
-                                                  _mm256_maddubs_epi16(hi, bcast4(xl + 4)));
-                    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sh, c254),
-                                                 _mm256_madd_epi16(sl, ones));
-                    acc[h][j] = _mm256_add_epi32(acc[h][j], s);
+        for (int ib = 0; ib < NB; ib++) {
+            const struct kwk_q6_block *b = a->blk[ib];
+            __m256i acc[2][TT];
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < T; j++)
+                    acc[h][j] = _mm256_setzero_si256();
+            if (T == 1)
+                prefetch_ahead(a, ib, g, sizeof(struct kwk_q6_block));
+            for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
+                for (int h = 0; h < 2; h++) {
+                    __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
+                    __m256i lo = _mm256_or_si256(_mm256_and_si256(p, m4),
+                                                 q6_high(qh, 2 * (c % 2), m30));
+                    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
+                                                 q6_high(qh, 2 * (c % 2) + 1, m30));
+                    for (int j = 0; j < T; j++) {
+                        int64_t k = g * KWK_Q6_GROUP + 8 * c;
+                        const int8_t *xh = XH(a, j) + k, *xl = XL(a, j) + k;
+                        __m256i sh = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xh)),
+                                                      _mm256_maddubs_epi16(hi, bcast4(xh + 4)));
+                        __m256i sl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(xl)),
+                                                      _mm256_maddubs_epi16(hi, bcast4(xl + 4)));
+                        __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sh, c254),
+                                                     _mm256_madd_epi16(sl, ones));
+                        acc[h][j] = _mm256_add_epi32(acc[h][j], s);
+                    }
+                }
+            }
+            for (int j = 0; j < T; j++) {
+                __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
+                __m256 dx = _mm256_set1_ps(XD(a, j, g));
+                for (int h = 0; h < 2; h++) {
+                    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
+                    __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h][j], corr));
+                    facc[ib][h][j] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, dx), facc[ib][h][j]);
                 }
             }
         }
-        for (int j = 0; j < T; j++) {
-            __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
-            __m256 dx = _mm256_set1_ps(XD(a, j, g));
-            for (int h = 0; h < 2; h++) {
-                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b[g].d + 8 * h)));
-                __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h][j], corr));
-                facc[ib][h][j] = _mm256_fmadd_ps(s, _mm256_mul_ps(d, dx), facc[ib][h][j]);
-            }
-        }
-    }
-    for (int ib = 0; ib < NB; ib++)
-        for (int j = 0; j < T; j++)
-            put(a->y + (int64_t)j * a->ldy, a->rb[ib], a->r0, a->r1, facc[ib][0][j], facc[ib][1][j],
-                a->first);
+    put_blocks(a, NB, T, facc);
 }
 
 /* ---- 8-bit activations: one pass ---------------------------------------------------------------
@@ -335,43 +335,41 @@ INLINE void tile8_q8(const struct tile_args *a, int T, int NB)
 {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 facc[DEC_BLOCKS][2][TT8];
-    for (int ib = 0; ib < NB; ib++)
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                facc[ib][h][j] = _mm256_setzero_ps();
+    zero_sums((__m256 *)facc, NB * 2 * TT8);
     for (int g = 0; g < a->ng; g++)
-      for (int ib = 0; ib < NB; ib++) {
-        const struct kwk_q8_block *b = a->blk[ib];
-        __m256i acc[2][TT8];
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                acc[h][j] = _mm256_setzero_si256();
-        if (T == 1)
-            prefetch_ahead(a, ib, g, sizeof(struct kwk_q8_block));
-        for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
-            __m256i wv[2], aw[2];
-            for (int h = 0; h < 2; h++) {
-                wv[h] = _mm256_xor_si256(
-                    _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * h]), flip);
-                aw[h] = _mm256_abs_epi8(wv[h]);
-            }
-            for (int j = 0; j < T; j++) {
-                __m256i xb = bcast4(XH(a, j) + g * KWK_Q8_GROUP + k4 * 4);
+        for (int ib = 0; ib < NB; ib++) {
+            const struct kwk_q8_block *b = a->blk[ib];
+            __m256i acc[2][TT8];
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < T; j++)
+                    acc[h][j] = _mm256_setzero_si256();
+            if (T == 1)
+                prefetch_ahead(a, ib, g, sizeof(struct kwk_q8_block));
+            for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
+                __m256i wv[2], aw[2];
                 for (int h = 0; h < 2; h++) {
-                    __m256i p = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wv[h]));
-                    acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(p, ones));
-                    KEEP(acc[h][j]);
+                    wv[h] = _mm256_xor_si256(
+                        _mm256_loadu_si256((const __m256i *)b[g].q[k4][8 * h]), flip);
+                    aw[h] = _mm256_abs_epi8(wv[h]);
+                }
+                for (int j = 0; j < T; j++) {
+                    __m256i xb = bcast4(XH(a, j) + g * KWK_Q8_GROUP + k4 * 4);
+                    for (int h = 0; h < 2; h++) {
+                        __m256i p = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wv[h]));
+                        acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(p, ones));
+                        KEEP(acc[h][j]);
+                    }
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256 dw = ld_half(b[g].d + 8 * h);
+                for (int j = 0; j < T; j++) {
+                    __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
+                    __m256 v = _mm256_cvtepi32_ps(acc[h][j]);
+                    facc[ib][h][j] = _mm256_fmadd_ps(v, dd, facc[ib][h][j]);
                 }
             }
         }
-        for (int h = 0; h < 2; h++) {
-            __m256 dw = ld_half(b[g].d + 8 * h);
-            for (int j = 0; j < T; j++) {
-                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
-                facc[ib][h][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][j]), dd, facc[ib][h][j]);
-            }
-        }
-    }
     for (int ib = 0; ib < NB; ib++)
         put_halves(a, ib, T, facc[ib]);
 }
@@ -380,39 +378,37 @@ INLINE void tile8_q4(const struct tile_args *a, int T, int NB)
 {
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     __m256 facc[DEC_BLOCKS][2][TT8];
-    for (int ib = 0; ib < NB; ib++)
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                facc[ib][h][j] = _mm256_setzero_ps();
+    zero_sums((__m256 *)facc, NB * 2 * TT8);
     for (int g = 0; g < a->ng; g++)
-      for (int ib = 0; ib < NB; ib++) {
-        const struct kwk_q4_block *b = a->blk[ib];
-        __m256i acc[2][TT8]; /* 16-bit sums of the group (bound above) */
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                acc[h][j] = _mm256_setzero_si256();
-        if (T == 1)
-            prefetch_ahead(a, ib, g, sizeof(struct kwk_q4_block));
-        for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
-            __m256i lo[2], hi[2];
-            nib_halves(&b[g], c, m4, lo, hi);
-            for (int j = 0; j < T; j++) {
-                const int8_t *xh = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
-                __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
-                for (int h = 0; h < 2; h++)
-                    nib_add(&acc[h][j], lo[h], hi[h], x0, x1);
+        for (int ib = 0; ib < NB; ib++) {
+            const struct kwk_q4_block *b = a->blk[ib];
+            __m256i acc[2][TT8]; /* 16-bit sums of the group (bound above) */
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < T; j++)
+                    acc[h][j] = _mm256_setzero_si256();
+            if (T == 1)
+                prefetch_ahead(a, ib, g, sizeof(struct kwk_q4_block));
+            for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+                __m256i lo[2], hi[2];
+                nib_halves(&b[g], c, m4, lo, hi);
+                for (int j = 0; j < T; j++) {
+                    const int8_t *xh = XH(a, j) + g * KWK_Q4_GROUP + 8 * c;
+                    __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
+                    for (int h = 0; h < 2; h++)
+                        nib_add(&acc[h][j], lo[h], hi[h], x0, x1);
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256 d = ld_half(b[g].d + 8 * h), m = ld_half(b[g].m + 8 * h);
+                for (int j = 0; j < T; j++) {
+                    __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[h][j], ones));
+                    __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(XD(a, j, g)));
+                    facc[ib][h][j] = _mm256_fmadd_ps(s, dd, facc[ib][h][j]);
+                    __m256 xm = _mm256_set1_ps(XM(a, j, g));
+                    facc[ib][h][j] = _mm256_fmadd_ps(m, xm, facc[ib][h][j]);
+                }
             }
         }
-        for (int h = 0; h < 2; h++) {
-            __m256 d = ld_half(b[g].d + 8 * h), m = ld_half(b[g].m + 8 * h);
-            for (int j = 0; j < T; j++) {
-                __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[h][j], ones));
-                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(XD(a, j, g)));
-                facc[ib][h][j] = _mm256_fmadd_ps(s, dd, facc[ib][h][j]);
-                facc[ib][h][j] = _mm256_fmadd_ps(m, _mm256_set1_ps(XM(a, j, g)), facc[ib][h][j]);
-            }
-        }
-    }
     for (int ib = 0; ib < NB; ib++)
         put_halves(a, ib, T, facc[ib]);
 }
@@ -422,50 +418,47 @@ INLINE void tile8_q6(const struct tile_args *a, int T, int NB)
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 facc[DEC_BLOCKS][2][TT8];
-    for (int ib = 0; ib < NB; ib++)
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                facc[ib][h][j] = _mm256_setzero_ps();
+    zero_sums((__m256 *)facc, NB * 2 * TT8);
     for (int g = 0; g < a->ng; g++)
-      for (int ib = 0; ib < NB; ib++) {
-        const struct kwk_q6_block *b = a->blk[ib];
-        __m256i acc[2][TT8];
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < T; j++)
-                acc[h][j] = _mm256_setzero_si256();
-        if (T == 1)
-            prefetch_ahead(a, ib, g, sizeof(struct kwk_q6_block));
-        for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
-            __m256i lo[2], hi[2];
-            for (int h = 0; h < 2; h++) {
-                __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
-                __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
-                lo[h] = _mm256_or_si256(_mm256_and_si256(p, m4),
-                                         q6_high(qh, 2 * (c % 2), m30));
-                hi[h] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
-                                         q6_high(qh, 2 * (c % 2) + 1, m30));
-            }
-            for (int j = 0; j < T; j++) {
-                const int8_t *xh = XH(a, j) + g * KWK_Q6_GROUP + 8 * c;
-                __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
+        for (int ib = 0; ib < NB; ib++) {
+            const struct kwk_q6_block *b = a->blk[ib];
+            __m256i acc[2][TT8];
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < T; j++)
+                    acc[h][j] = _mm256_setzero_si256();
+            if (T == 1)
+                prefetch_ahead(a, ib, g, sizeof(struct kwk_q6_block));
+            for (int c = 0; c < KWK_Q6_GROUP / 8; c++) {
+                __m256i lo[2], hi[2];
                 for (int h = 0; h < 2; h++) {
-                    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0),
-                                                 _mm256_maddubs_epi16(hi[h], x1));
-                    acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(s, ones));
-                    KEEP(acc[h][j]);
+                    __m256i p = _mm256_loadu_si256((const __m256i *)b[g].ql[c][8 * h]);
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)b[g].qh[c / 2][8 * h]);
+                    lo[h] = _mm256_or_si256(_mm256_and_si256(p, m4),
+                                             q6_high(qh, 2 * (c % 2), m30));
+                    hi[h] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p, 4), m4),
+                                             q6_high(qh, 2 * (c % 2) + 1, m30));
+                }
+                for (int j = 0; j < T; j++) {
+                    const int8_t *xh = XH(a, j) + g * KWK_Q6_GROUP + 8 * c;
+                    __m256i x0 = bcast4(xh), x1 = bcast4(xh + 4);
+                    for (int h = 0; h < 2; h++) {
+                        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], x0),
+                                                     _mm256_maddubs_epi16(hi[h], x1));
+                        acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(s, ones));
+                        KEEP(acc[h][j]);
+                    }
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256 dw = ld_half(b[g].d + 8 * h);
+                for (int j = 0; j < T; j++) {
+                    __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
+                    __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h][j], corr));
+                    __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
+                    facc[ib][h][j] = _mm256_fmadd_ps(s, dd, facc[ib][h][j]);
                 }
             }
         }
-        for (int h = 0; h < 2; h++) {
-            __m256 dw = ld_half(b[g].d + 8 * h);
-            for (int j = 0; j < T; j++) {
-                __m256i corr = _mm256_set1_epi32(32 * XS(a, j, g));
-                __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[h][j], corr));
-                __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(XD(a, j, g)));
-                facc[ib][h][j] = _mm256_fmadd_ps(s, dd, facc[ib][h][j]);
-            }
-        }
-    }
     for (int ib = 0; ib < NB; ib++)
         put_halves(a, ib, T, facc[ib]);
 }
