@@ -111,7 +111,7 @@ INLINE void prefetch_ahead(const struct tile_args *a, int s, int g, size_t block
     int ga = g + PF_GROUPS;
     if (ga < a->ng)
         kwk_prefetch_bytes(b + (size_t)ga * block, block, a->pf_l2);
-    else if (a->more[s])
+    else if (a->more[s] && ga - a->ng < a->ng) /* inside the next block's pass */
         kwk_prefetch_bytes(b + a->stride + (size_t)(ga - a->ng) * block, block, a->pf_l2);
 }
 
