@@ -12,6 +12,7 @@
 #include "base/base.h"
 #include "base/pool.h"
 #include "kernels/kernels.h"
+#include "kernels/panel.h"
 #include "kernels/quant.h"
 
 /* Weights are cycled through several copies larger together than the last-level cache, so that
@@ -244,7 +245,10 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "pool") == 0)
         return 0;
     int64_t rows = argc > 2 ? atol(argv[1]) : 4096, cols = argc > 2 ? atol(argv[2]) : 4096;
-    int max_tok = 64;
+    /* prompt tokens: BENCH_TOKENS (default 64; the model's prompt chunks are 512) */
+    int max_tok = getenv("BENCH_TOKENS") ? atoi(getenv("BENCH_TOKENS")) : 64;
+    if (max_tok < 2 || max_tok > 4096)
+        max_tok = 64;
     size_t n_el = (size_t)(rows * cols);
     int n_mats = (int)(WORKING_SET / ((double)n_el * 4)) + 1;
     uint8_t *buf = kwk_malloc_aligned(n_el * 4 * (size_t)n_mats);
@@ -267,21 +271,28 @@ int main(int argc, char **argv)
             if (ti == 1 && n_threads[1] == 1)
                 break;
             struct kwk_pool *p = kwk_pool_new(n_threads[ti]);
-            for (int wt = 0; wt < KWK_W_COUNT; wt++) {
-                size_t esz = wt == KWK_W_F32 ? 4 : 2;
+            /* the plain types, then bf16 panels (the same bytes read as panels) */
+            static const int wts[] = {KWK_W_F32, KWK_W_F16, KWK_W_BF16, KWK_W_BF16P};
+            static const char *const wt_names[] = {"f32", "f16", "bf16", "bf16p"};
+            for (size_t wi = 0; wi < KWK_ARRAY_LEN(wts); wi++) {
+                int wt = wts[wi];
+                size_t esz = wt == KWK_W_F32 ? 4 : 2, stride = n_el * esz;
+                if (wt == KWK_W_BF16P && kwk_panel_bytes(rows, cols, &stride))
+                    continue;
+                if (stride > n_el * 4)
+                    continue; /* a panel of fewer than 8 rows: larger than the buffer's share */
                 for (int i = 0; i < n_mats; i++)
                     mats[i] = (struct kwk_mat){.wtype = wt,
                                                .rows = rows,
                                                .cols = cols,
-                                               .data = buf + (size_t)i * n_el * esz};
-                double bytes = (double)n_el * (double)esz;
+                                               .data = buf + (size_t)i * stride};
+                double bytes = (double)stride;
                 struct job j = {k, &mats[0], x, y, 1};
                 double s1 = time_job(p, &j, mats, n_mats);
                 j.n_tok = max_tok;
                 double s64 = isa == KWK_ISA_SCALAR ? 0 : time_job(p, &j, mats, 1);
                 printf("%-7s %-5s threads=%d  n_tok=1: %7.2f GB/s (%.3f ms)", k->name,
-                       wt == KWK_W_F32 ? "f32" : wt == KWK_W_F16 ? "f16" : "bf16", n_threads[ti],
-                       bytes / s1 * 1e-9, s1 * 1e3);
+                       wt_names[wi], n_threads[ti], bytes / s1 * 1e-9, s1 * 1e3);
                 if (s64 > 0)
                     printf("  n_tok=%d: %7.1f GFLOP/s", max_tok,
                            2.0 * rows * cols * max_tok / s64 * 1e-9);

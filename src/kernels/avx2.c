@@ -7,6 +7,7 @@
 #include "kernels/avx2_exp.h"
 #include "kernels/float_rows.h"
 #include "kernels/kernels.h"
+#include "kernels/panel.h"
 #include "kernels/quant.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -252,6 +253,9 @@ static void avx2_matmul(const struct kwk_mat *w, const float *x, int n_tok, floa
     case KWK_W_Q6:
         kwk_quant_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
         break;
+    case KWK_W_BF16P:
+        kwk_panel_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
+        break;
     case KWK_W_F16:
         if (n_tok == 1)
             dec_gemm(w, x, y, r0, r1, decs_f16);
@@ -289,6 +293,9 @@ static void avx2_mat_row(const struct kwk_mat *w, int64_t r, float *out)
     case KWK_W_Q4:
     case KWK_W_Q6:
         kwk_quant_mat_row_ref(w, r, out);
+        break;
+    case KWK_W_BF16P:
+        kwk_panel_mat_row(w, r, out);
         break;
     case KWK_W_F16:
         widen_row(kwk_row_ptr(w, r, KWK_W_F16), w->cols, out, KWK_W_F16);
@@ -440,4 +447,5 @@ const struct kwk_kernels kwk_kernels_avx2 = {
     .swiglu = avx2_swiglu,
     .to_half = avx2_to_half,
     .from_half = avx2_from_half,
+    .bf16_panels = 1,
 };

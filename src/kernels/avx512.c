@@ -7,6 +7,7 @@
 #include "kernels/avx512_exp.h"
 #include "kernels/float_rows.h"
 #include "kernels/kernels.h"
+#include "kernels/panel.h"
 #include "kernels/quant.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -190,6 +191,9 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
     case KWK_W_Q6:
         kwk_quant_matmul_avx512(w, x, n_tok, y, ldy, r0, r1);
         break;
+    case KWK_W_BF16P: /* preserve packs panels for the AVX2 table only (kernels.h) */
+        kwk_panel_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
+        break;
     case KWK_W_F16:
         gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
         break;
@@ -206,6 +210,10 @@ static void avx512_mat_row(const struct kwk_mat *w, int64_t r, float *out)
 {
     if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4 || w->wtype == KWK_W_Q6) {
         kwk_quant_mat_row_ref(w, r, out);
+        return;
+    }
+    if (w->wtype == KWK_W_BF16P) {
+        kwk_panel_mat_row(w, r, out);
         return;
     }
     int64_t n = w->cols, k = 0;

@@ -17,7 +17,9 @@ enum kwk_wtype {
      * KWK_W_COUNT so loops over the plain types stay as they are. */
     KWK_W_Q8 = 16, /* int8 with a half scale per 32 columns ("balanced") */
     KWK_W_Q4 = 17, /* int4 with a half scale and offset per 32 columns */
-    KWK_W_Q6 = 18  /* int6 with a half scale per 32 columns (mix_bits=6) */
+    KWK_W_Q6 = 18, /* int6 with a half scale per 32 columns (mix_bits=6) */
+    /* bf16 in 16-row panels (kernels/panel.h): data is [rows/16][cols][16] halves. */
+    KWK_W_BF16P = 19
 };
 
 /* A weight matrix: rows x cols, row-major ([rows][cols]), borrowed (mmapped or model-owned).
@@ -69,6 +71,9 @@ struct kwk_kernels {
     void (*to_half)(uint16_t *y, const float *x, long n);
     /* y[i] = kwk_f16_to_f32(x[i]) (exact). */
     void (*from_half)(float *y, const uint16_t *x, long n);
+    /* 1: preserve packs bf16 matrices into panels (KWK_W_BF16P), which this table multiplies
+     * faster than row-major bf16. Every table multiplies either layout. */
+    int bf16_panels;
 };
 
 /* A decode tile's software prefetch of weights it reads soon: into L2 (pf_l2, PREFETCHT1) or L1

@@ -4,6 +4,7 @@
 
 #include "base/base.h"
 #include "kernels/kernels.h"
+#include "kernels/panel.h"
 #include "kernels/quant.h"
 
 /* Sequential float32 sums in index order: the simplest statement of each kernel. */
@@ -52,6 +53,10 @@ static void ref_matmul(const struct kwk_mat *w, const float *x, int n_tok, float
         kwk_quant_matmul_ref(w, x, n_tok, y, ldy, r0, r1);
         return;
     }
+    if (w->wtype == KWK_W_BF16P) {
+        kwk_panel_matmul_ref(w, x, n_tok, y, ldy, r0, r1);
+        return;
+    }
     for (int t = 0; t < n_tok; t++)
         for (int64_t r = r0; r < r1; r++)
             y[(int64_t)t * ldy + r] = row_dot(w, r, x + (int64_t)t * w->cols);
@@ -61,6 +66,10 @@ static void ref_mat_row(const struct kwk_mat *w, int64_t r, float *out)
 {
     if (w->wtype == KWK_W_Q8 || w->wtype == KWK_W_Q4 || w->wtype == KWK_W_Q6) {
         kwk_quant_mat_row_ref(w, r, out);
+        return;
+    }
+    if (w->wtype == KWK_W_BF16P) {
+        kwk_panel_mat_row(w, r, out);
         return;
     }
     int64_t n = w->cols;

@@ -1,6 +1,7 @@
 /* decoder.c - the public decoder API: creating a KV cache and scratch, evaluating tokens, greedy
  * generation. A decoder is used by one thread at a time. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/quant.h"
@@ -108,6 +109,15 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
     return kwk_decoder_new_slots(m, p, 1, 0, err);
 }
 
+/* Whether preserve runs m's matrices as bf16 panels: the table wants them, every matrix is bf16
+ * (a float32 checkpoint or a GGUF keeps its row-major matrices), and KWKER_BF16_PANELS is not
+ * "0" (measurements: the row-major kernels on the same checkpoint). */
+static int preserve_panels(const struct kwk_kernels *k, const struct kwk_model *m)
+{
+    const char *env = getenv("KWKER_BF16_PANELS");
+    return k->bf16_panels && kwk_packed_panels_apply(m) && !(env && strcmp(env, "0") == 0);
+}
+
 struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
                                           const struct kwk_decoder_params *p, int n_slots,
                                           int n_batch, struct kwk_err *err)
@@ -184,7 +194,21 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
     d->layers = m->layers;
     d->lm_head = &m->lm_head;
     d->out_norm = m->out_norm;
-    if (p->precision == KWK_PRECISION_PRESERVE) {
+    struct kwk_packcache_opts cache = {.dir = p->cache_dir, .max_bytes = p->cache_max_bytes};
+    if (p->cache_max_bytes < 0) {
+        kwk_err_set(err, KWK_EARG, "cache_max_bytes %lld is negative",
+                    (long long)p->cache_max_bytes);
+        goto out_err;
+    }
+    if (p->precision == KWK_PRECISION_PRESERVE && preserve_panels(d->k, m)) {
+        /* the same bf16 values in the layout this table multiplies fastest (kernels/panel.h) */
+        d->packed = kwk_packed_new(m, p->precision, NULL, &cache, d->pool, err);
+        if (!d->packed)
+            goto out_err;
+        d->layers = kwk_packed_layers(d->packed);
+        d->lm_head = kwk_packed_lm_head(d->packed);
+        kwk_model_release_pages(m); /* as below: the pack is what runs */
+    } else if (p->precision == KWK_PRECISION_PRESERVE) {
         /* the model's float matrices are what runs: made now when the model makes them on
          * demand (a quantized GGUF), held for the decoder's life */
         if (kwk_model_floats_acquire(m, err))
@@ -192,13 +216,6 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
         d->holds_floats = 1;
         kwk_model_huge_pages(m); /* read on every token: +2-3% on 2 MiB pages */
     } else {
-        struct kwk_packcache_opts cache = {.dir = p->cache_dir,
-                                           .max_bytes = p->cache_max_bytes};
-        if (p->cache_max_bytes < 0) {
-            kwk_err_set(err, KWK_EARG, "cache_max_bytes %lld is negative",
-                        (long long)p->cache_max_bytes);
-            goto out_err;
-        }
         struct kwk_quant_opts q = {.mix_bits = p->mix_bits, .calib = p->calib,
                                    .n_calib = p->n_calib, .gptq = p->gptq,
                                    .n_threads = d->n_threads, .act8 = p->act_bits == 8};

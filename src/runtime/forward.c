@@ -191,7 +191,7 @@ static int qact_usable(const struct kwk_decoder *d, int n_jobs, const struct mm_
         return 0;
     for (int j = 0; j < n_jobs; j++) {
         const struct kwk_mat *w = jobs[j].w;
-        if (w->wtype < KWK_W_Q8 || w->cols > d->qact_cols || w->cols != jobs[0].w->cols ||
+        if (!kwk_quant_group(w->wtype) || w->cols > d->qact_cols || w->cols != jobs[0].w->cols ||
             w->act8 != jobs[0].w->act8 || jobs[j].x != jobs[0].x)
             return 0;
     }

@@ -1,4 +1,5 @@
-/* packed.c - repacking a model's matrices into the int8 / int4 block formats of kernels/quant.h,
+/* packed.c - repacking a model's matrices into the int8 / int4 block formats of kernels/quant.h
+ * (balanced, int4) or into bf16 panels (kernels/panel.h: preserve, where the kernels want them),
  * in parallel on the decoder's pool. Built on the decoder's owner thread; read-only after. */
 #include <errno.h>
 #include <stdatomic.h>
@@ -6,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/panel.h"
 #include "kernels/quant.h"
 #include "runtime/calib.h"
 #include "runtime/packcache.h"
@@ -74,6 +76,17 @@ static int keeps8(unsigned mask, int which, int L, int n_layers)
 
 /* ---- the parallel repack ------------------------------------------------------------------- */
 
+/* Bytes of a packed wtype (blocks or panels): 0 on success. */
+static int packed_bytes(int wtype, int64_t rows, int64_t cols, size_t *out)
+{
+    if (wtype == KWK_W_BF16P)
+        return kwk_panel_bytes(rows, cols, out);
+    return kwk_quant_bytes(wtype, rows, cols, out);
+}
+
+/* Units of 16 rows: a row block of the quantized formats, a panel. */
+_Static_assert(KWK_PANEL_ROWS == KWK_QROWS, "panels and row blocks are both 16 rows");
+
 struct pack_job {
     const struct kwk_mat *src;
     struct kwk_mat *dst;
@@ -108,8 +121,11 @@ static void pack_run(void *ctx, int ith, int nth)
         int64_t r1 = KWK_MIN(rows, (rb + 1) * KWK_QROWS);
         for (int64_t r = rb * KWK_QROWS; r < r1; r++)
             t->k->mat_row(job->src, r, buf + (size_t)(r - rb * KWK_QROWS) * (size_t)cols);
-        kwk_quant_pack_rows(job->dst->wtype, (void *)job->dst->data, rows, cols, rb, buf,
-                            (long)cols);
+        if (job->dst->wtype == KWK_W_BF16P)
+            kwk_panel_pack_rows((void *)job->dst->data, rows, cols, rb, buf, (long)cols);
+        else
+            kwk_quant_pack_rows(job->dst->wtype, (void *)job->dst->data, rows, cols, rb, buf,
+                                (long)cols);
     }
 }
 
@@ -212,7 +228,7 @@ static int cached_blocks_match(const struct kwk_model *m, const struct pack_job 
         }
         size_t bytes;
         const struct kwk_mat *b = jobs[best].dst;
-        if (!first || kwk_quant_bytes(b->wtype, b->rows, b->cols, &bytes))
+        if (!first || packed_bytes(b->wtype, b->rows, b->cols, &bytes))
             continue;
         struct kwk_mat fresh = {.wtype = b->wtype,
                                 .rows = b->rows,
@@ -527,6 +543,17 @@ static int mix_wtype(const struct kwk_model *m, int mix_bits)
     return mix_bits == 8 ? KWK_W_Q8 : mix_bits == 6 ? KWK_W_Q6 : KWK_W_Q4;
 }
 
+int kwk_packed_panels_apply(const struct kwk_model *m)
+{
+    if (m->lm_head.wtype != KWK_W_BF16)
+        return 0;
+    for (int L = 0; L < m->cfg.n_layers; L++)
+        for (int w = 0; w < 7; w++)
+            if (layer_mat(&m->layers[L], w)->wtype != KWK_W_BF16)
+                return 0;
+    return 1;
+}
+
 /* Vectors calibration rewrites (norms, value bias), stored beside the blocks in the pack file
  * so that a cached pack needs no calibration run: a 1 x n float matrix each. */
 enum { V_ATTN_NORM, V_FFN_NORM, V_BV, V_COUNT };
@@ -539,7 +566,14 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     struct kwk_quant_opts qo = {0};
     if (q)
         qo = *q;
-    if (precision != KWK_PRECISION_BALANCED && precision != KWK_PRECISION_INT4) {
+    int panels = precision == KWK_PRECISION_PRESERVE;
+    if (panels && (!kwk_packed_panels_apply(m) || qo.mix_bits || qo.n_calib || qo.gptq ||
+                   qo.act8)) {
+        kwk_err_set(err, KWK_EARG, "preserve packs panels of bf16 matrices only, as they are "
+                    "(no mix_bits, calibration, gptq or act8)");
+        return NULL;
+    }
+    if (!panels && precision != KWK_PRECISION_BALANCED && precision != KWK_PRECISION_INT4) {
         kwk_err_set(err, KWK_EARG, "precision %d has no packed form", precision);
         return NULL;
     }
@@ -564,13 +598,15 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         return NULL;
     }
     double t0 = kwk_time_s();
-    const char *label = precision == KWK_PRECISION_INT4 ? "int4" : "balanced";
+    const char *label = panels ? "preserve" : precision == KWK_PRECISION_INT4 ? "int4" : "balanced";
     const struct kwk_config *c = &m->cfg;
     int n_layers = c->n_layers, n_mats = 7 * n_layers + 1;
     /* calibration's vectors: each layer's, then the output norm (at V_COUNT * n_layers) */
     int calib = qo.n_calib > 0, n_vecs = calib ? V_COUNT * n_layers + 1 : 0;
     unsigned keep8 = precision == KWK_PRECISION_INT4 ? keep8_mask(qo.mix_bits) : 0;
-    int wide = precision == KWK_PRECISION_INT4 ? mix_wtype(m, qo.mix_bits) : KWK_W_Q8;
+    int wide = panels                          ? KWK_W_BF16P
+               : precision == KWK_PRECISION_INT4 ? mix_wtype(m, qo.mix_bits)
+                                                 : KWK_W_Q8;
     struct pack_job *jobs = NULL;
     struct kwk_pack_entry *ents = NULL;
     struct kwk_mat *vec_src = NULL, *vec_dst = NULL;
@@ -612,7 +648,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         struct kwk_mat *d = jobs[i].dst;
         d->rows = jobs[i].src->rows;
         d->cols = jobs[i].src->cols;
-        if (kwk_quant_bytes(d->wtype, d->rows, d->cols, &ents[i].bytes)) {
+        if (packed_bytes(d->wtype, d->rows, d->cols, &ents[i].bytes)) {
             kwk_err_set(err, KWK_ELIMIT, "a %lld x %lld matrix is too large to pack",
                         (long long)d->rows, (long long)d->cols);
             goto out_err;

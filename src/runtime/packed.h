@@ -24,16 +24,20 @@ struct kwk_quant_opts {
     int act8;
 };
 
-/* Repack every layer matrix and the lm_head of m for precision (enum kwk_precision, not
- * PRESERVE). Norms and biases are the model's, except where calibration folds scales into them
- * (then the packed layers carry their own). q may be NULL (defaults). With cache (NULL = none;
- * see runtime/packcache.h) the blocks are mapped from a pack file when one matches, or written
- * to one. NULL with err on failure; the cache never makes it fail. */
+/* Repack every layer matrix and the lm_head of m for precision (enum kwk_precision): BALANCED
+ * and INT4 into blocks, PRESERVE into bf16 panels (the same values; only when
+ * kwk_packed_panels_apply(m), with q empty). Norms and biases are the model's, except where
+ * calibration folds scales into them (then the packed layers carry their own). q may be NULL
+ * (defaults). With cache (NULL = none; see runtime/packcache.h) the blocks are mapped from a pack
+ * file when one matches, or written to one. NULL with err on failure; the cache never makes it
+ * fail. */
 struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                                   const struct kwk_quant_opts *q,
                                   const struct kwk_packcache_opts *cache, struct kwk_pool *pool,
                                   struct kwk_err *err);
 void kwk_packed_free(struct kwk_packed *p);
+/* 1 when every layer matrix and the lm_head of m is bf16: preserve can run them as panels. */
+int kwk_packed_panels_apply(const struct kwk_model *m);
 /* [n_layers] layers whose matrices are the packed ones. */
 const struct kwk_layer *kwk_packed_layers(const struct kwk_packed *p);
 const struct kwk_mat *kwk_packed_lm_head(const struct kwk_packed *p);
