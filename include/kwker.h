@@ -145,10 +145,11 @@ struct kwk_decoder_params {
     int max_cache_len; /* KV cache positions; 0 = min(max_position, 4096) */
     int n_threads;     /* 0 = kwk_default_threads() */
     int precision;     /* enum kwk_precision */
-    /* Packed-weight cache for balanced / int4, and for preserve where it runs bf16 weights as
-     * panels (an AVX2 CPU, a bf16 checkpoint: the same values, laid out for the kernels): a
+    /* Packed-weight cache for balanced / int4 (NULL or "": packed in memory at every load),
+     * and for preserve, which with a cache runs a bf16 checkpoint as panels on AVX2 CPUs (the
+     * same values, laid out for the kernels; without one it reads the checkpoint in place): a
      * directory holding one pack file per model x precision, keyed by the weights' content
-     * (created if missing). NULL or "" = no cache (then packed in memory on every load).
+     * (created if missing). NULL or "" = no cache.
      * Borrowed: read during kwk_decoder_new only. An unusable directory only logs a warning. */
     const char *cache_dir;
     int64_t cache_max_bytes; /* the directory's size limit, least recently used packs removed

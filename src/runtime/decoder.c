@@ -110,12 +110,17 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
 }
 
 /* Whether preserve runs m's matrices as bf16 panels: the table wants them, every matrix is bf16
- * (a float32 checkpoint or a GGUF keeps its row-major matrices), and KWKER_BF16_PANELS is not
- * "0" (measurements: the row-major kernels on the same checkpoint). */
-static int preserve_panels(const struct kwk_kernels *k, const struct kwk_model *m)
+ * (a float32 checkpoint or a GGUF keeps its row-major matrices), and there is a pack cache to
+ * keep them in. Without one the panels would be a private copy made at every load (SmolLM2-360M:
+ * 1.3 s, most of it the kernel zeroing 724 MB of fresh pages) beside weights a caller may
+ * already hold (a torch model), so preserve then reads the checkpoint in place.
+ * KWKER_BF16_PANELS=1 takes panels without a cache too, =0 never (measurements). */
+static int preserve_panels(const struct kwk_kernels *k, const struct kwk_model *m,
+                           const char *cache_dir)
 {
     const char *env = getenv("KWKER_BF16_PANELS");
-    return k->bf16_panels && kwk_packed_panels_apply(m) && !(env && strcmp(env, "0") == 0);
+    int want = env && env[0] ? strcmp(env, "0") != 0 : cache_dir && cache_dir[0];
+    return want && k->bf16_panels && kwk_packed_panels_apply(m);
 }
 
 struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
@@ -200,7 +205,7 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
                     (long long)p->cache_max_bytes);
         goto out_err;
     }
-    if (p->precision == KWK_PRECISION_PRESERVE && preserve_panels(d->k, m)) {
+    if (p->precision == KWK_PRECISION_PRESERVE && preserve_panels(d->k, m, p->cache_dir)) {
         /* the same bf16 values in the layout this table multiplies fastest (kernels/panel.h) */
         d->packed = kwk_packed_new(m, p->precision, NULL, &cache, d->pool, err);
         if (!d->packed)

@@ -1,8 +1,9 @@
 """Preserve on a bf16 checkpoint runs its matrices as 16-row panels where the kernels ask for
-them (the AVX2 table; kernels/panel.h): a pack file as large as the weights appears in the cache
-directory, the numbers stay within float32 rounding of the row-major path (KWKER_BF16_PANELS=0)
-and the greedy tokens are the same. The scalar table keeps the checkpoint in place (no pack).
-Each ISA runs in a child process (kwk_isa() detects once per process)."""
+them (the AVX2 table; kernels/panel.h) and there is a pack cache to keep them in (or
+KWKER_BF16_PANELS=1): a pack file as large as the weights appears in the cache directory, the
+numbers stay within float32 rounding of the row-major path and the greedy tokens are the same.
+Without a cache, with KWKER_BF16_PANELS=0, and on the scalar table the checkpoint is read in
+place. Each run is a child process (kwk_isa() detects once per process)."""
 import json
 import os
 import subprocess
@@ -19,7 +20,8 @@ import json, sys
 sys.path[:0] = [sys.argv[4]]
 import numpy as np
 import kwker
-d = kwker.KwkDecoder(sys.argv[1], max_cache_len=128, cache_dir=sys.argv[2])
+cache = None if sys.argv[2] == "none" else sys.argv[2]
+d = kwker.KwkDecoder(sys.argv[1], max_cache_len=128, cache_dir=cache)
 ids = [int(t) for t in sys.argv[3].split(",")]
 logits = np.asarray(d.forward(ids), dtype=np.float64)
 print(json.dumps({"logits": logits.tolist(), "greedy": [int(t) for t in d.generate(ids, 12)],
@@ -29,30 +31,51 @@ print(json.dumps({"logits": logits.tolist(), "greedy": [int(t) for t in d.genera
 IDS = "3,17,250,9,77,1,300,42,5,8,13,21,34,55,89,144,233,377,61,98,7,2,19,400,11,6"
 
 
-def run_child(tmp_path, isa, panels, tag):
-    env = dict(os.environ, KWKER_ISA=isa, KWKER_BF16_PANELS="1" if panels else "0")
-    cache = tmp_path / tag
+def run_child(tmp_path, isa, panels_env, cached):
+    """(result, pack files written) of one child; panels_env None leaves KWKER_BF16_PANELS unset."""
+    env = dict(os.environ, KWKER_ISA=isa)
+    env.pop("KWKER_BF16_PANELS", None)
+    if panels_env is not None:
+        env["KWKER_BF16_PANELS"] = panels_env
+    cache = tmp_path / ("cache-%s-%s" % (panels_env, cached))
     cache.mkdir()
     p = subprocess.run([sys.executable, "-c", CHILD, str(tiny_models.build("llama_bf16")),
-                        str(cache), IDS, str(PY_DIR)], env=env, capture_output=True, text=True, timeout=600)
+                        str(cache) if cached else "none", IDS, str(PY_DIR)], env=env,
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout), sorted(f.name for f in cache.iterdir())
+    res = json.loads(p.stdout)
+    res["logits"] = np.asarray(res["logits"])
+    return res, sorted(f.name for f in cache.iterdir())
 
 
 @pytest.mark.parametrize("isa", supported_isas())
 def test_panels_where_the_table_wants_them(tmp_path, isa):
-    with_panels, packs = run_child(tmp_path, isa, True, "on")
-    row_major, none = run_child(tmp_path, isa, False, "off")
+    cached, packs = run_child(tmp_path, isa, None, True)
+    in_place, none = run_child(tmp_path, isa, "0", True)
     assert none == []
     # the AVX2 table asks for panels; scalar and AVX-512 read the checkpoint in place
-    assert packs == ([p for p in packs if p.endswith(".kwkpack") and "-preserve-" in p]
-                     if isa == "avx2" else [])
-    assert len(packs) == (1 if isa == "avx2" else 0), packs
-    assert with_panels["bits"] == row_major["bits"] == 16.0
-    a, b = np.asarray(with_panels["logits"]), np.asarray(row_major["logits"])
+    if isa == "avx2":
+        assert len(packs) == 1 and packs[0].endswith(".kwkpack") and "-preserve-" in packs[0]
+    else:
+        assert packs == []
+    assert cached["bits"] == in_place["bits"] == 16.0
+    a, b = cached["logits"], in_place["logits"]
     assert a.shape == b.shape and a.shape[0] == len(IDS.split(","))
     span = b.max() - b.min()
     assert np.abs(a - b).max() <= 1e-5 * span, np.abs(a - b).max() / span
-    if isa == "avx2":
-        assert not np.array_equal(a, b)  # another summation order: the panels really ran
-    assert with_panels["greedy"] == row_major["greedy"]
+    # another summation order: on AVX2 the panels really ran
+    assert np.array_equal(a, b) == (isa != "avx2")
+    assert cached["greedy"] == in_place["greedy"]
+
+
+def test_no_cache_reads_in_place_unless_asked(tmp_path):
+    """No pack cache: the checkpoint in place (no private copy at every load), bitwise the
+    row-major numbers; KWKER_BF16_PANELS=1 packs panels in memory, bitwise the cached ones."""
+    isa = "avx2" if "avx2" in supported_isas() else "scalar"
+    in_place, _ = run_child(tmp_path, isa, "0", False)
+    default, _ = run_child(tmp_path, isa, None, False)
+    forced, _ = run_child(tmp_path, isa, "1", False)
+    cached, _ = run_child(tmp_path, isa, "1", True)
+    assert np.array_equal(default["logits"], in_place["logits"])
+    assert np.array_equal(forced["logits"], cached["logits"])
+    assert np.array_equal(forced["logits"], in_place["logits"]) == (isa != "avx2")
