@@ -1,8 +1,9 @@
 /* bench_kernels.c - the pool's synchronization cost (an empty task's round trip, an in-task
- * barrier), then matmul speed per instruction set: GB/s of weights streamed for one token (decode)
- * and GFLOP/s for 64 tokens (prompt), on 1 thread and on the whole pool; or (`quant`) the
- * quantized matmul with 8-bit against 16-bit activations on SmolLM2-135M's shapes (or others;
- * for one token over copies cycled through DRAM, with GB/s).
+ * barrier), then matmul speed per instruction set and weight type (f32, f16, bf16, and bf16
+ * panels, kernels/panel.h): GB/s of weights streamed for one token (decode) and GFLOP/s for 64
+ * tokens (prompt; BENCH_TOKENS=N for another count), on 1 thread and on the whole pool; or
+ * (`quant`) the quantized matmul with 8-bit against 16-bit activations on SmolLM2-135M's shapes
+ * (or others; for one token over copies cycled through DRAM, with GB/s).
  * Prints; asserts nothing. Single-threaded driver. Usage: bench_kernels [rows cols | pool | quant
  * [n_tok [threads [avx2|avx512 [RxC,...]]]]] */
 #include <stdio.h>
