@@ -4,8 +4,30 @@
 #define KWK_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+/* Random test data: a fixed xorshift sequence, so each test binary draws the same numbers run
+ * after run. A file may #define T_RNG_SEED before including this header for another sequence. */
+#ifndef T_RNG_SEED
+#define T_RNG_SEED 0x2545f4914f6cdd1dull
+#endif
+static uint64_t t_rng_state = T_RNG_SEED;
+
+static inline uint32_t t_rnd(void)
+{
+    t_rng_state ^= t_rng_state << 13;
+    t_rng_state ^= t_rng_state >> 7;
+    t_rng_state ^= t_rng_state << 17;
+    return (uint32_t)(t_rng_state >> 16);
+}
+
+/* Uniform in [lo, hi). */
+static inline float t_frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(t_rnd() & 0xffffff) / 16777216.0f;
+}
 
 static int t_passed, t_failed;
 

@@ -14,20 +14,6 @@
 #include "kernels/quant.h"
 #include "test.h"
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-static float frand(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
-}
 
 #define MAX_LEN 600
 #define N_SLOTS 3
@@ -54,9 +40,9 @@ static void setup_rows(struct setup *s, int window)
             slot = 0;
             last = MAX_LEN - chunk + r;
         } else {
-            slot = (int)(rnd() % N_SLOTS);
-            int kind = (int)(rnd() % 4);
-            last = kind == 0 ? 0 : kind == 1 ? MAX_LEN - 1 : (int)(rnd() % MAX_LEN);
+            slot = (int)(t_rnd() % N_SLOTS);
+            int kind = (int)(t_rnd() % 4);
+            last = kind == 0 ? 0 : kind == 1 ? MAX_LEN - 1 : (int)(t_rnd() % MAX_LEN);
         }
         int first = window > 0 && r % 2 ? KWK_MAX(0, last - window + 1) : 0;
         if (r == n - 1)
@@ -88,10 +74,10 @@ static void setup_new(struct setup *s, int hd, int n_heads, int n_kv, int n_rows
     s->first = malloc(sizeof(int) * (size_t)n_rows);
     s->last = malloc(sizeof(int) * (size_t)n_rows);
     for (size_t i = 0; i < (size_t)n_rows * n_heads * hd; i++)
-        s->q[i] = frand(-q_range, q_range);
+        s->q[i] = t_frand(-q_range, q_range);
     for (size_t i = 0; i < cache; i++) {
-        s->kc[i] = frand(-1.0f, 1.0f);
-        s->vc[i] = frand(-1.0f, 1.0f);
+        s->kc[i] = t_frand(-1.0f, 1.0f);
+        s->vc[i] = t_frand(-1.0f, 1.0f);
     }
     setup_rows(s, window);
     s->a = (struct kwk_attn_args){.head_dim = hd,
@@ -237,7 +223,7 @@ static void check_invariance(const struct kwk_attn_kernel *k, struct setup *s, f
     /* a random split into ranges, as a thread pool might make */
     memset(a->out, 0xff, bytes);
     for (long i = 0; i < n_items;) {
-        long len = 1 + (long)(rnd() % 20);
+        long len = 1 + (long)(t_rnd() % 20);
         k->items(a, i, KWK_MIN(i + len, n_items), scratch);
         i += len;
     }

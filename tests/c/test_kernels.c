@@ -9,23 +9,9 @@
 #include "base/base.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#define T_RNG_SEED 0x9e3779b97f4a7c15ull
 #include "test.h"
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-/* Uniform in [lo, hi). */
-static float frand(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
-}
 
 /* Independent decoders for the double-precision check (not the library's own). */
 static double f16_value(uint16_t h)
@@ -48,18 +34,18 @@ static void *make_weights(int wtype, size_t n)
     if (wtype == KWK_W_F32) {
         float *w = malloc(n * sizeof *w);
         for (size_t i = 0; i < n; i++)
-            w[i] = frand(-2.0f, 2.0f);
+            w[i] = t_frand(-2.0f, 2.0f);
         return w;
     }
     uint16_t *w = malloc(n * sizeof *w);
     for (size_t i = 0; i < n; i++) {
-        uint32_t s = rnd() & 1, r = rnd();
+        uint32_t s = t_rnd() & 1, r = t_rnd();
         if (wtype == KWK_W_F16) {
             uint32_t e = r % 16 == 0 ? 0 : 9 + r % 10;
-            w[i] = (uint16_t)(s << 15 | e << 10 | (rnd() & 0x3ff));
+            w[i] = (uint16_t)(s << 15 | e << 10 | (t_rnd() & 0x3ff));
         } else {
             uint32_t e = 121 + r % 10;
-            w[i] = (uint16_t)(s << 15 | e << 7 | (rnd() & 0x7f));
+            w[i] = (uint16_t)(s << 15 | e << 7 | (t_rnd() & 0x7f));
         }
     }
     return w;
@@ -79,7 +65,7 @@ static float *make_floats(size_t n, float lo, float hi)
 {
     float *x = malloc((n ? n : 1) * sizeof *x);
     for (size_t i = 0; i < n; i++)
-        x[i] = frand(lo, hi);
+        x[i] = t_frand(lo, hi);
     return x;
 }
 

@@ -10,20 +10,6 @@
 #include "kernels/panel.h"
 #include "test.h"
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-static float frand(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
-}
 
 #define SENTINEL 12345.0f
 
@@ -37,7 +23,7 @@ static struct pmat make_pmat(int64_t rows, int64_t cols)
 {
     struct pmat m = {.rows_f = malloc((size_t)(rows * cols + 1) * sizeof(float))};
     for (int64_t i = 0; i < rows * cols; i++) {
-        uint32_t s = rnd() & 1, e = 121 + rnd() % 10, u = s << 31 | e << 23 | (rnd() & 0x7f) << 16;
+        uint32_t s = t_rnd() & 1, e = 121 + t_rnd() % 10, u = s << 31 | e << 23 | (t_rnd() & 0x7f) << 16;
         memcpy(&m.rows_f[i], &u, sizeof u);
     }
     size_t bytes = 0;
@@ -98,7 +84,7 @@ static void check_matmul(const struct kwk_kernels *k, int64_t rows, int64_t cols
     struct pmat m = make_pmat(rows, cols);
     float *x = malloc((size_t)(n_tok * cols + 1) * sizeof *x);
     for (int64_t i = 0; i < n_tok * cols; i++)
-        x[i] = frand(-1.0f, 1.0f);
+        x[i] = t_frand(-1.0f, 1.0f);
     long ldy = (long)rows + 3;
     size_t ny = (size_t)n_tok * (size_t)ldy;
     float *y = malloc(ny * sizeof *y), *yr = malloc(ny * sizeof *yr);
@@ -139,7 +125,7 @@ static void check_invariance(const struct kwk_kernels *k, int64_t rows, int64_t 
     struct pmat m = make_pmat(rows, cols);
     float *x = malloc((size_t)(n_tok * cols) * sizeof *x);
     for (int64_t i = 0; i < n_tok * cols; i++)
-        x[i] = frand(-1.0f, 1.0f);
+        x[i] = t_frand(-1.0f, 1.0f);
     float *yb = malloc((size_t)(n_tok * rows) * sizeof *yb), *y1 = malloc((size_t)rows * sizeof *y1);
     k->matmul(&m.w, x, n_tok, yb, (long)rows, 0, rows);
     long diff = 0;

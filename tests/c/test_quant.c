@@ -12,22 +12,9 @@
 #include "base/pool.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#define T_RNG_SEED 0x9e3779b97f4a7c15ull
 #include "test.h"
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-static float frand(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
-}
 
 static const char *wname(int wt)
 {
@@ -73,7 +60,7 @@ static void test_round_trip(int wt, int64_t rows, int64_t cols)
 {
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
     for (int64_t i = 0; i < rows * cols; i++)
-        w[i] = frand(-1.0f, 1.0f) * (i % 7 == 0 ? 3.0f : 1.0f);
+        w[i] = t_frand(-1.0f, 1.0f) * (i % 7 == 0 ? 3.0f : 1.0f);
     struct kwk_mat m = pack(wt, w, rows, cols);
     float *out = malloc(sizeof(float) * (size_t)cols);
     int G = kwk_quant_group(wt);
@@ -151,7 +138,7 @@ static void test_act(void)
     T_EQ(bad, 0);
     float r[96];
     for (int i = 0; i < 96; i++)
-        r[i] = frand(-3.0f, 3.0f) * (i % 17 == 0 ? 10.0f : 1.0f);
+        r[i] = t_frand(-3.0f, 3.0f) * (i % 17 == 0 ? 10.0f : 1.0f);
     kwk_quant_act(r, 96, 32, q, l, d, s);
     long off = 0;
     double worst = 0.0;
@@ -192,13 +179,13 @@ static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, i
     for (int64_t r = 0; r < rows; r++)
         for (int64_t k = 0; k < cols; k++) {
             int64_t kg = k % G;
-            float v = wt == KWK_W_Q8   ? (float)((int)(rnd() % 255) - 127)
-                      : wt == KWK_W_Q6 ? (float)((int)(rnd() % 64) - 32)
-                                       : (float)((int)(rnd() % 16) - 8);
+            float v = wt == KWK_W_Q8   ? (float)((int)(t_rnd() % 255) - 127)
+                      : wt == KWK_W_Q6 ? (float)((int)(t_rnd() % 64) - 32)
+                                       : (float)((int)(t_rnd() % 16) - 8);
             if (act8 && wt == KWK_W_Q8)
-                v = (float)((int)(rnd() % 17) - 8);
+                v = (float)((int)(t_rnd() % 17) - 8);
             if (act8 && wt == KWK_W_Q6)
-                v = (float)((int)(rnd() % 25) - 12);
+                v = (float)((int)(t_rnd() % 25) - 12);
             if (kg == 0)
                 v = wt == KWK_W_Q8 ? 127.0f : wt == KWK_W_Q6 ? -32.0f : -8.0f;
             if (kg == 1)
@@ -209,7 +196,7 @@ static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, i
      * quantize back to exactly v with the scale 1 / 256 */
     for (int t = 0; t < n_tok; t++)
         for (int64_t k = 0; k < cols; k++) {
-            int v = (int)(rnd() % (2 * KWK_QX_SCALE + 1)) - KWK_QX_SCALE;
+            int v = (int)(t_rnd() % (2 * KWK_QX_SCALE + 1)) - KWK_QX_SCALE;
             v = k % G == 0 ? KWK_QX_SCALE : v;
             x[t * cols + k] = (float)v / 256.0f;
         }
@@ -218,9 +205,9 @@ static void fill_exact(int wt, float *w, int64_t rows, int64_t cols, float *x, i
 static void fill_random(float *w, int64_t rows, int64_t cols, float *x, int n_tok)
 {
     for (int64_t i = 0; i < rows * cols; i++)
-        w[i] = frand(-0.1f, 0.1f) + (i % 13 == 0 ? 0.2f : 0.0f);
+        w[i] = t_frand(-0.1f, 0.1f) + (i % 13 == 0 ? 0.2f : 0.0f);
     for (int64_t i = 0; i < (int64_t)n_tok * cols; i++)
-        x[i] = frand(-2.0f, 2.0f) * (i % 29 == 0 ? 8.0f : 1.0f);
+        x[i] = t_frand(-2.0f, 2.0f) * (i % 29 == 0 ? 8.0f : 1.0f);
 }
 
 static const char *mode_name(int exact)
@@ -615,7 +602,7 @@ static void test_act8_grid(void)
     float *y8 = malloc(sizeof(float) * (size_t)(n_tok * rows));
     fill_random(w, rows, cols, x, n_tok);
     for (int64_t i = 0; i < n_tok * cols; i++)
-        x[i] = i % 32 == 0 ? 127.0f : (float)((int)(rnd() % 255) - 127);
+        x[i] = i % 32 == 0 ? 127.0f : (float)((int)(t_rnd() % 255) - 127);
     for (int ti = 0; ti < nt; ti++)
         for (int wi = 0; wi < 3; wi++) {
             struct kwk_mat m = pack(wts[wi], w, rows, cols);
@@ -652,9 +639,9 @@ static void test_accuracy(void)
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
     float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
     for (int64_t i = 0; i < rows * cols; i++)
-        w[i] = frand(-1.0f, 1.0f) * frand(0.0f, 1.0f);
+        w[i] = t_frand(-1.0f, 1.0f) * t_frand(0.0f, 1.0f);
     for (int64_t i = 0; i < n_tok * cols; i++)
-        x[i] = frand(-1.0f, 1.0f);
+        x[i] = t_frand(-1.0f, 1.0f);
     double *ref = malloc(sizeof(double) * (size_t)(n_tok * rows));
     for (int t = 0; t < n_tok; t++)
         for (int64_t r = 0; r < rows; r++) {
@@ -716,7 +703,7 @@ static void test_fit_code_pack(int wt, int64_t rows, int64_t cols)
     long ldq = (long)cols + 5;
     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
     for (int64_t i = 0; i < rows * cols; i++)
-        w[i] = frand(-1.0f, 1.0f) * (i % 11 == 0 ? 4.0f : 1.0f) + (i % 3 == 0 ? 0.3f : 0.0f);
+        w[i] = t_frand(-1.0f, 1.0f) * (i % 11 == 0 ? 4.0f : 1.0f) + (i % 3 == 0 ? 0.3f : 0.0f);
     for (int64_t k = 0; k < cols && rows > 2; k++)
         w[2 * cols + k] = 0.0f; /* an all-zero row */
     struct kwk_mat a = pack(wt, w, rows, cols);
@@ -773,7 +760,7 @@ static void test_gauss_error(void)
     float *out = malloc(sizeof(float) * (size_t)cols);
     double ss = 0.0;
     for (int64_t i = 0; i < rows * cols; i++) {
-        float u1 = frand(1e-7f, 1.0f), u2 = frand(0.0f, 1.0f);
+        float u1 = t_frand(1e-7f, 1.0f), u2 = t_frand(0.0f, 1.0f);
         w[i] = sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
         ss += (double)w[i] * w[i];
     }
@@ -939,20 +926,20 @@ static void old_pack_rows(int wtype, void *data, int64_t rows, int64_t cols, int
  * or saturate the half range, and integers (ties between trials). */
 static float odd_value(int kind, int64_t i, int64_t cols)
 {
-    float v = frand(-1.0f, 1.0f) + frand(-1.0f, 1.0f) + frand(-1.0f, 1.0f);
+    float v = t_frand(-1.0f, 1.0f) + t_frand(-1.0f, 1.0f) + t_frand(-1.0f, 1.0f);
     switch (kind) {
     case 1: return v * 1e-6f;
     case 2: return i % 5 == 0 ? 0.0f : v * 100.0f;
     case 3: return (float)(int)(v * 3.0f);
     case 4: return (i / cols) % 3 == 0 ? 0.0f : v;
-    case 5: return rnd() % 100 == 0 ? v * 50.0f : v;
-    case 6: return rnd() % 50 == 0 ? NAN : v;
-    case 7: return rnd() % 50 == 0 ? (rnd() & 1 ? INFINITY : -INFINITY) : v;
+    case 5: return t_rnd() % 100 == 0 ? v * 50.0f : v;
+    case 6: return t_rnd() % 50 == 0 ? NAN : v;
+    case 7: return t_rnd() % 50 == 0 ? (t_rnd() & 1 ? INFINITY : -INFINITY) : v;
     case 8: return v * 1e30f;
     case 9: return v * 1e-40f;
     case 10: return 1.5f;
-    case 11: return v * 127.0f * 65504.0f * frand(0.0f, 2.0f);
-    case 12: return v * 1e-5f * frand(0.0f, 1.0f);
+    case 11: return v * 127.0f * 65504.0f * t_frand(0.0f, 2.0f);
+    case 12: return v * 1e-5f * t_frand(0.0f, 1.0f);
     case 13: return i % 2 ? -0.0f : 0.0f;
     default: return v;
     }

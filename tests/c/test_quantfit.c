@@ -13,27 +13,13 @@
 #include "runtime/quantfit.h"
 #include "test.h"
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-static float frand(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
-}
 
 /* Roughly normal: the sum of four uniforms, unit variance. */
 static float grand(void)
 {
     float s = 0.0f;
     for (int i = 0; i < 4; i++)
-        s += frand(-1.0f, 1.0f);
+        s += t_frand(-1.0f, 1.0f);
     return s * 0.8660254f;
 }
 
@@ -133,11 +119,11 @@ static void test_gptq_diagonal(void)
                     w[i] = grand();
                 for (int64_t t = 0; t < n; t++)
                     if (t % cols != 3 % cols || cols < 4)
-                        x[t * cols + t % cols] = frand(0.5f, 2.0f);
+                        x[t * cols + t % cols] = t_frand(0.5f, 2.0f);
                 for (int64_t k = 0; k < cols; k++)
-                    cs[k] = frand(0.5f, 2.0f);
+                    cs[k] = t_frand(0.5f, 2.0f);
                 for (int64_t r = 0; r < rows; r++)
-                    rs[r] = frand(0.5f, 2.0f);
+                    rs[r] = t_frand(0.5f, 2.0f);
                 struct kwk_calib_input in = calib(x, am, n, cols);
                 struct kwk_mat src = {.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = w};
                 struct kwk_mat a = new_dst(wt, rows, cols), b = new_dst(wt, rows, cols);
@@ -194,9 +180,9 @@ static void test_gptq_correlated(void)
                 for (int64_t i = 0; i < rows * cols; i++)
                     w[i] = grand();
                 for (int64_t k = 0; k < cols; k++)
-                    cs[k] = frand(0.5f, 2.0f);
+                    cs[k] = t_frand(0.5f, 2.0f);
                 for (int64_t r = 0; r < rows; r++)
-                    rs[r] = frand(0.5f, 2.0f);
+                    rs[r] = t_frand(0.5f, 2.0f);
                 const float *c = scaled ? cs : NULL, *r = scaled ? rs : NULL;
                 struct kwk_calib_input in = calib(x, am, n, cols);
                 struct kwk_mat src = {.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = w};
