@@ -156,9 +156,10 @@ INLINE void dec_panels(const struct kwk_mat *w, const float *x, float *y, int64_
             if ((k & 1) == 0) /* a 64-byte line a stream */
 #pragma GCC unroll 4
                 for (int s = 0; s < R; s++) {
-                    const char *at = (const char *)(wp[s] + (size_t)k * P) + DEC_PF_BYTES;
-                    if (at < stop[s])
-                        _mm_prefetch(at, _MM_HINT_T0);
+                    /* compared as a distance: no pointer is formed past the stream */
+                    const char *at = (const char *)(wp[s] + (size_t)k * P);
+                    if (stop[s] - at > DEC_PF_BYTES)
+                        _mm_prefetch(at + DEC_PF_BYTES, _MM_HINT_T0);
                 }
             __m256 xb = _mm256_broadcast_ss(x + k);
 #pragma GCC unroll 4
