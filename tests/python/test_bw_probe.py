@@ -1,6 +1,6 @@
 """bench/bw_probe's options (the side-by-side benchmark's bandwidth probe): the sequential read
-and the --streams pattern (N blocks read side by side, a decode tile's access pattern) report
-what they read, and bad options are refused with the usage. A test of the tool, never of speed:
+and the --streams pattern (N blocks read side by side, a decode tile's access pattern), each
+with or without --prefetch, report what they read, and bad options are refused with the usage. A test of the tool, never of speed:
 figures are only checked to be positive. Needs bw_probe ($KWK_BW_PROBE, or beside $KWKER_BIN)."""
 import json
 import os
@@ -41,6 +41,16 @@ def test_streams_pattern(isa):
     assert d["threads"] == 2 and d["isa"] == isa
 
 
+@pytest.mark.parametrize("streams", [["--streams", "4", "--stream-bytes", str(1 << 20)], []])
+def test_prefetch(streams):
+    # 4 long streams a thread as the AVX2 decode reads them, or one, each asked for 2 KiB ahead
+    r = run("-t", "2", "-m", "8", "-r", "2", *streams, "--prefetch", "2048", "--isa", "avx2",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["gbps"] > 0 and d["prefetch"] == 2048 and d["streams"] == (4 if streams else 1)
+
+
 def test_streams_larger_than_a_slice_refused():
     # 1 MiB on 2 threads: each slice is 512 KiB, one run of 4 x 1 MiB does not fit
     r = run("-t", "2", "-m", "1", "--streams", "4", "--stream-bytes", str(1 << 20))
@@ -55,6 +65,8 @@ def test_streams_larger_than_a_slice_refused():
     ("--streams", "65"),
     ("--streams", "4", "--isa", "scalar"),  # the streams are read with AVX2 or AVX-512
     ("--streams",),
+    ("--prefetch", "100"),            # not a multiple of 64
+    ("--prefetch", "2048", "--isa", "scalar"),
 ])
 def test_bad_options_refused(args):
     r = run(*args)
