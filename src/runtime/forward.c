@@ -17,9 +17,11 @@ struct mm_job {
 };
 
 struct mm_task;
-/* Work a thread does on the rows it has just computed, for every token of the chunk, before the
- * task ends: lo[j], hi[j] are its rows of job j. Fusing it here saves a whole pool round trip. */
-typedef void (*mm_post_fn)(const struct mm_task *t, const long *lo, const long *hi);
+/* Work a thread does on the rows it has just computed, for its tokens [t0, t1) of the chunk,
+ * before the task ends: lo[j], hi[j] are its rows of job j. Fusing it here saves a whole pool
+ * round trip. */
+typedef void (*mm_post_fn)(const struct mm_task *t, const long *lo, const long *hi, long t0,
+                           long t1);
 
 struct mm_task {
     const struct kwk_kernels *k;
@@ -48,6 +50,9 @@ struct mm_task {
     long small; /* units of each later chunk */
     long n_chunks;
     atomic_long next; /* next chunk to take */
+    /* Longer chunks (prompts): the threads as a grid of grid_r row parts x grid_t token parts
+     * (see plan_grid); threads past grid_r * grid_t have no share. */
+    int grid_r, grid_t;
 };
 
 /* Chunks of at most this many tokens take rows from a shared counter: a token's products are
@@ -64,6 +69,10 @@ struct mm_task {
 #define DYN_TAIL_CHUNKS 2
 /* Row blocks of a chunk are a multiple of this: the decode tile's height. */
 #define DYN_ALIGN 4
+/* A prompt product's token parts: at least GRID_MIN_TOK tokens (the tiles stay full), cut on
+ * multiples of GRID_TOK_ALIGN. */
+#define GRID_MIN_TOK 32
+#define GRID_TOK_ALIGN 8
 
 /* Whether all jobs have the same rows: then a chunk is the same rows of every job (the gate/up
  * post step wants both halves of its rows on one thread). */
@@ -131,23 +140,69 @@ static void chunk_units(const struct mm_task *t, long c, long *u0, long *u1)
     }
 }
 
-static void mm_rows(const struct mm_task *t, const long *lo, const long *hi)
+/* Rows lo[j]..hi[j] of each job for tokens [t0, t1). */
+static void mm_rows(const struct mm_task *t, const long *lo, const long *hi, long t0, long t1)
 {
+    if (t0 >= t1)
+        return;
+    int n = (int)(t1 - t0);
+    struct kwk_qact qa;
+    if (t->qa)
+        qa = kwk_qact_at(t->qa, t0, 0);
     for (int j = 0; j < t->n_jobs; j++) {
         const struct mm_job *job = &t->jobs[j];
         if (lo[j] >= hi[j])
             continue;
+        float *y = job->y + t0 * job->ldy;
         if (t->qa)
-            t->k->matmul_q(job->w, t->qa, t->n_tok, job->y, job->ldy, lo[j], hi[j]);
+            t->k->matmul_q(job->w, &qa, n, y, job->ldy, lo[j], hi[j]);
         else
-            t->k->matmul(job->w, job->x, t->n_tok, job->y, job->ldy, lo[j], hi[j]);
+            t->k->matmul(job->w, job->x + t0 * (long)job->w->cols, n, y, job->ldy, lo[j], hi[j]);
     }
     if (t->post)
-        t->post(t, lo, hi);
+        t->post(t, lo, hi, t0, t1);
+}
+
+/* Units (heads, or 16-row blocks) of the largest share when the rows are cut in r parts. */
+static long row_share(const struct mm_task *t, int r)
+{
+    long share = 0, total = 0;
+    for (int j = 0; j < t->n_jobs; j++) {
+        long rows = (long)t->jobs[j].w->rows;
+        if (t->unit > 0)
+            total += rows / t->unit;
+        else
+            share += (blocks_of(rows) + r - 1) / r; /* each job cut on its own */
+    }
+    return t->unit > 0 ? (total + r - 1) / r : share;
+}
+
+/* A prompt product on nth threads: rows cut in grid_r parts and tokens in grid_t, the grid with
+ * the smallest largest share (units x tokens), the fewest token parts among equals. Cutting the
+ * rows alone leaves threads idle once they outnumber the row blocks (SmolLM2-135M's k and v: 12
+ * blocks; its 15 heads) and unbalances them well before; each token part reads the weights
+ * again, which a prompt's compute-bound tiles absorb. With 2 threads and even block counts it
+ * is the rows-only split. Any grid gives the same numbers (batch invariance). */
+static void plan_grid(struct mm_task *t, int nth)
+{
+    long best = -1;
+    int max_t = KWK_MAX(1, KWK_MIN(nth, t->n_tok / GRID_MIN_TOK));
+    t->grid_r = nth;
+    t->grid_t = 1;
+    for (int gt = 1; gt <= max_t; gt++) {
+        int gr = nth / gt;
+        long cost = row_share(t, gr) * ((t->n_tok + gt - 1) / gt);
+        if (best < 0 || cost < best) {
+            best = cost;
+            t->grid_r = gr;
+            t->grid_t = gt;
+        }
+    }
 }
 
 /* Rows are handed out in blocks of 16 (or whole units, multiples of 16) so SIMD kernels work on
- * whole row groups. The kernels' batch invariance makes any such split give the same numbers. */
+ * whole row groups; a prompt's tokens in parts of the grid. The kernels' batch invariance makes
+ * any such split give the same numbers. */
 static void mm_run(void *ctx, int ith, int nth)
 {
     struct mm_task *t = ctx;
@@ -168,19 +223,25 @@ static void mm_run(void *ctx, int ith, int nth)
             if (u0 >= u1)
                 continue;
             unit_rows(t, u0, u1, lo, hi);
-            mm_rows(t, lo, hi);
+            mm_rows(t, lo, hi, 0, t->n_tok);
         }
     }
+    (void)nth; /* the grid was planned for the pool's size */
+    if (ith >= t->grid_r * t->grid_t)
+        return;
+    int ri = ith % t->grid_r, ti = ith / t->grid_r;
     if (t->unit > 0) {
         long total = 0, u0, u1;
         for (int j = 0; j < t->n_jobs; j++)
             total += (long)t->jobs[j].w->rows / t->unit;
-        kwk_split_range(total, ith, nth, 1, &u0, &u1);
+        kwk_split_range(total, ri, t->grid_r, 1, &u0, &u1);
         unit_rows(t, u0, u1, lo, hi);
     } else
         for (int j = 0; j < t->n_jobs; j++)
-            kwk_split_range((long)t->jobs[j].w->rows, ith, nth, 16, &lo[j], &hi[j]);
-    mm_rows(t, lo, hi);
+            kwk_split_range((long)t->jobs[j].w->rows, ri, t->grid_r, 16, &lo[j], &hi[j]);
+    long t0, t1;
+    kwk_split_range(t->n_tok, ti, t->grid_t, GRID_TOK_ALIGN, &t0, &t1);
+    mm_rows(t, lo, hi, t0, t1);
 }
 
 /* Whether the jobs can share one quantization of their input: all quantized, one input, one
@@ -214,6 +275,8 @@ static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const stru
     t.dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
     if (t.dyn)
         plan_chunks(&t, nth);
+    else
+        plan_grid(&t, nth);
     struct kwk_qact qa;
     if (qact_usable(d, n_jobs, jobs)) {
         kwk_qact_init(&qa, d->qact_mem, jobs[0].w->cols, n_tok, jobs[0].w->act8);
@@ -361,12 +424,12 @@ static void qk_prepare_run(void *ctx, int ith, int nth)
         qk_prepare(t, (int)i);
 }
 
-/* The qkv task's post step (jobs q, k, v split by head): this thread's heads, every token. */
-static void qkv_post(const struct mm_task *mt, const long *lo, const long *hi)
+/* The qkv task's post step (jobs q, k, v split by head): this thread's heads and tokens. */
+static void qkv_post(const struct mm_task *mt, const long *lo, const long *hi, long t0, long t1)
 {
     const struct tok_task *t = mt->post_ctx;
     long hd = t->d->c->head_dim;
-    for (int tok = 0; tok < mt->n_tok; tok++) {
+    for (int tok = (int)t0; tok < (int)t1; tok++) {
         const float *cs = rope_table(t, tok);
         for (long h = lo[0] / hd; h < hi[0] / hd; h++)
             prep_q_head(t, tok, (int)h, cs);
@@ -559,13 +622,14 @@ static void swiglu_run(void *ctx, int ith, int nth)
 }
 
 /* The gate/up task's post step: gate and up are split alike, so this thread owns the same rows of
- * both and turns them into SiLU(gate) * up for every token. Rows start on multiples of 16, so a
+ * both and turns them into SiLU(gate) * up for each of its tokens. Rows start on multiples of 16, so a
  * SIMD kernel puts each element in its vector body or its tail exactly as a whole-row call does. */
-static void swiglu_post(const struct mm_task *mt, const long *lo, const long *hi)
+static void swiglu_post(const struct mm_task *mt, const long *lo, const long *hi, long t0,
+                        long t1)
 {
     const struct kwk_decoder *d = mt->post_ctx;
     size_t dff = (size_t)d->c->d_ff;
-    for (int tok = 0; tok < mt->n_tok; tok++)
+    for (int tok = (int)t0; tok < (int)t1; tok++)
         d->k->swiglu(d->gate + tok * dff + lo[0], d->up + tok * dff + lo[0], hi[0] - lo[0]);
 }
 

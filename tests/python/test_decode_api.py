@@ -207,6 +207,22 @@ def test_thread_count_does_not_change_logits(kwker_mod):
     assert outs[1][1] == outs[2][1]
 
 
+@pytest.mark.parametrize("precision", ["preserve", "balanced", "int4"])
+def test_prompt_grid_does_not_change_logits(kwker_mod, precision):
+    """Prompt products on more threads than llama_odd has row blocks (hidden 80: 5 blocks; kv 16
+    rows: 1) cut the tokens too (forward.c plan_grid); every grid, and the generation after it,
+    gives one thread's numbers bitwise (the kernels' batch invariance)."""
+    path = tiny_models.build("llama_odd")
+    ids = tiny_models.prompt_ids("llama_odd", n=100)
+    outs = {}
+    for n in (1, 2, 3, 7, 12):
+        d = kwker_mod.KwkDecoder(str(path), max_cache_len=128, precision=precision, n_threads=n)
+        outs[n] = (d.forward(ids), d.generate(ids, max_new_tokens=6))
+    for n in (2, 3, 7, 12):
+        assert np.array_equal(outs[n][0], outs[1][0]), (n, describe_diff(outs[n][0], outs[1][0]))
+        assert outs[n][1] == outs[1][1], n
+
+
 def test_generate_fills_the_cache_exactly(kwker_mod, oracle_refs):
     """A cache of n + 16 positions holds a whole 16-token greedy run after n prompt ids (only
     n + 15 are ever fed), from a fresh decoder and again on the same decoder (prompt reuse)."""
