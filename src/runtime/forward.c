@@ -116,7 +116,10 @@ static void plan_chunks(struct mm_task *t, int nth)
         long units = t->unit > 0 ? rows / t->unit : blocks_of(rows);
         total = t->unit == 0 && t->alike ? KWK_MAX(total, units) : total + units;
     }
-    long align = t->unit > 0 ? 1 : DYN_ALIGN;
+    /* Chunks of whole decode tiles, unless that would leave threads without any (fewer than
+     * DYN_ALIGN blocks a thread: small matrices on many cores, where every thread's reads count
+     * more than each reading longer streams). */
+    long align = t->unit > 0 || total < (long)nth * DYN_ALIGN ? 1 : DYN_ALIGN;
     long big = total * 3 / (4 * (long)nth) / align * align;
     long rest = total - big * nth;
     long small = (rest + (long)nth * DYN_TAIL_CHUNKS - 1) / ((long)nth * DYN_TAIL_CHUNKS);
