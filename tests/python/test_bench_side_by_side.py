@@ -38,6 +38,8 @@ def test_quick_run_writes_complete_json(tmp_path):
     data = json.loads(out.read_text())
     assert data["settings"]["runs"] == 2
     assert data["settings"]["n_prompt"] == 64 and data["settings"]["n_gen"] == 16
+    # the ceiling's probe by default: the faster of one stream and 4 long streams a thread
+    assert data["settings"]["probe_pattern"] == "best"
     (rec,) = data["results"]
     assert (rec["model"], rec["kwker_precision"], rec["llama_format"]) == \
         ("smollm2-135m", "int4 mix4", "q4_0")
