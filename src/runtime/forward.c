@@ -229,7 +229,6 @@ static void mm_run(void *ctx, int ith, int nth)
             mm_rows(t, lo, hi, 0, t->n_tok);
         }
     }
-    (void)nth; /* the grid was planned for the pool's size */
     if (ith >= t->grid_r * t->grid_t)
         return;
     int ri = ith % t->grid_r, ti = ith / t->grid_r;
