@@ -624,8 +624,9 @@ static void swiglu_run(void *ctx, int ith, int nth)
 }
 
 /* The gate/up task's post step: gate and up are split alike, so this thread owns the same rows of
- * both and turns them into SiLU(gate) * up for each of its tokens. Rows start on multiples of 16, so a
- * SIMD kernel puts each element in its vector body or its tail exactly as a whole-row call does. */
+ * both and turns them into SiLU(gate) * up for each of its tokens. Rows start on multiples of 16,
+ * so a SIMD kernel puts each element in its vector body or its tail exactly as a whole-row call
+ * does. */
 static void swiglu_post(const struct mm_task *mt, const long *lo, const long *hi, long t0,
                         long t1)
 {
