@@ -45,7 +45,7 @@ struct mm_task {
     int dyn;
     int alike; /* all jobs have the same rows (set for every task) */
     int nth;
-    long n_units;
+    long n_units; /* count_units: set for every task */
     long big;   /* units of each of the first nth chunks */
     long small; /* units of each later chunk */
     long n_chunks;
@@ -89,6 +89,24 @@ static long blocks_of(long rows)
     return (rows + 15) / 16;
 }
 
+/* Units of job j: heads (unit > 0) or 16-row blocks. */
+static long job_units(const struct mm_task *t, int j)
+{
+    long rows = (long)t->jobs[j].w->rows;
+    return t->unit > 0 ? rows / t->unit : blocks_of(rows);
+}
+
+/* Units of the whole task: the jobs' units one after the other, or (alike row blocks, handed
+ * out as the same rows of every job) the largest job's. */
+static long count_units(const struct mm_task *t)
+{
+    long total = 0;
+    for (int j = 0; j < t->n_jobs; j++)
+        total = t->unit == 0 && t->alike ? KWK_MAX(total, job_units(t, j))
+                                         : total + job_units(t, j);
+    return total;
+}
+
 /* The rows of units [u0, u1) into lo/hi, one range per job (empty where it has none). */
 static void unit_rows(const struct mm_task *t, long u0, long u1, long *lo, long *hi)
 {
@@ -96,7 +114,7 @@ static void unit_rows(const struct mm_task *t, long u0, long u1, long *lo, long 
     long base = 0;
     for (int j = 0; j < t->n_jobs; j++) {
         long rows = (long)t->jobs[j].w->rows, size = t->unit > 0 ? t->unit : 16;
-        long units = t->unit > 0 ? rows / t->unit : blocks_of(rows);
+        long units = job_units(t, j);
         if (alike)
             base = 0;
         lo[j] = KWK_MIN(rows, (KWK_MAX(u0, base) - base) * size);
@@ -110,12 +128,7 @@ static void unit_rows(const struct mm_task *t, long u0, long u1, long *lo, long 
 /* Units and chunks of t on nth threads. */
 static void plan_chunks(struct mm_task *t, int nth)
 {
-    long total = 0;
-    for (int j = 0; j < t->n_jobs; j++) {
-        long rows = (long)t->jobs[j].w->rows;
-        long units = t->unit > 0 ? rows / t->unit : blocks_of(rows);
-        total = t->unit == 0 && t->alike ? KWK_MAX(total, units) : total + units;
-    }
+    long total = t->n_units;
     /* Chunks of whole decode tiles, unless that would leave threads without any (fewer than
      * DYN_ALIGN blocks a thread: small matrices on many cores, where every thread's reads count
      * more than each reading longer streams). */
@@ -125,7 +138,6 @@ static void plan_chunks(struct mm_task *t, int nth)
     long small = (rest + (long)nth * DYN_TAIL_CHUNKS - 1) / ((long)nth * DYN_TAIL_CHUNKS);
     small = KWK_MAX(1, (small + align - 1) / align) * align;
     t->nth = nth;
-    t->n_units = total;
     t->big = big;
     t->small = small;
     t->n_chunks = nth + (rest + small - 1) / small;
@@ -169,15 +181,12 @@ static void mm_rows(const struct mm_task *t, const long *lo, const long *hi, lon
 /* Units (heads, or 16-row blocks) of the largest share when the rows are cut in r parts. */
 static long row_share(const struct mm_task *t, int r)
 {
-    long share = 0, total = 0;
-    for (int j = 0; j < t->n_jobs; j++) {
-        long rows = (long)t->jobs[j].w->rows;
-        if (t->unit > 0)
-            total += rows / t->unit;
-        else
-            share += (blocks_of(rows) + r - 1) / r; /* each job cut on its own */
-    }
-    return t->unit > 0 ? (total + r - 1) / r : share;
+    if (t->unit > 0)
+        return (t->n_units + r - 1) / r;
+    long share = 0;
+    for (int j = 0; j < t->n_jobs; j++)
+        share += (job_units(t, j) + r - 1) / r; /* each job cut on its own */
+    return share;
 }
 
 /* A prompt product on nth threads: rows cut in grid_r parts and tokens in grid_t, the grid with
@@ -233,10 +242,8 @@ static void mm_run(void *ctx, int ith, int nth)
         return;
     int ri = ith % t->grid_r, ti = ith / t->grid_r;
     if (t->unit > 0) {
-        long total = 0, u0, u1;
-        for (int j = 0; j < t->n_jobs; j++)
-            total += (long)t->jobs[j].w->rows / t->unit;
-        kwk_split_range(total, ri, t->grid_r, 1, &u0, &u1);
+        long u0, u1;
+        kwk_split_range(t->n_units, ri, t->grid_r, 1, &u0, &u1);
         unit_rows(t, u0, u1, lo, hi);
     } else
         for (int j = 0; j < t->n_jobs; j++)
@@ -273,6 +280,7 @@ static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const stru
                         .pool = d->pool};
     memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
     t.alike = jobs_alike(&t);
+    t.n_units = count_units(&t);
     int nth = kwk_pool_size(d->pool);
     t.dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
     if (t.dyn)
