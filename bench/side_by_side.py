@@ -596,6 +596,27 @@ def probe_all(a, sizes):
             for mib in sorted(set(sizes.values()))}
 
 
+def cpu_ticks():
+    """(stolen, total) CPU ticks of the whole machine so far (/proc/stat's first line), or None
+    where there is no such file. Stolen time is what the hypervisor gave other guests while this
+    one had work: a shared host's noisy minutes show up there, not in the run's own figures."""
+    try:
+        f = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(f) < 9 or f[0] != "cpu":
+        return None
+    ticks = [int(x) for x in f[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_pct(before, after):
+    """Percent of the machine's CPU time stolen between two cpu_ticks(), or None."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def measure_pair(a, model, files, kp, lf, bw_state):
     """A B A B ... a.runs times each; probes (one per side's buffer size) before and after every
     run (the probes after one run are the probes before the next). Returns the pair's record."""
@@ -607,14 +628,17 @@ def measure_pair(a, model, files, kp, lf, bw_state):
     for r in range(a.runs):
         for side in ("kwker", "llama"):
             before = bw_state["last"][mib[side]]
+            t0 = cpu_ticks()
             res = run_kwker(a, kpath, kp) if side == "kwker" else run_llama(a, lpath)
+            stolen = steal_pct(t0, cpu_ticks())
             bw_state["last"] = probe_all(a, mib)
             after = bw_state["last"][mib[side]]
-            res.update(bw_before=before, bw_after=after)
+            res.update(bw_before=before, bw_after=after, steal_pct=stolen)
             runs[side].append(res)
-            log("  %s %-8s run %d: pp %.1f tg %.2f tok/s, peak RSS %.0f MiB, bw %.1f/%.1f GB/s"
-                % (model, kp if side == "kwker" else lf, r + 1, res["pp_tps"], res["tg_tps"],
-                   res["peak_rss_kib"] / 1024, before, after))
+            log("  %s %-8s run %d: pp %.1f tg %.2f tok/s, peak RSS %.0f MiB, bw %.1f/%.1f GB/s, "
+                "stolen %s%%" % (model, kp if side == "kwker" else lf, r + 1, res["pp_tps"],
+                                 res["tg_tps"], res["peak_rss_kib"] / 1024, before, after,
+                                 fmt(stolen)))
     kbytes = None
     if kp == "preserve":
         kbytes = kwker_preserve_bytes(kpath)
@@ -648,6 +672,8 @@ def measure_pair(a, model, files, kp, lf, bw_state):
              "bw_gbps": statistics.median((x["bw_before"] + x["bw_after"]) / 2 for x in rs),
              "bytes_per_token": nbytes, "weight_bytes_per_token": weights[side],
              "kv_bytes_per_token": kv[side]}
+        stolen = [x["steal_pct"] for x in rs if x.get("steal_pct") is not None]
+        s["steal_pct"] = statistics.median(stolen) if stolen else None
         if nbytes:
             s["pct_ceiling"] = statistics.median(
                 100.0 * x["tg_tps"] * nbytes / ((x["bw_before"] + x["bw_after"]) / 2 * 1e9)
@@ -674,13 +700,13 @@ def markdown(recs, a):
     lines = ["| model | Kwker | llama.cpp | pp%d Kwker | pp%d llama.cpp | pp × | tg%d Kwker | "
              "tg%d llama.cpp | tg × | %% of ceiling (probe GB/s) Kwker / llama.cpp | "
              "MB read per token Kwker / llama.cpp (of it KV cache) | "
-             "peak RSS MiB Kwker / llama.cpp (Python) |"
+             "peak RSS MiB Kwker / llama.cpp (Python) | CPU stolen %% Kwker / llama.cpp |"
              % (a.n_prompt, a.n_prompt, a.n_gen, a.n_gen),
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in recs:
         k, l_ = r["kwker"], r["llama"]
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) / %s (%s) | "
-                     "%s / %s (%s / %s) | %s / %s (%s) |" % (
+                     "%s / %s (%s / %s) | %s / %s (%s) | %s / %s |" % (
                          r["model"], r["kwker_precision"], r["llama_format"].upper(),
                          fmt(k["pp_tps"]), fmt(l_["pp_tps"]), fmt(r["ratio_pp"], 2),
                          fmt(k["tg_tps"]), fmt(l_["tg_tps"]), fmt(r["ratio_tg"], 2),
@@ -691,7 +717,8 @@ def markdown(recs, a):
                          fmt(k.get("kv_bytes_per_token") and k["kv_bytes_per_token"] / 1e6, 0),
                          fmt(l_.get("kv_bytes_per_token") and l_["kv_bytes_per_token"] / 1e6, 0),
                          fmt(k["peak_rss_mib"], 0), fmt(l_["peak_rss_mib"], 0),
-                         fmt(l_["base_rss_mib"], 0)))
+                         fmt(l_["base_rss_mib"], 0),
+                         fmt(k.get("steal_pct")), fmt(l_.get("steal_pct"))))
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ GGUF files are cached in $KWK_TEST_CACHE/bench-models (default /tmp/kwker-test-m
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -52,11 +53,16 @@ def test_quick_run_writes_complete_json(tmp_path):
         for r in runs:
             for f in ("pp_tps", "tg_tps", "peak_rss_kib", "bw_before", "bw_after"):
                 assert r[f] > 0, (side, f, r)
+            # the share of the machine's CPU time the hypervisor took during the run (Linux)
+            assert 0.0 <= r["steal_pct"] <= 100.0, (side, r)
         s = rec[side]
         for f in ("pp_tps", "tg_tps", "peak_rss_mib", "bw_gbps", "bytes_per_token",
                   "pct_ceiling"):
             assert s[f] is not None and s[f] > 0, (side, f, s)
     assert rec["ratio_pp"] > 0 and rec["ratio_tg"] > 0
+    for side in ("kwker", "llama"):
+        assert rec[side]["steal_pct"] == statistics.median(
+            r["steal_pct"] for r in rec["runs"][side]), side
     # each side's probe buffer is the bytes that side reads a token, rounded up to 16 MiB, at
     # least 64 MiB (llama.cpp's with its default f16 KV cache, which this run uses)
     for side in ("kwker", "llama"):
