@@ -223,6 +223,26 @@ def test_prompt_grid_does_not_change_logits(kwker_mod, precision):
         assert outs[n][1] == outs[1][1], n
 
 
+@pytest.mark.parametrize("precision", ["preserve", "balanced", "int4"])
+def test_generation_chunks_do_not_change_logits(kwker_mod, precision):
+    """Chunks of up to 16 tokens (generation) hand out rows in chunks: each thread takes its own
+    big chunk first, then small ones from a counter, then any big chunk a late thread has not
+    begun (forward.c mm_run_dyn). On 1, 2, 3, 7 and 12 threads (more than this host's cores, so
+    threads start late and others take their chunks) every split gives one thread's logits
+    bitwise, for fresh chunks of 1, 5 and 12 tokens and a greedy run after them."""
+    path = tiny_models.build("llama_wide")
+    ids = tiny_models.prompt_ids("llama_wide", n=12)
+    outs = {}
+    for n in (1, 2, 3, 7, 12):
+        d = kwker_mod.KwkDecoder(str(path), max_cache_len=64, precision=precision, n_threads=n)
+        outs[n] = ([d.forward(ids[:k]) for k in (1, 5, 12)],
+                   d.generate(ids, max_new_tokens=8))
+    for n in (2, 3, 7, 12):
+        for got, want in zip(outs[n][0], outs[1][0]):
+            assert np.array_equal(got, want), (n, describe_diff(got, want))
+        assert outs[n][1] == outs[1][1], n
+
+
 def test_generate_fills_the_cache_exactly(kwker_mod, oracle_refs):
     """A cache of n + 16 positions holds a whole 16-token greedy run after n prompt ids (only
     n + 15 are ever fed), from a fresh decoder and again on the same decoder (prompt reuse)."""

@@ -61,6 +61,9 @@ SPECS = {
                        dtype="bfloat16"),
     "qwen2_f16": dict(arch="qwen2", hidden=64, heads=4, kv=2, inter=128, vocab=512, layers=2,
                       tie=False, style="v5", theta=10000.0, eps=1e-6, seed=10, dtype="float16"),
+    # wide enough that generation's row chunks are several 16-row blocks a thread (d_ff: 48)
+    "llama_wide": dict(arch="llama", hidden=256, heads=4, kv=2, inter=768, vocab=512, layers=2,
+                       tie=False, style="v5", theta=10000.0, eps=1e-5, seed=11),
 }
 
 # Architectures with a GGUF export (all of them: "mistral" is written as llama.cpp's "llama").
