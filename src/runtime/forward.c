@@ -4,7 +4,6 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "kernels/panel.h"
 #include "kernels/quant.h"
 #include "runtime/runtime.h"
 
@@ -26,9 +25,6 @@ typedef void (*mm_post_fn)(const struct mm_task *t, const long *lo, const long *
 
 /* Threads up to which each takes its own big chunk first (MAX_OWN claim flags a task). */
 #define MAX_OWN 64
-/* Bytes of its own big chunk of the next product a thread asks into L2 when it runs out of work
- * in this one, spread over the decode tiles' DYN_ALIGN streams (see prefetch_own). */
-#define OWN_PF_BYTES (64 * 1024)
 
 struct mm_task {
     const struct kwk_kernels *k;
@@ -64,8 +60,6 @@ struct mm_task {
      * then small ones from next (which starts at nth), then any big chunk a late thread has not
      * begun (see mm_run_dyn). */
     atomic_int claimed[MAX_OWN];
-    /* Short chunks: the product after this one, planned, or NULL (see prefetch_own). */
-    const struct mm_task *after;
 };
 
 /* Chunks of at most this many tokens take rows from a shared counter: a token's products are
@@ -243,51 +237,11 @@ static void mm_claim(struct mm_task *t, long c)
         mm_chunk(t, c);
 }
 
-/* Bytes of one 16-row block of w: the blocks of every format lie one after another, block rb
- * (rows 16 rb ..) at data + rb * block_bytes. 0 if unknown. */
-static size_t block_bytes(const struct kwk_mat *w)
-{
-    size_t n = 0;
-    if (kwk_quant_group(w->wtype))
-        return kwk_quant_bytes(w->wtype, 16, w->cols, &n) ? 0 : n;
-    if (w->wtype == KWK_W_BF16P)
-        return kwk_panel_bytes(16, w->cols, &n) ? 0 : n;
-    size_t es = w->wtype == KWK_W_F32 ? 4 : w->wtype == KWK_W_F16 || w->wtype == KWK_W_BF16 ? 2 : 0;
-    return es * 16 * (size_t)w->cols;
-}
-
-/* Generation is memory-bound, and a thread that has run out of chunks waits for the others
- * while the memory it could read sits idle. It asks into L2 the start of the big chunk it will
- * take first in the next product (t, planned): the first OWN_PF_BYTES / DYN_ALIGN of each of the
- * decode tiles' DYN_ALIGN streams (runs of a quarter of the chunk's blocks). */
-static void prefetch_own(const struct mm_task *t, int ith)
-{
-    if (!t || ith >= t->nth || t->nth > MAX_OWN)
-        return;
-    long u0, u1, lo[3], hi[3];
-    chunk_units(t, ith, &u0, &u1);
-    if (u0 >= u1)
-        return;
-    unit_rows(t, u0, u1, lo, hi);
-    size_t per = OWN_PF_BYTES / DYN_ALIGN / (size_t)t->n_jobs;
-    for (int j = 0; j < t->n_jobs; j++) {
-        size_t bb = block_bytes(t->jobs[j].w);
-        if (lo[j] >= hi[j] || !bb)
-            continue;
-        long rb0 = lo[j] / 16, rb1 = (hi[j] + 15) / 16;
-        long run = KWK_MAX(1, (rb1 - rb0) / DYN_ALIGN);
-        const char *base = (const char *)t->jobs[j].w->data;
-        for (long rb = rb0; rb < rb1; rb += run) {
-            size_t len = KWK_MIN(per, (size_t)KWK_MIN(run, rb1 - rb) * bb);
-            kwk_prefetch_bytes(base + (size_t)rb * bb, len, 1);
-        }
-    }
-}
-
-/* Generation: thread ith's own big chunk first (so that a product's rows go to the same thread
- * token after token, and prefetch_own knows which), then small chunks from the counter, then the
- * big chunks of threads that had not begun theirs (a late or descheduled thread holds nothing
- * up). Past MAX_OWN threads, every chunk from the counter. */
+/* Generation: thread ith's own big chunk first, so that a product's rows go to the same thread
+ * token after token (its caches, and on a NUMA host its node's memory, can keep them: with
+ * chunks taken first come first served they wander between threads), then small chunks from the
+ * counter, then the big chunks of threads that had not begun theirs (a late or descheduled
+ * thread holds nothing up). Past MAX_OWN threads, every chunk from the counter. */
 static void mm_run_dyn(struct mm_task *t, int ith)
 {
     int own = t->nth <= MAX_OWN;
@@ -302,7 +256,6 @@ static void mm_run_dyn(struct mm_task *t, int ith)
     if (own)
         for (int i = 1; i < t->nth; i++)
             mm_claim(t, (ith + i) % t->nth);
-    prefetch_own(t->after, ith);
 }
 
 /* Rows are handed out in blocks of 16 (or whole units, multiples of 16) so SIMD kernels work on
@@ -352,38 +305,26 @@ static int qact_usable(const struct kwk_decoder *d, int n_jobs, const struct mm_
     return 1;
 }
 
-/* A product planned on d's pool (not run). */
-static void mm_plan(struct mm_task *t, struct kwk_decoder *d, int n_tok, int n_jobs,
-                    const struct mm_job *jobs, int unit)
-{
-    memset(t, 0, sizeof *t);
-    t->k = d->k;
-    t->n_tok = n_tok;
-    t->n_jobs = n_jobs;
-    t->unit = unit;
-    t->pool = d->pool;
-    memcpy(t->jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
-    t->alike = jobs_alike(t);
-    t->n_units = count_units(t);
-    int nth = kwk_pool_size(d->pool);
-    t->dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
-    if (t->dyn)
-        plan_chunks(t, nth);
-    else
-        plan_grid(t, nth);
-}
-
-/* The product jobs with post after each thread's rows; after: the next product, planned, whose
- * rows generation prefetches (NULL: none). */
+/* The product jobs, with post after each thread's rows. */
 static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs,
-                        int unit, mm_post_fn post, const void *post_ctx,
-                        const struct mm_task *after)
+                        int unit, mm_post_fn post, const void *post_ctx)
 {
-    struct mm_task t;
-    mm_plan(&t, d, n_tok, n_jobs, jobs, unit);
-    t.post = post;
-    t.post_ctx = post_ctx;
-    t.after = t.dyn && after && after->dyn ? after : NULL;
+    struct mm_task t = {.k = d->k,
+                        .n_tok = n_tok,
+                        .n_jobs = n_jobs,
+                        .unit = unit,
+                        .post = post,
+                        .post_ctx = post_ctx,
+                        .pool = d->pool};
+    memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
+    t.alike = jobs_alike(&t);
+    t.n_units = count_units(&t);
+    int nth = kwk_pool_size(d->pool);
+    t.dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
+    if (t.dyn)
+        plan_chunks(&t, nth);
+    else
+        plan_grid(&t, nth);
     struct kwk_qact qa;
     if (qact_usable(d, n_jobs, jobs)) {
         kwk_qact_init(&qa, d->qact_mem, jobs[0].w->cols, n_tok, jobs[0].w->act8);
@@ -402,17 +343,16 @@ static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const stru
     kwk_pool_run(d->pool, mm_run, &t);
 }
 
-static void matmul(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs,
-                   const struct mm_task *after)
+static void matmul(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs)
 {
-    matmul_post(d, n_tok, n_jobs, jobs, 0, NULL, NULL, after);
+    matmul_post(d, n_tok, n_jobs, jobs, 0, NULL, NULL);
 }
 
 void kwk_forward_matmul(struct kwk_decoder *d, int n, const struct kwk_mat *w, const float *x,
                         float *y, long ldy)
 {
     struct mm_job job = {w, x, y, ldy};
-    matmul(d, n, 1, &job, NULL);
+    matmul(d, n, 1, &job);
 }
 
 /* Tasks split by token leave every thread but the first idle on a one-token chunk (generation):
@@ -768,63 +708,42 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *
         {&l->wk, d->xn, d->kx, d->kv_dim},
         {&l->wv, d->xn, d->vx, d->kv_dim},
     };
-    struct mm_job o = {&l->wo, d->att, d->q, d->c->d_model};
-    struct mm_job gu[2] = {
-        {&l->w_gate, d->xn, d->gate, d->c->d_ff},
-        {&l->w_up, d->xn, d->up, d->c->d_ff},
-    };
-    struct mm_job down = {&l->w_down, d->gate, d->q, d->c->d_model};
-    /* Generation: each product's threads prefetch their part of the next one (prefetch_own),
-     * planned here as it will run; not across attention, which reads the KV cache meanwhile. */
-    struct mm_task after_o, after_gu, after_down;
-    const struct mm_task *next_down = NULL;
-    if (n <= DYN_TOK_MAX) {
-        mm_plan(&after_o, d, n, 2, gu, 0);
-        mm_plan(&after_gu, d, n, 1, &down, 0);
-        if (layer + 1 < d->c->n_layers) {
-            const struct kwk_layer *nl = &d->layers[layer + 1];
-            struct mm_job nq[3] = {
-                {&nl->wq, d->xn, d->q, d->q_dim},
-                {&nl->wk, d->xn, d->kx, d->kv_dim},
-                {&nl->wv, d->xn, d->vx, d->kv_dim},
-            };
-            mm_plan(&after_down, d, n, 3, nq, qkv_fusable(d, nl, n) ? d->c->head_dim : 0);
-            next_down = &after_down;
-        }
-    }
-    const struct mm_task *next_o = n <= DYN_TOK_MAX ? &after_o : NULL;
-    const struct mm_task *next_gu = n <= DYN_TOK_MAX ? &after_gu : NULL;
-
     struct tok_task tt = {.d = d, .l = l, .layer = layer, .n = n};
     if (d->capture)
         kwk_capture_rows(d->capture, layer, KWK_SITE_QKV, d->xn, n);
     if (qkv_fusable(d, l, n)) {
-        matmul_post(d, n, 3, qkv, d->c->head_dim, qkv_post, &tt, NULL);
+        matmul_post(d, n, 3, qkv, d->c->head_dim, qkv_post, &tt);
     } else {
-        matmul(d, n, 3, qkv, NULL);
+        matmul(d, n, 3, qkv);
         run_tokens(d, n, qk_prepare_run, &tt);
     }
     attend(d, layer, n);
 
     /* o-projection into q's buffer (free now), then residual add and the FFN norm */
+    struct mm_job o = {&l->wo, d->att, d->q, d->c->d_model};
     if (d->capture)
         kwk_capture_rows(d->capture, layer, KWK_SITE_O, d->att, n);
-    matmul(d, n, 1, &o, next_o);
+    matmul(d, n, 1, &o);
     struct rows_task rt = {.d = d, .n = n, .norm_w = l->ffn_norm, .add = d->q};
     run_tokens(d, n, rows_run, &rt);
 
+    struct mm_job gu[2] = {
+        {&l->w_gate, d->xn, d->gate, d->c->d_ff},
+        {&l->w_up, d->xn, d->up, d->c->d_ff},
+    };
     if (d->capture)
         kwk_capture_rows(d->capture, layer, KWK_SITE_GU, d->xn, n);
     if (l->w_gate.rows == d->c->d_ff && l->w_up.rows == d->c->d_ff) {
-        matmul_post(d, n, 2, gu, 0, swiglu_post, d, next_gu);
+        matmul_post(d, n, 2, gu, 0, swiglu_post, d);
     } else {
-        matmul(d, n, 2, gu, next_gu);
+        matmul(d, n, 2, gu);
         struct swiglu_task st = {.d = d, .n = n};
         run_tokens(d, n, swiglu_run, &st);
     }
+    struct mm_job down = {&l->w_down, d->gate, d->q, d->c->d_model};
     if (d->capture)
         kwk_capture_rows(d->capture, layer, KWK_SITE_DOWN, d->gate, n);
-    matmul(d, n, 1, &down, next_down);
+    matmul(d, n, 1, &down);
     /* residual add, then the next layer's attention norm (none after the last layer) */
     struct rows_task rt2 = {.d = d, .n = n, .norm_w = next_norm, .add = d->q};
     run_tokens(d, n, rows_run, &rt2);
