@@ -67,10 +67,11 @@ struct mm_task {
  * the others waiting at the end of every product (14% of SmolLM2-360M's generation samples in
  * pool waits, 160 products a token; 8% with the counter, at the same tokens/s on 2 cores, where
  * the other thread reads faster meanwhile; the imbalance grows with the thread count). The first
- * nth chunks are three quarters of an even share each (one per thread, taken at once), the rest
- * small ones that even out the end (each chunk has its own start-up: a thread should take
- * few). Longer chunks are compute-bound and split evenly. Each row's numbers
- * do not depend on its thread or chunk (batch invariance of the kernels). */
+ * nth chunks are three quarters of an even share each (one per thread, each thread's own first:
+ * mm_run_dyn), the rest small ones that even out the end (each chunk has its own start-up: a
+ * thread should take few; session 18 re-measured these sizes token by token: the optimum here).
+ * Longer chunks are compute-bound and split evenly. Each row's numbers do not depend on its
+ * thread or chunk (batch invariance of the kernels). */
 #define DYN_TOK_MAX 16
 /* Small chunks a thread takes on average in the tail. */
 #define DYN_TAIL_CHUNKS 2
