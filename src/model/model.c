@@ -138,41 +138,67 @@ static int plain_wtype(int dtype)
     }
 }
 
+/* Where stored row r goes with n_head > 0: llama.cpp stored row (h, i, j) of head h what
+ * Hugging Face has at (h, j, i), i < head_dim/2, j in {0, 1}. */
+static int64_t hf_row(int64_t r, int64_t rows, int n_head)
+{
+    if (n_head <= 0)
+        return r;
+    int64_t per_head = rows / n_head, h = r / per_head, k = r % per_head;
+    return h * per_head + (k % 2) * (per_head / 2) + k / 2;
+}
+
 /* Dequantize (or widen) tensor t, [rows][cols], into w; with n_head > 0, rows come back in
- * Hugging Face order: llama.cpp stored row (h, i, j) of head h what Hugging Face has at
- * (h, j, i), i < head_dim/2, j in {0, 1}. */
+ * Hugging Face order (hf_row). */
 static void dequant_into(const struct kwk_tensor_ref *t, int64_t rows, int64_t cols, int n_head,
                          float *w)
 {
     size_t rb = kwk_dtype_row_bytes(t->dtype, cols);
-    int64_t per_head = n_head > 0 ? rows / n_head : 0, half = per_head / 2;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t dst = r;
-        if (n_head > 0) {
-            int64_t h = r / per_head, k = r % per_head;
-            dst = h * per_head + (k % 2) * half + k / 2;
-        }
-        kwk_dequant_row(t->dtype, t->data + (size_t)r * rb, w + (size_t)dst * (size_t)cols, cols);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        kwk_dequant_row(t->dtype, t->data + (size_t)r * rb,
+                        w + (size_t)hf_row(r, rows, n_head) * (size_t)cols, cols);
 }
 
-/* Bytes of a float32 [rows][cols] copy; -1 when they overflow. */
-static int float_bytes(int64_t rows, int64_t cols, size_t *bytes)
+/* The type of t's copy: its own when plain (f32 / f16 / bf16: moving whole rows is exact in any
+ * type, so a bf16 GGUF's permuted q / k stay bf16, half the bytes of float32, and preserve's bf16
+ * panels, which want every matrix bf16, apply), else float32. */
+static int copy_wtype(const struct kwk_tensor_ref *t)
+{
+    int wt = plain_wtype(t->dtype);
+    return wt >= 0 ? wt : KWK_W_F32;
+}
+
+/* Bytes of a [rows][cols] copy of type wt (a plain one); -1 when they overflow. */
+static int copy_bytes(int wt, int64_t rows, int64_t cols, size_t *bytes)
 {
     size_t total;
     if (rows < 0 || cols < 0 || kwk_mul_size((size_t)rows, (size_t)cols, &total) ||
-        total > (size_t)INT64_MAX || kwk_mul_size(total, sizeof(float), bytes))
+        total > (size_t)INT64_MAX || kwk_mul_size(total, wt == KWK_W_F32 ? 4 : 2, bytes))
         return -1;
     return 0;
 }
 
-/* Record a matrix made on demand: out says its shape (F32, data NULL until acquired). */
+/* Fill dst, t's copy in copy_wtype(t), rows in Hugging Face order. */
+static void fill_copy(const struct kwk_tensor_ref *t, int64_t rows, int64_t cols, int n_head,
+                      void *dst)
+{
+    if (plain_wtype(t->dtype) < 0) {
+        dequant_into(t, rows, cols, n_head, dst);
+        return;
+    }
+    size_t rb = kwk_dtype_row_bytes(t->dtype, cols);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy((uint8_t *)dst + (size_t)hf_row(r, rows, n_head) * rb, t->data + (size_t)r * rb,
+               rb);
+}
+
+/* Record a matrix made on demand: out says its type and shape (data NULL until acquired). */
 static int lazy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t rows, int64_t cols,
                     int n_head, struct kwk_mat *out)
 {
     struct kwk_model *m = ld->m;
     size_t bytes;
-    if (float_bytes(rows, cols, &bytes))
+    if (copy_bytes(copy_wtype(t), rows, cols, &bytes))
         return kwk_err_set(ld->err, KWK_ELIMIT, "%s: %s too large", m->path, t->name);
     /* the matrices live in m->layers (allocated once) and in m itself: pointers stay valid */
     struct kwk_lazy_mat *n = kwk_realloc(m->lazy, sizeof *n * (size_t)(m->n_lazy + 1));
@@ -180,27 +206,31 @@ static int lazy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t r
         return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory", m->path);
     m->lazy = n;
     m->lazy[m->n_lazy++] = (struct kwk_lazy_mat){.mat = out, .t = t, .n_head = n_head};
-    out->wtype = KWK_W_F32;
+    out->wtype = copy_wtype(t);
     out->rows = rows;
     out->cols = cols;
     out->data = NULL;
     return 0;
 }
 
-/* Dequantize a whole matrix to float32, owned by the model (or, lazy, recorded for later). */
-static int dequant_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t rows,
-                       int64_t cols, int n_head, struct kwk_mat *out)
+/* A copy of t owned by the model (or, lazy, recorded for later): in t's own type when plain,
+ * else float32 (copy_wtype). */
+static int copy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t rows,
+                    int64_t cols, int n_head, struct kwk_mat *out)
 {
     size_t bytes;
     if (ld->lazy)
         return lazy_mat(ld, t, rows, cols, n_head, out);
-    if (float_bytes(rows, cols, &bytes))
+    if (copy_bytes(copy_wtype(t), rows, cols, &bytes))
         return kwk_err_set(ld->err, KWK_ELIMIT, "%s: %s too large", ld->m->path, t->name);
-    float *w = own_floats(ld, rows * cols);
-    if (!w)
-        return ld->err ? ld->err->code : -ENOMEM;
-    dequant_into(t, rows, cols, n_head, w);
-    out->wtype = KWK_W_F32;
+    void *w = kwk_malloc_aligned(bytes ? bytes : 64);
+    if (!w || model_own(ld->m, w)) {
+        kwk_free_aligned(w);
+        return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory (%zu bytes)", ld->m->path,
+                           bytes);
+    }
+    fill_copy(t, rows, cols, n_head, w);
+    out->wtype = copy_wtype(t);
     out->rows = rows;
     out->cols = cols;
     out->data = w;
@@ -208,7 +238,7 @@ static int dequant_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_
 }
 
 /* A weight matrix [rows][cols]: borrowed from the mapping when the kernels can read it in place,
- * otherwise float32 owned by the model. n_head > 0 asks to undo llama.cpp's q/k permutation. */
+ * otherwise a copy (copy_mat). n_head > 0 asks to undo llama.cpp's q/k permutation. */
 static int get_mat(struct loader *ld, const char *name, int64_t rows, int64_t cols, int n_head,
                    int optional, struct kwk_mat *out)
 {
@@ -231,7 +261,7 @@ static int get_mat(struct loader *ld, const char *name, int64_t rows, int64_t co
         out->data = t->data;
         return 0;
     }
-    return dequant_mat(ld, t, rows, cols, n_head, out);
+    return copy_mat(ld, t, rows, cols, n_head, out);
 }
 
 /* ---- the architecture's tensors ------------------------------------------------------------*/
@@ -596,10 +626,10 @@ int kwk_model_floats_acquire(const struct kwk_model *cm, struct kwk_err *err)
     for (int i = 0; i < m->n_lazy && m->lazy_refs == 0; i++) {
         struct kwk_lazy_mat *l = &m->lazy[i];
         size_t bytes = 0;
-        float_bytes(l->mat->rows, l->mat->cols, &bytes); /* checked at load */
+        copy_bytes(l->mat->wtype, l->mat->rows, l->mat->cols, &bytes); /* checked at load */
         l->copy = kwk_malloc_aligned(bytes ? bytes : 64);
         if (!l->copy) {
-            rc = kwk_err_set(err, -ENOMEM, "%s: out of memory for %s as float32 (%zu bytes)",
+            rc = kwk_err_set(err, -ENOMEM, "%s: out of memory for a copy of %s (%zu bytes)",
                              m->path, l->t->name, bytes);
             for (int j = 0; j <= i; j++) {
                 kwk_free_aligned(m->lazy[j].copy);
@@ -610,7 +640,7 @@ int kwk_model_floats_acquire(const struct kwk_model *cm, struct kwk_err *err)
             }
             goto out_unlock;
         }
-        dequant_into(l->t, l->mat->rows, l->mat->cols, l->n_head, l->copy);
+        fill_copy(l->t, l->mat->rows, l->mat->cols, l->n_head, l->copy);
         drop_file_pages(m, l->t->data, l->t->nbytes);
         l->mat->data = l->copy;
         if (l->alias)
@@ -660,12 +690,12 @@ int kwk_model_mat_acquire(const struct kwk_model *m, const struct kwk_mat *w, st
     /* A private copy even when the floats are held by someone else: their last release could
      * free them while we read. */
     size_t bytes = 0;
-    float_bytes(w->rows, w->cols, &bytes); /* checked at load */
-    float *copy = kwk_malloc_aligned(bytes ? bytes : 64);
+    copy_bytes(w->wtype, w->rows, w->cols, &bytes); /* checked at load */
+    void *copy = kwk_malloc_aligned(bytes ? bytes : 64);
     if (!copy)
-        return kwk_err_set(err, -ENOMEM, "%s: out of memory for %s as float32 (%zu bytes)",
+        return kwk_err_set(err, -ENOMEM, "%s: out of memory for a copy of %s (%zu bytes)",
                            m->path, l->t->name, bytes);
-    dequant_into(l->t, w->rows, w->cols, l->n_head, copy);
+    fill_copy(l->t, w->rows, w->cols, l->n_head, copy);
     drop_file_pages(m, l->t->data, l->t->nbytes);
     out->data = copy;
     return 0;
@@ -733,8 +763,13 @@ void kwk_model_embed_row(const struct kwk_model *m, const struct kwk_kernels *k,
 void kwk_model_huge_pages(const struct kwk_model *cm)
 {
     struct kwk_model *m = mutable_model(cm);
+    /* a lazy float32 expansion (a quantized GGUF) runs from its copies; lazy plain copies
+     * (permuted q / k of a bf16 GGUF) leave the rest read in place */
+    int expands = 0;
+    for (int i = 0; i < m->n_lazy; i++)
+        expands |= plain_wtype(m->lazy[i].t->dtype) < 0;
     pthread_mutex_lock(&m->lazy_lock);
-    if (!m->huge_done && m->n_lazy == 0) {
+    if (!m->huge_done && !expands) {
         m->huge_done = 1;
         for (int i = 0; i < m->n_st; i++)
             kwk_map_huge(&m->st[i].map, m->st[i].path);

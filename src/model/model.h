@@ -174,16 +174,16 @@ struct kwk_layer {
  * in. Changes memory use, never results. */
 void kwk_model_release_pages(const struct kwk_model *m);
 
-/* A float32 matrix the file does not hold as such (a quantized GGUF tensor, q/k rows that
- * llama.cpp permuted, misaligned plain data): made from the mapped tensor only while a float
- * user holds it (kwk_model_floats_acquire), so that a packed decoder's process does not keep a
- * float32 expansion of the whole checkpoint beside its pack. */
+/* A matrix the file does not hold as the kernels read it (a quantized GGUF tensor, float32;
+ * q/k rows that llama.cpp permuted, or misaligned plain data, in the tensor's own type): made
+ * from the mapped tensor only while a user holds it (kwk_model_floats_acquire), so that a packed
+ * decoder's process does not keep an expansion of the whole checkpoint beside its pack. */
 struct kwk_lazy_mat {
-    struct kwk_mat *mat;               /* the model's matrix (wtype F32; data NULL when cold) */
+    struct kwk_mat *mat;               /* the model's matrix (data NULL when cold) */
     struct kwk_mat *alias;             /* the tied lm_head sharing it, or NULL */
     const struct kwk_tensor_ref *t;    /* what it is made from */
     int n_head;                        /* > 0: undo llama.cpp's q/k row permutation */
-    float *copy;                       /* [rows][cols] while acquired, else NULL */
+    void *copy;                        /* [rows][cols] of mat->wtype while acquired, else NULL */
 };
 
 struct kwk_model {
@@ -238,7 +238,7 @@ void kwk_model_floats_release(const struct kwk_model *m);
 
 /* Put the checkpoint's files on 2 MiB pages (kwk_map_huge) for a user that reads its matrices
  * in place on every token (a preserve decoder); once per model, later calls return at once. A
- * model with lazy matrices runs from their copies and is left alone. Advice: nothing the model
+ * model with lazy float32 expansions (a quantized GGUF) runs from them and is left alone. Advice: nothing the model
  * holds changes. Thread-safe. */
 void kwk_model_huge_pages(const struct kwk_model *m);
 

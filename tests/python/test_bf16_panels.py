@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+import gguf_export
 import tiny_models
 from conftest import PY_DIR, supported_isas
 
@@ -31,15 +32,17 @@ print(json.dumps({"logits": logits.tolist(), "greedy": [int(t) for t in d.genera
 IDS = "3,17,250,9,77,1,300,42,5,8,13,21,34,55,89,144,233,377,61,98,7,2,19,400,11,6"
 
 
-def run_child(tmp_path, isa, panels_env, cached):
-    """(result, pack files written) of one child; panels_env None leaves KWKER_BF16_PANELS unset."""
+def run_child(tmp_path, isa, panels_env, cached, model=None):
+    """(result, pack files written) of one child; panels_env None leaves KWKER_BF16_PANELS unset;
+    model defaults to the llama_bf16 folder."""
     env = dict(os.environ, KWKER_ISA=isa)
     env.pop("KWKER_BF16_PANELS", None)
     if panels_env is not None:
         env["KWKER_BF16_PANELS"] = panels_env
-    cache = tmp_path / ("cache-%s-%s" % (panels_env, cached))
+    model = model or tiny_models.build("llama_bf16")
+    cache = tmp_path / ("cache-%s-%s-%s-%s" % (panels_env, cached, isa, os.path.basename(model)))
     cache.mkdir()
-    p = subprocess.run([sys.executable, "-c", CHILD, str(tiny_models.build("llama_bf16")),
+    p = subprocess.run([sys.executable, "-c", CHILD, str(model),
                         str(cache) if cached else "none", IDS, str(PY_DIR)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -79,3 +82,20 @@ def test_no_cache_reads_in_place_unless_asked(tmp_path):
     assert np.array_equal(default["logits"], in_place["logits"])
     assert np.array_equal(forced["logits"], cached["logits"])
     assert np.array_equal(forced["logits"], in_place["logits"]) == (isa != "avx2")
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+def test_bf16_gguf_keeps_bf16_and_panels(tmp_path, isa):
+    """A llama GGUF stores attn_q / attn_k rows permuted; the loader puts them back in a bf16
+    copy (moving rows is exact), so the file runs as bf16 throughout: 16.0 bits a weight (a
+    float32 copy of q / k made it more), panels on AVX2, and the same logits and greedy tokens
+    as the folder's bf16 weights (the export writes those very numbers)."""
+    folder = tiny_models.build("llama_bf16")
+    path = gguf_export.build_gguf(folder, "bf16")
+    from_gguf, packs = run_child(tmp_path, isa, None, True, model=path)
+    from_folder, _ = run_child(tmp_path, isa, None, True)
+    assert from_gguf["bits"] == 16.0
+    assert (len(packs) == 1) == (isa == "avx2"), packs
+    # the same weights, the same kernels: bitwise (the folder is bf16 too)
+    assert np.array_equal(from_gguf["logits"], from_folder["logits"])
+    assert from_gguf["greedy"] == from_folder["greedy"]
