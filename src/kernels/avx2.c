@@ -70,7 +70,7 @@ INLINE float hsum(__m256 v)
 /* ---- prompt: many tokens, compute-bound. An R x T register tile of dot products over columns
  * [k0, k1); R and T are constants after inlining so the accumulators live in registers. */
 INLINE void tile(const struct kwk_mat *w, const float *x, float *y, long ldy, int64_t r, int t,
-                 int64_t k0, int64_t k1, int first, int pf_l2, int R, int T, int wt)
+                 int64_t k0, int64_t k1, int first, int R, int T, int wt)
 {
     const void *wr[ROWS];
     const float *xt[TOKS];
@@ -144,7 +144,7 @@ static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, l
                 int R = (int)KWK_MIN(ROWS, r1 - r);
                 for (int t = tb; t < te; t += TOKS) {
                     int T = KWK_MIN(TOKS, te - t);
-                    tiles[R][T](w, x, y, ldy, r, t, k0, k1, first, 0); /* no prefetch */
+                    tiles[R][T](w, x, y, ldy, r, t, k0, k1, first);
                 }
                 r += R;
             }

@@ -323,14 +323,16 @@ static void test_batch_invariance(int act8)
     const struct kwk_kernels *tabs[3];
     int nt = tables(tabs);
     static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    /* 53 rows: 4 row blocks, one of each run; 139: 9 blocks, runs of 2 and a rest of 1 */
+    static const int64_t row_counts[] = {53, 139};
     for (int ti = 0; ti < nt; ti++)
-        for (int wi = 0; wi < 3; wi++) {
-            int64_t rows = 53, cols = 4160;
+        for (int wi = 0; wi < 6; wi++) {
+            int64_t rows = row_counts[wi / 3], cols = 4160;
             int n_tok = 29;
             float *w = malloc(sizeof(float) * (size_t)(rows * cols));
             float *x = malloc(sizeof(float) * (size_t)(n_tok * cols));
             fill_random(w, rows, cols, x, n_tok);
-            struct kwk_mat m = pack(wts[wi], w, rows, cols);
+            struct kwk_mat m = pack(wts[wi % 3], w, rows, cols);
             m.act8 = act8;
             float *yb = malloc(sizeof(float) * (size_t)(n_tok * rows));
             float *y1 = malloc(sizeof(float) * (size_t)rows);
@@ -344,24 +346,26 @@ static void test_batch_invariance(int act8)
                 diff += memcmp(y1, yb + (size_t)t * (size_t)rows,
                                sizeof(float) * (size_t)rows) != 0;
             }
-            T_CHECK(diff == 0, "%s %s act%d: %ld tokens differ alone vs in a batch",
-                    tabs[ti]->name, wname(wts[wi]), act8 ? 8 : 16, diff);
-            /* all 4 row blocks at once: avx2_quant.c's decode takes them as 4 streams */
+            T_CHECK(diff == 0, "%s %s act%d %lld rows: %ld tokens differ alone vs in a batch",
+                    tabs[ti]->name, wname(wts[wi % 3]), act8 ? 8 : 16, (long long)rows, diff);
+            /* all row blocks at once: AVX2's decode takes them as 4 runs of blocks, AVX-512's as
+             * tiles of 4 adjacent ones */
             diff = 0;
             for (int t = 0; t < n_tok; t++) {
                 tabs[ti]->matmul(&m, x + (size_t)t * (size_t)cols, 1, y1, (long)rows, 0, rows);
                 diff += memcmp(y1, yb + (size_t)t * (size_t)rows,
                                sizeof(float) * (size_t)rows) != 0;
             }
-            T_CHECK(diff == 0, "%s %s act%d: %ld tokens differ alone (all rows) vs in a batch",
-                    tabs[ti]->name, wname(wts[wi]), act8 ? 8 : 16, diff);
+            T_CHECK(diff == 0, "%s %s act%d %lld rows: %ld tokens differ alone (all rows) vs in "
+                    "a batch", tabs[ti]->name, wname(wts[wi % 3]), act8 ? 8 : 16,
+                    (long long)rows, diff);
             /* the same tokens at other positions of a smaller batch, other row splits */
             float *y2 = malloc(sizeof(float) * (size_t)(n_tok * rows));
             tabs[ti]->matmul(&m, x + 3 * cols, n_tok - 3, y2, (long)rows, 0, 37);
             tabs[ti]->matmul(&m, x + 3 * cols, n_tok - 3, y2, (long)rows, 37, rows);
             T_CHECK(memcmp(y2, yb + 3 * rows, sizeof(float) * (size_t)((n_tok - 3) * rows)) == 0,
-                    "%s %s act%d: tokens 3.. differ in a batch starting at token 3",
-                    tabs[ti]->name, wname(wts[wi]), act8 ? 8 : 16);
+                    "%s %s act%d %lld rows: tokens 3.. differ in a batch starting at token 3",
+                    tabs[ti]->name, wname(wts[wi % 3]), act8 ? 8 : 16, (long long)rows);
             free(y2);
             kwk_free_aligned((void *)m.data);
             free(w);
