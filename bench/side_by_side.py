@@ -294,9 +294,9 @@ def kv_bytes_per_token(gguf_path, n_prompt, n_gen, k_bytes, v_bytes):
 
 
 def kwker_preserve_bytes(path):
-    """Kwker preserve reads float32 / bf16 / f16 matrices in place from the file, except a
-    llama-arch GGUF's attn_q / attn_k, whose rows it un-permutes into float32 at load, and
-    quantized GGUF tensors, dequantized to float32; norms and biases are float32 copies. The
+    """Kwker preserve reads float32 / bf16 / f16 matrices in their own type (in place, or a
+    llama-arch GGUF's attn_q / attn_k as a copy with rows un-permuted; float32 before session
+    19), quantized GGUF tensors dequantized to float32; norms and biases are float32 copies. The
     tied embedding is read whole as lm_head; an untied one contributes one row (0 here)."""
     path = Path(path)
     if path.is_dir():
@@ -320,16 +320,12 @@ def kwker_preserve_bytes(path):
         return total
     import gguf
     r = gguf.GGUFReader(str(path))
-    arch = r.fields["general.architecture"].contents()
     plain = {"F32": 4, "F16": 2, "BF16": 2}
     total, emb, has_out = 0, 0, False
     for t in r.tensors:
         n = int(t.n_elements)
         ty = t.tensor_type.name
-        es = plain.get(ty, 4)
-        if len(t.shape) <= 1 or (arch == "llama" and t.name.endswith(("attn_q.weight",
-                                                                       "attn_k.weight"))):
-            es = 4
+        es = plain.get(ty, 4) if len(t.shape) > 1 else 4
         total += n * es
         if t.name == "token_embd.weight":
             emb = n * es
