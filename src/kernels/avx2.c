@@ -153,45 +153,31 @@ static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, l
 }
 
 /* ---- decode: one token, memory-bound. A thread's rows [r0, r1) lie contiguous in memory; they
- * are cut into DEC_STREAMS runs of consecutive rows and each step takes the next row of every
- * run, so the matrix is read as DEC_STREAMS long sequential streams, each also prefetched
- * DEC_PF_BYTES ahead. Before, a tile read 2 adjacent rows side by side, asking for the next
+ * are cut into KWK_DEC_STREAMS runs of consecutive rows and each step takes the next row of every
+ * run, so the matrix is read as KWK_DEC_STREAMS long sequential streams, each also prefetched
+ * KWK_DEC_PF_BYTES ahead. Before, a tile read 2 adjacent rows side by side, asking for the next
  * tile's rows as it went: short streams (a row of SmolLM2-360M is 1920 bytes in bf16) that end
  * about when the hardware prefetcher has learnt them. Zen 3, bf16, bench_kernels 2560 960 /
  * 1536 576, one thread: 13-16 -> 27-30 GB/s (a plain one-stream read: 22.6); preserve
  * generation x1.41 (135M), x1.63 (360M). 2 or 3 streams, or 1024 / 3072 / no prefetch,
  * measured the same or slower. Each row keeps its one accumulator and its KC passes: the
  * prompt tile's sums, bitwise. */
-#define DEC_STREAMS 4
-#define DEC_PF_BYTES 2048
 
 INLINE void dec_rows(const struct kwk_mat *w, const float *x, float *y, int64_t r, int64_t run,
                      int64_t end, int pf_l2, int R, int wt)
 {
-    const char *wr[DEC_STREAMS], *stop[DEC_STREAMS];
+    const char *wr[KWK_DEC_STREAMS], *stop[KWK_DEC_STREAMS];
     int64_t cols = w->cols;
     size_t esz = kwk_wt_bytes(wt);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++) {
-        wr[i] = kwk_row_ptr(w, r + i * run, wt);
-        /* the stream's last byte: prefetches stay inside it */
-        int64_t last = i + 1 < R ? r + (i + 1) * run : end;
-        stop[i] = (const char *)kwk_row_ptr(w, last - 1, wt) + (size_t)cols * esz;
-    }
+    kwk_dec_streams(w, r, run, end, R, wt, wr, stop);
     for (int64_t k0 = 0; k0 < cols; k0 += KC) {
         int64_t k1 = KWK_MIN(cols, k0 + KC), k = k0;
-        __m256 acc[DEC_STREAMS];
+        __m256 acc[KWK_DEC_STREAMS];
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++)
             acc[i] = _mm256_setzero_ps();
         for (; k + 8 <= k1; k += 8) {
-            if ((k & (esz == 4 ? 15 : 31)) == 0) /* a 64-byte line a row */
-#pragma GCC unroll 8
-                for (int i = 0; i < R; i++) {
-                    const char *p = wr[i] + k * (int64_t)esz;
-                    if (stop[i] - p > DEC_PF_BYTES)
-                        kwk_prefetch(p + DEC_PF_BYTES, pf_l2);
-                }
+            kwk_dec_prefetch(wr, stop, R, k, esz, pf_l2);
             __m256 xv = _mm256_loadu_ps(x + k);
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++)
@@ -208,33 +194,9 @@ INLINE void dec_rows(const struct kwk_mat *w, const float *x, float *y, int64_t 
     }
 }
 
-typedef void (*dec_fn)(const struct kwk_mat *, const float *, float *, int64_t, int64_t, int64_t,
-                       int);
-#define DEC_FN(R, WT, NAME)                                                                      \
-    static void dec_##NAME##_##R(const struct kwk_mat *w, const float *x, float *y, int64_t r,    \
-                                 int64_t run, int64_t end, int pf_l2)                            \
-    {                                                                                            \
-        dec_rows(w, x, y, r, run, end, pf_l2, R, WT);                                            \
-    }
-#define DECS_FOR(WT, NAME)                                                                       \
-    DEC_FN(1, WT, NAME) DEC_FN(2, WT, NAME) DEC_FN(3, WT, NAME) DEC_FN(4, WT, NAME)              \
-    static const dec_fn decs_##NAME[DEC_STREAMS + 1] = {NULL, dec_##NAME##_1, dec_##NAME##_2,    \
-                                                        dec_##NAME##_3, dec_##NAME##_4};
-_Static_assert(DEC_STREAMS == 4, "DECS_FOR lists 1 to 4 streams");
 DECS_FOR(KWK_W_F32, f32)
 DECS_FOR(KWK_W_F16, f16)
 DECS_FOR(KWK_W_BF16, bf16)
-
-static void dec_gemm(const struct kwk_mat *w, const float *x, float *y, int64_t r0, int64_t r1,
-                     const dec_fn decs[DEC_STREAMS + 1])
-{
-    int pf_l2 = kwk_cpu_prefetch_l2();
-    int64_t run = (r1 - r0) / DEC_STREAMS;
-    for (int64_t i = 0; i < run; i++)
-        decs[DEC_STREAMS](w, x, y, r0 + i, run, r0 + DEC_STREAMS * run, pf_l2);
-    for (int64_t r = r0 + DEC_STREAMS * run; r < r1; r++) /* the rest: fewer than DEC_STREAMS */
-        decs[1](w, x, y, r, 1, r1, pf_l2);
-}
 
 static void avx2_matmul(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                         int64_t r0, int64_t r1)
@@ -258,19 +220,19 @@ static void avx2_matmul(const struct kwk_mat *w, const float *x, int n_tok, floa
         break;
     case KWK_W_F16:
         if (n_tok == 1)
-            dec_gemm(w, x, y, r0, r1, decs_f16);
+            kwk_dec_gemm(w, x, y, r0, r1, decs_f16);
         else
             gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
         break;
     case KWK_W_BF16:
         if (n_tok == 1)
-            dec_gemm(w, x, y, r0, r1, decs_bf16);
+            kwk_dec_gemm(w, x, y, r0, r1, decs_bf16);
         else
             gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);
         break;
     default:
         if (n_tok == 1)
-            dec_gemm(w, x, y, r0, r1, decs_f32);
+            kwk_dec_gemm(w, x, y, r0, r1, decs_f32);
         else
             gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f32);
         break;

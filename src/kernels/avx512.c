@@ -142,45 +142,30 @@ TILES_FOR(KWK_W_F32, f32)
 TILES_FOR(KWK_W_F16, f16)
 TILES_FOR(KWK_W_BF16, bf16)
 
-/* ---- decode: one token, memory-bound. As avx2.c: a thread's rows [r0, r1) are cut into
- * DEC_STREAMS runs of consecutive rows and each step takes the next row of every run, so the
- * matrix is read as DEC_STREAMS long sequential streams, each prefetched DEC_PF_BYTES ahead.
- * Before, the prompt tile read 4 adjacent rows and asked for the next tile's as it went (short
- * streams). Zen 5, 2 threads, interleaved: bench_kernels 2560 960 bf16 34-43 -> 38-62 GB/s;
- * preserve generation x1.39 (SmolLM2-360M), x1.13 (135M). (The quantized decode's tiles of 4
- * adjacent blocks measured the same as 4 runs of blocks there: avx512_quant.c keeps them.)
- * Each row keeps the prompt tile's one accumulator, masked tail and KC passes: its sums,
- * bitwise. */
-#define DEC_STREAMS 4
-#define DEC_PF_BYTES 2048
+/* ---- decode: one token, memory-bound. As avx2.c, through float_rows.h: a thread's rows are
+ * read as KWK_DEC_STREAMS runs of consecutive rows, long sequential streams, each prefetched
+ * KWK_DEC_PF_BYTES ahead. Before, the prompt tile read 4 adjacent rows and asked for the next
+ * tile's as it went (short streams). Zen 5, 2 threads, interleaved: bench_kernels 2560 960 bf16
+ * 34-43 -> 38-62 GB/s; preserve generation x1.39 (SmolLM2-360M), x1.13 (135M). (The quantized
+ * decode's tiles of 4 adjacent blocks measured the same as 4 runs of blocks there:
+ * avx512_quant.c keeps them.) Each row keeps the prompt tile's one accumulator, masked tail and
+ * KC passes: its sums, bitwise. */
 
 INLINE void dec_rows(const struct kwk_mat *w, const float *x, float *y, int64_t r, int64_t run,
                      int64_t end, int pf_l2, int R, int wt)
 {
-    const char *wr[DEC_STREAMS], *stop[DEC_STREAMS];
+    const char *wr[KWK_DEC_STREAMS], *stop[KWK_DEC_STREAMS];
     int64_t cols = w->cols;
     size_t esz = kwk_wt_bytes(wt);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++) {
-        wr[i] = kwk_row_ptr(w, r + i * run, wt);
-        /* the stream's last byte: prefetches stay inside it */
-        int64_t last = i + 1 < R ? r + (i + 1) * run : end;
-        stop[i] = (const char *)kwk_row_ptr(w, last - 1, wt) + (size_t)cols * esz;
-    }
+    kwk_dec_streams(w, r, run, end, R, wt, wr, stop);
     for (int64_t k0 = 0; k0 < cols; k0 += KC) {
         int64_t k1 = KWK_MIN(cols, k0 + KC), k = k0;
-        __m512 acc[DEC_STREAMS];
+        __m512 acc[KWK_DEC_STREAMS];
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++)
             acc[i] = _mm512_setzero_ps();
         for (; k + 16 <= k1; k += 16) {
-            if (esz == 4 || (k & 31) == 0) /* a 64-byte line a row */
-#pragma GCC unroll 8
-                for (int i = 0; i < R; i++) {
-                    const char *p = wr[i] + k * (int64_t)esz;
-                    if (stop[i] - p > DEC_PF_BYTES)
-                        kwk_prefetch(p + DEC_PF_BYTES, pf_l2);
-                }
+            kwk_dec_prefetch(wr, stop, R, k, esz, pf_l2);
             __m512 xv = _mm512_loadu_ps(x + k);
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++)
@@ -202,32 +187,9 @@ INLINE void dec_rows(const struct kwk_mat *w, const float *x, float *y, int64_t 
     }
 }
 
-typedef void (*dec_fn)(const struct kwk_mat *, const float *, float *, int64_t, int64_t, int64_t,
-                       int);
-#define DEC_FN(R, WT, NAME)                                                                      \
-    static void dec_##NAME##_##R(const struct kwk_mat *w, const float *x, float *y, int64_t r,    \
-                                 int64_t run, int64_t end, int pf_l2)                            \
-    {                                                                                            \
-        dec_rows(w, x, y, r, run, end, pf_l2, R, WT);                                            \
-    }
-#define DECS_FOR(WT, NAME)                                                                       \
-    DEC_FN(1, WT, NAME) DEC_FN(4, WT, NAME)                                                      \
-    static const dec_fn decs_##NAME[2] = {dec_##NAME##_1, dec_##NAME##_4};
-_Static_assert(DEC_STREAMS == 4, "DECS_FOR makes 1 and 4 streams");
 DECS_FOR(KWK_W_F32, f32)
 DECS_FOR(KWK_W_F16, f16)
 DECS_FOR(KWK_W_BF16, bf16)
-
-static void dec_gemm(const struct kwk_mat *w, const float *x, float *y, int64_t r0, int64_t r1,
-                     const dec_fn decs[2])
-{
-    int pf_l2 = kwk_cpu_prefetch_l2();
-    int64_t run = (r1 - r0) / DEC_STREAMS;
-    for (int64_t i = 0; i < run; i++)
-        decs[1](w, x, y, r0 + i, run, r0 + DEC_STREAMS * run, pf_l2);
-    for (int64_t r = r0 + DEC_STREAMS * run; r < r1; r++) /* the rest: fewer than DEC_STREAMS */
-        decs[0](w, x, y, r, 1, r1, pf_l2);
-}
 
 /* Loop order: token blocks of TB (activations slice stays in L2), column passes of KC, then
  * 4-row groups (weights slice stays in L1 across the token tiles of the block). */
@@ -274,19 +236,19 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
         break;
     case KWK_W_F16:
         if (n_tok == 1)
-            dec_gemm(w, x, y, r0, r1, decs_f16);
+            kwk_dec_gemm(w, x, y, r0, r1, decs_f16);
         else
             gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
         break;
     case KWK_W_BF16:
         if (n_tok == 1)
-            dec_gemm(w, x, y, r0, r1, decs_bf16);
+            kwk_dec_gemm(w, x, y, r0, r1, decs_bf16);
         else
             gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);
         break;
     default:
         if (n_tok == 1)
-            dec_gemm(w, x, y, r0, r1, decs_f32);
+            kwk_dec_gemm(w, x, y, r0, r1, decs_f32);
         else
             gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f32);
         break;
