@@ -61,7 +61,7 @@ static inline __attribute__((always_inline)) void kwk_dec_prefetch(const char *c
                                                                    int R, int64_t k, size_t esz,
                                                                    int pf_l2)
 {
-    if ((k * (int64_t)esz) % 64 != 0)
+    if (((uint64_t)k * esz) & 63) /* not the start of a 64-byte line */
         return;
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {

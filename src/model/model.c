@@ -40,6 +40,19 @@ static int model_own(struct kwk_model *m, void *p)
     return 0;
 }
 
+/* An owned buffer of bytes bytes, 64-byte aligned (freed with the model); NULL with the error
+ * set when out of memory. */
+static void *own_bytes(struct loader *ld, size_t bytes)
+{
+    void *p = kwk_malloc_aligned(bytes ? bytes : 64);
+    if (!p || model_own(ld->m, p)) {
+        kwk_free_aligned(p);
+        kwk_err_set(ld->err, -ENOMEM, "%s: out of memory (%zu bytes)", ld->m->path, bytes);
+        return NULL;
+    }
+    return p;
+}
+
 /* An owned float buffer of n elements (freed with the model). */
 static float *own_floats(struct loader *ld, int64_t n)
 {
@@ -48,13 +61,7 @@ static float *own_floats(struct loader *ld, int64_t n)
         kwk_err_set(ld->err, KWK_ELIMIT, "%s: tensor too large", ld->m->path);
         return NULL;
     }
-    float *p = kwk_malloc_aligned(bytes);
-    if (!p || model_own(ld->m, p)) {
-        kwk_free_aligned(p);
-        kwk_err_set(ld->err, -ENOMEM, "%s: out of memory (%zu bytes)", ld->m->path, bytes);
-        return NULL;
-    }
-    return p;
+    return own_bytes(ld, bytes);
 }
 
 /* Find a tensor by name in the shards or the GGUF file; *file names the file holding it. */
@@ -223,12 +230,9 @@ static int copy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t r
         return lazy_mat(ld, t, rows, cols, n_head, out);
     if (copy_bytes(copy_wtype(t), rows, cols, &bytes))
         return kwk_err_set(ld->err, KWK_ELIMIT, "%s: %s too large", ld->m->path, t->name);
-    void *w = kwk_malloc_aligned(bytes ? bytes : 64);
-    if (!w || model_own(ld->m, w)) {
-        kwk_free_aligned(w);
-        return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory (%zu bytes)", ld->m->path,
-                           bytes);
-    }
+    void *w = own_bytes(ld, bytes);
+    if (!w)
+        return ld->err ? ld->err->code : -ENOMEM;
     fill_copy(t, rows, cols, n_head, w);
     out->wtype = copy_wtype(t);
     out->rows = rows;

@@ -238,8 +238,8 @@ void kwk_model_floats_release(const struct kwk_model *m);
 
 /* Put the checkpoint's files on 2 MiB pages (kwk_map_huge) for a user that reads its matrices
  * in place on every token (a preserve decoder); once per model, later calls return at once. A
- * model with lazy float32 expansions (a quantized GGUF) runs from them and is left alone. Advice: nothing the model
- * holds changes. Thread-safe. */
+ * model with lazy float32 expansions (a quantized GGUF) runs from them and is left alone.
+ * Advice: nothing the model holds changes. Thread-safe. */
 void kwk_model_huge_pages(const struct kwk_model *m);
 
 /* One float32 matrix for a short read (packing it): *out is w itself when w's data is the

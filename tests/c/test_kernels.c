@@ -182,7 +182,8 @@ static void test_batch_invariance(const struct kwk_kernels *k)
         check_batch_invariance(k, wt, 37, 577, 9);
         check_batch_invariance(k, wt, 21, 4500, 7);
         check_batch_invariance(k, wt, 5, 80, 130);
-        /* decode's runs of rows (avx2.c, avx512.c): runs of 6 and 7 rows and a rest, two KC passes */
+        /* decode's runs of rows (float_rows.h): runs of 6 and 7 rows and a rest, two KC
+         * passes */
         check_batch_invariance(k, wt, 54, 2056, 3);
     }
 }
