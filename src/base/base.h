@@ -100,6 +100,11 @@ double kwk_time_s(void);
  * KWKER_PREFETCH=l1|l2 overrides. Detected once; any thread. */
 int kwk_cpu_prefetch_l2(void);
 
+/* Whether the int8 decode tiles of an ISA's kernels (KWK_ISA_AVX2 or KWK_ISA_AVX512) prefetch
+ * at all: not AVX-512's on AMD Zen 5 and later, where the hardware prefetcher alone reads
+ * faster (cpu.c). KWKER_PREFETCH_INT8=on|off overrides for both. Detected once; any thread. */
+int kwk_cpu_prefetch_int8(int isa);
+
 /* Whether the CPU has AVX512_BF16 (vdpbf16ps) and AVX-512 is usable (not whether kwk_isa()
  * chose it). Detected once; any thread. */
 int kwk_cpu_bf16(void);

@@ -1,5 +1,6 @@
 /* cpu.c - instruction-set detection (CPUID + XGETBV), KWKER_ISA override, the decode kernels'
- * prefetch level (KWKER_PREFETCH), default thread count.
+ * prefetch level (KWKER_PREFETCH) and whether the int8 ones prefetch (KWKER_PREFETCH_INT8), default
+ * thread count.
  * Any thread: detection runs once under pthread_once and the result is immutable afterwards. */
 #include <cpuid.h>
 #include <pthread.h>
@@ -18,12 +19,14 @@ struct cpu_features {
     int bf16;     /* AVX512_BF16: the attention table of 8-bit activations */
     int vnni;     /* AVX512_VNNI (noted for later kernels) */
     int amd;      /* vendor AuthenticAMD or HygonGenuine (Zen cores) */
+    int family;   /* CPUID family with its extended part: 0x19 Zen 3 / Zen 4, 0x1a Zen 5 */
 };
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static struct cpu_features cpu;
 static int isa_chosen = KWK_ISA_SCALAR;
 static int prefetch_l2;
+static int prefetch_int8_avx512 = 1, prefetch_int8_avx2 = 1;
 
 /* XCR0: which register states the OS saves on context switch. Only valid when OSXSAVE is set. */
 static uint64_t xgetbv0(void)
@@ -47,6 +50,9 @@ static void detect_features(struct cpu_features *f)
     }
     if (!__get_cpuid_count(1, 0, &a, &b, &c, &d))
         return;
+    f->family = (a >> 8) & 0xf;
+    if (f->family == 0xf)
+        f->family += (a >> 20) & 0xff;
     int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
     if (!osxsave || !avx)
         return;
@@ -110,10 +116,27 @@ static void detect(void)
         else
             kwk_log(KWK_LOG_WARN, "KWKER_PREFETCH=%s is not l1|l2; ignored", pf);
     }
+    /* Zen 5 (family 1Ah, full-width AVX-512 datapaths): the AVX-512 int8 decode tile, one
+     * dot product per 64 bytes of weights, ran 13-22% faster without its prefetches (twice its
+     * loads: its blocks' group 4 ahead and the next tile's) and the hardware's alone, at 8-bit
+     * activations; 16-bit ones (two dot products a line) 0-3% faster; int4, int6 and the AVX2
+     * tiles 0-35% slower without theirs (session 20, a token-by-token A/B, docs/benchmarks.md).
+     * Later AMD families are assumed alike until measured. */
+    if (cpu.amd && cpu.family >= 0x1a)
+        prefetch_int8_avx512 = 0;
+    const char *p8 = getenv("KWKER_PREFETCH_INT8");
+    if (p8 && *p8) {
+        if (!strcmp(p8, "on") || !strcmp(p8, "off"))
+            prefetch_int8_avx512 = prefetch_int8_avx2 = p8[1] == 'n';
+        else
+            kwk_log(KWK_LOG_WARN, "KWKER_PREFETCH_INT8=%s is not on|off; ignored", p8);
+    }
     kwk_log(KWK_LOG_INFO,
-            "kernels: %s (cpu: avx2=%d avx512=%d bf16=%d vnni=%d amd=%d), prefetch to %s",
-            kwk_isa_name(isa), cpu.avx2, cpu.avx512, cpu.bf16, cpu.vnni, cpu.amd,
-            prefetch_l2 ? "L2" : "L1");
+            "kernels: %s (cpu: avx2=%d avx512=%d bf16=%d vnni=%d amd=%d family=%#x), prefetch "
+            "to %s, int8 decode prefetch: avx512 %s, avx2 %s",
+            kwk_isa_name(isa), cpu.avx2, cpu.avx512, cpu.bf16, cpu.vnni, cpu.amd, cpu.family,
+            prefetch_l2 ? "L2" : "L1", prefetch_int8_avx512 ? "on" : "off",
+            prefetch_int8_avx2 ? "on" : "off");
 }
 
 int kwk_isa(void)
@@ -126,6 +149,12 @@ int kwk_cpu_prefetch_l2(void)
 {
     pthread_once(&isa_once, detect);
     return prefetch_l2;
+}
+
+int kwk_cpu_prefetch_int8(int isa)
+{
+    pthread_once(&isa_once, detect);
+    return isa == KWK_ISA_AVX512 ? prefetch_int8_avx512 : prefetch_int8_avx2;
 }
 
 int kwk_cpu_bf16(void)

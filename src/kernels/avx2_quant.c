@@ -104,6 +104,7 @@ struct tile_args {
     int first;
     size_t stride;            /* bytes from a row block's block to the next row block's */
     int more[DEC_BLOCKS];     /* decode: the next row block is read next by this stream */
+    int pf;                   /* decode: prefetch at all (kwk_cpu_prefetch_int8 for int8) */
     int pf_l2;                /* decode: prefetch into L2 rather than L1 (kwk_prefetch) */
 };
 
@@ -123,6 +124,8 @@ INLINE void put_blocks(const struct tile_args *a, int NB, int T, __m256 facc[][2
 
 INLINE void prefetch_ahead(const struct tile_args *a, int s, int g, size_t block)
 {
+    if (!a->pf)
+        return;
     const char *b = a->blk[s];
     int ga = g + PF_GROUPS;
     if (ga < a->ng)
@@ -592,6 +595,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
         .x = *x, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0, .r1 = r1, .first = g0 == 0};
     const uint8_t *pass = (const uint8_t *)w->data + g0 * (int64_t)f->bsz;
     a.stride = (size_t)ng * f->bsz;
+    a.pf = nt == 1 && (w->wtype != KWK_W_Q8 || kwk_cpu_prefetch_int8(KWK_ISA_AVX2));
     a.pf_l2 = nt == 1 && kwk_cpu_prefetch_l2();
     if (nt == 1) {
         int64_t run = (rb1 - rb0) / DEC_BLOCKS;

@@ -264,6 +264,7 @@ struct tile_args {
     int64_t rb, r0, r1;
     int first;
     size_t next; /* decode: bytes from a row block to the next tile's (0: no next tile) */
+    int pf;      /* decode: prefetch at all (not int8 on Zen 5: kwk_cpu_prefetch_int8) */
     int pf_l2;   /* decode: prefetch into L2 rather than L1 (kwk_prefetch) */
 };
 
@@ -273,8 +274,8 @@ struct tile_args {
  * PF_GROUPS (about 1.3-1.7 KB a stream ahead) while it computes group g: +15% tokens/s there
  * (2 to 6 groups ahead measured alike; an Intel Xeon host). Into L1 or L2 as the CPU wants
  * (kwk_cpu_prefetch_l2): on Zen 4 the same requests into L2 instead of L1 made generation
- * 30-38% faster, and 8 groups ahead measured as 4. Prompt tiles are bound by arithmetic and
- * skip it. */
+ * 30-38% faster, and 8 groups ahead measured as 4. On Zen 5 the int8 tile runs faster with
+ * none at all (a->pf). Prompt tiles are bound by arithmetic and skip it. */
 #define PF_GROUPS 4
 
 INLINE void prefetch_ahead(const struct tile_args *a, int R, int g, size_t block)
@@ -284,6 +285,8 @@ INLINE void prefetch_ahead(const struct tile_args *a, int R, int g, size_t block
      * lead little room, +3-10% balanced and +10-16% int4 generation; 360M, Qwen2.5-0.5B and
      * 1.7B within noise (5 interleaved rounds each). That also covers the next tile's first
      * groups, which the lead reaches near the end of the row. */
+    if (!a->pf)
+        return;
     for (int i = 0; i < R; i++) {
         const char *b = (const char *)a->blk[i];
         if (a->next)
@@ -620,6 +623,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
     struct tile_args a = {
         .x = *x, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0, .r1 = r1, .first = g0 == 0};
+    a.pf = nt == 1 && (w->wtype != KWK_W_Q8 || kwk_cpu_prefetch_int8(KWK_ISA_AVX512));
     a.pf_l2 = nt == 1 && kwk_cpu_prefetch_l2();
     for (int64_t rb = rb0; rb < rb1;) {
         int R = (nt == 1 || f->tr == 4) && rb + 4 <= rb1 ? 4 : rb + 2 <= rb1 ? 2 : 1;

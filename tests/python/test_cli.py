@@ -376,3 +376,29 @@ def test_prefetch_level_changes_no_token(isa, tmp_path):
             outs[prec, pf] = p.stdout
         assert len(outs[prec, "l1"].split(",")) == 16, outs[prec, "l1"]
         assert outs[prec, "l1"] == outs[prec, "l2"] == outs[prec, "l3"], (prec, outs)
+
+
+@pytest.mark.parametrize("isa", [i for i in supported_isas() if i != "scalar"])
+def test_prefetch_int8_changes_no_token(isa, tmp_path):
+    """KWKER_PREFETCH_INT8=on|off turns the int8 decode tiles' prefetches on or off (off is
+    AVX-512's default on Zen 5, base/cpu.c): balanced generation gives the same greedy ids
+    either way, at 8- and 16-bit activations; the choice is logged at info, and another value is
+    warned about and ignored."""
+    ids = "1,504,3287,314,2681,1781,30,1838,253,2336,28"
+    for act in ("8", "16"):
+        outs = {}
+        for pf in ("on", "off", "maybe"):
+            env = dict(os.environ, KWKER_ISA=isa, KWKER_PREFETCH_INT8=pf, KWKER_LOG="info",
+                       KWKER_CACHE=str(tmp_path))
+            p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
+                                THREADS, "--precision", "balanced", "--act-bits", act,
+                                "--ids", ids, "-n", "16"],
+                               capture_output=True, text=True, timeout=300, env=env)
+            assert p.returncode == 0, p.stderr
+            if pf == "maybe":
+                assert "KWKER_PREFETCH_INT8=maybe is not on|off; ignored" in p.stderr, p.stderr
+            else:
+                assert "int8 decode prefetch: avx512 %s, avx2 %s" % (pf, pf) in p.stderr, p.stderr
+            outs[pf] = p.stdout
+        assert len(outs["on"].split(",")) == 16, outs["on"]
+        assert outs["on"] == outs["off"] == outs["maybe"], (act, outs)
