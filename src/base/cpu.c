@@ -116,12 +116,12 @@ static void detect(void)
         else
             kwk_log(KWK_LOG_WARN, "KWKER_PREFETCH=%s is not l1|l2; ignored", pf);
     }
-    /* Zen 5 (family 1Ah, full-width AVX-512 datapaths): the AVX-512 int8 decode tile, one
-     * dot product per 64 bytes of weights, ran 13-22% faster without its prefetches (twice its
-     * loads: its blocks' group 4 ahead and the next tile's) and the hardware's alone, at 8-bit
-     * activations; 16-bit ones (two dot products a line) 0-3% faster; int4, int6 and the AVX2
-     * tiles 0-35% slower without theirs (session 20, a token-by-token A/B, docs/benchmarks.md).
-     * Later AMD families are assumed alike until measured. */
+    /* Zen 5 (family 1Ah, full-width AVX-512 datapaths): with the AVX-512 int8 decode tile's
+     * prefetches off (two requests a line it loads: its blocks' group 4 ahead and the next
+     * tile's), the hardware prefetcher alone, a balanced token took 7-22% less time at 8-bit
+     * activations (one dot product per 64 bytes of weights) and 0-3% at 16-bit; int4 and int6
+     * tiles took up to 19% more without theirs, the AVX2 int8 tile 32-46% more (session 20,
+     * token by token, docs/benchmarks.md). Later AMD families are assumed alike until measured. */
     if (cpu.amd && cpu.family >= 0x1a)
         prefetch_int8_avx512 = 0;
     const char *p8 = getenv("KWKER_PREFETCH_INT8");
