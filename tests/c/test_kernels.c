@@ -387,26 +387,38 @@ static void test_mat_row(const struct kwk_kernels *k)
     }
 }
 
-/* kwk_isa() detects once per process, so each KWKER_ISA value is tried in a child process, which
- * reports through its exit status: the ISA chosen, plus 10 if the table does not match it. */
-static int isa_with_env(const char *value)
+/* Detection (kwk_isa() and the prefetch choices) runs once per process, so each value of an
+ * environment variable is tried in a child process (unset when value is NULL), which reports
+ * probe()'s result through its exit status; -1 if the child failed. */
+static int in_child_with_env(const char *var, const char *value, int (*probe)(void))
 {
     pid_t pid = fork();
     if (pid == 0) {
         if (value)
-            setenv("KWKER_ISA", value, 1);
+            setenv(var, value, 1);
         else
-            unsetenv("KWKER_ISA");
-        int isa = kwk_isa();
-        int ok = kwk_kernels() == kwk_kernels_for(isa) &&
-                 kwk_kernels_for(KWK_ISA_AVX512) == kwk_kernels_for(isa) &&
-                 !strcmp(kwk_kernels()->name, kwk_isa_name(isa));
-        _exit(isa + (ok ? 0 : 10));
+            unsetenv(var);
+        _exit(probe());
     }
     int status = 0;
     if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
         return -1;
     return WEXITSTATUS(status);
+}
+
+/* The ISA chosen, plus 10 if the table does not match it. */
+static int isa_probe(void)
+{
+    int isa = kwk_isa();
+    int ok = kwk_kernels() == kwk_kernels_for(isa) &&
+             kwk_kernels_for(KWK_ISA_AVX512) == kwk_kernels_for(isa) &&
+             !strcmp(kwk_kernels()->name, kwk_isa_name(isa));
+    return isa + (ok ? 0 : 10);
+}
+
+static int isa_with_env(const char *value)
+{
+    return in_child_with_env("KWKER_ISA", value, isa_probe);
 }
 
 static void test_isa_env(void)
@@ -421,22 +433,15 @@ static void test_isa_env(void)
     T_STREQ(kwk_isa_name(99), "unknown");
 }
 
-/* KWKER_PREFETCH_INT8 in a child process (detection runs once): its exit status is 2 * whether
- * AVX-512's int8 decode tiles prefetch + whether AVX2's do. */
+/* 2 * whether AVX-512's int8 decode tiles prefetch + whether AVX2's do. */
+static int prefetch_int8_probe(void)
+{
+    return 2 * kwk_cpu_prefetch_int8(KWK_ISA_AVX512) + kwk_cpu_prefetch_int8(KWK_ISA_AVX2);
+}
+
 static int prefetch_int8_with_env(const char *value)
 {
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (value)
-            setenv("KWKER_PREFETCH_INT8", value, 1);
-        else
-            unsetenv("KWKER_PREFETCH_INT8");
-        _exit(2 * kwk_cpu_prefetch_int8(KWK_ISA_AVX512) + kwk_cpu_prefetch_int8(KWK_ISA_AVX2));
-    }
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
-        return -1;
-    return WEXITSTATUS(status);
+    return in_child_with_env("KWKER_PREFETCH_INT8", value, prefetch_int8_probe);
 }
 
 /* on / off set both ISAs' choice; anything else keeps the CPU's, where AVX2's tiles always
