@@ -3,7 +3,7 @@
 
   python3 bench/side_by_side.py [--models smollm2-135m,smollm2-360m,smollm2-1.7b,qwen2.5-0.5b,
       smollm2-135m-instruct] [--precisions preserve,balanced,int4] [--runs 5] [-p 512] [-n 128]
-      [-t 2] [--isa native|avx2] [--models-dir .cache/bench-models] [--json FILE] [--resume]
+      [-t 2] [--isa native|avx2|avxvnni] [--models-dir .cache/bench-models] [--json FILE] [--resume]
       [--report] [--quick] [--probe-pattern best|stream|streams4]
 
 For each model and each precision pair (Kwker preserve vs llama.cpp BF16, balanced vs Q8_0,
@@ -17,7 +17,8 @@ table ready for docs/benchmarks.md. bench/README.md says what each number means 
 counted.
 
 Internal: `--llama-worker JSON` is the llama.cpp side of one run (run by the chosen Python, so
-that --isa avx2 can use the AVX2-only llama-cpp-python of .cache/venv-llama-avx2).
+that --isa avx2 can use the AVX2-only llama-cpp-python of .cache/venv-llama-avx2, and --isa
+avxvnni the AVX2 + AVX-VNNI one of .cache/venv-llama-avxvnni).
 """
 import argparse
 import json
@@ -57,6 +58,9 @@ PAIRS = [("preserve", "bf16"), ("balanced", "q8_0"), ("int4", "q4_0"), ("int4", 
 LLAMA_FORMATS = ["bf16", "q8_0", "q4_0", "q4_k_m"]
 BUILDER_VERSION = 1  # bump when the checkpoint or GGUF writer changes: forces a rebuild
 AVX2_VENV = REPO / ".cache" / "venv-llama-avx2"
+AVXVNNI_VENV = REPO / ".cache" / "venv-llama-avxvnni"
+# Kwker's log line saying which dot products its AVX2 quantized kernels use (base/cpu.c)
+AVX2_DOT_RE = re.compile(r"avx2 dot products: (\S+)")
 
 
 def log(*a):
@@ -391,7 +395,7 @@ def probe(bw_bin, threads, isa, mib, pattern="best"):
     figures = []
     for pat in (("stream", "streams4") if pattern == "best" else (pattern,)):
         cmd = [str(bw_bin), "-t", str(threads), "-m", str(mib), "--json"]
-        if isa == "avx2":
+        if isa in ("avx2", "avxvnni"):
             cmd += ["--isa", "avx2"]
         if pat == "streams4":
             cmd += stream_args(threads, mib)
@@ -404,8 +408,10 @@ def probe(bw_bin, threads, isa, mib, pattern="best"):
 
 def run_kwker(a, model, precision):
     env = dict(os.environ, KWKER_LOG="info")
-    if a.isa == "avx2":
+    if a.isa in ("avx2", "avxvnni"):
         env["KWKER_ISA"] = "avx2"
+        # avx2 stands for a CPU without AVX-VNNI (as the AVX2-only llama.cpp build does)
+        env["KWKER_AVXVNNI"] = "off" if a.isa == "avx2" else "on"
     cmd = [str(a.kwker_bin), "bench", "--model", str(model), "--precision", precision,
            "-p", str(a.n_prompt), "-n", str(a.n_gen), "-t", str(a.threads), "-r", str(a.reps),
            "--json"]
@@ -420,10 +426,16 @@ def run_kwker(a, model, precision):
     m = PACKED_RE.search(err)
     if not res.get("peak_rss_kib", -1) > 0:
         raise RuntimeError("kwker bench --json gave no peak_rss_kib: rebuild kwker")
-    if a.isa == "avx2" and res.get("isa") != "avx2":
+    if a.isa in ("avx2", "avxvnni") and res.get("isa") != "avx2":
         raise RuntimeError("kwker ran with isa %s, not avx2" % res.get("isa"))
+    dot = AVX2_DOT_RE.search(err)
+    want = {"avx2": "maddubs", "avxvnni": "avx-vnni"}.get(a.isa)
+    if want and (not dot or dot.group(1) != want):
+        raise RuntimeError("kwker's AVX2 kernels ran %s, not %s (no AVX-VNNI on this CPU?)"
+                           % (dot.group(1) if dot else "?", want))
     return {"pp_tps": res["pp_tps"], "tg_tps": res["tg_tps"], "kv_bits": res.get("kv_bits", 32),
             "peak_rss_kib": res["peak_rss_kib"], "isa": res.get("isa"), "load_s": res.get("load_s"),
+            "avx2_dot": dot.group(1) if dot else None,
             "bits_per_weight": res.get("bits_per_weight"),
             "packed_bytes": float(m.group(4)) * 1e6 if m else None,
             "pack": None if not m else "mapped from the pack cache" if m.group(1) else "packed"}
@@ -437,9 +449,13 @@ def run_llama(a, gguf_path):
     if rc != 0:
         raise RuntimeError("llama.cpp run failed (%d): %s\n%s" % (rc, gguf_path, err[-2000:]))
     res = json.loads(out.strip().splitlines()[-1])
-    if a.isa == "avx2" and res.get("avx512"):
-        raise RuntimeError("%s's llama.cpp uses AVX-512: --isa avx2 needs the AVX2-only build"
-                           % a.llama_python)
+    if a.isa in ("avx2", "avxvnni") and res.get("avx512"):
+        raise RuntimeError("%s's llama.cpp uses AVX-512: --isa %s needs its AVX2 build"
+                           % (a.llama_python, a.isa))
+    if a.isa in ("avx2", "avxvnni") and res.get("avx_vnni") != (a.isa == "avxvnni"):
+        raise RuntimeError("%s's llama.cpp has AVX_VNNI = %d: --isa %s needs it %s"
+                           % (a.llama_python, res.get("avx_vnni"), a.isa,
+                              "on" if a.isa == "avxvnni" else "off"))
     return res
 
 
@@ -531,7 +547,8 @@ def llama_worker(job):
     print(json.dumps({"pp_tps": per_mode[pp_fa][0], "tg_tps": per_mode[tg_fa][1],
                       "load_s": load_s, "base_rss_kib": base_kib, "context": settings,
                       "peak_rss_kib": vm_kib("VmHWM"),
-                      "avx512": "AVX512 = 1" in info, "version": getattr(L, "__version__", "?")}))
+                      "avx512": "AVX512 = 1" in info, "avx_vnni": "AVX_VNNI = 1" in info,
+                      "version": getattr(L, "__version__", "?")}))
     return 0
 
 
@@ -676,9 +693,12 @@ def measure_pair(a, model, files, kp, lf, bw_state):
                 for x in rs)
         else:
             s["pct_ceiling"] = None
+        if side == "kwker":
+            s["avx2_dot"] = rs[0].get("avx2_dot")  # its AVX2 kernels' dot products (log)
         if side == "llama":
             s["base_rss_mib"] = statistics.median(x["base_rss_kib"] for x in rs) / 1024
             s["avx512"] = rs[0].get("avx512")
+            s["avx_vnni"] = rs[0].get("avx_vnni")
             s["version"] = rs[0].get("version")
             s["context"] = rs[0].get("context")
         rec[side] = s
@@ -743,9 +763,11 @@ def parse_args(argv):
     ap.add_argument("-t", dest="threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1,
                     help="timed passes inside each run (after one warm-up pass), median")
-    ap.add_argument("--isa", choices=("native", "avx2"), default="native",
-                    help="avx2: Kwker with KWKER_ISA=avx2 and llama.cpp from the AVX2-only "
-                         "build in .cache/venv-llama-avx2 (--llama-python overrides)")
+    ap.add_argument("--isa", choices=("native", "avx2", "avxvnni"), default="native",
+                    help="avx2: Kwker with KWKER_ISA=avx2 KWKER_AVXVNNI=off and llama.cpp from "
+                         "the AVX2-only build in .cache/venv-llama-avx2; avxvnni: Kwker's AVX2 "
+                         "path with AVX-VNNI and llama.cpp built with AVX2 + AVX_VNNI in "
+                         ".cache/venv-llama-avxvnni (--llama-python overrides either)")
     ap.add_argument("--models-dir", default=str(REPO / ".cache" / "bench-models"))
     ap.add_argument("--kwker-bin", default=None, help="default $KWKER_BIN, else build/kwker")
     ap.add_argument("--bw-probe", default=None, help="default $KWK_BW_PROBE, else build/bw_probe")
@@ -759,7 +781,7 @@ def parse_args(argv):
                          "or best (default): the faster of the two, the stricter ceiling")
     ap.add_argument("--llama-python", default=None,
                     help="the Python whose llama_cpp runs llama.cpp (default: this one, or the "
-                         "AVX2 venv's with --isa avx2)")
+                         "AVX2 / AVX-VNNI venv's with --isa avx2 / avxvnni)")
     ap.add_argument("--json", default=None, help="also write every run and summary here")
     ap.add_argument("--resume", action="store_true",
                     help="reuse pairs already measured with the same settings (results file in "
@@ -813,14 +835,14 @@ def main(argv=None):
             raise SystemExit("%s not found at %s: build it (ninja -C build %s) or pass its path"
                              % (what, p, what if what == "bw_probe" else "kwker_cli"))
     if a.llama_python is None:
-        avx2_py = AVX2_VENV / "bin" / "python"
-        if a.isa == "avx2" and not a.report:
+        venv = {"avx2": AVX2_VENV, "avxvnni": AVXVNNI_VENV}.get(a.isa)
+        if venv and not a.report:
             # its own llama_cpp: with --system-site-packages the system's would be found too
-            if not avx2_py.exists() or not list(AVX2_VENV.glob("lib/python*/site-packages/"
-                                                               "llama_cpp/__init__.py")):
-                raise SystemExit("--isa avx2 needs the AVX2-only llama-cpp-python in %s "
-                                 "(bench/README.md says how to build it)" % AVX2_VENV)
-            a.llama_python = avx2_py
+            if not (venv / "bin" / "python").exists() or not list(
+                    venv.glob("lib/python*/site-packages/llama_cpp/__init__.py")):
+                raise SystemExit("--isa %s needs its own llama-cpp-python build in %s "
+                                 "(bench/README.md says how to build it)" % (a.isa, venv))
+            a.llama_python = venv / "bin" / "python"
         else:
             a.llama_python = Path(sys.executable)
     sys.path.insert(0, str(HERE))

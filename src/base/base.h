@@ -105,6 +105,12 @@ int kwk_cpu_prefetch_l2(void);
  * faster (cpu.c). KWKER_PREFETCH_INT8=on|off overrides for both. Detected once; any thread. */
 int kwk_cpu_prefetch_int8(int isa);
 
+/* Whether the AVX2 quantized matmul uses AVX-VNNI (vpdpbusd on ymm registers; the same sums as
+ * maddubs + madd, in a quarter of the instructions): the CPU has it and KWKER_AVXVNNI is not
+ * "off" (on|off; "on" where the CPU lacks it is warned about and ignored). Detected once; any
+ * thread. */
+int kwk_cpu_avxvnni(void);
+
 /* Whether the CPU has AVX512_BF16 (vdpbf16ps) and AVX-512 is usable (not whether kwk_isa()
  * chose it). Detected once; any thread. */
 int kwk_cpu_bf16(void);

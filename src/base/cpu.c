@@ -1,6 +1,6 @@
 /* cpu.c - instruction-set detection (CPUID + XGETBV), KWKER_ISA override, the decode kernels'
- * prefetch level (KWKER_PREFETCH) and whether the int8 ones prefetch (KWKER_PREFETCH_INT8), default
- * thread count.
+ * prefetch level (KWKER_PREFETCH) and whether the int8 ones prefetch (KWKER_PREFETCH_INT8),
+ * whether the AVX2 quantized kernels use AVX-VNNI (KWKER_AVXVNNI), default thread count.
  * Any thread: detection runs once under pthread_once and the result is immutable afterwards. */
 #include <cpuid.h>
 #include <pthread.h>
@@ -18,6 +18,7 @@ struct cpu_features {
     int avx512;   /* AVX-512 F/BW/VL/DQ, with ZMM/opmask state saved by the OS */
     int bf16;     /* AVX512_BF16: the attention table of 8-bit activations */
     int vnni;     /* AVX512_VNNI (noted for later kernels) */
+    int avxvnni;  /* AVX-VNNI: vpdpbusd on ymm with a VEX encoding, no AVX-512 needed */
     int amd;      /* vendor AuthenticAMD or HygonGenuine (Zen cores) */
     int family;   /* CPUID family with its extended part: 0x19 Zen 3 / Zen 4, 0x1a Zen 5 */
 };
@@ -27,6 +28,7 @@ static struct cpu_features cpu;
 static int isa_chosen = KWK_ISA_SCALAR;
 static int prefetch_l2;
 static int prefetch_int8_avx512 = 1, prefetch_int8_avx2 = 1;
+static int use_avxvnni;
 
 /* XCR0: which register states the OS saves on context switch. Only valid when OSXSAVE is set. */
 static uint64_t xgetbv0(void)
@@ -71,8 +73,10 @@ static void detect_features(struct cpu_features *f)
     if (!f->avx512)
         f->vnni = 0;
     unsigned a1, b1, c1, d1;
-    if (f->avx512 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
-        f->bf16 = (a1 >> 5) & 1;
+    if (f->avx2 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) {
+        f->avxvnni = (a1 >> 4) & 1;
+        f->bf16 = f->avx512 && ((a1 >> 5) & 1);
+    }
 }
 
 static int isa_from_name(const char *s)
@@ -131,12 +135,25 @@ static void detect(void)
         else
             kwk_log(KWK_LOG_WARN, "KWKER_PREFETCH_INT8=%s is not on|off; ignored", p8);
     }
+    /* AVX-VNNI does the AVX2 kernels' int8 dot products in one instruction instead of four, to
+     * the same sums; KWKER_AVXVNNI=off keeps maddubs (what an AVX2-only CPU runs). */
+    use_avxvnni = cpu.avxvnni;
+    const char *vn = getenv("KWKER_AVXVNNI");
+    if (vn && *vn) {
+        if (!strcmp(vn, "off"))
+            use_avxvnni = 0;
+        else if (!strcmp(vn, "on")) {
+            if (!cpu.avxvnni)
+                kwk_log(KWK_LOG_WARN, "KWKER_AVXVNNI=on: this CPU has no AVX-VNNI; ignored");
+        } else
+            kwk_log(KWK_LOG_WARN, "KWKER_AVXVNNI=%s is not on|off; ignored", vn);
+    }
     kwk_log(KWK_LOG_INFO,
-            "kernels: %s (cpu: avx2=%d avx512=%d bf16=%d vnni=%d amd=%d family=%#x), prefetch "
-            "to %s, int8 decode prefetch: avx512 %s, avx2 %s",
-            kwk_isa_name(isa), cpu.avx2, cpu.avx512, cpu.bf16, cpu.vnni, cpu.amd, cpu.family,
-            prefetch_l2 ? "L2" : "L1", prefetch_int8_avx512 ? "on" : "off",
-            prefetch_int8_avx2 ? "on" : "off");
+            "kernels: %s (cpu: avx2=%d avxvnni=%d avx512=%d bf16=%d vnni=%d amd=%d family=%#x), "
+            "prefetch to %s, int8 decode prefetch: avx512 %s, avx2 %s, avx2 dot products: %s",
+            kwk_isa_name(isa), cpu.avx2, cpu.avxvnni, cpu.avx512, cpu.bf16, cpu.vnni, cpu.amd,
+            cpu.family, prefetch_l2 ? "L2" : "L1", prefetch_int8_avx512 ? "on" : "off",
+            prefetch_int8_avx2 ? "on" : "off", use_avxvnni ? "avx-vnni" : "maddubs");
 }
 
 int kwk_isa(void)
@@ -155,6 +172,12 @@ int kwk_cpu_prefetch_int8(int isa)
 {
     pthread_once(&isa_once, detect);
     return isa == KWK_ISA_AVX512 ? prefetch_int8_avx512 : prefetch_int8_avx2;
+}
+
+int kwk_cpu_avxvnni(void)
+{
+    pthread_once(&isa_once, detect);
+    return use_avxvnni;
 }
 
 int kwk_cpu_bf16(void)

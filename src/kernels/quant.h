@@ -193,6 +193,12 @@ void kwk_quant_matmul_q_ref(const struct kwk_mat *w, const struct kwk_qact *qa, 
 void kwk_quant_rows_avx2(const float *x, const struct kwk_qact *qa, int t0, int t1);
 void kwk_quant_matmul_q_avx2(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
                              float *y, long ldy, int64_t r0, int64_t r1);
+/* The AVX2 kernels with AVX-VNNI (avxvnni_quant.c): the same numbers; the AVX2 entries call them
+ * when kwk_cpu_avxvnni(). Only on a CPU with AVX-VNNI. */
+void kwk_quant_matmul_avxvnni(const struct kwk_mat *w, const float *x, int n_tok, float *y,
+                              long ldy, int64_t r0, int64_t r1);
+void kwk_quant_matmul_q_avxvnni(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
+                                float *y, long ldy, int64_t r0, int64_t r1);
 void kwk_quant_rows_avx512(const float *x, const struct kwk_qact *qa, int t0, int t1);
 void kwk_quant_matmul_q_avx512(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
                                float *y, long ldy, int64_t r0, int64_t r1);

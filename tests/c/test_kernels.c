@@ -456,6 +456,22 @@ static void test_prefetch_int8_env(void)
     T_EQ(prefetch_int8_with_env(""), dflt);
 }
 
+/* Whether the AVX2 quantized kernels use AVX-VNNI: the CPU's answer unless KWKER_AVXVNNI=off;
+ * "on" cannot add what the CPU lacks, and other values are warned about and ignored. */
+static int avxvnni_with_env(const char *value)
+{
+    return in_child_with_env("KWKER_AVXVNNI", value, kwk_cpu_avxvnni);
+}
+
+static void test_avxvnni_env(void)
+{
+    int has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+    T_EQ(avxvnni_with_env(NULL), has);
+    T_EQ(avxvnni_with_env("on"), has);
+    T_EQ(avxvnni_with_env("off"), 0);
+    T_EQ(avxvnni_with_env("yes"), has);
+}
+
 /* to_half (the half KV cache's stores): bitwise kwk_f32_to_f16 over a sweep of float bit patterns
  * (every sign, exponent and rounding case, subnormals, the saturation edge, infinities, NaNs) at
  * lengths with every tail; and kwk_f32_to_f16 itself against the halves' own values: each finite
@@ -537,6 +553,7 @@ int main(void)
     /* before this process calls kwk_isa(), so the children detect afresh */
     test_isa_env();
     test_prefetch_int8_env();
+    test_avxvnni_env();
     int isa = kwk_isa();
     T_TRUE(kwk_kernels_for(KWK_ISA_SCALAR) == &kwk_kernels_ref);
     T_TRUE(kwk_kernels() == kwk_kernels_for(isa));

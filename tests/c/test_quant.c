@@ -5,8 +5,9 @@
  * shapes, row ranges and 1-4 pool threads, with 16-bit and with 8-bit activations (kwk_mat.act8:
  * the reference against quant.h's specification, act8 against 16 bits on int8-grid activations,
  * batch invariance, error against the float product), and the two-step matmul_q (activations
- * quantized once) against matmul. */
+ * quantized once) against matmul; the AVX2 kernels' AVX-VNNI instance against their maddubs one. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/base.h"
 #include "base/pool.h"
@@ -314,6 +315,60 @@ static void test_kernels_vs_ref(int act8)
                 for (int n = 1; n <= 33; n++)
                     check_table(tabs[ti], wts[wi], 19, 128, n, 0, 19, exact, act8);
             }
+}
+
+/* The AVX2 kernels' AVX-VNNI instance (avxvnni_quant.c) against the maddubs one: the same bits,
+ * through matmul and matmul_q, every format, both activation modes, decode and prompt tiles,
+ * partial row ranges and several column passes. The AVX2 entries run maddubs only under
+ * KWKER_AVXVNNI=off (ctest runs this binary so too); otherwise both sides are the VNNI tiles and
+ * this only checks that the entries agree. Skipped, and said, on a CPU without AVX-VNNI. */
+static void test_avxvnni_same_bits(void)
+{
+    if (kwk_isa() < KWK_ISA_AVX2 || !__builtin_cpu_supports("avxvnni")) {
+        printf("test_quant: no AVX-VNNI here (or KWKER_ISA below avx2): VNNI tiles not compared\n");
+        return;
+    }
+    printf("test_quant: AVX-VNNI tiles against the AVX2 entry (%s)\n",
+           kwk_cpu_avxvnni() ? "itself VNNI: KWKER_AVXVNNI=off compares maddubs" : "maddubs");
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    static const int64_t shapes[][2] = {{16, 32}, {70, 200}, {139, 576}, {53, 4160}};
+    static const int toks[] = {1, 2, 5, 7, 13, 30};
+    for (int act8 = 0; act8 < 2; act8++)
+        for (int wi = 0; wi < 3; wi++)
+            for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++)
+                for (size_t ti = 0; ti < KWK_ARRAY_LEN(toks); ti++) {
+                    int64_t rows = shapes[si][0], cols = shapes[si][1];
+                    int n = toks[ti];
+                    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+                    float *x = malloc(sizeof(float) * (size_t)(n * cols));
+                    fill_random(w, rows, cols, x, n);
+                    struct kwk_mat m = pack(wts[wi], w, rows, cols);
+                    m.act8 = act8;
+                    size_t ny = (size_t)n * (size_t)rows;
+                    float *ya = calloc(ny, sizeof(float)), *yv = calloc(ny, sizeof(float));
+                    float *qa_ya = calloc(ny, sizeof(float)), *qa_yv = calloc(ny, sizeof(float));
+                    int64_t r0 = rows > 20 ? 16 : 0, r1 = rows > 20 ? rows - 3 : rows;
+                    kwk_quant_matmul_avx2(&m, x, n, ya, (long)rows, r0, r1);
+                    kwk_quant_matmul_avxvnni(&m, x, n, yv, (long)rows, r0, r1);
+                    struct kwk_qact qa;
+                    void *mem = kwk_malloc_aligned(kwk_qact_bytes(cols, n));
+                    kwk_qact_init(&qa, mem, cols, n, act8);
+                    kwk_quant_rows_avx2(x, &qa, 0, n);
+                    kwk_quant_matmul_q_avx2(&m, &qa, n, qa_ya, (long)rows, r0, r1);
+                    kwk_quant_matmul_q_avxvnni(&m, &qa, n, qa_yv, (long)rows, r0, r1);
+                    T_CHECK(memcmp(ya, yv, sizeof(float) * ny) == 0 &&
+                                memcmp(qa_ya, qa_yv, sizeof(float) * ny) == 0,
+                            "%s act%d %lldx%lld n_tok=%d: AVX-VNNI sums differ from AVX2's",
+                            wname(wts[wi]), act8 ? 8 : 16, (long long)rows, (long long)cols, n);
+                    kwk_free_aligned(mem);
+                    kwk_free_aligned((void *)m.data);
+                    free(w);
+                    free(x);
+                    free(ya);
+                    free(yv);
+                    free(qa_ya);
+                    free(qa_yv);
+                }
 }
 
 /* Token t's outputs are bitwise the same alone, in a batch, and over any row split (how
@@ -1061,6 +1116,7 @@ int main(void)
         test_threads(act8);
         test_matmul_q(act8);
     }
+    test_avxvnni_same_bits();
     test_act8_spec();
     test_act8_grid();
     test_accuracy();

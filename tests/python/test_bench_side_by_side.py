@@ -70,6 +70,12 @@ def test_quick_run_writes_complete_json(tmp_path):
         assert mib % 16 == 0 and mib * 2**20 >= nbytes, (side, mib, nbytes)
         assert mib == 64 or (mib - 16) * 2**20 < nbytes, (side, mib, nbytes)
     assert rec["llama"]["base_rss_mib"] > 0
+    # which int8 dot products each side's AVX2 code has: Kwker's from its log (AVX-VNNI where
+    # the CPU has it), llama.cpp's from its build's system info
+    with open("/proc/cpuinfo") as f:
+        vnni = any(ln.startswith("flags") and "avx_vnni" in ln.split() for ln in f)
+    assert rec["kwker"]["avx2_dot"] == ("avx-vnni" if vnni else "maddubs")
+    assert isinstance(rec["llama"]["avx_vnni"], bool)
     # llama.cpp at its best: by default each run measures flash attention on and off and keeps
     # each column's faster figure, saying which
     ctx = rec["llama"]["context"]

@@ -402,3 +402,35 @@ def test_prefetch_int8_changes_no_token(isa, tmp_path):
             outs[pf] = p.stdout
         assert len(outs["on"].split(",")) == 16, outs["on"]
         assert outs["on"] == outs["off"] == outs["maybe"], (act, outs)
+
+
+@pytest.mark.skipif("avx2" not in supported_isas(), reason="no AVX2 on this CPU")
+def test_avxvnni_changes_no_token(tmp_path):
+    """KWKER_AVXVNNI=on|off: the AVX2 quantized kernels use AVX-VNNI's dot products where the CPU
+    has them (avxvnni_quant.c), maddubs otherwise or when off; both give the same sums, so
+    balanced and int4 generation under KWKER_ISA=avx2 give the same greedy ids either way, at
+    8- and 16-bit activations. The choice is logged at info; "on" without the instructions and
+    any other value are warned about and ignored."""
+    with open("/proc/cpuinfo") as f:
+        has = any(ln.startswith("flags") and "avx_vnni" in ln.split() for ln in f)
+    ids = "1,504,3287,314,2681,1781,30,1838,253,2336,28"
+    for prec in ("balanced", "int4"):
+        for act in ("8", "16"):
+            outs = {}
+            for v in ("on", "off", "maybe"):
+                env = dict(os.environ, KWKER_ISA="avx2", KWKER_AVXVNNI=v, KWKER_LOG="info",
+                           KWKER_CACHE=str(tmp_path))
+                p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
+                                    THREADS, "--precision", prec, "--act-bits", act,
+                                    "--ids", ids, "-n", "16"],
+                                   capture_output=True, text=True, timeout=300, env=env)
+                assert p.returncode == 0, p.stderr
+                used = "avx-vnni" if has and v != "off" else "maddubs"
+                assert "avx2 dot products: %s" % used in p.stderr, p.stderr
+                if v == "maybe":
+                    assert "KWKER_AVXVNNI=maybe is not on|off; ignored" in p.stderr, p.stderr
+                if v == "on" and not has:
+                    assert "KWKER_AVXVNNI=on: this CPU has no AVX-VNNI; ignored" in p.stderr
+                outs[v] = p.stdout
+            assert len(outs["on"].split(",")) == 16, outs["on"]
+            assert outs["on"] == outs["off"] == outs["maybe"], (prec, act, outs)
