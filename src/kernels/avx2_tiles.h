@@ -133,7 +133,8 @@ struct tile_args {
     int64_t r0, r1;
     int first;
     size_t stride;            /* bytes from a row block's block to the next row block's */
-    int more[DEC_BLOCKS];     /* decode: the next row block is read next by this stream */
+    size_t next;              /* decode: bytes from a block to its stream's in the next tile (0:
+                               * no next tile) */
     int pf;                   /* decode: prefetch at all (kwk_cpu_prefetch_int8 for int8) */
     int pf_l2;                /* decode: prefetch into L2 rather than L1 (kwk_prefetch) */
 };
@@ -148,8 +149,9 @@ INLINE void put_blocks(const struct tile_args *a, int NB, int T, __m256 facc[][2
                 facc[ib][1][j], a->first);
 }
 
-/* A decode stream asks for the group PF_GROUPS ahead of the one it computes, into the next row
- * block of its run near a block's end (run_pass). Prompt tiles are bound by arithmetic. */
+/* A decode stream asks for its block's group PF_GROUPS ahead of the one it computes and, group
+ * by group, for the same group of its block in the next tile (run_pass says why). Prompt tiles
+ * are bound by arithmetic. */
 #define PF_GROUPS 2
 
 INLINE void prefetch_ahead(const struct tile_args *a, int s, int g, size_t block)
@@ -157,11 +159,10 @@ INLINE void prefetch_ahead(const struct tile_args *a, int s, int g, size_t block
     if (!a->pf)
         return;
     const char *b = a->blk[s];
-    int ga = g + PF_GROUPS;
-    if (ga < a->ng)
-        kwk_prefetch_bytes(b + (size_t)ga * block, block, a->pf_l2);
-    else if (a->more[s] && ga - a->ng < a->ng) /* inside the next block's pass */
-        kwk_prefetch_bytes(b + a->stride + (size_t)(ga - a->ng) * block, block, a->pf_l2);
+    if (a->next)
+        kwk_prefetch_bytes(b + a->next + (size_t)g * block, block, a->pf_l2);
+    if (g + PF_GROUPS < a->ng)
+        kwk_prefetch_bytes(b + (size_t)(g + PF_GROUPS) * block, block, a->pf_l2);
 }
 
 /* Token t + j of a tile: its high and low halves from the pass's first column, and its numbers of
@@ -703,13 +704,16 @@ static struct fmt fmt_of(const struct kwk_mat *w)
     return f;
 }
 
-/* Decode (one token) is memory-bound. A thread's row blocks [rb0, rb1) lie contiguous in memory;
- * they are cut into DEC_BLOCKS runs of consecutive blocks and a decode tile takes the next block
- * of every run, group by group, so the matrix is read as DEC_BLOCKS long sequential streams, each
- * prefetched PF_GROUPS groups ahead. Before, a tile read one block (one stream), asking for the
- * next block's groups as it went (a second one). Zen 3, int8 act8, bench_kernels quant 1 1 avx2,
- * 2560x960 / 960x2560: 17.6-17.9 -> 22.3-24.3 GB/s (4 streams; 2 streams 19.6-20.4; 4 groups
- * ahead 22.0-22.5). Each block's sums are the same whichever tile computes it. */
+/* Decode (one token) is memory-bound. A decode tile takes DEC_BLOCKS adjacent row blocks group by
+ * group (DEC_BLOCKS streams through one contiguous stretch of the matrix, as avx512_quant.c
+ * reads), each stream asking for its block PF_GROUPS groups ahead and for the next tile's block
+ * alongside. Session 15 (Zen 3) had cut a thread's row blocks into DEC_BLOCKS runs far apart
+ * instead (17.6-17.9 -> 22.3-24.3 GB/s against one block at a time, bench_kernels quant 1 1
+ * avx2); on Zen 5 the adjacent tiles with the next tile's prefetch measured, token by token
+ * (KWKER_ISA=avx2, act8 unless noted, 2-3 rounds), 0.87-0.94 of the runs' time a token on
+ * SmolLM2-360M balanced, 0.73-0.83 on 360M int4 (act16 0.81-0.84), 0.94-0.98 on 135M balanced,
+ * with maddubs as with AVX-VNNI (docs/benchmarks.md, session 21); Zen 3 was not measured again.
+ * Each block's sums are the same whichever tile computes it. */
 
 /* Column pass [g0, g1) of nt tokens whose quantized activations x starts at (the view's row 0
  * is the block's first token, its column 0 the pass's first): every row block of [r0, r1); y is
@@ -726,21 +730,21 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
     a.pf = nt == 1 && (w->wtype != KWK_W_Q8 || kwk_cpu_prefetch_int8(KWK_ISA_AVX2));
     a.pf_l2 = nt == 1 && kwk_cpu_prefetch_l2();
     if (nt == 1) {
-        int64_t run = (rb1 - rb0) / DEC_BLOCKS;
+        int64_t n_tiles = (rb1 - rb0) / DEC_BLOCKS;
         a.t = 0;
         a.y = y;
-        for (int64_t i = 0; i < run; i++) {
+        for (int64_t i = 0; i < n_tiles; i++) {
             for (int s = 0; s < DEC_BLOCKS; s++) {
-                a.rb[s] = rb0 + s * run + i;
+                a.rb[s] = rb0 + DEC_BLOCKS * i + s;
                 a.blk[s] = pass + a.rb[s] * (int64_t)a.stride;
-                a.more[s] = i + 1 < run;
             }
+            a.next = i + 1 < n_tiles ? DEC_BLOCKS * a.stride : 0;
             f->dec(&a);
         }
-        for (int64_t rb = rb0 + DEC_BLOCKS * run; rb < rb1; rb++) { /* the rest, one stream */
+        for (int64_t rb = rb0 + DEC_BLOCKS * n_tiles; rb < rb1; rb++) { /* the rest, one stream */
             a.rb[0] = rb;
             a.blk[0] = pass + rb * (int64_t)a.stride;
-            a.more[0] = rb + 1 < rb1;
+            a.next = rb + 1 < rb1 ? a.stride : 0;
             f->tiles[1](&a);
         }
         return;

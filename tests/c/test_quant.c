@@ -378,7 +378,7 @@ static void test_batch_invariance(int act8)
     const struct kwk_kernels *tabs[3];
     int nt = tables(tabs);
     static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
-    /* 53 rows: 4 row blocks, one of each run; 139: 9 blocks, runs of 2 and a rest of 1 */
+    /* 53 rows: 4 row blocks, one decode tile; 139: 9 blocks, two tiles and a rest of 1 */
     static const int64_t row_counts[] = {53, 139};
     for (int ti = 0; ti < nt; ti++)
         for (int wi = 0; wi < 6; wi++) {
