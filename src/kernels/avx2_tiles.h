@@ -710,9 +710,9 @@ static struct fmt fmt_of(const struct kwk_mat *w)
  * alongside. Session 15 (Zen 3) had cut a thread's row blocks into DEC_BLOCKS runs far apart
  * instead (17.6-17.9 -> 22.3-24.3 GB/s against one block at a time, bench_kernels quant 1 1
  * avx2); on Zen 5 the adjacent tiles with the next tile's prefetch measured, token by token
- * (KWKER_ISA=avx2, act8 unless noted, 2-3 rounds), 0.87-0.94 of the runs' time a token on
- * SmolLM2-360M balanced, 0.73-0.83 on 360M int4 (act16 0.81-0.84), 0.94-0.98 on 135M balanced,
- * with maddubs as with AVX-VNNI (docs/benchmarks.md, session 21); Zen 3 was not measured again.
+ * (KWKER_ISA=avx2 with AVX-VNNI, act8 unless noted, 2 rounds), 0.87-0.91 of the runs' time a
+ * token on SmolLM2-360M balanced, 0.73-0.83 on 360M int4 (act16 0.81-0.84), 0.94-0.98 on 135M
+ * balanced; with maddubs alike (docs/benchmarks.md, session 21). Zen 3 was not measured again.
  * Each block's sums are the same whichever tile computes it. */
 
 /* Column pass [g0, g1) of nt tokens whose quantized activations x starts at (the view's row 0
