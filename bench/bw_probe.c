@@ -7,11 +7,12 @@
  *
  * --streams N reads each slice as runs of N consecutive B-byte blocks read side by side, one
  * 64-byte line of each in turn: the pattern of a decode tile that walks N rows of B bytes at once,
- * or with B a quarter of a slice, N = 4 long streams as the AVX2 decode reads them (B a multiple
+ * or with B a quarter of a slice, N = 4 long streams as the float decodes read them (B a multiple
  * of 64; the default, 1 stream, is a plain sequential read). --prefetch D asks for each stream's
- * line D bytes ahead as it reads one (D a multiple of 64, inside the block), as the AVX2 decode
- * tiles do: with 4 long streams a thread that is the fastest reader measured on Zen 3, the
- * pattern side_by_side.py's ceiling also probes so that no kernel reads faster than its ceiling.
+ * line D bytes ahead as it reads one (D a multiple of 64, inside the block), as those decodes
+ * do (kernels/float_rows.h): with 4 long streams a thread that is the fastest reader measured on
+ * Zen 3, the pattern side_by_side.py's ceiling also probes so that no kernel reads faster than
+ * its ceiling.
  *
  * The figure is the best of -r timed passes (after one untimed pass that faults the pages in):
  * the machine's bandwidth flips between states every few minutes, and within one state the best

@@ -777,7 +777,7 @@ def parse_args(argv):
                          "session 9 the ceilings used 256)")
     ap.add_argument("--probe-pattern", choices=("best", "stream", "streams4"), default="best",
                     help="how the probe reads: one sequential stream a thread (before session "
-                         "17 the only one), 4 long streams a thread (the AVX2 decode's pattern), "
+                         "17 the only one), 4 long streams a thread (the float decodes' pattern), "
                          "or best (default): the faster of the two, the stricter ceiling")
     ap.add_argument("--llama-python", default=None,
                     help="the Python whose llama_cpp runs llama.cpp (default: this one, or the "

@@ -403,8 +403,8 @@ static void test_batch_invariance(int act8)
             }
             T_CHECK(diff == 0, "%s %s act%d %lld rows: %ld tokens differ alone vs in a batch",
                     tabs[ti]->name, wname(wts[wi % 3]), act8 ? 8 : 16, (long long)rows, diff);
-            /* all row blocks at once: AVX2's decode takes them as 4 runs of blocks, AVX-512's as
-             * tiles of 4 adjacent ones */
+            /* all row blocks at once: both decodes take them as tiles of 4 adjacent ones, the rest
+             * one at a time (AVX2) */
             diff = 0;
             for (int t = 0; t < n_tok; t++) {
                 tabs[ti]->matmul(&m, x + (size_t)t * (size_t)cols, 1, y1, (long)rows, 0, rows);

@@ -43,7 +43,7 @@ def test_streams_pattern(isa):
 
 @pytest.mark.parametrize("streams", [["--streams", "4", "--stream-bytes", str(1 << 20)], []])
 def test_prefetch(streams):
-    # 4 long streams a thread as the AVX2 decode reads them, or one, each asked for 2 KiB ahead
+    # 4 long streams a thread as the float decodes read them, or one, each asked for 2 KiB ahead
     r = run("-t", "2", "-m", "8", "-r", "2", *streams, "--prefetch", "2048", "--isa", "avx2",
             "--json")
     assert r.returncode == 0, r.stderr
