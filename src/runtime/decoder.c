@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/ab.h"
 #include "kernels/quant.h"
 #include "runtime/packcache.h"
 #include "runtime/packed.h"
@@ -356,7 +357,7 @@ void kwk_logits_rows(struct kwk_decoder *d, const int *rows, int n, float *y)
     compute_logits(d, d->x, rows, n, y);
 }
 
-int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logits, int mode)
+static int decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logits, int mode)
 {
     if (n_ids < 0 || (n_ids > 0 && !ids) || mode < KWK_LOGITS_NONE || mode > KWK_LOGITS_ALL)
         return KWK_EARG;
@@ -384,6 +385,18 @@ int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logit
         }
     }
     return 0;
+}
+
+int kwk_decoder_eval(kwk_decoder *d, const int32_t *ids, int n_ids, float *logits, int mode)
+{
+#ifdef KWK_AB_TIMING
+    double t0 = kwk_ab_start(n_ids);
+    int rc = decoder_eval(d, ids, n_ids, logits, mode);
+    kwk_ab_stop(n_ids, t0);
+    return rc;
+#else
+    return decoder_eval(d, ids, n_ids, logits, mode);
+#endif
 }
 
 size_t kwk_kv_elem_size(const struct kwk_decoder *d)
