@@ -27,6 +27,17 @@
 /* Barrier waits spin this many pauses, then yield the CPU (oversubscribed or preempted peers). */
 #define BARRIER_SPINS 256
 
+/* Lines asked for between two checks of whether a prefetching wait is over (a check is one
+ * load of a line that is only read until it changes). */
+#define PREFETCH_CHECK 8
+
+/* A thread's spans for the wait after the current task (kwk_pool_prefetch), on its own line. */
+struct prefetch_slot {
+    _Alignas(64) struct kwk_span s[KWK_POOL_SPANS];
+    int count;
+    atomic_long lines; /* lines asked for, all waits (kwk_pool_prefetched) */
+};
+
 /* Each hot atomic sits on its own cache line so that workers polling one do not bounce the
  * line another is written on. */
 struct kwk_pool {
@@ -44,6 +55,7 @@ struct kwk_pool {
     int n_threads;
     int n_started;                      /* workers actually created (for a partial failure) */
     pthread_t *threads;
+    struct prefetch_slot *slots;        /* [n_threads] */
 };
 
 struct worker_arg {
@@ -112,6 +124,37 @@ static void wake_after_store(atomic_uint *word, atomic_int *sleepers)
         futex_wake_all(word);
 }
 
+/* Thread ith's spans, taken out of its slot (the task's memory may be gone once it is done). */
+static int take_spans(struct kwk_pool *p, int ith, struct kwk_span *s)
+{
+    struct prefetch_slot *slot = &p->slots[ith];
+    int count = slot->count;
+    memcpy(s, slot->s, sizeof(*s) * (size_t)count);
+    slot->count = 0;
+    return count;
+}
+
+/* Ask for the spans' lines, into L2 (hint T1), until *word changes from `old` (equal = 0) or
+ * becomes `old` (equal = 1): the end of the wait they fill. */
+static void prefetch_while(struct prefetch_slot *slot, const struct kwk_span *s, int count,
+                           atomic_uint *word, unsigned old, int equal)
+{
+    long lines = 0;
+    for (int i = 0; i < count; i++) {
+        const char *c = s[i].p, *end = c + s[i].n;
+        while (c < end) {
+            unsigned v = atomic_load_explicit(word, memory_order_relaxed);
+            if ((v == old) == equal)
+                goto out;
+            for (int k = 0; k < PREFETCH_CHECK && c < end; k++, c += 64, lines++)
+                __builtin_prefetch(c, 0, 2);
+        }
+    }
+out:
+    if (lines)
+        atomic_fetch_add_explicit(&slot->lines, lines, memory_order_relaxed);
+}
+
 static void *worker_main(void *arg)
 {
     struct worker_arg wa = *(struct worker_arg *)arg;
@@ -123,9 +166,12 @@ static void *worker_main(void *arg)
         if (p->stop)
             break;
         p->fn(p->ctx, wa.ith, p->n_threads);
+        struct kwk_span spans[KWK_POOL_SPANS];
+        int n_spans = take_spans(p, wa.ith, spans);
         unsigned done = atomic_fetch_add_explicit(&p->n_done, 1, memory_order_seq_cst) + 1;
         if (done == seen * (unsigned)(p->n_threads - 1))
             wake_after_store(&p->n_done, &p->done_sleepers);
+        prefetch_while(&p->slots[wa.ith], spans, n_spans, &p->gen, seen, 0);
     }
     return NULL;
 }
@@ -173,9 +219,13 @@ struct kwk_pool *kwk_pool_new(int n_threads)
     p->n_threads = n_threads;
     if (n_threads == 1)
         return p;
+    p->slots = kwk_malloc_aligned(sizeof *p->slots * (size_t)n_threads);
     p->threads = kwk_calloc((size_t)n_threads - 1, sizeof *p->threads);
-    if (!p->threads)
+    if (!p->threads || !p->slots)
         goto out_free;
+    memset(p->slots, 0, sizeof *p->slots * (size_t)n_threads);
+    for (int i = 0; i < n_threads; i++)
+        atomic_init(&p->slots[i].lines, 0);
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *wa = kwk_malloc(sizeof *wa);
         if (!wa)
@@ -194,8 +244,9 @@ struct kwk_pool *kwk_pool_new(int n_threads)
 
 out_stop:
     stop_workers(p);
-    kwk_free(p->threads);
 out_free:
+    kwk_free(p->threads);
+    kwk_free_aligned(p->slots);
     kwk_free_aligned(p);
     return NULL;
 }
@@ -206,6 +257,7 @@ void kwk_pool_free(struct kwk_pool *p)
         return;
     stop_workers(p);
     kwk_free(p->threads);
+    kwk_free_aligned(p->slots);
     kwk_free_aligned(p);
 }
 
@@ -225,7 +277,27 @@ void kwk_pool_run(struct kwk_pool *p, kwk_task_fn fn, void *ctx)
     unsigned gen = hand_out(p);
     fn(ctx, 0, p->n_threads);
     /* unsigned arithmetic wraps alike on both sides, so equality stays exact */
-    wait_workers(p, gen * (unsigned)(p->n_threads - 1));
+    unsigned target = gen * (unsigned)(p->n_threads - 1);
+    struct kwk_span spans[KWK_POOL_SPANS];
+    int n_spans = take_spans(p, 0, spans);
+    prefetch_while(&p->slots[0], spans, n_spans, &p->n_done, target, 1);
+    wait_workers(p, target);
+}
+
+long kwk_pool_prefetched(const struct kwk_pool *p, int ith)
+{
+    if (p->n_threads == 1 || ith < 0 || ith >= p->n_threads)
+        return 0;
+    return atomic_load_explicit(&p->slots[ith].lines, memory_order_relaxed);
+}
+
+void kwk_pool_prefetch(struct kwk_pool *p, int ith, const struct kwk_span *s, int count)
+{
+    if (p->n_threads == 1 || ith < 0 || ith >= p->n_threads)
+        return;
+    struct prefetch_slot *slot = &p->slots[ith];
+    slot->count = KWK_MIN(KWK_MAX(count, 0), KWK_POOL_SPANS);
+    memcpy(slot->s, s, sizeof(*s) * (size_t)slot->count);
 }
 
 /* A sense-reversing barrier whose "sense" is a phase counter, so no thread needs local state:

@@ -1,7 +1,8 @@
-/* dispatch.c - picks the kernel table for an instruction set. Any thread: the tables are const
- * and kwk_isa() detects once. */
+/* dispatch.c - picks the kernel table for an instruction set, and says where a matrix's rows
+ * lie. Any thread: the tables are const and kwk_isa() detects once. */
 #include "base/base.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 const struct kwk_kernels *kwk_kernels_for(int isa)
 {
@@ -23,4 +24,45 @@ const struct kwk_kernels *kwk_kernels_for(int isa)
 const struct kwk_kernels *kwk_kernels(void)
 {
     return kwk_kernels_for(kwk_isa());
+}
+
+int kwk_mat_rows_span(const struct kwk_mat *w, int64_t r0, int64_t r1, const void **p,
+                      size_t *n)
+{
+    *p = NULL;
+    *n = 0;
+    if (r0 < 0 || r1 < r0 || r1 > w->rows || w->cols < 0)
+        return -1;
+    /* bytes of one row (plain types) or of one block of 16 rows (blocked) */
+    size_t unit;
+    int64_t first = r0, count = r1 - r0;
+    switch (w->wtype) {
+    case KWK_W_F32:
+        unit = 4;
+        break;
+    case KWK_W_F16:
+    case KWK_W_BF16:
+        unit = 2;
+        break;
+    case KWK_W_BF16P: /* [rows/16][cols][16]: 16 rows hold as many bytes as 16 plain rows */
+        if (r0 % 16 != 0 || (r1 % 16 != 0 && r1 != w->rows))
+            return -1;
+        unit = 2;
+        count = (r1 - r0 + 15) / 16 * 16;
+        break;
+    default:
+        if (!kwk_quant_group(w->wtype) || r0 % KWK_QROWS != 0 ||
+            (r1 % KWK_QROWS != 0 && r1 != w->rows) ||
+            kwk_quant_bytes(w->wtype, KWK_QROWS, w->cols, &unit))
+            return -1;
+        first = r0 / KWK_QROWS;
+        count = (r1 - r0 + KWK_QROWS - 1) / KWK_QROWS;
+        *p = (const char *)w->data + (size_t)first * unit;
+        *n = (size_t)count * unit;
+        return 0;
+    }
+    size_t row = unit * (size_t)w->cols;
+    *p = (const char *)w->data + (size_t)first * row;
+    *n = (size_t)count * row;
+    return 0;
 }

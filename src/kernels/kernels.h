@@ -95,6 +95,12 @@ static inline __attribute__((always_inline)) void kwk_prefetch_bytes(const void 
         kwk_prefetch((const char *)p + l, pf_l2);
 }
 
+/* Where rows [r0, r1) of w lie in memory: every layout keeps a range of rows contiguous (the
+ * blocked ones, rows of 16, when r0 and r1 are multiples of 16 or r1 is the last row). Returns
+ * 0 and sets *p, *n; -1 for a range it cannot place (bad type or bounds, a block cut). */
+int kwk_mat_rows_span(const struct kwk_mat *w, int64_t r0, int64_t r1, const void **p,
+                      size_t *n);
+
 /* The table for an ISA (enum kwk_isa); falls back to the best lower one compiled in. */
 const struct kwk_kernels *kwk_kernels_for(int isa);
 /* The table for kwk_isa(): detected once. */

@@ -60,6 +60,9 @@ struct mm_task {
      * then small ones from next (which starts at nth), then any big chunk a late thread has not
      * begun (see mm_run_dyn). */
     atomic_int claimed[MAX_OWN];
+    /* The product that follows (planned, not run; NULL: none or unknown): each thread asks for
+     * its first rows of it while it waits at the end of this one (see prefetch_next). */
+    const struct mm_task *after;
 };
 
 /* Chunks of at most this many tokens take rows from a shared counter: a token's products are
@@ -259,6 +262,42 @@ static void mm_run_dyn(struct mm_task *t, int ith)
             mm_claim(t, (ith + i) % t->nth);
 }
 
+/* Bytes of the next product a thread asks for while it waits, at most: about what the waits at
+ * the end of a generation product can fill, within L2 (on SmolLM2-135M / 360M, 512 KiB took up to
+ * 2% less time a token than 128 KiB; 256 KiB and the whole share within 1% of 512 KiB). */
+#define PREFETCH_MAX (512 * 1024)
+
+/* Hands the pool thread ith's first rows of the planned product `after` (its own first chunk)
+ * to be read while this thread waits for the others or for the next task. Quantized matrices
+ * only: their decode tiles read a chunk from its first row block on; the float decode reads a
+ * thread's rows as 4 runs far apart (float_rows.h, avx2_panel.c), whose first lines these are
+ * not (SmolLM2-360M preserve was no faster with them). */
+static void prefetch_next(const struct mm_task *after, struct kwk_pool *pool, int ith)
+{
+    if (!after || !after->dyn || after->nth > MAX_OWN || ith >= after->nth)
+        return;
+    long u0, u1, lo[3], hi[3];
+    chunk_units(after, ith, &u0, &u1);
+    if (u0 >= u1)
+        return;
+    unit_rows(after, u0, u1, lo, hi);
+    struct kwk_span s[KWK_POOL_SPANS];
+    int n = 0;
+    size_t budget = PREFETCH_MAX;
+    for (int j = 0; j < after->n_jobs && budget > 0; j++) {
+        const struct kwk_mat *w = after->jobs[j].w;
+        const void *p;
+        size_t bytes;
+        if (lo[j] >= hi[j] || !kwk_quant_group(w->wtype) ||
+            kwk_mat_rows_span(w, lo[j], hi[j], &p, &bytes))
+            continue;
+        s[n].p = p;
+        s[n].n = KWK_MIN(bytes, budget);
+        budget -= s[n++].n;
+    }
+    kwk_pool_prefetch(pool, ith, s, n);
+}
+
 /* Rows are handed out in blocks of 16 (or whole units, multiples of 16) so SIMD kernels work on
  * whole row groups; a prompt's tokens in parts of the grid. The kernels' batch invariance makes
  * any such split give the same numbers. */
@@ -274,6 +313,7 @@ static void mm_run(void *ctx, int ith, int nth)
     }
     if (t->dyn) {
         mm_run_dyn(t, ith);
+        prefetch_next(t->after, t->pool, ith);
         return;
     }
     if (ith >= t->grid_r * t->grid_t)
@@ -306,42 +346,59 @@ static int qact_usable(const struct kwk_decoder *d, int n_jobs, const struct mm_
     return 1;
 }
 
+/* Plans t: the product jobs, with post after each thread's rows; run by mm_exec. */
+static void mm_plan(struct kwk_decoder *d, struct mm_task *t, int n_tok, int n_jobs,
+                    const struct mm_job *jobs, int unit, mm_post_fn post, const void *post_ctx)
+{
+    memset(t, 0, sizeof *t);
+    t->k = d->k;
+    t->n_tok = n_tok;
+    t->n_jobs = n_jobs;
+    t->unit = unit;
+    t->post = post;
+    t->post_ctx = post_ctx;
+    t->pool = d->pool;
+    memcpy(t->jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
+    t->alike = jobs_alike(t);
+    t->n_units = count_units(t);
+    int nth = kwk_pool_size(d->pool);
+    t->dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
+    if (t->dyn)
+        plan_chunks(t, nth);
+    else
+        plan_grid(t, nth);
+}
+
+/* Runs the planned product t; after: the product that follows it, if known (planned only). */
+static void mm_exec(struct kwk_decoder *d, struct mm_task *t, const struct mm_task *after)
+{
+    t->after = after;
+    struct kwk_qact qa;
+    if (qact_usable(d, t->n_jobs, t->jobs)) {
+        const struct kwk_mat *w = t->jobs[0].w;
+        kwk_qact_init(&qa, d->qact_mem, w->cols, t->n_tok, w->act8);
+        t->qa = &qa;
+        /* A few rows take the owner less time than the barrier would: quantized here, while
+         * the workers are still waiting for the task. */
+        if (t->n_tok <= DYN_TOK_MAX) {
+            d->k->quant_rows(t->jobs[0].x, &qa, 0, t->n_tok);
+            t->qa_ready = 1;
+        }
+    }
+    int own = t->dyn && t->nth <= MAX_OWN;
+    atomic_init(&t->next, own ? t->nth : 0);
+    for (int c = 0; own && c < t->nth; c++)
+        atomic_init(&t->claimed[c], 0);
+    kwk_pool_run(d->pool, mm_run, t);
+}
+
 /* The product jobs, with post after each thread's rows. */
 static void matmul_post(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs,
                         int unit, mm_post_fn post, const void *post_ctx)
 {
-    struct mm_task t = {.k = d->k,
-                        .n_tok = n_tok,
-                        .n_jobs = n_jobs,
-                        .unit = unit,
-                        .post = post,
-                        .post_ctx = post_ctx,
-                        .pool = d->pool};
-    memcpy(t.jobs, jobs, sizeof(*jobs) * (size_t)n_jobs);
-    t.alike = jobs_alike(&t);
-    t.n_units = count_units(&t);
-    int nth = kwk_pool_size(d->pool);
-    t.dyn = nth > 1 && n_tok <= DYN_TOK_MAX;
-    if (t.dyn)
-        plan_chunks(&t, nth);
-    else
-        plan_grid(&t, nth);
-    struct kwk_qact qa;
-    if (qact_usable(d, n_jobs, jobs)) {
-        kwk_qact_init(&qa, d->qact_mem, jobs[0].w->cols, n_tok, jobs[0].w->act8);
-        t.qa = &qa;
-        /* A few rows take the owner less time than the barrier would: quantized here, while
-         * the workers are still waiting for the task. */
-        if (n_tok <= DYN_TOK_MAX) {
-            d->k->quant_rows(jobs[0].x, &qa, 0, n_tok);
-            t.qa_ready = 1;
-        }
-    }
-    int own = t.dyn && t.nth <= MAX_OWN;
-    atomic_init(&t.next, own ? t.nth : 0);
-    for (int c = 0; own && c < t.nth; c++)
-        atomic_init(&t.claimed[c], 0);
-    kwk_pool_run(d->pool, mm_run, &t);
+    struct mm_task t;
+    mm_plan(d, &t, n_tok, n_jobs, jobs, unit, post, post_ctx);
+    mm_exec(d, &t, NULL);
 }
 
 static void matmul(struct kwk_decoder *d, int n_tok, int n_jobs, const struct mm_job *jobs)
@@ -498,6 +555,7 @@ struct att_task {
     struct kwk_decoder *d;
     const struct kwk_attn_args *a;
     int n;
+    const struct mm_task *after; /* the o-product, planned: see prefetch_next */
 };
 
 /* Items (row, head) are shared out by the positions they attend (a prompt chunk's last rows
@@ -509,6 +567,7 @@ static void attend_run(void *ctx, int ith, int nth)
     kwk_attn_split(t->a, t->n, ith, nth, &lo, &hi);
     if (lo < hi)
         t->d->ak->items(t->a, lo, hi, t->d->scores + (size_t)ith * t->d->scores_per_thread);
+    prefetch_next(t->after, t->d->pool, ith);
 }
 
 /* Rows from which a prompt chunk over a half cache reads its slot's keys and values widened. */
@@ -598,8 +657,9 @@ static int stage_slot(struct kwk_decoder *d, int layer, int n)
     return bf ? 2 : 1;
 }
 
-/* Causal attention of the chunk's rows, with Mistral's sliding window when set. */
-static void attend(struct kwk_decoder *d, int layer, int n)
+/* Causal attention of the chunk's rows, with Mistral's sliding window when set; after: the
+ * planned product that follows. */
+static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task *after)
 {
     const struct kwk_config *c = d->c;
     for (int r = 0; r < n; r++) {
@@ -628,7 +688,7 @@ static void attend(struct kwk_decoder *d, int layer, int n)
                               .v_rows = d->att_v,
                               .first = d->att_first,
                               .last = d->att_last};
-    struct att_task t = {.d = d, .a = &a, .n = n};
+    struct att_task t = {.d = d, .a = &a, .n = n, .after = after};
     kwk_pool_run(d->pool, attend_run, &t);
 }
 
@@ -701,7 +761,10 @@ static int qkv_fusable(const struct kwk_decoder *d, const struct kwk_layer *l, i
 
 /* ---- one layer, one chunk ---------------------------------------------------------------------- */
 
-static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *next_norm)
+/* Plans layer's q, k, v products into t; returns whether they are split by head with each head's
+ * preparation fused in (tt: the post step's context; NULL for a plan that is never run). */
+static int plan_qkv(struct kwk_decoder *d, int layer, int n, const struct tok_task *tt,
+                    struct mm_task *t)
 {
     const struct kwk_layer *l = &d->layers[layer];
     struct mm_job qkv[3] = {
@@ -709,42 +772,63 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *
         {&l->wk, d->xn, d->kx, d->kv_dim},
         {&l->wv, d->xn, d->vx, d->kv_dim},
     };
+    int fused = qkv_fusable(d, l, n);
+    if (fused)
+        mm_plan(d, t, n, 3, qkv, d->c->head_dim, qkv_post, tt);
+    else
+        mm_plan(d, t, n, 3, qkv, 0, NULL, NULL);
+    return fused;
+}
+
+/* Every product of the layer is planned first, so that each task knows the one after it: its
+ * threads read their first rows of that while they wait (prefetch_next). */
+static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *next_norm)
+{
+    const struct kwk_layer *l = &d->layers[layer];
     struct tok_task tt = {.d = d, .l = l, .layer = layer, .n = n};
-    if (d->capture)
-        kwk_capture_rows(d->capture, layer, KWK_SITE_QKV, d->xn, n);
-    if (qkv_fusable(d, l, n)) {
-        matmul_post(d, n, 3, qkv, d->c->head_dim, qkv_post, &tt);
-    } else {
-        matmul(d, n, 3, qkv);
-        run_tokens(d, n, qk_prepare_run, &tt);
-    }
-    attend(d, layer, n);
-
-    /* o-projection into q's buffer (free now), then residual add and the FFN norm */
-    struct mm_job o = {&l->wo, d->att, d->q, d->c->d_model};
-    if (d->capture)
-        kwk_capture_rows(d->capture, layer, KWK_SITE_O, d->att, n);
-    matmul(d, n, 1, &o);
-    struct rows_task rt = {.d = d, .n = n, .norm_w = l->ffn_norm, .add = d->q};
-    run_tokens(d, n, rows_run, &rt);
-
-    struct mm_job gu[2] = {
+    struct mm_task qkv, o, gu, down, next_qkv;
+    int fused = plan_qkv(d, layer, n, &tt, &qkv);
+    /* o-projection into q's buffer (free by then) */
+    struct mm_job o_job = {&l->wo, d->att, d->q, d->c->d_model};
+    mm_plan(d, &o, n, 1, &o_job, 0, NULL, NULL);
+    struct mm_job gu_jobs[2] = {
         {&l->w_gate, d->xn, d->gate, d->c->d_ff},
         {&l->w_up, d->xn, d->up, d->c->d_ff},
     };
+    int gu_fused = l->w_gate.rows == d->c->d_ff && l->w_up.rows == d->c->d_ff;
+    mm_plan(d, &gu, n, 2, gu_jobs, 0, gu_fused ? swiglu_post : NULL, d);
+    struct mm_job down_job = {&l->w_down, d->gate, d->q, d->c->d_model};
+    mm_plan(d, &down, n, 1, &down_job, 0, NULL, NULL);
+    const struct mm_task *after_down = NULL;
+    if (layer + 1 < d->c->n_layers) {
+        plan_qkv(d, layer + 1, n, NULL, &next_qkv);
+        after_down = &next_qkv;
+    }
+
+    if (d->capture)
+        kwk_capture_rows(d->capture, layer, KWK_SITE_QKV, d->xn, n);
+    mm_exec(d, &qkv, &o); /* the keys and values it writes are read next */
+    if (!fused)
+        run_tokens(d, n, qk_prepare_run, &tt);
+    attend(d, layer, n, &o);
+
+    if (d->capture)
+        kwk_capture_rows(d->capture, layer, KWK_SITE_O, d->att, n);
+    mm_exec(d, &o, &gu);
+    /* residual add, then the FFN norm */
+    struct rows_task rt = {.d = d, .n = n, .norm_w = l->ffn_norm, .add = d->q};
+    run_tokens(d, n, rows_run, &rt);
+
     if (d->capture)
         kwk_capture_rows(d->capture, layer, KWK_SITE_GU, d->xn, n);
-    if (l->w_gate.rows == d->c->d_ff && l->w_up.rows == d->c->d_ff) {
-        matmul_post(d, n, 2, gu, 0, swiglu_post, d);
-    } else {
-        matmul(d, n, 2, gu);
+    mm_exec(d, &gu, &down);
+    if (!gu_fused) {
         struct swiglu_task st = {.d = d, .n = n};
         run_tokens(d, n, swiglu_run, &st);
     }
-    struct mm_job down = {&l->w_down, d->gate, d->q, d->c->d_model};
     if (d->capture)
         kwk_capture_rows(d->capture, layer, KWK_SITE_DOWN, d->gate, n);
-    matmul(d, n, 1, &down);
+    mm_exec(d, &down, after_down);
     /* residual add, then the next layer's attention norm (none after the last layer) */
     struct rows_task rt2 = {.d = d, .n = n, .norm_w = next_norm, .add = d->q};
     run_tokens(d, n, rows_run, &rt2);

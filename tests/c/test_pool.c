@@ -1,7 +1,9 @@
 /* test_pool.c - the thread pool: every thread runs each task exactly once, the barrier orders
- * phases, the pool survives sleeping between tasks; kwk_split_range covers [0,n) exactly. */
+ * phases, the pool survives sleeping between tasks, a waiting thread reads the spans it was given
+ * and stops when the wait ends; kwk_split_range covers [0,n) exactly. */
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "base/base.h"
@@ -113,6 +115,82 @@ static void test_split(void)
     T_EQ(hi, 100);
 }
 
+struct pf_ctx {
+    struct kwk_pool *pool;
+    const char *buf;
+    size_t bytes;
+    int sleep_ms; /* the workers' time in the task */
+    int n_spans;  /* spans given, each a quarter of buf (more than KWK_POOL_SPANS: clamped) */
+};
+
+static void pf_task(void *arg, int ith, int nth)
+{
+    struct pf_ctx *c = arg;
+    (void)nth;
+    struct kwk_span s[KWK_POOL_SPANS + 2];
+    for (int i = 0; i < c->n_spans; i++)
+        s[i] = (struct kwk_span){c->buf + (size_t)i * (c->bytes / 4), c->bytes / 4};
+    kwk_pool_prefetch(c->pool, ith, s, c->n_spans);
+    if (ith > 0 && c->sleep_ms > 0) {
+        struct timespec ts = {0, c->sleep_ms * 1000L * 1000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Prefetching waits: the owner, done long before its workers, asks for every line of its spans
+ * (three of the four given: the rest are clamped away) and returns only when the workers are
+ * done; a wait ends as soon as the next task is handed out, however much is left to read. */
+static void test_prefetch(void)
+{
+    struct kwk_pool *p = kwk_pool_new(2);
+    T_TRUE(p != NULL);
+    if (!p)
+        return;
+    size_t small = 64 * 1024, big = (size_t)256 << 20;
+    char *buf = malloc(big);
+    T_TRUE(buf != NULL);
+    if (!buf) {
+        kwk_pool_free(p);
+        return;
+    }
+    memset(buf, 1, big); /* mapped, and out of the caches */
+    struct pf_ctx c = {.pool = p, .buf = buf, .bytes = small, .sleep_ms = 100, .n_spans = 4};
+    kwk_pool_run(p, pf_task, &c);
+    T_EQ(kwk_pool_prefetched(p, 0), (long)(3 * (small / 4) / 64));
+    /* No spans this time: nothing more is asked for. */
+    c.n_spans = 0;
+    kwk_pool_run(p, pf_task, &c);
+    T_EQ(kwk_pool_prefetched(p, 0), (long)(3 * (small / 4) / 64));
+
+    /* 64 MiB a span a thread, 200 tasks back to back: reading it all would take 200 * 3 * 1M
+     * lines; each wait stops at the next hand-out (or the workers' end) long before. */
+    c = (struct pf_ctx){.pool = p, .buf = buf, .bytes = big, .sleep_ms = 0, .n_spans = 3};
+    long before0 = kwk_pool_prefetched(p, 0), before1 = kwk_pool_prefetched(p, 1);
+    for (int i = 0; i < 200; i++)
+        kwk_pool_run(p, pf_task, &c);
+    long all = 200L * 3 * (long)(big / 4 / 64);
+    T_TRUE(kwk_pool_prefetched(p, 0) - before0 < all);
+    T_TRUE(kwk_pool_prefetched(p, 1) - before1 < all);
+    /* Out-of-range threads and negative counts are ignored. */
+    struct kwk_span s = {buf, 64};
+    kwk_pool_prefetch(p, 2, &s, 1);
+    kwk_pool_prefetch(p, -1, &s, 1);
+    kwk_pool_prefetch(p, 0, &s, -3);
+    T_EQ(kwk_pool_prefetched(p, 2), 0);
+    kwk_pool_free(p);
+
+    /* One thread: nothing to wait for, nothing asked for. */
+    p = kwk_pool_new(1);
+    T_TRUE(p != NULL);
+    if (p) {
+        c = (struct pf_ctx){.pool = p, .buf = buf, .bytes = small, .sleep_ms = 0, .n_spans = 2};
+        kwk_pool_run(p, pf_task, &c);
+        T_EQ(kwk_pool_prefetched(p, 0), 0);
+    }
+    kwk_pool_free(p);
+    free(buf);
+}
+
 static void noop(void *ctx, int ith, int nth)
 {
     (void)ctx;
@@ -127,6 +205,7 @@ int main(void)
     test_runs(2, 10000);
     test_runs(3, 10000);
     test_runs(8, 4000); /* oversubscribed: fewer runs keep the test quick */
+    test_prefetch();
     struct kwk_pool *p = kwk_pool_new(0);
     T_TRUE(p != NULL);
     if (p) {

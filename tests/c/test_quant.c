@@ -5,13 +5,15 @@
  * shapes, row ranges and 1-4 pool threads, with 16-bit and with 8-bit activations (kwk_mat.act8:
  * the reference against quant.h's specification, act8 against 16 bits on int8-grid activations,
  * batch invariance, error against the float product), and the two-step matmul_q (activations
- * quantized once) against matmul; the AVX2 kernels' AVX-VNNI instance against their maddubs one. */
+ * quantized once) against matmul; the AVX2 kernels' AVX-VNNI instance against their maddubs one;
+ * kwk_mat_rows_span against where packing writes each block of rows. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
 #include "base/pool.h"
 #include "kernels/kernels.h"
+#include "kernels/panel.h"
 #include "kernels/quant.h"
 #define T_RNG_SEED 0x9e3779b97f4a7c15ull
 #include "test.h"
@@ -1074,6 +1076,93 @@ static void test_fit_rows_simd(int isa, fit_rows_fn fit_rows)
             kwk_isa_name(isa));
 }
 
+/* Where packing wrote a block of rows: the bytes that differ between buf (packed from zeros) and
+ * the same with panel / row block b packed from random rows, as [*lo, *hi) offsets. */
+static void written_range(const unsigned char *a, const unsigned char *b, size_t n, size_t *lo,
+                          size_t *hi)
+{
+    *lo = n;
+    *hi = 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            *lo = KWK_MIN(*lo, i);
+            *hi = i + 1;
+        }
+}
+
+/* kwk_mat_rows_span against the layouts packing writes: the span of rows 16b .. 16b+15 (and of
+ * the last, short block) covers every byte packing wrote for them and starts and ends on their
+ * block; wider ranges are those blocks end to end; plain types are rows * cols elements; ranges
+ * that cut a block or leave the matrix are refused. */
+static void test_rows_span(void)
+{
+    static const int types[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6, KWK_W_BF16P};
+    const int64_t rows = 45, cols = 70; /* 3 row blocks, the last one short; groups padded */
+    float *src = malloc(sizeof(float) * 16 * (size_t)cols), *zero = calloc(16 * (size_t)cols, 4);
+    for (int i = 0; i < 16 * cols; i++)
+        src[i] = t_frand(-1.0f, 1.0f);
+    for (size_t t = 0; t < KWK_ARRAY_LEN(types); t++) {
+        int wt = types[t];
+        size_t bytes;
+        T_EQ(wt == KWK_W_BF16P ? kwk_panel_bytes(rows, cols, &bytes)
+                               : kwk_quant_bytes(wt, rows, cols, &bytes),
+             0);
+        unsigned char *a = kwk_malloc_aligned(bytes), *b = kwk_malloc_aligned(bytes);
+        for (int64_t blk = 0; blk * 16 < rows; blk++) {
+            if (wt == KWK_W_BF16P)
+                kwk_panel_pack_rows(a, rows, cols, blk, zero, (long)cols);
+            else
+                kwk_quant_pack_rows(wt, a, rows, cols, blk, zero, (long)cols);
+        }
+        struct kwk_mat m = {.wtype = wt, .rows = rows, .cols = cols, .data = b};
+        for (int64_t blk = 0; blk * 16 < rows; blk++) {
+            memcpy(b, a, bytes);
+            if (wt == KWK_W_BF16P)
+                kwk_panel_pack_rows(b, rows, cols, blk, src, (long)cols);
+            else
+                kwk_quant_pack_rows(wt, b, rows, cols, blk, src, (long)cols);
+            size_t lo, hi, blk_bytes = bytes / 3;
+            written_range(a, b, bytes, &lo, &hi);
+            const void *p;
+            size_t n;
+            T_EQ(kwk_mat_rows_span(&m, blk * 16, KWK_MIN(rows, blk * 16 + 16), &p, &n), 0);
+            size_t at = (size_t)((const unsigned char *)p - b);
+            T_TRUE(at <= lo && hi <= at + n);
+            T_EQ(at, (size_t)blk * blk_bytes);
+            T_EQ(n, blk_bytes);
+        }
+        const void *p;
+        size_t n;
+        T_EQ(kwk_mat_rows_span(&m, 16, rows, &p, &n), 0);
+        T_TRUE(p == b + bytes / 3);
+        T_EQ(n, 2 * bytes / 3);
+        T_EQ(kwk_mat_rows_span(&m, 0, 0, &p, &n), 0);
+        T_EQ(n, 0);
+        T_EQ(kwk_mat_rows_span(&m, 8, 32, &p, &n), -1);  /* starts inside a block */
+        T_EQ(kwk_mat_rows_span(&m, 0, 20, &p, &n), -1);  /* ends inside one */
+        T_EQ(kwk_mat_rows_span(&m, 0, 46, &p, &n), -1);  /* past the last row */
+        T_TRUE(p == NULL && n == 0);
+        kwk_free_aligned(a);
+        kwk_free_aligned(b);
+    }
+    static const int plain[][2] = {{KWK_W_F32, 4}, {KWK_W_F16, 2}, {KWK_W_BF16, 2}};
+    for (size_t t = 0; t < KWK_ARRAY_LEN(plain); t++) {
+        struct kwk_mat m = {.wtype = plain[t][0], .rows = rows, .cols = cols, .data = src};
+        const void *p;
+        size_t n;
+        T_EQ(kwk_mat_rows_span(&m, 3, 10, &p, &n), 0);
+        T_TRUE(p == (const char *)src + 3 * cols * plain[t][1]);
+        T_EQ(n, (size_t)(7 * cols * plain[t][1]));
+        T_EQ(kwk_mat_rows_span(&m, 10, 3, &p, &n), -1);
+    }
+    struct kwk_mat bad = {.wtype = 99, .rows = rows, .cols = cols, .data = src};
+    const void *p;
+    size_t n;
+    T_EQ(kwk_mat_rows_span(&bad, 0, 16, &p, &n), -1);
+    free(src);
+    free(zero);
+}
+
 static void test_sizes(void)
 {
     size_t n;
@@ -1093,6 +1182,7 @@ int main(void)
     printf("isa: %s\n", kwk_isa_name(kwk_isa()));
     test_f16();
     test_sizes();
+    test_rows_span();
     test_act();
     static const int64_t shapes[][2] = {{1, 64}, {17, 200}, {37, 576}, {16, 31}};
     for (size_t i = 0; i < KWK_ARRAY_LEN(shapes); i++) {
