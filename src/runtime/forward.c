@@ -41,24 +41,23 @@ struct mm_task {
     const struct kwk_qact *qa;
     int qa_ready;
     struct kwk_pool *pool;
-    /* Short chunks (generation): rows are taken in chunks from a shared counter instead of
-     * split evenly up front (see DYN_TOK_MAX). Chunks are ranges of units: heads (unit > 0),
-     * else row blocks of 16 (the same rows of every job when the jobs are alike, else each
-     * job's blocks in job order). */
+    /* Short chunks (generation): rows are taken in ranges from a shared counter instead of
+     * split evenly up front (see DYN_TOK_MAX). Ranges of units: heads (unit > 0), else row
+     * blocks of 16 (the same rows of every job when the jobs are alike, else each job's blocks
+     * in job order). */
     int dyn;
     int alike; /* all jobs have the same rows (set for every task) */
     int nth;
     long n_units; /* count_units: set for every task */
-    long big;   /* units of each of the first nth chunks */
-    long small; /* units of each later chunk */
-    long n_chunks;
-    atomic_long next; /* next chunk to take */
+    long big;     /* units of each of the first nth chunks, one a thread */
+    long align;   /* units a range is a multiple of */
+    atomic_long tail; /* the first unit of the tail not yet taken */
     /* Longer chunks (prompts): the threads as a grid of grid_r row parts x grid_t token parts
      * (see plan_grid); threads past grid_r * grid_t have no share. */
     int grid_r, grid_t;
     /* Short chunks on at most MAX_OWN threads: thread i takes big chunk i first, claimed here,
-     * then small ones from next (which starts at nth), then any big chunk a late thread has not
-     * begun (see mm_run_dyn). */
+     * then ranges of the tail (which starts after the big chunks), then any big chunk a late
+     * thread has not begun (see mm_run_dyn). */
     atomic_int claimed[MAX_OWN];
     /* The product that follows (planned, not run; NULL: none or unknown): each thread asks for
      * its first rows of it while it waits at the end of this one (see prefetch_next). */
@@ -70,15 +69,16 @@ struct mm_task {
  * the others waiting at the end of every product (14% of SmolLM2-360M's generation samples in
  * pool waits, 160 products a token; 8% with the counter, at the same tokens/s on 2 cores, where
  * the other thread reads faster meanwhile; the imbalance grows with the thread count). The first
- * nth chunks are three quarters of an even share each (one per thread, each thread's own first:
- * mm_run_dyn), the rest small ones that even out the end (each chunk has its own start-up: a
- * thread should take few; session 18 re-measured these sizes token by token: the optimum here).
- * Longer chunks are compute-bound and split evenly. Each row's numbers do not depend on its
- * thread or chunk (batch invariance of the kernels). */
+ * nth chunks are seven eighths of an even share each (one per thread, each thread's own first:
+ * mm_run_dyn); the rest, the tail, is taken guided: each range a 1 / (2 nth) share of what is
+ * left, so ranges shrink to one decode tile at the end (each range has its own start-up, so a
+ * thread should take few, and the last ones small). Against session 18's tail of equal small
+ * chunks after three-quarter shares, token by token (session 22): 0.97-1.006 of the time a
+ * token, about 0.7% less in the median over SmolLM2-135M / 360M, Qwen2.5-0.5B. Longer chunks are
+ * compute-bound and split evenly. Each row's numbers do not depend on its thread or chunk (batch
+ * invariance of the kernels). */
 #define DYN_TOK_MAX 16
-/* Small chunks a thread takes on average in the tail. */
-#define DYN_TAIL_CHUNKS 2
-/* Row blocks of a chunk are a multiple of this: the decode tile's height. */
+/* Row blocks of a range are a multiple of this: the decode tile's height. */
 #define DYN_ALIGN 4
 /* A prompt product's token parts: at least GRID_MIN_TOK tokens (the tiles stay full), cut on
  * multiples of GRID_TOK_ALIGN. */
@@ -144,26 +144,16 @@ static void plan_chunks(struct mm_task *t, int nth)
      * DYN_ALIGN blocks a thread: small matrices on many cores, where every thread's reads count
      * more than each reading longer streams). */
     long align = t->unit > 0 || total < (long)nth * DYN_ALIGN ? 1 : DYN_ALIGN;
-    long big = total * 3 / (4 * (long)nth) / align * align;
-    long rest = total - big * nth;
-    long small = (rest + (long)nth * DYN_TAIL_CHUNKS - 1) / ((long)nth * DYN_TAIL_CHUNKS);
-    small = KWK_MAX(1, (small + align - 1) / align) * align;
     t->nth = nth;
-    t->big = big;
-    t->small = small;
-    t->n_chunks = nth + (rest + small - 1) / small;
+    t->align = align;
+    t->big = total * 7 / (8 * (long)nth) / align * align;
 }
 
-/* The units of chunk c. */
+/* The units of big chunk c (c < nth). */
 static void chunk_units(const struct mm_task *t, long c, long *u0, long *u1)
 {
-    if (c < t->nth) {
-        *u0 = c * t->big;
-        *u1 = *u0 + t->big;
-    } else {
-        *u0 = t->nth * t->big + (c - t->nth) * t->small;
-        *u1 = KWK_MIN(t->n_units, *u0 + t->small);
-    }
+    *u0 = c * t->big;
+    *u1 = *u0 + t->big;
 }
 
 /* Rows lo[j]..hi[j] of each job for tokens [t0, t1). */
@@ -223,11 +213,10 @@ static void plan_grid(struct mm_task *t, int nth)
     }
 }
 
-/* Runs chunk c (generation). */
-static void mm_chunk(const struct mm_task *t, long c)
+/* Runs units [u0, u1) (generation). */
+static void mm_units(const struct mm_task *t, long u0, long u1)
 {
-    long u0, u1, lo[3], hi[3];
-    chunk_units(t, c, &u0, &u1);
+    long lo[3], hi[3];
     if (u0 >= u1)
         return;
     unit_rows(t, u0, u1, lo, hi);
@@ -237,26 +226,45 @@ static void mm_chunk(const struct mm_task *t, long c)
 /* Runs big chunk c unless another thread has claimed it. */
 static void mm_claim(struct mm_task *t, long c)
 {
+    long u0, u1;
+    chunk_units(t, c, &u0, &u1);
     if (!atomic_exchange_explicit(&t->claimed[c], 1, memory_order_relaxed))
-        mm_chunk(t, c);
+        mm_units(t, u0, u1);
+}
+
+/* The next range of the tail: a 1 / (2 nth) share of what is left, in whole tiles. 0 when
+ * nothing is left. */
+static int claim_tail(struct mm_task *t, long *u0, long *u1)
+{
+    long cur = atomic_load_explicit(&t->tail, memory_order_relaxed);
+    for (;;) {
+        if (cur >= t->n_units)
+            return 0;
+        long take = (t->n_units - cur + 2L * t->nth - 1) / (2L * t->nth);
+        take = (take + t->align - 1) / t->align * t->align;
+        long end = KWK_MIN(t->n_units, cur + take);
+        if (atomic_compare_exchange_weak_explicit(&t->tail, &cur, end, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *u0 = cur;
+            *u1 = end;
+            return 1;
+        }
+    }
 }
 
 /* Generation: thread ith's own big chunk first, so that a product's rows go to the same thread
  * token after token (its caches, and on a NUMA host its node's memory, can keep them: with
- * chunks taken first come first served they wander between threads), then small chunks from the
- * counter, then the big chunks of threads that had not begun theirs (a late or descheduled
- * thread holds nothing up). Past MAX_OWN threads, every chunk from the counter. */
+ * chunks taken first come first served they wander between threads), then ranges of the tail,
+ * then the big chunks of threads that had not begun theirs (a late or descheduled thread holds
+ * nothing up). Past MAX_OWN threads, everything is tail. */
 static void mm_run_dyn(struct mm_task *t, int ith)
 {
     int own = t->nth <= MAX_OWN;
     if (own)
         mm_claim(t, ith);
-    for (;;) {
-        long c = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (c >= t->n_chunks)
-            break;
-        mm_chunk(t, c);
-    }
+    long u0, u1;
+    while (claim_tail(t, &u0, &u1))
+        mm_units(t, u0, u1);
     if (own)
         for (int i = 1; i < t->nth; i++)
             mm_claim(t, (ith + i) % t->nth);
@@ -386,7 +394,7 @@ static void mm_exec(struct kwk_decoder *d, struct mm_task *t, const struct mm_ta
         }
     }
     int own = t->dyn && t->nth <= MAX_OWN;
-    atomic_init(&t->next, own ? t->nth : 0);
+    atomic_init(&t->tail, own ? t->nth * t->big : 0);
     for (int c = 0; own && c < t->nth; c++)
         atomic_init(&t->claimed[c], 0);
     kwk_pool_run(d->pool, mm_run, t);

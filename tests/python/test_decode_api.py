@@ -226,8 +226,8 @@ def test_prompt_grid_does_not_change_logits(kwker_mod, precision):
 @pytest.mark.parametrize("precision", ["preserve", "balanced", "int4"])
 def test_generation_chunks_do_not_change_logits(kwker_mod, precision):
     """Chunks of up to 16 tokens (generation) hand out rows in chunks: each thread takes its own
-    big chunk first, then small ones from a counter, then any big chunk a late thread has not
-    begun (forward.c mm_run_dyn). On 1, 2, 3, 7 and 12 threads (more than this host's cores, so
+    big chunk first, then shrinking ranges of the tail from a counter, then any big chunk a late
+    thread has not begun (forward.c mm_run_dyn). On 1, 2, 3, 7 and 12 threads (more than this host's cores, so
     threads start late and others take their chunks) every split gives one thread's logits
     bitwise, for fresh chunks of 1, 5 and 12 tokens and a greedy run after them."""
     path = tiny_models.build("llama_wide")
