@@ -134,20 +134,29 @@ static int take_spans(struct kwk_pool *p, int ith, struct kwk_span *s)
     return count;
 }
 
-/* Ask for the spans' lines, into L2 (hint T1), until *word changes from `old` (equal = 0) or
- * becomes `old` (equal = 1): the end of the wait they fill. */
+/* Ask for the spans' lines, into L2 (hint T1), PREFETCH_CHECK lines of each span in turn, until
+ * *word changes from `old` (equal = 0) or becomes `old` (equal = 1): the end of the wait they
+ * fill. */
 static void prefetch_while(struct prefetch_slot *slot, const struct kwk_span *s, int count,
                            atomic_uint *word, unsigned old, int equal)
 {
-    long lines = 0;
+    const char *c[KWK_POOL_SPANS], *end[KWK_POOL_SPANS];
     for (int i = 0; i < count; i++) {
-        const char *c = s[i].p, *end = c + s[i].n;
-        while (c < end) {
+        c[i] = s[i].p;
+        end[i] = c[i] + s[i].n;
+    }
+    long lines = 0;
+    for (int left = count; left > 0;) {
+        left = 0;
+        for (int i = 0; i < count; i++) {
+            if (c[i] >= end[i])
+                continue;
             unsigned v = atomic_load_explicit(word, memory_order_relaxed);
             if ((v == old) == equal)
                 goto out;
-            for (int k = 0; k < PREFETCH_CHECK && c < end; k++, c += 64, lines++)
-                __builtin_prefetch(c, 0, 2);
+            for (int k = 0; k < PREFETCH_CHECK && c[i] < end[i]; k++, c[i] += 64, lines++)
+                __builtin_prefetch(c[i], 0, 2);
+            left += c[i] < end[i];
         }
     }
 out:

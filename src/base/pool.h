@@ -25,13 +25,14 @@ void kwk_pool_run(struct kwk_pool *p, kwk_task_fn fn, void *ctx);
  * line, into L2, while it would otherwise wait for the task's other threads or for the next
  * task, and stops as soon as that wait is over. Bandwidth is what generation is short of, and
  * the waits at the end of each of a token's ~150 tasks leave it idle. */
-#define KWK_POOL_SPANS 3
+#define KWK_POOL_SPANS 4
 struct kwk_span {
     const void *p;
     size_t n;
 };
-/* Inside a task, on thread ith: spans (up to KWK_POOL_SPANS, read in order) for the wait that
- * follows this task. Only for this task: forgotten when the wait ends. */
+/* Inside a task, on thread ith: spans (up to KWK_POOL_SPANS) for the wait that follows this
+ * task, read side by side (a few lines of each in turn, as a kernel reading them as parallel
+ * streams would). Only for this task: forgotten when the wait ends. */
 void kwk_pool_prefetch(struct kwk_pool *p, int ith, const struct kwk_span *s, int count);
 /* Lines thread ith has asked for so far (statistics and tests; a worker's count of the wait
  * after the last task may still be growing). */

@@ -410,4 +410,5 @@ const struct kwk_kernels kwk_kernels_avx2 = {
     .to_half = avx2_to_half,
     .from_half = avx2_from_half,
     .bf16_panels = 1,
+    .dec_runs = KWK_DEC_STREAMS, /* float_rows.h; avx2_panel.c reads panels alike */
 };

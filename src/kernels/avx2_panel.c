@@ -129,7 +129,7 @@ static void gemm(const struct kwk_mat *w, const float *x, int n_tok, float *y, l
  * decode does the same with rows). Zen 3, one thread, 2560x960 / 960x2560 / 1536x576, GB/s
  * (a separate harness): 4 runs 20-21 (1 KiB ahead 23.5-24, none 21-23.5), 2 runs 23-24, 8 runs
  * 15-21, where the row-major bf16 decode read 18 in the same minutes. */
-#define DEC_STREAMS 4
+#define DEC_STREAMS 4 /* kwk_kernels.dec_runs of the tables that use this decode */
 #define DEC_PF_BYTES 1024
 
 INLINE void dec_panels(const struct kwk_mat *w, const float *x, float *y, int64_t p, int64_t run,

@@ -432,4 +432,5 @@ const struct kwk_kernels kwk_kernels_avx512 = {
     .swiglu = avx512_swiglu,
     .to_half = avx512_to_half,
     .from_half = avx512_from_half,
+    .dec_runs = KWK_DEC_STREAMS, /* float_rows.h; avx2_panel.c reads panels alike */
 };

@@ -66,3 +66,25 @@ int kwk_mat_rows_span(const struct kwk_mat *w, int64_t r0, int64_t r1, const voi
     *n = (size_t)count * row;
     return 0;
 }
+
+int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, int64_t r0,
+                         int64_t r1, size_t budget, const void **p, size_t *n, int max)
+{
+    const void *all;
+    size_t bytes;
+    if (max < 1 || r1 <= r0 || kwk_mat_rows_span(w, r0, r1, &all, &bytes))
+        return 0;
+    /* runs are cut in rows, or in panels of 16 rows */
+    int64_t unit = w->wtype == KWK_W_BF16P ? 16 : 1, units = (r1 - r0 + unit - 1) / unit;
+    int runs = kwk_quant_group(w->wtype) ? 1 : KWK_MAX(1, k->dec_runs);
+    int64_t run = units / runs;
+    if (run == 0) /* fewer units than runs: the kernels read them one after the other */
+        runs = 1;
+    size_t run_bytes = runs == 1 ? bytes : bytes / (size_t)units * (size_t)run;
+    runs = KWK_MIN(runs, max);
+    for (int i = 0; i < runs; i++) {
+        p[i] = (const char *)all + (size_t)i * run_bytes;
+        n[i] = KWK_MIN(run_bytes, budget / (size_t)runs);
+    }
+    return runs;
+}

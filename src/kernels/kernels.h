@@ -74,6 +74,11 @@ struct kwk_kernels {
     /* 1: preserve packs bf16 matrices into panels (KWK_W_BF16P), which this table multiplies
      * faster than row-major bf16. Every table multiplies either layout. */
     int bf16_panels;
+    /* A one-token product of a plain or panel matrix reads the rows [r0, r1) it is given as
+     * this many runs of consecutive rows (16-row panels for KWK_W_BF16P) side by side, run i
+     * from r0 + i * floor((r1 - r0) / dec_runs) (in rows, or panels); 1: in order. Quantized
+     * matrices are read in order by every table. See kwk_mat_decode_spans. */
+    int dec_runs;
 };
 
 /* A decode tile's software prefetch of weights it reads soon: into L2 (pf_l2, PREFETCHT1) or L1
@@ -100,6 +105,13 @@ static inline __attribute__((always_inline)) void kwk_prefetch_bytes(const void 
  * 0 and sets *p, *n; -1 for a range it cannot place (bad type or bounds, a block cut). */
 int kwk_mat_rows_span(const struct kwk_mat *w, int64_t r0, int64_t r1, const void **p,
                       size_t *n);
+
+/* The memory a one-token product of table k over rows [r0, r1) of w reads first: one span a run
+ * it reads side by side (kwk_kernels.dec_runs; one for quantized matrices), each the first
+ * budget / runs bytes of its run, at most max spans. Returns their count (0 for a range
+ * kwk_mat_rows_span refuses). What a thread can ask for ahead of the product. */
+int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, int64_t r0,
+                         int64_t r1, size_t budget, const void **p, size_t *n, int max);
 
 /* The table for an ISA (enum kwk_isa); falls back to the best lower one compiled in. */
 const struct kwk_kernels *kwk_kernels_for(int isa);

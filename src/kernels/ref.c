@@ -160,4 +160,5 @@ const struct kwk_kernels kwk_kernels_ref = {
     .swiglu = ref_swiglu,
     .to_half = ref_to_half,
     .from_half = ref_from_half,
+    .dec_runs = 1,
 };

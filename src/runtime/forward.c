@@ -272,14 +272,15 @@ static void mm_run_dyn(struct mm_task *t, int ith)
 
 /* Bytes of the next product a thread asks for while it waits, at most: about what the waits at
  * the end of a generation product can fill, within L2 (on SmolLM2-135M / 360M, 512 KiB took up to
- * 2% less time a token than 128 KiB; 256 KiB and the whole share within 1% of 512 KiB). */
+ * 2% less time a token than 128 KiB; 256 KiB and the whole share within 1% of 512 KiB). Token by
+ * token without the prefetch (session 22): 1.005-1.04 of the time a token quantized, 1.002-1.018
+ * preserve (AVX-512 rows and AVX2 panels, read as 4 runs). */
 #define PREFETCH_MAX (512 * 1024)
 
-/* Hands the pool thread ith's first rows of the planned product `after` (its own first chunk)
- * to be read while this thread waits for the others or for the next task. Quantized matrices
- * only: their decode tiles read a chunk from its first row block on; the float decode reads a
- * thread's rows as 4 runs far apart (float_rows.h, avx2_panel.c), whose first lines these are
- * not (SmolLM2-360M preserve was no faster with them). */
+/* Hands the pool what thread ith reads first in the planned product `after` (its own first
+ * chunk: the start of each run the kernel reads side by side, kwk_mat_decode_spans), to be
+ * asked for while this thread waits for the others or for the next task. The first job with
+ * rows only: the kernels read jobs one after the other. */
 static void prefetch_next(const struct mm_task *after, struct kwk_pool *pool, int ith)
 {
     if (!after || !after->dyn || after->nth > MAX_OWN || ith >= after->nth)
@@ -289,21 +290,19 @@ static void prefetch_next(const struct mm_task *after, struct kwk_pool *pool, in
     if (u0 >= u1)
         return;
     unit_rows(after, u0, u1, lo, hi);
-    struct kwk_span s[KWK_POOL_SPANS];
-    int n = 0;
-    size_t budget = PREFETCH_MAX;
-    for (int j = 0; j < after->n_jobs && budget > 0; j++) {
-        const struct kwk_mat *w = after->jobs[j].w;
-        const void *p;
-        size_t bytes;
-        if (lo[j] >= hi[j] || !kwk_quant_group(w->wtype) ||
-            kwk_mat_rows_span(w, lo[j], hi[j], &p, &bytes))
+    for (int j = 0; j < after->n_jobs; j++) {
+        if (lo[j] >= hi[j])
             continue;
-        s[n].p = p;
-        s[n].n = KWK_MIN(bytes, budget);
-        budget -= s[n++].n;
+        const void *p[KWK_POOL_SPANS];
+        size_t bytes[KWK_POOL_SPANS];
+        int n = kwk_mat_decode_spans(after->k, after->jobs[j].w, lo[j], hi[j], PREFETCH_MAX, p,
+                                     bytes, KWK_POOL_SPANS);
+        struct kwk_span s[KWK_POOL_SPANS];
+        for (int i = 0; i < n; i++)
+            s[i] = (struct kwk_span){p[i], bytes[i]};
+        kwk_pool_prefetch(pool, ith, s, n);
+        return;
     }
-    kwk_pool_prefetch(pool, ith, s, n);
 }
 
 /* Rows are handed out in blocks of 16 (or whole units, multiples of 16) so SIMD kernels work on

@@ -120,16 +120,16 @@ struct pf_ctx {
     const char *buf;
     size_t bytes;
     int sleep_ms; /* the workers' time in the task */
-    int n_spans;  /* spans given, each a quarter of buf (more than KWK_POOL_SPANS: clamped) */
+    int n_spans;  /* spans given, each an eighth of buf (more than KWK_POOL_SPANS: clamped) */
 };
 
 static void pf_task(void *arg, int ith, int nth)
 {
     struct pf_ctx *c = arg;
     (void)nth;
-    struct kwk_span s[KWK_POOL_SPANS + 2];
+    struct kwk_span s[8];
     for (int i = 0; i < c->n_spans; i++)
-        s[i] = (struct kwk_span){c->buf + (size_t)i * (c->bytes / 4), c->bytes / 4};
+        s[i] = (struct kwk_span){c->buf + (size_t)i * (c->bytes / 8), c->bytes / 8};
     kwk_pool_prefetch(c->pool, ith, s, c->n_spans);
     if (ith > 0 && c->sleep_ms > 0) {
         struct timespec ts = {0, c->sleep_ms * 1000L * 1000L};
@@ -138,8 +138,9 @@ static void pf_task(void *arg, int ith, int nth)
 }
 
 /* Prefetching waits: the owner, done long before its workers, asks for every line of its spans
- * (three of the four given: the rest are clamped away) and returns only when the workers are
- * done; a wait ends as soon as the next task is handed out, however much is left to read. */
+ * (the first KWK_POOL_SPANS of the six given: the rest are clamped away) and returns only when
+ * the workers are done; a wait ends as soon as the next task is handed out, however much is left
+ * to read. */
 static void test_prefetch(void)
 {
     struct kwk_pool *p = kwk_pool_new(2);
@@ -154,21 +155,22 @@ static void test_prefetch(void)
         return;
     }
     memset(buf, 1, big); /* mapped, and out of the caches */
-    struct pf_ctx c = {.pool = p, .buf = buf, .bytes = small, .sleep_ms = 100, .n_spans = 4};
+    struct pf_ctx c = {.pool = p, .buf = buf, .bytes = small, .sleep_ms = 100, .n_spans = 6};
     kwk_pool_run(p, pf_task, &c);
-    T_EQ(kwk_pool_prefetched(p, 0), (long)(3 * (small / 4) / 64));
+    T_EQ(kwk_pool_prefetched(p, 0), (long)(KWK_POOL_SPANS * (small / 8) / 64));
     /* No spans this time: nothing more is asked for. */
     c.n_spans = 0;
     kwk_pool_run(p, pf_task, &c);
-    T_EQ(kwk_pool_prefetched(p, 0), (long)(3 * (small / 4) / 64));
+    T_EQ(kwk_pool_prefetched(p, 0), (long)(KWK_POOL_SPANS * (small / 8) / 64));
 
-    /* 64 MiB a span a thread, 200 tasks back to back: reading it all would take 200 * 3 * 1M
-     * lines; each wait stops at the next hand-out (or the workers' end) long before. */
-    c = (struct pf_ctx){.pool = p, .buf = buf, .bytes = big, .sleep_ms = 0, .n_spans = 3};
+    /* 32 MiB a span, 4 spans a thread, 200 tasks back to back: reading it all would take
+     * 200 * 4 * 512Ki lines; each wait stops at the next hand-out (or the workers' end) long
+     * before. */
+    c = (struct pf_ctx){.pool = p, .buf = buf, .bytes = big, .sleep_ms = 0, .n_spans = 4};
     long before0 = kwk_pool_prefetched(p, 0), before1 = kwk_pool_prefetched(p, 1);
     for (int i = 0; i < 200; i++)
         kwk_pool_run(p, pf_task, &c);
-    long all = 200L * 3 * (long)(big / 4 / 64);
+    long all = 200L * 4 * (long)(big / 8 / 64);
     T_TRUE(kwk_pool_prefetched(p, 0) - before0 < all);
     T_TRUE(kwk_pool_prefetched(p, 1) - before1 < all);
     /* Out-of-range threads and negative counts are ignored. */

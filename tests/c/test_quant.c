@@ -6,7 +6,8 @@
  * the reference against quant.h's specification, act8 against 16 bits on int8-grid activations,
  * batch invariance, error against the float product), and the two-step matmul_q (activations
  * quantized once) against matmul; the AVX2 kernels' AVX-VNNI instance against their maddubs one;
- * kwk_mat_rows_span against where packing writes each block of rows. */
+ * kwk_mat_rows_span against where packing writes each block of rows, and kwk_mat_decode_spans
+ * (where each table's one-token product starts reading). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -1163,6 +1164,59 @@ static void test_rows_span(void)
     free(zero);
 }
 
+/* kwk_mat_decode_spans: where each table's one-token product starts reading a range of rows. */
+static void test_decode_spans(void)
+{
+    const int64_t rows = 200, cols = 70;
+    const struct kwk_kernels *tables[] = {&kwk_kernels_ref, &kwk_kernels_avx2, &kwk_kernels_avx512};
+    const void *p[4];
+    size_t n[4];
+    char *mem = malloc((size_t)rows * (size_t)cols * 4); /* the largest layout: float rows */
+    for (size_t t = 0; t < KWK_ARRAY_LEN(tables); t++) {
+        const struct kwk_kernels *k = tables[t];
+        T_TRUE(k->dec_runs >= 1);
+        /* float rows: dec_runs runs of floor(rows / runs) rows, each span the run's first
+         * budget / runs bytes */
+        struct kwk_mat f = {.wtype = KWK_W_F32, .rows = rows, .cols = cols, .data = mem};
+        int64_t r0 = 16, r1 = 160, run = (r1 - r0) / k->dec_runs;
+        size_t row = (size_t)cols * 4;
+        int got = kwk_mat_decode_spans(k, &f, r0, r1, 4096, p, n, 4);
+        T_EQ(got, k->dec_runs);
+        for (int i = 0; i < got; i++) {
+            T_TRUE(p[i] == (const char *)f.data + (size_t)(r0 + i * run) * row);
+            T_EQ(n[i], KWK_MIN(4096 / (size_t)got, (size_t)run * row));
+        }
+        /* a budget larger than the runs: whole runs */
+        got = kwk_mat_decode_spans(k, &f, r0, r1, (size_t)1 << 30, p, n, 4);
+        T_EQ(n[got - 1], (size_t)run * row);
+        /* fewer rows than runs: read in order, one span */
+        T_EQ(kwk_mat_decode_spans(k, &f, 5, 7, 4096, p, n, 4), 1);
+        T_TRUE(p[0] == (const char *)f.data + 5 * row && n[0] == 2 * row);
+        /* max caps the count */
+        T_EQ(kwk_mat_decode_spans(k, &f, r0, r1, 4096, p, n, 1), 1);
+        /* panels: runs of whole 16-row panels */
+        struct kwk_mat b = {.wtype = KWK_W_BF16P, .rows = rows, .cols = cols, .data = mem};
+        got = kwk_mat_decode_spans(k, &b, 32, 200, (size_t)1 << 30, p, n, 4);
+        T_EQ(got, k->dec_runs);
+        size_t panel = (size_t)cols * 16 * 2;
+        int64_t pruns = (13 - 2) / got; /* panels 2 .. 12, the last one short */
+        for (int i = 0; i < got; i++) {
+            T_TRUE(p[i] == (const char *)b.data + (size_t)(2 + i * pruns) * panel);
+            T_EQ(n[i], (size_t)pruns * panel);
+        }
+        /* quantized: one span from r0, whatever the table */
+        struct kwk_mat q = {.wtype = KWK_W_Q8, .rows = rows, .cols = cols, .data = mem};
+        size_t rb;
+        kwk_quant_bytes(KWK_W_Q8, 16, cols, &rb);
+        T_EQ(kwk_mat_decode_spans(k, &q, 32, 96, 1000, p, n, 4), 1);
+        T_TRUE(p[0] == (const char *)q.data + 2 * rb && n[0] == 1000);
+        T_EQ(kwk_mat_decode_spans(k, &q, 8, 96, 1000, p, n, 4), 0); /* cuts a block */
+        T_EQ(kwk_mat_decode_spans(k, &q, 32, 96, 1000, p, n, 0), 0);
+        T_EQ(kwk_mat_decode_spans(k, &q, 32, 32, 1000, p, n, 4), 0);
+    }
+    free(mem);
+}
+
 static void test_sizes(void)
 {
     size_t n;
@@ -1183,6 +1237,7 @@ int main(void)
     test_f16();
     test_sizes();
     test_rows_span();
+    test_decode_spans();
     test_act();
     static const int64_t shapes[][2] = {{1, 64}, {17, 200}, {37, 576}, {16, 31}};
     for (size_t i = 0; i < KWK_ARRAY_LEN(shapes); i++) {
