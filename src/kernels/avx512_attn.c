@@ -240,7 +240,8 @@ struct tile {
     long ldk, ldp; /* stride of cache rows; of score rows in scratch */
     float scale;
     int half;          /* the cache holds halves (uint16_t), else floats */
-    int staged;        /* bf16 table: keys bf16, values bf16 pairs (kwk_attn_args.kv_bf16) */
+    int staged;        /* bf16 table: values bf16 pairs (kwk_attn_args.kv_bf16) */
+    int kbf;           /* bf16 table: keys bf16 as they are (kv_bf16 or k_bf16) */
     const void *k, *v; /* position first, this kv head */
     const float *q[MAXQ];
     float *out[MAXQ];
@@ -539,7 +540,7 @@ INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
         /* the block's rounded keys: staged ones where they are, else rounded into kb */
         const uint16_t *kr = kb;
         long ldr = hd;
-        if (t->staged)
+        if (t->kbf)
             kr = (const uint16_t *)t->k + (long)b * t->ldk, ldr = t->ldk;
         else
             keys_bf(t, b, nk, kb);
@@ -759,7 +760,8 @@ INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int
                      .ldk = a->ld_pos,
                      .scale = a->scale,
                      .half = a->kv_half,
-                     .staged = BF && a->kv_bf16};
+                     .staged = BF && a->kv_bf16,
+                     .kbf = BF && (a->kv_bf16 || a->k_bf16)};
     size_t esize = a->kv_half || t.staged ? sizeof(uint16_t) : sizeof(float);
     t.k = (const char *)a->k_rows[row0] + kv_off * esize;
     t.v = (const char *)a->v_rows[row0] + kv_off * esize;
@@ -846,7 +848,7 @@ static void stage_bf16(int half, const void *k, const void *v, uint16_t *kb, uin
 {
     for (long p = p0; p < p1; p += 2) {
         int two = p + 1 < p1;
-        for (int u = 0; u < 1 + two; u++)
+        for (int u = 0; kb && u < 1 + two; u++)
             for (int e = 0; e < hd; e += 32)
                 _mm512_storeu_si512(kb + (p + u) * hd + e,
                                     (__m512i)(half ? ld_bf(1, k, (p + u) * hd + e)
@@ -858,5 +860,21 @@ static void stage_bf16(int half, const void *k, const void *v, uint16_t *kb, uin
     }
 }
 
-const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {
-    .name = "avx512-bf16", .items = avx512_bf16_items, .stage_bf16 = stage_bf16};
+/* kwk_attn_kernel.half_to_keys: ld_bf's rounding of a half cache's keys, stored. */
+static void half_to_keys(uint16_t *dst, const uint16_t *src, long n)
+{
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            (__m256i)_mm512_cvtneps_pbh(ld_kv(1, src, i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i));
+        _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(x));
+    }
+}
+
+const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {.name = "avx512-bf16",
+                                                     .items = avx512_bf16_items,
+                                                     .stage_bf16 = stage_bf16,
+                                                     .half_to_keys = half_to_keys};

@@ -504,7 +504,12 @@ static void prep_k_head(const struct tok_task *t, int tok, int h, const float *c
     if (l->k_norm)
         d->k->rmsnorm(k, k, l->k_norm, hd, d->c->rms_eps);
     kwk_rope_rotate(k, hd, cs);
-    kv_store(d, d->k_cache, kv_at(t, tok, h), k, hd);
+    size_t at = kv_at(t, tok, h);
+    kv_store(d, d->k_cache, at, k, hd);
+    if (d->k_bf16) {
+        uint16_t *kc = (uint16_t *)d->k_cache + at;
+        d->ak->half_to_keys(kc, kc, hd);
+    }
 }
 
 /* Bias of value head h of token tok, then into the cache. */
@@ -616,7 +621,8 @@ static void stage_bf16_run(void *ctx, int ith, int nth)
         long h = lo / t->per_head, i = lo % t->per_head, m = KWK_MIN(hi - lo, t->per_head - i);
         size_t at = (size_t)h * t->head;
         long p0 = t->lo + 2 * i, p1 = KWK_MIN((long)t->hi + 1, p0 + 2 * m);
-        t->d->ak->stage_bf16(1, t->k + at, t->v + at, (uint16_t *)t->ks + at,
+        t->d->ak->stage_bf16(1, t->k + at, t->v + at,
+                             t->d->k_bf16 ? NULL : (uint16_t *)t->ks + at,
                              (uint16_t *)t->vs + at, p0, p1, hd);
         lo += m;
     }
@@ -642,7 +648,7 @@ static int stage_slot(struct kwk_decoder *d, int layer, int n)
         lo = KWK_MIN(lo, d->att_first[r]);
         hi = KWK_MAX(hi, d->att_last[r]);
     }
-    if (hi < lo)
+    if (hi < lo || (d->k_bf16 && !bf)) /* bf16 keys are read from the cache, never widened */
         return 0;
     size_t base = kv_base(d, slot, layer);
     float *ks = d->kv_stage, *vs = d->kv_stage + (size_t)d->max_len * (size_t)d->kv_dim;
@@ -658,7 +664,8 @@ static int stage_slot(struct kwk_decoder *d, int layer, int n)
     t.n = t.per_head * d->c->n_kv_heads;
     kwk_pool_run(d->pool, bf ? stage_bf16_run : stage_run, &t);
     for (int r = 0; r < n; r++) {
-        d->att_k[r] = ks;
+        if (!d->k_bf16) /* else the cache's keys, laid out as the staged ones */
+            d->att_k[r] = ks;
         d->att_v[r] = vs;
     }
     return bf ? 2 : 1;
@@ -687,6 +694,7 @@ static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task
                               .scale = 1.0f / sqrtf((float)c->head_dim),
                               .kv_half = d->kv_half && !staged,
                               .kv_bf16 = staged == 2,
+                              .k_bf16 = d->k_bf16,
                               .q = d->q,
                               .ldq = d->q_dim,
                               .out = d->att,
