@@ -29,11 +29,11 @@ struct kwk_attn_args {
      * stage_bf16, head_dim % 32 == 0, ld_pos == head_dim and every row's first even (the pairs
      * start on even positions); the same outputs, bitwise, as over the cache it was staged from. */
     int kv_bf16;
-    /* Or, with kv_half (values still halves): the keys are the table's half_to_keys of a half
-     * cache, bf16 already, and are read as they are (with kv_bf16: k_rows point at them, only
-     * the values staged). Only for a table with half_to_keys and head_dim % 32 == 0; the same
-     * outputs, bitwise, as over the half cache. */
-    int k_bf16;
+    /* Or, with kv_half: the keys (k_bf16), the values (v_bf16) are the table's half_to_bf16 of
+     * a half cache, bf16 already, and read as they are (with kv_bf16, k_rows point at such keys
+     * and the values are staged). Only for a table with half_to_bf16 and head_dim % 32 == 0; the
+     * same outputs, bitwise, as over the half cache. */
+    int k_bf16, v_bf16;
     const void *const *k_rows;         /* [n_rows] the row's slot's K cache for this layer: key
                                           position p, kv head g at element p*ld_pos + g*ld_head */
     const void *const *v_rows;         /* [n_rows] the same for V */
@@ -60,11 +60,12 @@ struct kwk_attn_kernel {
      * tiles read them as they are. */
     void (*stage_bf16)(int half, const void *k, const void *v, uint16_t *kb, uint16_t *vp,
                        long p0, long p1, int head_dim);
-    /* NULL, or (the bf16 table) n halves of a key, as a decoder stores them, rounded to bf16 as
-     * its tiles round a half cache's keys, into dst (may be src): a cache of these is read with
-     * kwk_attn_args.k_bf16, and no tile rounds its keys again (a fifth of a generation step's
-     * attention at 500 positions). */
-    void (*half_to_keys)(uint16_t *dst, const uint16_t *src, long n);
+    /* (half 2: a cache of half_to_bf16's output, bf16 already; kb must be NULL.) */
+    /* NULL, or (the bf16 table) n halves of a key or value, as a decoder stores them, rounded
+     * to bf16 as its tiles round a half cache's elements, into dst (may be src): a cache of these
+     * is read with kwk_attn_args.k_bf16 / v_bf16, and no tile rounds them again (about a third
+     * of a generation step's attention at 500 positions). */
+    void (*half_to_bf16)(uint16_t *dst, const uint16_t *src, long n);
 };
 
 /* Queries (row, head) whose scores a table may hold at once: a prompt chunk's neighbouring rows

@@ -242,6 +242,7 @@ struct tile {
     int half;          /* the cache holds halves (uint16_t), else floats */
     int staged;        /* bf16 table: values bf16 pairs (kwk_attn_args.kv_bf16) */
     int kbf;           /* bf16 table: keys bf16 as they are (kv_bf16 or k_bf16) */
+    int vbf;           /* bf16 table: values bf16 rows as they are (v_bf16, not staged) */
     const void *k, *v; /* position first, this kv head */
     const float *q[MAXQ];
     float *out[MAXQ];
@@ -604,12 +605,21 @@ static float softmax_bf(float *p, int n)
 }
 
 /* Elements c .. c + 15 of value rows i and i + ld (zero when !two) as one vector of bf16 pairs:
- * (v_i[c], v_{i+ld}[c]), (v_i[c+1], ...), the operand order vdpbf16ps sums. */
+ * (v_i[c], v_{i+ld}[c]), (v_i[c+1], ...), the operand order vdpbf16ps sums. H: rows of floats
+ * (0), halves (1) or bf16 already (3: half_to_bf16's, the same values). */
 INLINE __m512bh pair_rows(int H, const void *v, long i, long ld, int two)
 {
     const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
+    if (H == 3) {
+        const uint16_t *b = (const uint16_t *)v;
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(b + i));
+        __m256i hi = two ? _mm256_loadu_si256((const __m256i *)(b + i + ld))
+                         : _mm256_setzero_si256();
+        return (__m512bh)_mm512_permutexvar_epi16(
+            ilv, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    }
     __m512 lo = ld_kv(H, v, i), hi = two ? ld_kv(H, v, i + ld) : _mm512_setzero_ps();
     return (__m512bh)_mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
 }
@@ -625,8 +635,8 @@ INLINE __m512bh pair_staged(const uint16_t *vp, long j, long ld, int c, int two)
 /* values_tile with bf16 products: key pairs (j, j + 1), the value rows of a pair interleaved
  * element by element (vdpbf16ps's pairs) and each query's weight pair broadcast. pb: rounded
  * weights, row x at pb + x * ldpb. A pair's second key past the tile's last reads as zero (its
- * weights are zero there too, and the cache may hold anything). H: the cache's floats (0) or
- * halves (1), or staged pairs (2; vi then points at the range's first pair). */
+ * weights are zero there too, and the cache may hold anything). H: the cache's floats (0),
+ * halves (1) or bf16 rows (3), or staged pairs (2; vi then points at the range's first pair). */
 INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
                            const uint16_t *pb, long ldpb, const uint16_t *vi, int c0, int j0,
                            int j1)
@@ -710,14 +720,15 @@ INLINE void values_tile_bf(int NH, int NC, int H, const struct tile *t, int x0,
  * Done once when several passes read the same key range. */
 static void values_interleave(const struct tile *t, int j0, int j1, uint16_t *vi)
 {
-    int ntile = t->n[t->nq - 1], H = t->half;
+    int ntile = t->n[t->nq - 1];
     for (int j = j0; j < j1; j += 2)
         for (int c = 0; c < t->hd; c += 16) {
             long i = c + j * t->ldk;
             int two = j + 1 < ntile;
             _mm512_storeu_si512(vi + (long)(j - j0) * t->hd + 2 * c,
-                                (__m512i)(H ? pair_rows(1, t->v, i, t->ldk, two)
-                                            : pair_rows(0, t->v, i, t->ldk, two)));
+                                (__m512i)(t->vbf    ? pair_rows(3, t->v, i, t->ldk, two)
+                                          : t->half ? pair_rows(1, t->v, i, t->ldk, two)
+                                                    : pair_rows(0, t->v, i, t->ldk, two)));
         }
 }
 
@@ -728,6 +739,8 @@ static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const
     case (NH) * 8 + (NC):                                                                          \
         if (t->staged)                                                                             \
             values_tile_bf(NH, NC, 2, t, x0, pb, ldpb, vi, c0, j0, j1);                            \
+        else if (t->vbf)                                                                           \
+            values_tile_bf(NH, NC, 3, t, x0, pb, ldpb, vi, c0, j0, j1);                            \
         else if (t->half)                                                                          \
             values_tile_bf(NH, NC, 1, t, x0, pb, ldpb, vi, c0, j0, j1);                            \
         else                                                                                       \
@@ -741,6 +754,8 @@ static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const
 #undef VT
     if (t->staged)
         values_tile_bf(6, 4, 2, t, x0, pb, ldpb, vi, c0, j0, j1);
+    else if (t->vbf)
+        values_tile_bf(6, 4, 3, t, x0, pb, ldpb, vi, c0, j0, j1);
     else if (t->half)
         values_tile_bf(6, 4, 1, t, x0, pb, ldpb, vi, c0, j0, j1);
     else
@@ -761,7 +776,8 @@ INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int
                      .scale = a->scale,
                      .half = a->kv_half,
                      .staged = BF && a->kv_bf16,
-                     .kbf = BF && (a->kv_bf16 || a->k_bf16)};
+                     .kbf = BF && (a->kv_bf16 || a->k_bf16),
+                     .vbf = BF && a->v_bf16 && !a->kv_bf16};
     size_t esize = a->kv_half || t.staged ? sizeof(uint16_t) : sizeof(float);
     t.k = (const char *)a->k_rows[row0] + kv_off * esize;
     t.v = (const char *)a->v_rows[row0] + kv_off * esize;
@@ -842,7 +858,8 @@ static void avx512_bf16_items(const struct kwk_attn_args *a, long i0, long i1, f
     kwk_attn_tiles(a, i0, i1, tile_run_bf, scratch);
 }
 
-/* kwk_attn_kernel.stage_bf16: the rounding keys_bf and pair_rows do in each tile, done once. */
+/* kwk_attn_kernel.stage_bf16: the rounding keys_bf and pair_rows do in each tile, done once
+ * (half 2: values bf16 already, paired only; no keys). */
 static void stage_bf16(int half, const void *k, const void *v, uint16_t *kb, uint16_t *vp, long p0,
                        long p1, int hd)
 {
@@ -855,13 +872,15 @@ static void stage_bf16(int half, const void *k, const void *v, uint16_t *kb, uin
                                                    : ld_bf(0, k, (p + u) * hd + e)));
         for (int c = 0; c < hd; c += 16)
             _mm512_storeu_si512(vp + p * hd + 2 * c,
-                                (__m512i)(half ? pair_rows(1, v, p * hd + c, hd, two)
-                                               : pair_rows(0, v, p * hd + c, hd, two)));
+                                (__m512i)(half == 2 ? pair_rows(3, v, p * hd + c, hd, two)
+                                          : half    ? pair_rows(1, v, p * hd + c, hd, two)
+                                                    : pair_rows(0, v, p * hd + c, hd, two)));
     }
 }
 
-/* kwk_attn_kernel.half_to_keys: ld_bf's rounding of a half cache's keys, stored. */
-static void half_to_keys(uint16_t *dst, const uint16_t *src, long n)
+/* kwk_attn_kernel.half_to_bf16: ld_bf's (and pair_rows') rounding of a half cache's elements,
+ * stored. */
+static void half_to_bf16(uint16_t *dst, const uint16_t *src, long n)
 {
     long i = 0;
     for (; i + 16 <= n; i += 16)
@@ -877,4 +896,4 @@ static void half_to_keys(uint16_t *dst, const uint16_t *src, long n)
 const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {.name = "avx512-bf16",
                                                      .items = avx512_bf16_items,
                                                      .stage_bf16 = stage_bf16,
-                                                     .half_to_keys = half_to_keys};
+                                                     .half_to_bf16 = half_to_bf16};

@@ -104,15 +104,15 @@ static int decoder_alloc(struct kwk_decoder *d)
            alloc_floats(&d->logits, (size_t)c->n_vocab, 1);
 }
 
-/* KWKER_BF16_KEYS=off keeps a bf16 attention table's keys as halves in the cache, rounded anew
+/* KWKER_BF16_KV=off keeps a bf16 attention table's keys as halves in the cache, rounded anew
  * by every tile that reads them (the numbers are the same; for comparing the two). */
-static int bf16_keys_on(void)
+static int bf16_kv_on(void)
 {
-    const char *e = getenv("KWKER_BF16_KEYS");
+    const char *e = getenv("KWKER_BF16_KV");
     if (!e || !*e || !strcmp(e, "on"))
         return 1;
     if (strcmp(e, "off"))
-        kwk_log(KWK_LOG_WARN, "KWKER_BF16_KEYS=%s is not on|off; ignored", e);
+        kwk_log(KWK_LOG_WARN, "KWKER_BF16_KV=%s is not on|off; ignored", e);
     return strcmp(e, "off") != 0;
 }
 
@@ -205,7 +205,7 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
      * bfloat16 (8 bits of mantissa) run twice as fast where the CPU has them. */
     if (p->act_bits == 8)
         d->ak = kwk_attn_kernel_act8();
-    d->k_bf16 = d->kv_half && d->ak->half_to_keys && c->head_dim % 32 == 0 && bf16_keys_on();
+    d->bf16_kv = d->kv_half && d->ak->half_to_bf16 && c->head_dim % 32 == 0 && bf16_kv_on();
     d->pool = kwk_pool_new(d->n_threads);
     if (!d->pool)
         goto out_nomem;

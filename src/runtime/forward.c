@@ -506,9 +506,9 @@ static void prep_k_head(const struct tok_task *t, int tok, int h, const float *c
     kwk_rope_rotate(k, hd, cs);
     size_t at = kv_at(t, tok, h);
     kv_store(d, d->k_cache, at, k, hd);
-    if (d->k_bf16) {
+    if (d->bf16_kv) {
         uint16_t *kc = (uint16_t *)d->k_cache + at;
-        d->ak->half_to_keys(kc, kc, hd);
+        d->ak->half_to_bf16(kc, kc, hd);
     }
 }
 
@@ -519,7 +519,12 @@ static void prep_v_head(const struct tok_task *t, int tok, int h)
     int hd = d->c->head_dim;
     float *v = d->vx + (size_t)tok * d->kv_dim + (size_t)h * hd;
     add_bias(v, t->l->bv ? t->l->bv + (size_t)h * hd : NULL, hd);
-    kv_store(d, d->v_cache, kv_at(t, tok, h), v, hd);
+    size_t at = kv_at(t, tok, h);
+    kv_store(d, d->v_cache, at, v, hd);
+    if (d->bf16_kv) {
+        uint16_t *vc = (uint16_t *)d->v_cache + at;
+        d->ak->half_to_bf16(vc, vc, hd);
+    }
 }
 
 /* Everything between the q/k/v products and attention, for token tok: each head on its own, so
@@ -621,8 +626,8 @@ static void stage_bf16_run(void *ctx, int ith, int nth)
         long h = lo / t->per_head, i = lo % t->per_head, m = KWK_MIN(hi - lo, t->per_head - i);
         size_t at = (size_t)h * t->head;
         long p0 = t->lo + 2 * i, p1 = KWK_MIN((long)t->hi + 1, p0 + 2 * m);
-        t->d->ak->stage_bf16(1, t->k + at, t->v + at,
-                             t->d->k_bf16 ? NULL : (uint16_t *)t->ks + at,
+        t->d->ak->stage_bf16(t->d->bf16_kv ? 2 : 1, t->k + at, t->v + at,
+                             t->d->bf16_kv ? NULL : (uint16_t *)t->ks + at,
                              (uint16_t *)t->vs + at, p0, p1, hd);
         lo += m;
     }
@@ -648,7 +653,7 @@ static int stage_slot(struct kwk_decoder *d, int layer, int n)
         lo = KWK_MIN(lo, d->att_first[r]);
         hi = KWK_MAX(hi, d->att_last[r]);
     }
-    if (hi < lo || (d->k_bf16 && !bf)) /* bf16 keys are read from the cache, never widened */
+    if (hi < lo || (d->bf16_kv && !bf)) /* a bf16 cache is read as it is, never widened */
         return 0;
     size_t base = kv_base(d, slot, layer);
     float *ks = d->kv_stage, *vs = d->kv_stage + (size_t)d->max_len * (size_t)d->kv_dim;
@@ -664,7 +669,7 @@ static int stage_slot(struct kwk_decoder *d, int layer, int n)
     t.n = t.per_head * d->c->n_kv_heads;
     kwk_pool_run(d->pool, bf ? stage_bf16_run : stage_run, &t);
     for (int r = 0; r < n; r++) {
-        if (!d->k_bf16) /* else the cache's keys, laid out as the staged ones */
+        if (!d->bf16_kv) /* else the cache's keys, laid out as the staged ones */
             d->att_k[r] = ks;
         d->att_v[r] = vs;
     }
@@ -694,7 +699,8 @@ static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task
                               .scale = 1.0f / sqrtf((float)c->head_dim),
                               .kv_half = d->kv_half && !staged,
                               .kv_bf16 = staged == 2,
-                              .k_bf16 = d->k_bf16,
+                              .k_bf16 = d->bf16_kv,
+                              .v_bf16 = d->bf16_kv,
                               .q = d->q,
                               .ldq = d->q_dim,
                               .out = d->att,

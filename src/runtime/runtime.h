@@ -31,14 +31,14 @@ struct kwk_decoder {
 
     /* [n_slots][n_layers][n_kv_heads][max_len][head_dim] elements (head-major: a decode step
      * reads each head's positions as one run): IEEE halves (uint16_t) when kv_half, else floats
-     * (kwk_decoder_params.kv_bits); the keys bf16 when k_bf16 */
+     * (kwk_decoder_params.kv_bits); bf16 rounded from halves when bf16_kv */
     void *k_cache;
     void *v_cache;
     int kv_half;
-    /* With kv_half and a bf16 attention table (half_to_keys, head_dim % 32 == 0): the K cache
-     * holds the keys' halves already rounded to bf16 as the tiles would round them each step
-     * (kwk_attn_args.k_bf16; the same numbers), V halves as they are. */
-    int k_bf16;
+    /* With kv_half and a bf16 attention table (half_to_bf16, head_dim % 32 == 0): the caches
+     * hold the keys' and values' halves already rounded to bf16 as the tiles would round them
+     * each step (kwk_attn_args.k_bf16, v_bf16; the same numbers). */
+    int bf16_kv;
     /* Half caches: [2][n_kv_heads][max_len][head_dim] one slot's K, then V, of one layer
      * widened to floats for a prompt chunk's attention (forward.c stage_slot); NULL for float
      * caches. */

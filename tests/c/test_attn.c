@@ -350,25 +350,30 @@ static void check_staged(const struct kwk_attn_kernel *k, struct setup *s, float
     a->kv_half = 0;
     a->kv_bf16 = 1;
     check_runs(k, a, n_items, scratch, want, "staged bf16: differs from the halves it came from:");
-    /* Keys stored as half_to_keys makes them (the decoder's K cache with k_bf16), values halves:
-     * read as they are, the same outputs; then with only the values staged (kb NULL: a second
-     * staging copy whose keys must stay untouched NaNs). */
-    if (k->half_to_keys) {
+    /* Keys and values stored as half_to_bf16 makes them (the decoder's caches with bf16_kv):
+     * read as they are, the same outputs (keys alone, then both); then with the values staged
+     * from the bf16 values (half 2, kb NULL: a second staging copy whose keys must stay
+     * untouched NaNs). */
+    if (k->half_to_bf16) {
         struct copy kb, st2;
         copy_new(&kb, s, 1);
         copy_new(&st2, s, 0);
         size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)s->kv_dim;
-        k->half_to_keys(kb.k, kb.k, (long)cache);
+        k->half_to_bf16(kb.k, kb.k, (long)cache);
+        k->half_to_bf16(kb.v, kb.v, (long)cache);
         a->k_rows = kb.kr;
         a->v_rows = h.vr;
         a->kv_half = 1;
         a->kv_bf16 = 0;
         a->k_bf16 = 1;
         check_runs(k, a, n_items, scratch, want, "bf16 keys, half values: differ from halves:");
+        a->v_rows = kb.vr;
+        a->v_bf16 = 1;
+        check_runs(k, a, n_items, scratch, want, "bf16 keys and values: differ from halves:");
         for (int sl = 0; sl < N_SLOTS; sl++)
             for (int g = 0; g < a->n_kv_heads; g++) {
                 size_t at = (size_t)sl * MAX_LEN * s->kv_dim + (size_t)g * MAX_LEN * hd;
-                k->stage_bf16(1, h.k + at, h.v + at, NULL, st2.v + at, 0, p1, hd);
+                k->stage_bf16(2, kb.k + at, kb.v + at, NULL, st2.v + at, 0, p1, hd);
             }
         size_t nan_keys = 0;
         for (size_t i = 0; i < cache; i++)
@@ -378,10 +383,11 @@ static void check_staged(const struct kwk_attn_kernel *k, struct setup *s, float
         a->kv_half = 0;
         a->kv_bf16 = 1;
         check_runs(k, a, n_items, scratch, want, "bf16 keys, staged values: differ from halves:");
-        /* half_to_keys in place and out of place, any length: ld_bf's rounding */
+        /* half_to_bf16 in place and out of place, any length: ld_bf's rounding */
         uint16_t out[37];
-        k->half_to_keys(out, h.k, 37);
+        k->half_to_bf16(out, h.k, 37);
         T_TRUE(memcmp(out, kb.k, sizeof out) == 0);
+        a->v_bf16 = 0;
         a->k_bf16 = 0;
         copy_free(&kb);
         copy_free(&st2);

@@ -143,15 +143,15 @@ def test_8_is_batch_invariant(tiny, prec):
 
 
 @pytest.mark.parametrize("prec", PRECS)
-def test_8_bf16_keys_same_numbers(prec, monkeypatch):
-    """The K cache with keys already rounded to bf16 (head_dim 64, AVX-512 BF16 hosts) gives the
-    bits of the half cache whose keys each tile rounds (KWKER_BF16_KEYS=off): a prompt at once
-    (staged values) and 12 generated tokens (the cache itself)."""
+def test_8_bf16_kv_same_numbers(prec, monkeypatch):
+    """The KV cache with keys and values already rounded to bf16 (head_dim 64, AVX-512 BF16
+    hosts) gives the bits of the half cache that each tile rounds (KWKER_BF16_KV=off): a prompt
+    at once (staged values) and 12 generated tokens (the cache itself)."""
     model = tiny_models.build("llama_wide")
     ids = tiny_models.prompt_ids("llama_wide", n=40)
     outs = {}
     for mode in ("off", "on"):
-        monkeypatch.setenv("KWKER_BF16_KEYS", mode)
+        monkeypatch.setenv("KWKER_BF16_KV", mode)
         with decoder(model, prec, act_bits=8) as d:
             outs[mode] = (np.array(d.forward(np.asarray(ids, dtype=np.int32)), copy=True),
                           d.generate(ids, max_new_tokens=12))
@@ -160,12 +160,12 @@ def test_8_bf16_keys_same_numbers(prec, monkeypatch):
 
 
 @pytest.mark.parametrize("prec", PRECS)
-def test_8_bf16_keys_batch_invariant(prec):
+def test_8_bf16_kv_batch_invariant(prec):
     """head_dim 64 (llama_wide): where the CPU has AVX-512 BF16, act8 attention runs in bf16 and
-    the K cache holds the keys already rounded to bf16 (decoder k_bf16): a 40-token prompt at
-    once (values staged, keys read from the cache) and token by token (everything from the
-    cache) give the same bits, and the whole prompt again after a truncation to 17 positions
-    (a second chunk of 23 over the cache's first 17) as well."""
+    the KV cache holds keys and values already rounded to bf16 (decoder bf16_kv): a 40-token
+    prompt at once (values staged, keys read from the cache) and token by token (everything
+    from the cache) give the same bits, and the whole prompt again after a truncation to 17
+    positions (a second chunk of 23 over the cache's first 17) as well."""
     model = tiny_models.build("llama_wide")
     ids = np.asarray(tiny_models.prompt_ids("llama_wide", n=40), dtype=np.int32)
     with decoder(model, prec, act_bits=8) as d:
