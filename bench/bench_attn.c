@@ -5,8 +5,10 @@
  * (wall time; old = even split of the items, new = kwk_attn_split), and one decode row at several
  * lengths on one thread; the table again over a half cache (the balanced / int4 default), and
  * on AVX-512 with AVX512_BF16 the act8 decoders' bf16 table over it, and for prompt chunks over
- * the copy the decoder stages for it (stage_bf16, its time included). Runs alternate old, new,
- * half, bf16, staged, old, ... and medians are printed; asserts nothing. The
+ * the copy the decoder stages for it (stage_bf16, its time included), and for decode rows over
+ * the cache such decoders keep (half_to_bf16: keys and values rounded once, k_bf16 / v_bf16).
+ * Runs alternate old, new, half, bf16, staged or bf16 cache, old, ... and medians are printed;
+ * asserts nothing. The
  * caches are head-major (each kv head's positions in one run), as the decoder's.
  * Single-threaded driver. Usage: bench_attn [reps] */
 #include <math.h>
@@ -52,6 +54,7 @@ static void old_items(const struct kwk_kernels *k, const struct kwk_attn_args *a
 struct bench {
     float *kc, *vc, *q, *out, *scratch;
     uint16_t *kh, *vh; /* the same cache in halves */
+    uint16_t *kb, *vb; /* the halves rounded to bf16 (half_to_bf16), as an act8 decoder's */
     uint16_t *ks, *vs; /* one layer staged for the bf16 table (stage_bf16) */
     const void *k_rows[512], *v_rows[512];
     int first[512], last[512];
@@ -59,15 +62,20 @@ struct bench {
 };
 
 /* n_rows rows ending at position last_pos (rows at last_pos - n_rows + 1 .. last_pos), over the
- * float cache or the half one. */
+ * float cache (half 0), the half one (1) or its bf16 rounding (2). */
 static void set_rows(struct bench *b, int layer, int n_rows, int last_pos, int half)
 {
     size_t at = (size_t)layer * MAX_LEN * KV_DIM;
-    b->a.kv_half = half;
+    b->a.kv_half = half > 0;
     b->a.kv_bf16 = 0;
+    b->a.k_bf16 = b->a.v_bf16 = half == 2;
     for (int r = 0; r < n_rows; r++) {
-        b->k_rows[r] = half ? (const void *)(b->kh + at) : (const void *)(b->kc + at);
-        b->v_rows[r] = half ? (const void *)(b->vh + at) : (const void *)(b->vc + at);
+        b->k_rows[r] = half == 2 ? (const void *)(b->kb + at)
+                       : half    ? (const void *)(b->kh + at)
+                                 : (const void *)(b->kc + at);
+        b->v_rows[r] = half == 2 ? (const void *)(b->vb + at)
+                       : half    ? (const void *)(b->vh + at)
+                                 : (const void *)(b->vc + at);
         b->first[r] = 0;
         b->last[r] = last_pos - n_rows + 1 + r;
     }
@@ -113,11 +121,12 @@ static void stage_rows(struct bench *b, int layer, int n_rows, long p0, long p1)
     }
 }
 
-/* Variants timed: old, new, half, then bf16 and staged where the table exists (staged: prompt
- * chunks only, as the decoder stages them). */
+/* Variants timed: old, new, half, then bf16 and, where the table exists, staged (prompt chunks,
+ * as the decoder stages them) or the bf16 cache (decode rows). */
 static int n_variants(int isa, int n_rows)
 {
-    return !bf16_table(isa) ? 3 : n_rows > 1 ? 5 : 4;
+    (void)n_rows;
+    return !bf16_table(isa) ? 3 : 5;
 }
 
 /* Seconds per call of one layer's n_rows x N_HEADS items, old (which = 0), new (1), new over
@@ -131,8 +140,9 @@ static double time_once(struct bench *b, int which, const struct kwk_kernels *k,
     if (which >= 3)
         ak = kwk_attn_kernel_act8();
     do {
-        set_rows(b, (int)(reps % N_LAYERS), n_rows, last_pos, which >= 2);
-        if (which == 4)
+        set_rows(b, (int)(reps % N_LAYERS), n_rows, last_pos,
+                 which == 4 && n_rows == 1 ? 2 : which >= 2);
+        if (which == 4 && n_rows > 1)
             stage_rows(b, (int)(reps % N_LAYERS), n_rows, 0, last_pos + 1);
         if (which)
             ak->items(&b->a, 0, n_items, b->scratch);
@@ -194,7 +204,7 @@ static void compare_pool(struct bench *b, int isa, int reps)
                          .n_rows = 512, .per_thread = kwk_attn_scratch_floats(&b->a, MAX_LEN)};
     j.scratch = malloc(sizeof(float) * j.per_thread * (size_t)nth);
     double t[4][64];
-    int nw = n_variants(isa, 1); /* no staged column: the decoder stages on the pool */
+    int nw = KWK_MIN(4, n_variants(isa, 512)); /* no staged column: the decoder stages on the pool */
     for (int r = 0; j.scratch && r < reps; r++)
         for (int w = 0; w < nw; w++)
             t[w][r] = time_pool(pool, &j, w);
@@ -231,7 +241,8 @@ static void compare(struct bench *b, int isa, int n_rows, int last_pos, int reps
     if (nw >= 4)
         printf("   bf16 %9.1f us   x%.2f", t[3][reps / 2] * 1e6, mh / t[3][reps / 2]);
     if (nw == 5)
-        printf("   staged %9.1f us   x%.2f", t[4][reps / 2] * 1e6, t[3][reps / 2] / t[4][reps / 2]);
+        printf("   %s %9.1f us   x%.2f", n_rows > 1 ? "staged" : "bf16 cache",
+               t[4][reps / 2] * 1e6, t[3][reps / 2] / t[4][reps / 2]);
     printf("\n");
     fflush(stdout);
 }
@@ -248,6 +259,8 @@ int main(int argc, char **argv)
     b.vc = kwk_malloc_aligned(sizeof(float) * cache);
     b.kh = kwk_malloc_aligned(sizeof(uint16_t) * cache);
     b.vh = kwk_malloc_aligned(sizeof(uint16_t) * cache);
+    b.kb = kwk_malloc_aligned(sizeof(uint16_t) * cache);
+    b.vb = kwk_malloc_aligned(sizeof(uint16_t) * cache);
     b.ks = kwk_malloc_aligned(sizeof(uint16_t) * MAX_LEN * KV_DIM);
     b.vs = kwk_malloc_aligned(sizeof(uint16_t) * MAX_LEN * KV_DIM);
     b.q = malloc(sizeof(float) * 512 * N_HEADS * HD);
@@ -267,7 +280,8 @@ int main(int argc, char **argv)
                                  .first = b.first,
                                  .last = b.last};
     b.scratch = malloc(sizeof(float) * kwk_attn_scratch_floats(&b.a, MAX_LEN));
-    if (!b.kc || !b.vc || !b.kh || !b.vh || !b.ks || !b.vs || !b.q || !b.out || !b.scratch) {
+    if (!b.kc || !b.vc || !b.kh || !b.vh || !b.kb || !b.vb || !b.ks || !b.vs || !b.q || !b.out ||
+        !b.scratch) {
         fprintf(stderr, "bench_attn: out of memory\n");
         return 1;
     }
@@ -277,6 +291,11 @@ int main(int argc, char **argv)
         b.vc[i] = (float)rand() / (float)RAND_MAX - 0.5f;
         b.kh[i] = kwk_f32_to_f16(b.kc[i]);
         b.vh[i] = kwk_f32_to_f16(b.vc[i]);
+    }
+    const struct kwk_attn_kernel *act8 = kwk_attn_kernel_act8();
+    if (act8->half_to_bf16) {
+        act8->half_to_bf16(b.kb, b.kh, (long)cache);
+        act8->half_to_bf16(b.vb, b.vh, (long)cache);
     }
     for (size_t i = 0; i < 512 * N_HEADS * HD; i++)
         b.q[i] = 2.0f * ((float)rand() / (float)RAND_MAX - 0.5f);

@@ -541,9 +541,16 @@ INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
         /* the block's rounded keys: staged ones where they are, else rounded into kb */
         const uint16_t *kr = kb;
         long ldr = hd;
-        if (t->kbf)
+        if (t->kbf) {
             kr = (const uint16_t *)t->k + (long)b * t->ldk, ldr = t->ldk;
-        else
+            /* read where they lie, the keys' loads wait on the products: ask for the block
+             * after next meanwhile (keys_bf's plain copy kept many loads in flight itself) */
+            if (b + 2 * KB < nmax)
+                for (int u = 0; u < KWK_MIN(KB, nmax - b - 2 * KB); u++)
+                    for (int e = 0; e < hd; e += 32)
+                        _mm_prefetch((const char *)(kr + (long)(2 * KB + u) * ldr + e),
+                                     _MM_HINT_T0);
+        } else
             keys_bf(t, b, nk, kb);
         if (!lanes) {
             for (int x = 0; x < t->nq; x++) {
