@@ -103,6 +103,19 @@ def describe_diff(got, ref):
                 " ".join("%.1e" % e for e in per_pos)))
 
 
+def token_by_token(d, ids):
+    """Logits of ids fed one token a call to a fresh sequence of decoder d (KwkDecoder): one row
+    a matmul and every key and value read back from the cache, for batch-invariance checks."""
+    import numpy as np
+    d._lib.kwk_decoder_truncate(d._dec, 0)
+    out = np.empty((1, d.vocab_size), dtype=np.float32)
+    rows = []
+    for t in ids:
+        d._eval(np.asarray([t], dtype=np.int32), 2, out)
+        rows.append(out[0].copy())
+    return np.stack(rows)
+
+
 def first_token_diff(got, ref):
     for i, (a, b) in enumerate(zip(got, ref)):
         if a != b:

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import kwker_bin, rel_err, smollm2_gguf
+from conftest import kwker_bin, rel_err, smollm2_gguf, token_by_token
 import tiny_models
 
 PRECS = ["balanced", "int4"]
@@ -133,13 +133,8 @@ def test_8_is_batch_invariant(tiny, prec):
     ids = np.asarray(tiny[1], dtype=np.int32)
     with decoder(tiny[0], prec, act_bits=8) as d:
         whole = np.array(d.forward(ids), copy=True)
-        d._lib.kwk_decoder_truncate(d._dec, 0)
-        out = np.empty((1, d.vocab_size), dtype=np.float32)
-        rows = []
-        for t in ids:
-            d._eval(np.asarray([t], dtype=np.int32), 2, out)
-            rows.append(out[0].copy())
-    assert np.array_equal(np.stack(rows), whole)
+        rows = token_by_token(d, ids)
+    assert np.array_equal(rows, whole)
 
 
 @pytest.mark.parametrize("prec", PRECS)
@@ -173,13 +168,8 @@ def test_8_bf16_kv_batch_invariant(prec):
         d._lib.kwk_decoder_truncate(d._dec, 17)
         tail = np.empty((len(ids) - 17, d.vocab_size), dtype=np.float32)
         d._eval(ids[17:], 2, tail)
-        d._lib.kwk_decoder_truncate(d._dec, 0)
-        out = np.empty((1, d.vocab_size), dtype=np.float32)
-        rows = []
-        for t in ids:
-            d._eval(np.asarray([t], dtype=np.int32), 2, out)
-            rows.append(out[0].copy())
-    assert np.array_equal(np.stack(rows), whole)
+        rows = token_by_token(d, ids)
+    assert np.array_equal(rows, whole)
     assert np.array_equal(tail, whole[17:])
 
 

@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import rel_err, smollm2_gguf
+from conftest import rel_err, smollm2_gguf, token_by_token
 import tiny_models
 # the helpers and tiny-model fixture act_bits' tests use: a 2-thread decoder of 64 positions, its
 # logits, a kwker command, log-softmax
@@ -99,13 +99,8 @@ def test_16_is_batch_invariant(tiny, prec):
     ids = np.asarray(tiny[1], dtype=np.int32)
     with decoder(tiny[0], prec, kv_bits=16) as d:
         whole = np.array(d.forward(ids), copy=True)
-        d._lib.kwk_decoder_truncate(d._dec, 0)
-        out = np.empty((1, d.vocab_size), dtype=np.float32)
-        rows = []
-        for t in ids:
-            d._eval(np.asarray([t], dtype=np.int32), 2, out)
-            rows.append(out[0].copy())
-    assert np.array_equal(np.stack(rows), whole)
+        rows = token_by_token(d, ids)
+    assert np.array_equal(rows, whole)
 
 
 @pytest.mark.parametrize("name", ["llama_odd", "qwen2", "mistral_sw8"])
