@@ -52,15 +52,15 @@ struct kwk_attn_kernel {
      * Does not allocate, lock or fail. */
     void (*items)(const struct kwk_attn_args *a, long i0, long i1, float *scratch);
     /* NULL, or (the bf16 table) the staging kv_bf16 reads: positions [p0, p1) of one kv head's
-     * run of a cache (position p at element p * head_dim; IEEE halves if half, else floats), p0
-     * even, head_dim % 32 == 0: keys rounded to bf16 into kb[p * head_dim + e] (kb NULL: none,
-     * for a cache whose keys are bf16 already, kwk_attn_args.k_bf16), values rounded
+     * run of a cache (position p at element p * head_dim; floats if half is 0, IEEE halves if 1,
+     * half_to_bf16's output if 2), p0 even, head_dim % 32 == 0: keys rounded to bf16 into
+     * kb[p * head_dim + e] (kb NULL: none; it must be NULL for half 2, whose keys the tiles read
+     * in the cache, kwk_attn_args.k_bf16), values rounded
      * into pairs vp[(p & ~1) * head_dim + 2e + (p & 1)], the slot of position p1 when p1 is odd
      * zero. A prompt chunk's tiles each re-round the keys and values they read; staged once, the
      * tiles read them as they are. */
     void (*stage_bf16)(int half, const void *k, const void *v, uint16_t *kb, uint16_t *vp,
                        long p0, long p1, int head_dim);
-    /* (half 2: a cache of half_to_bf16's output, bf16 already; kb must be NULL.) */
     /* NULL, or (the bf16 table) n halves of a key or value, as a decoder stores them, rounded
      * to bf16 as its tiles round a half cache's elements, into dst (may be src): a cache of these
      * is read with kwk_attn_args.k_bf16 / v_bf16, and no tile rounds them again (about a third

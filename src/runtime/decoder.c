@@ -104,8 +104,8 @@ static int decoder_alloc(struct kwk_decoder *d)
            alloc_floats(&d->logits, (size_t)c->n_vocab, 1);
 }
 
-/* KWKER_BF16_KV=off keeps a bf16 attention table's keys as halves in the cache, rounded anew
- * by every tile that reads them (the numbers are the same; for comparing the two). */
+/* KWKER_BF16_KV=off keeps a bf16 attention table's keys and values as halves in the cache,
+ * rounded anew by every tile that reads them (the numbers are the same; for comparing the two). */
 static int bf16_kv_on(void)
 {
     const char *e = getenv("KWKER_BF16_KV");
