@@ -51,15 +51,28 @@ void kwk_mem_small_pages(void *p, size_t n);
 /* Test hook: make the nth allocation from now fail (n >= 1), or never (n = 0). Not thread-safe. */
 void kwk_alloc_fail_after(long n);
 
+/* Which file, as it was when opened: fstat's device, inode, size and times (nanoseconds since
+ * the epoch). Any write through the file system changes ctime, so two equal ids taken a while
+ * apart name the same bytes (kwk_file_id_settled says how long a while is). All zero: unknown. */
+struct kwk_file_id {
+    uint64_t dev, ino, size;
+    int64_t mtime_ns, ctime_ns;
+};
+
 /* A read-only memory map of a whole file. */
 struct kwk_map {
     const uint8_t *data;
     size_t size;
+    struct kwk_file_id id; /* of the file mapped (from the descriptor that mapped it) */
 };
 
 /* Map path read-only. Returns 0 or a negative code with err naming the path. An empty file maps
  * to data=NULL, size=0 (returned as success; callers decide if that is an error). */
 int kwk_map_file(struct kwk_map *m, const char *path, struct kwk_err *err);
+/* Whether id's times are at least a second before now: a write in the same tick of the kernel's
+ * coarse clock as the last one leaves ctime unchanged, so only an id older than that can stand
+ * for the file's bytes (git's "racily clean" rule). 0 for an unknown id. */
+int kwk_file_id_settled(const struct kwk_file_id *id);
 void kwk_unmap(struct kwk_map *m);
 /* Drop the mapping's pages from this process's resident memory (they are read from the file
  * again if touched): for checkpoints whose matrices were repacked and are no longer read. */

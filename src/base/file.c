@@ -5,14 +5,14 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
 
 int kwk_map_file(struct kwk_map *m, const char *path, struct kwk_err *err)
 {
-    m->data = NULL;
-    m->size = 0;
+    memset(m, 0, sizeof *m);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return kwk_err_set(err, errno == ENOENT ? KWK_ENOTFOUND : -errno, "%s: %s", path,
@@ -27,6 +27,9 @@ int kwk_map_file(struct kwk_map *m, const char *path, struct kwk_err *err)
         rc = kwk_err_set(err, KWK_EFORMAT, "%s: not a regular file", path);
         goto out_close;
     }
+    m->id = (struct kwk_file_id){(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
+                                 (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
+                                 (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec};
     if (st.st_size == 0)
         goto out_close;
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -39,6 +42,15 @@ int kwk_map_file(struct kwk_map *m, const char *path, struct kwk_err *err)
 out_close:
     close(fd);
     return rc;
+}
+
+int kwk_file_id_settled(const struct kwk_file_id *id)
+{
+    struct timespec now;
+    if (!id->ino || clock_gettime(CLOCK_REALTIME, &now) != 0)
+        return 0;
+    int64_t t = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec - 1000000000;
+    return id->mtime_ns < t && id->ctime_ns < t;
 }
 
 void kwk_unmap(struct kwk_map *m)

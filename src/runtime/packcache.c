@@ -184,6 +184,7 @@ struct kwk_packcache {
     int64_t max_bytes;
     dev_t dev;        /* the mapped file's identity (HIT) */
     ino_t ino;
+    char key[4096];   /* the source key that found the pack (HIT without hashing), else "" */
 };
 
 static size_t src_elem_size(int wtype)
@@ -435,6 +436,102 @@ static int create_tmp(struct kwk_packcache *c, const char *name, const struct pa
     return 0;
 }
 
+/* The pack named by h's keys into c->path and name[256]; map_existing's result, or -1 when the
+ * path is too long. */
+static int map_named(struct kwk_packcache *c, const struct kwk_packcache_opts *o,
+                     const struct pack_head *h, const struct pack_rec *recs, struct kwk_pool *pool,
+                     char *name)
+{
+    snprintf(name, 256, "%016" PRIx64 "-%s-%016" PRIx64 ".kwkpack", h->content,
+             o->label ? o->label : "pack", h->config);
+    if (kwk_path_join(c->path, sizeof c->path, o->dir, name)) {
+        kwk_log(KWK_LOG_WARN, "pack cache: %s: path too long", o->dir);
+        return -1;
+    }
+    return map_existing(c, h, recs, pool) == 1;
+}
+
+/* ---- source keys -------------------------------------------------------------------------
+ * Hashing the sources reads the whole checkpoint (3.4 GB for SmolLM2-1.7B in bf16; from disk on a
+ * cold start) to find a pack a fraction of its size. A source key file, <source_id>.kwksrc,
+ * remembers the content hash found for a source id (kwk_packcache_opts.source_id: the files' ids
+ * and the sources' places in them), so a later load of the same, unchanged files maps its pack
+ * without reading them. A key file that is short, foreign or torn is ignored (and rewritten);
+ * losing one costs one hash. */
+struct source_key {
+    char magic[8]; /* "KWKSRC1" */
+    uint64_t source_id;
+    uint64_t content;
+    uint64_t check; /* kwk_hash64 of the fields above */
+};
+_Static_assert(sizeof(struct source_key) == 32, "source key is 32 bytes");
+
+static const char key_magic[8] = "KWKSRC1";
+#define KEYS_MAX 1024 /* key files kept by evict, least recently used removed first */
+
+static uint64_t key_check(const struct source_key *k)
+{
+    return kwk_hash64(k, offsetof(struct source_key, check), H_P2);
+}
+
+/* The content hash o's key file holds for its source id: 1 (and *content), else 0. Touches the
+ * file's mtime (its use, for evict). */
+static int read_source_key(const char *path, uint64_t source_id, uint64_t *content)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct source_key k;
+    int ok = pread(fd, &k, sizeof k, 0) == (ssize_t)sizeof k &&
+             !memcmp(k.magic, key_magic, sizeof k.magic) && k.source_id == source_id &&
+             k.check == key_check(&k);
+    if (ok) {
+        *content = k.content;
+        futimens(fd, NULL);
+    }
+    close(fd);
+    return ok;
+}
+
+/* Write path (in dir) through a temporary and a rename, so no reader sees half a key. Best
+ * effort: a key not written costs the next load a hash. */
+static void write_source_key(const char *dir, const char *path, uint64_t source_id,
+                             uint64_t content)
+{
+    static _Atomic unsigned serial;
+    struct source_key k = {.source_id = source_id, .content = content};
+    memcpy(k.magic, key_magic, sizeof k.magic);
+    k.check = key_check(&k);
+    char tmp[4096];
+    unsigned sn = atomic_fetch_add_explicit(&serial, 1, memory_order_relaxed);
+    int n = snprintf(tmp, sizeof tmp, "%s/.%016" PRIx64 ".kwksrc.tmp.%ld.%u", dir, source_id,
+                     (long)getpid(), sn);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        kwk_log(KWK_LOG_DEBUG, "pack cache: cannot create %s: %s", tmp, strerror(errno));
+        return;
+    }
+    int ok = write(fd, &k, sizeof k) == (ssize_t)sizeof k;
+    close(fd);
+    if (!ok || rename(tmp, path) != 0) {
+        kwk_log(KWK_LOG_DEBUG, "pack cache: cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* KWKER_CACHE_REHASH=1: hash the sources at every load, as if no source key were kept. */
+static int rehash_always(void)
+{
+    const char *v = getenv("KWKER_CACHE_REHASH");
+    if (!v || !*v || !strcmp(v, "0"))
+        return 0;
+    if (strcmp(v, "1"))
+        kwk_log(KWK_LOG_WARN, "KWKER_CACHE_REHASH=%s is not 0|1; ignored", v);
+    return !strcmp(v, "1");
+}
+
 int kwk_packcache_open(const struct kwk_packcache_opts *o, struct kwk_pack_entry *e, int n,
                        struct kwk_pool *pool, struct kwk_packcache **out)
 {
@@ -457,28 +554,47 @@ int kwk_packcache_open(const struct kwk_packcache_opts *o, struct kwk_pack_entry
     }
     h.file_size = size;
     h.config = kwk_hash64(recs, (size_t)n * sizeof *recs, o->salt ^ H_P3);
-    if (content_hash(o, e, n, pool, &h.content))
-        goto out;
-    double t_hash = kwk_time_s() - t0;
     int rc = mkdir_p(o->dir);
     if (rc) {
         kwk_log(KWK_LOG_WARN, "pack cache: cannot use directory %s: %s; packing without the "
                 "cache", o->dir, strerror(-rc));
         goto out;
     }
-    char name[256];
-    snprintf(name, sizeof name, "%016" PRIx64 "-%s-%016" PRIx64 ".kwkpack", h.content,
-             o->label ? o->label : "pack", h.config);
     snprintf(c->dir, sizeof c->dir, "%s", o->dir);
-    if (kwk_path_join(c->path, sizeof c->path, o->dir, name)) {
-        kwk_log(KWK_LOG_WARN, "pack cache: %s: path too long", o->dir);
-        goto out;
-    }
     c->max_bytes = max_bytes_of(o->max_bytes);
-    if (map_existing(c, &h, recs, pool) == 1) {
+    /* A source key names the pack without reading the sources; a pack not found under it is
+     * looked for (and made) under the sources' hash, so every pack is named by its bytes. */
+    char key[4096] = "", name[256];
+    if (o->sources && o->source_id) {
+        snprintf(name, sizeof name, "%016" PRIx64 ".kwksrc", o->source_id);
+        if (kwk_path_join(key, sizeof key, o->dir, name))
+            key[0] = '\0';
+    }
+    int keyed = key[0] && !rehash_always() && read_source_key(key, o->source_id, &h.content);
+    if ((rc = keyed ? map_named(c, o, &h, recs, pool, name) : 0) < 0)
+        goto out;
+    double t_hash = -1;
+    if (rc == 1) {
+        snprintf(c->key, sizeof c->key, "%s", key);
+    } else {
+        double t1 = kwk_time_s();
+        if (content_hash(o, e, n, pool, &h.content))
+            goto out;
+        t_hash = kwk_time_s() - t1;
+        if (key[0])
+            write_source_key(o->dir, key, o->source_id, h.content);
+        if ((rc = map_named(c, o, &h, recs, pool, name)) < 0)
+            goto out;
+    }
+    if (rc == 1) {
         status = KWK_PACKCACHE_HIT;
-        kwk_log(KWK_LOG_INFO, "pack cache: mapped %s (%.1f MB) in %.3f s (hashing the "
-                "weights %.3f s)", c->path, (double)c->size / 1e6, kwk_time_s() - t0, t_hash);
+        if (t_hash < 0)
+            kwk_log(KWK_LOG_INFO, "pack cache: mapped %s (%.1f MB) in %.3f s (the weights' files "
+                    "are unchanged since they were hashed: not read)", c->path,
+                    (double)c->size / 1e6, kwk_time_s() - t0);
+        else
+            kwk_log(KWK_LOG_INFO, "pack cache: mapped %s (%.1f MB) in %.3f s (hashing the "
+                    "weights %.3f s)", c->path, (double)c->size / 1e6, kwk_time_s() - t0, t_hash);
     } else if (create_tmp(c, name, &h, recs) == 0) {
         status = KWK_PACKCACHE_MISS;
     } else {
@@ -494,12 +610,13 @@ out:
     return status;
 }
 
-/* Pack files and stale temporaries of dir over max bytes go, oldest mtime first; keep is never
- * removed (the pack just written). */
+/* Pack files, source keys and stale temporaries of dir over max bytes go, oldest mtime first, and
+ * source keys past KEYS_MAX; keep is never removed (the pack just written). */
 struct dir_ent {
     char name[256];
     int64_t size;
     struct timespec mtime;
+    int kind; /* file_kind */
 };
 
 static int ent_cmp(const void *a, const void *b)
@@ -512,13 +629,20 @@ static int ent_cmp(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-static int is_pack_name(const char *name, time_t mtime)
+enum { F_OTHER, F_PACK, F_KEY, F_TMP };
+
+static int file_kind(const char *name, time_t mtime)
 {
     size_t n = strlen(name);
-    if (n > 8 && !strcmp(name + n - 8, ".kwkpack") && name[0] != '.')
-        return 1;
-    /* a temporary left by a process that died while packing: a day old is surely dead */
-    return name[0] == '.' && strstr(name, ".kwkpack.tmp.") && time(NULL) - mtime > 86400;
+    if (name[0] != '.' && n > 8 && !strcmp(name + n - 8, ".kwkpack"))
+        return F_PACK;
+    if (name[0] != '.' && n > 7 && !strcmp(name + n - 7, ".kwksrc"))
+        return F_KEY;
+    /* a temporary left by a process that died while writing it: a day old is surely dead */
+    if (name[0] == '.' && (strstr(name, ".kwkpack.tmp.") || strstr(name, ".kwksrc.tmp.")) &&
+        time(NULL) - mtime > 86400)
+        return F_TMP;
+    return F_OTHER;
 }
 
 static void evict(const char *dir, int64_t max, const char *keep)
@@ -531,12 +655,16 @@ static void evict(const char *dir, int64_t max, const char *keep)
     struct dir_ent *ents = NULL;
     size_t n = 0, cap = 0;
     int64_t total = 0;
+    long keys = 0;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         struct stat st;
         if (strlen(de->d_name) >= sizeof ents->name ||
             fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-            !S_ISREG(st.st_mode) || !is_pack_name(de->d_name, st.st_mtim.tv_sec))
+            !S_ISREG(st.st_mode))
+            continue;
+        int kind = file_kind(de->d_name, st.st_mtim.tv_sec);
+        if (kind == F_OTHER)
             continue;
         if (n == cap) {
             size_t ncap = cap ? 2 * cap : 64;
@@ -549,19 +677,25 @@ static void evict(const char *dir, int64_t max, const char *keep)
         snprintf(ents[n].name, sizeof ents[n].name, "%s", de->d_name);
         ents[n].size = (int64_t)st.st_size;
         ents[n].mtime = st.st_mtim;
+        ents[n].kind = kind;
         total += ents[n].size;
+        keys += kind == F_KEY;
         n++;
     }
-    if (total > max && n > 0)
+    if ((total > max || keys > KEYS_MAX) && n > 0)
         qsort(ents, n, sizeof *ents, ent_cmp);
-    for (size_t i = 0; i < n && total > max; i++) {
+    for (size_t i = 0; i < n && (total > max || keys > KEYS_MAX); i++) {
         char path[4096];
-        if (kwk_path_join(path, sizeof path, dir, ents[i].name) || !strcmp(path, keep))
+        if ((total <= max && ents[i].kind != F_KEY) ||
+            kwk_path_join(path, sizeof path, dir, ents[i].name) || !strcmp(path, keep))
             continue;
         if (unlinkat(dirfd(d), ents[i].name, 0) == 0) {
             total -= ents[i].size;
-            kwk_log(KWK_LOG_INFO, "pack cache: removed %s (%.1f MB, least recently used; the "
-                    "limit is %.1f MB)", path, (double)ents[i].size / 1e6, (double)max / 1e6);
+            keys -= ents[i].kind == F_KEY;
+            if (ents[i].kind != F_KEY)
+                kwk_log(KWK_LOG_INFO, "pack cache: removed %s (%.1f MB, least recently used; "
+                        "the limit is %.1f MB)", path, (double)ents[i].size / 1e6,
+                        (double)max / 1e6);
         }
     }
     if (total > max)
@@ -624,6 +758,8 @@ void kwk_packcache_discard(struct kwk_packcache *c)
     struct stat st;
     if (c && c->ino && stat(c->path, &st) == 0 && st.st_ino == c->ino && st.st_dev == c->dev)
         unlink(c->path);
+    if (c && c->key[0]) /* so that the next open hashes the sources */
+        unlink(c->key);
     kwk_packcache_free(c);
 }
 

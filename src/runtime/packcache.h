@@ -37,6 +37,11 @@ struct kwk_packcache_opts {
      * They must lie in read-only file mappings: their pages are dropped once hashed. */
     const struct kwk_pack_source *sources;
     int n_sources;
+    /* A key for the sources' bytes that costs no reading: the ids of the (settled) files they lie
+     * in and where in them (kwk_packed_new makes it); 0 = none. A pack found under it is mapped
+     * without hashing the sources (KWKER_CACHE_REHASH=1 hashes them at every load); a miss
+     * hashes them all the same, so a pack is always named by the bytes it was packed from. */
+    uint64_t source_id;
 };
 
 /* One matrix to pack: src is read (F32, F16 or BF16), dst has wtype, rows and cols set by the
@@ -68,7 +73,7 @@ int kwk_packcache_open(const struct kwk_packcache_opts *o, struct kwk_pack_entry
  * it logs a warning and the packed blocks stay valid in memory. */
 void kwk_packcache_commit(struct kwk_packcache *c, struct kwk_pool *pool);
 /* After a HIT whose blocks turned out wrong: remove the file (unless another process has
- * replaced it meanwhile) and free c. Accepts NULL. */
+ * replaced it meanwhile) and the source key that led to it, and free c. Accepts NULL. */
 void kwk_packcache_discard(struct kwk_packcache *c);
 /* Unmap (the dst matrices pointing into it die with it). Accepts NULL. */
 void kwk_packcache_free(struct kwk_packcache *c);

@@ -179,6 +179,48 @@ static int run_jobs_lazy(const struct kwk_model *m, const struct pack_job *jobs,
     return rc;
 }
 
+/* The words of one file's part of sources_id: its id and each source's place in it (sources
+ * s[at..] lie in it in order: pack_sources lists them file by file). */
+static int id_words(const struct kwk_map *map, const struct kwk_pack_source *s, int at, int n,
+                    uint64_t *w)
+{
+    const struct kwk_file_id *id = &map->id;
+    uint64_t head[] = {id->dev, id->ino, id->size, (uint64_t)id->mtime_ns, (uint64_t)id->ctime_ns};
+    memcpy(w, head, sizeof head);
+    int k = (int)KWK_ARRAY_LEN(head);
+    for (int i = at; i < at + n; i++) {
+        w[k++] = (uint64_t)((const uint8_t *)s[i].data - map->data);
+        w[k++] = s[i].n;
+    }
+    return k;
+}
+
+/* kwk_packcache_opts.source_id of sources s[n]: the ids of m's files and where in them each
+ * source lies, hashed; 0 (hash the bytes) when a file's id is unknown or too recent to stand
+ * for its bytes (kwk_file_id_settled). */
+static uint64_t sources_id(const struct kwk_model *m, const struct kwk_pack_source *s, int n)
+{
+    int files = (m->gguf != NULL) + m->n_st;
+    uint64_t *w = kwk_calloc((size_t)(5 * files + 2 * n + 1), sizeof *w);
+    if (!w)
+        return 0;
+    int k = 0, at = 0, ok = 1;
+    if (m->gguf) {
+        ok &= kwk_file_id_settled(&m->gguf->map.id);
+        k += id_words(&m->gguf->map, s, at, m->gguf->n_tensors, w + k);
+        at += m->gguf->n_tensors;
+    }
+    for (int j = 0; j < m->n_st; j++) {
+        ok &= kwk_file_id_settled(&m->st[j].map.id);
+        k += id_words(&m->st[j].map, s, at, m->st[j].n_tensors, w + k);
+        at += m->st[j].n_tensors;
+    }
+    w[k++] = (uint64_t)files;
+    uint64_t id = ok ? kwk_hash64(w, (size_t)k * sizeof *w, 0x5ec1d) | 1 : 0; /* never 0 */
+    kwk_free(w);
+    return id;
+}
+
 /* The pack cache's key for m: the bytes of every tensor of its files (the matrices are made from
  * them; a GGUF's quantized tensors are far fewer bytes than their float32 expansion) and what
  * else turns those into the matrices. NULL sources (in-memory models) key on the matrices. */
@@ -198,6 +240,7 @@ static int pack_sources(const struct kwk_model *m, struct kwk_packcache_opts *o)
     for (int j = 0; j < m->n_st; j++)
         for (int i = 0; i < m->st[j].n_tensors; i++)
             s[k++] = (struct kwk_pack_source){m->st[j].tensors[i].data, m->st[j].tensors[i].nbytes};
+    o->source_id = sources_id(m, s, n);
     const struct kwk_config *c = &m->cfg;
     const int64_t shape[] = {m->gguf != NULL, c->arch, c->n_vocab, c->n_layers, c->d_model,
                              c->n_heads, c->n_kv_heads, c->head_dim, c->d_ff,

@@ -1,6 +1,7 @@
 /* test_packcache.c - the packed-weight cache on in-memory models: a cached pack equals a fresh
  * one byte for byte; changed weights, corrupt, truncated, old-format and stale files are packed
- * again; LRU eviction; an unusable directory; two processes packing at once. Main thread. */
+ * again; LRU eviction; an unusable directory; two processes packing at once; source keys (a pack
+ * found without reading the sources) and the file ids behind them. Main thread. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -461,6 +462,164 @@ static void test_concurrent(void)
     model_free(&t);
 }
 
+/* One F32 matrix through kwk_packcache_open with sources `bytes` under source_id; the pack path
+ * into path (if given); returns the status. A MISS is filled and committed, a HIT checked to hold
+ * src. */
+static int open_one(const char *dir, uint8_t *bytes, size_t n, uint64_t source_id,
+                    const float *src, char *path, size_t cap, int discard)
+{
+    struct kwk_mat sm = {.wtype = KWK_W_F32, .rows = 4, .cols = 32, .data = src};
+    struct kwk_mat dm = {.wtype = KWK_W_F32, .rows = 4, .cols = 32};
+    struct kwk_pack_entry e = {&sm, &dm, 4 * 32 * sizeof(float)};
+    struct kwk_pack_source s = {bytes, n};
+    struct kwk_packcache_opts o = {
+        .dir = dir, .label = "keys", .sources = &s, .n_sources = 1, .source_id = source_id};
+    struct kwk_packcache *c = NULL;
+    int st = kwk_packcache_open(&o, &e, 1, pool, &c);
+    if (st == KWK_PACKCACHE_MISS) {
+        memcpy((void *)dm.data, src, e.bytes);
+        kwk_packcache_commit(c, pool);
+    } else if (st == KWK_PACKCACHE_HIT) {
+        T_TRUE(memcmp(dm.data, src, e.bytes) == 0);
+    }
+    if (path && c)
+        snprintf(path, cap, "%s", kwk_packcache_path(c));
+    if (discard)
+        kwk_packcache_discard(c);
+    else
+        kwk_packcache_free(c);
+    return st;
+}
+
+static int count_suffix(const char *dir, const char *suffix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    size_t k = strlen(suffix);
+    while (d && (de = readdir(d)) != NULL) {
+        size_t m = strlen(de->d_name);
+        n += de->d_name[0] != '.' && m > k && !strcmp(de->d_name + m - k, suffix);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* Source keys: once sources are hashed under a source id, a later open with that id maps the
+ * pack without reading them. Shown by changing the bytes under the same id (which a real file
+ * cannot do: its id would change): the remembered pack is still mapped. KWKER_CACHE_REHASH=1, a
+ * key naming a missing pack, a torn key and a discarded pack all hash the bytes again; a
+ * new pack is always named by the bytes it was packed from. */
+static void test_source_keys(void)
+{
+    char dir[300], key[700], p1[700] = "", p2[700] = "", p[700] = "";
+    mkdir_in(dir, sizeof dir, "keys");
+    snprintf(key, sizeof key, "%s/%016llx.kwksrc", dir, 0x1234567ull);
+    float w[4 * 32];
+    for (int i = 0; i < 4 * 32; i++)
+        w[i] = rnd();
+    uint8_t bytes[5000];
+    for (size_t i = 0; i < sizeof bytes; i++)
+        bytes[i] = (uint8_t)(i * 13 + 5);
+
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p1, sizeof p1, 0), KWK_PACKCACHE_MISS);
+    T_EQ(file_size(key), 32);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_STREQ(p, p1);
+    bytes[100] ^= 1; /* new bytes, the same id: mapped by the key, not hashed */
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_STREQ(p, p1);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0, w, p2, sizeof p2, 0), KWK_PACKCACHE_MISS);
+    T_TRUE(strcmp(p2, p1) != 0); /* no id: hashed, a pack of the new bytes */
+
+    setenv("KWKER_CACHE_REHASH", "1", 1);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_STREQ(p, p2);
+    unsetenv("KWKER_CACHE_REHASH");
+    /* the rehash rewrote the key: it now names the new bytes' pack */
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_STREQ(p, p2);
+
+    /* a key naming a pack that is gone: hashed, packed under the bytes' own name */
+    bytes[200] ^= 1;
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    unlink(p2);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
+    T_TRUE(strcmp(p, p1) != 0 && strcmp(p, p2) != 0);
+    char p3[700];
+    snprintf(p3, sizeof p3, "%s", p);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_STREQ(p, p3);
+
+    /* a torn key is ignored (the bytes hashed) and written whole again */
+    T_EQ(truncate(key, 20), 0);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_STREQ(p, p3);
+    T_EQ(file_size(key), 32);
+    /* a key with another id in it (a renamed file) is ignored */
+    char other[700];
+    snprintf(other, sizeof other, "%s/%016llx.kwksrc", dir, 0x7654321ull);
+    T_EQ(rename(key, other), 0);
+    bytes[300] ^= 1;
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
+    T_TRUE(strcmp(p, p3) != 0);
+
+    /* discarding a pack found by a key removes the key too: the next open hashes */
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 1), KWK_PACKCACHE_HIT);
+    T_EQ(file_size(other), -1);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
+    T_EQ(file_size(other), 32);
+    T_EQ(count_tmp(dir), 0);
+
+    /* keys past 1024 go at a commit, least recently used first */
+    for (int i = 0; i < 1100; i++) {
+        char k[700];
+        snprintf(k, sizeof k, "%s/%016x.kwksrc", dir, (unsigned)(0x10000 + i));
+        FILE *f = fopen(k, "w");
+        fputs("old", f);
+        fclose(f);
+        set_age(k, 1000 + i);
+    }
+    bytes[400] ^= 1;
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x999, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
+    T_EQ(count_suffix(dir, ".kwksrc"), 1024);
+    snprintf(key, sizeof key, "%s/%016llx.kwksrc", dir, 0x999ull);
+    T_EQ(file_size(key), 32);  /* the newest stay */
+    snprintf(key, sizeof key, "%s/%016x.kwksrc", dir, (unsigned)(0x10000 + 1099));
+    T_EQ(file_size(key), -1);  /* the oldest went */
+    T_EQ(count_suffix(dir, ".kwkpack"), 4); /* of the bytes at 7 opens that packed, one discarded */
+}
+
+/* kwk_file_id: what kwk_map_file fills in, and when it is settled. */
+static void test_file_id(void)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/id-file", root);
+    FILE *f = fopen(path, "w");
+    fputs("some bytes", f);
+    fclose(f);
+    struct kwk_map m;
+    struct kwk_err err = {0};
+    T_EQ(kwk_map_file(&m, path, &err), 0);
+    struct stat st;
+    T_EQ(stat(path, &st), 0);
+    T_EQ(m.id.ino, st.st_ino);
+    T_EQ(m.id.dev, st.st_dev);
+    T_EQ(m.id.size, 10);
+    T_EQ(m.id.ctime_ns, (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec);
+    T_EQ(kwk_file_id_settled(&m.id), 0); /* written just now */
+    struct kwk_file_id old = m.id;
+    old.mtime_ns -= 3000000000LL;
+    old.ctime_ns -= 3000000000LL;
+    T_EQ(kwk_file_id_settled(&old), 1);
+    old.ctime_ns = m.id.ctime_ns;
+    T_EQ(kwk_file_id_settled(&old), 0);
+    struct kwk_file_id none = {0};
+    T_EQ(kwk_file_id_settled(&none), 0);
+    kwk_unmap(&m);
+}
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/kwk_test_packcache_%ld", (long)getpid());
@@ -475,6 +634,8 @@ int main(void)
     test_lru();
     test_unusable_dir();
     test_concurrent();
+    test_source_keys();
+    test_file_id();
     kwk_pool_free(pool);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);

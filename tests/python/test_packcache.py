@@ -2,7 +2,8 @@
 a mapped pack equal a fresh pack's bit for bit (tiny models and SmolLM2-135M, balanced and int4);
 a changed checkpoint gets its own file; corrupt, truncated and old-format files are rebuilt; the
 size limit evicts least recently used packs; an unusable directory still loads; two processes
-packing at once both succeed. Every cache directory is a pytest tmp dir (never ~/.cache).
+packing at once both succeed; unchanged checkpoint files are not read again (source keys). Every
+cache directory is a pytest tmp dir (never ~/.cache).
 
 A pack is known to be reused (not rebuilt) when the path is still the file we hold open: a rebuilt
 pack is renamed over it and so is another inode.
@@ -11,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -250,3 +252,48 @@ def test_env_limit_keeps_only_the_newest(tiny, ids, tmp_path, monkeypatch, capfd
     (left,) = packs(tmp_path)
     assert "int4" in left.name
     assert "over its limit" in err and str(tmp_path) in err, err
+
+
+def bench_log(model, cache, env_extra=None):
+    env = dict(os.environ, KWKER_LOG="info", **(env_extra or {}))
+    r = subprocess.run([kwker_bin(), "bench", "--model", str(model), "--precision", "int4",
+                        "--cache-dir", str(cache), "-p", "4", "-n", "2", "-r", "1", "-t", "1"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stderr
+
+
+def test_unchanged_checkpoint_not_read(tiny, ids, tmp_path):
+    """Source keys: once a checkpoint's files are hashed, a later load of the same, unchanged
+    files maps the pack without reading them, to the same logits; files written within the last
+    second are hashed every time (a write in the same clock tick keeps ctime); a rewritten file
+    is hashed again and gets its own pack; KWKER_CACHE_REHASH=1 hashes at every load."""
+    from safetensors.numpy import load_file, save_file
+    model = tmp_path / "model"
+    shutil.copytree(tiny, model)
+    cache = tmp_path / "cache"
+    err = bench_log(model, cache)
+    assert "hashing the weights" not in err and not list(cache.glob("*.kwksrc")), err
+    err = bench_log(model, cache)  # just written: too recent to stand for its bytes
+    assert "hashing the weights" in err and not list(cache.glob("*.kwksrc")), err
+    time.sleep(1.2)
+    err = bench_log(model, cache)
+    assert "hashing the weights" in err and len(list(cache.glob("*.kwksrc"))) == 1, err
+    err = bench_log(model, cache)
+    assert "unchanged since they were hashed: not read" in err, err
+    assert np.array_equal(logits(model, "int4", cache, ids), logits(model, "int4", None, ids))
+    err = bench_log(model, cache, {"KWKER_CACHE_REHASH": "1"})
+    assert "hashing the weights" in err, err
+
+    st = next(model.glob("*.safetensors"))
+    tensors = load_file(str(st))
+    name = next(k for k in sorted(tensors) if "up_proj" in k)
+    tensors[name] = tensors[name].copy()
+    tensors[name].flat[7] -= np.float32(0.25)
+    save_file(tensors, str(st), metadata={"format": "pt"})
+    time.sleep(1.2)
+    err = bench_log(model, cache)  # a new id: hashed, and packed anew
+    assert "hashing the weights" not in err and len(packs(cache)) == 2, err
+    assert len(list(cache.glob("*.kwksrc"))) == 2
+    assert "not read" in bench_log(model, cache)
+    assert np.array_equal(logits(model, "int4", cache, ids), logits(model, "int4", None, ids))
