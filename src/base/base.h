@@ -105,6 +105,10 @@ float kwk_f16_to_f32(uint16_t h);
 enum { KWK_LOG_ERROR = 0, KWK_LOG_WARN = 1, KWK_LOG_INFO = 2, KWK_LOG_DEBUG = 3 };
 void kwk_log(int level, const char *fmt, ...) KWK_PRINTF(2, 3);
 
+/* A switch from the environment: the index of name's value in words[n]; -1 when it is unset or
+ * empty, and (with a warning that names the choices) when it is none of them. */
+int kwk_env_word(const char *name, const char *const *words, int n);
+
 /* Monotonic seconds. */
 double kwk_time_s(void);
 

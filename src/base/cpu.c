@@ -79,33 +79,19 @@ static void detect_features(struct cpu_features *f)
     }
 }
 
-static int isa_from_name(const char *s)
-{
-    if (!strcmp(s, "scalar"))
-        return KWK_ISA_SCALAR;
-    if (!strcmp(s, "avx2"))
-        return KWK_ISA_AVX2;
-    if (!strcmp(s, "avx512"))
-        return KWK_ISA_AVX512;
-    return -1;
-}
-
 static void detect(void)
 {
     detect_features(&cpu);
     int best = cpu.avx512 ? KWK_ISA_AVX512 : cpu.avx2 ? KWK_ISA_AVX2 : KWK_ISA_SCALAR;
     int isa = best;
-    const char *env = getenv("KWKER_ISA");
-    if (env && *env) {
-        int want = isa_from_name(env);
-        if (want < 0)
-            kwk_log(KWK_LOG_WARN, "KWKER_ISA=%s is not scalar|avx2|avx512; ignored", env);
-        else if (want > best)
-            kwk_log(KWK_LOG_WARN, "KWKER_ISA=%s is not supported here; using %s", env,
-                    kwk_isa_name(best));
-        else
-            isa = want;
-    }
+    static const char *const on_off[] = {"on", "off"};
+    static const char *const isas[] = {"scalar", "avx2", "avx512"}; /* enum kwk_isa */
+    int want = kwk_env_word("KWKER_ISA", isas, 3);
+    if (want > best)
+        kwk_log(KWK_LOG_WARN, "KWKER_ISA=%s is not supported here; using %s", isas[want],
+                kwk_isa_name(best));
+    else if (want >= 0)
+        isa = want;
     isa_chosen = isa;
     /* Decode tiles prefetch the weights they read a few hundred bytes later. On Zen 4 (an AMD
      * EPYC VM, session 10) asking for them in L2 rather than L1 made generation 30-38% faster
@@ -113,13 +99,9 @@ static void detect(void)
      * streams crowd its 32 KiB. On an Intel Xeon (Sapphire Rapids class, session 8) L2 measured
      * 2-9% slower, so other vendors keep L1. */
     prefetch_l2 = cpu.amd;
-    const char *pf = getenv("KWKER_PREFETCH");
-    if (pf && *pf) {
-        if (!strcmp(pf, "l1") || !strcmp(pf, "l2"))
-            prefetch_l2 = pf[1] == '2';
-        else
-            kwk_log(KWK_LOG_WARN, "KWKER_PREFETCH=%s is not l1|l2; ignored", pf);
-    }
+    int pf = kwk_env_word("KWKER_PREFETCH", (const char *const[]){"l1", "l2"}, 2);
+    if (pf >= 0)
+        prefetch_l2 = pf;
     /* Zen 5 (family 1Ah, full-width AVX-512 datapaths): with the AVX-512 int8 decode tile's
      * prefetches off (two requests a line it loads: its blocks' group 4 ahead and the next
      * tile's), the hardware prefetcher alone, a balanced token took 7-22% less time at 8-bit
@@ -128,26 +110,17 @@ static void detect(void)
      * token by token, docs/benchmarks.md). Later AMD families are assumed alike until measured. */
     if (cpu.amd && cpu.family >= 0x1a)
         prefetch_int8_avx512 = 0;
-    const char *p8 = getenv("KWKER_PREFETCH_INT8");
-    if (p8 && *p8) {
-        if (!strcmp(p8, "on") || !strcmp(p8, "off"))
-            prefetch_int8_avx512 = prefetch_int8_avx2 = p8[1] == 'n';
-        else
-            kwk_log(KWK_LOG_WARN, "KWKER_PREFETCH_INT8=%s is not on|off; ignored", p8);
-    }
+    int p8 = kwk_env_word("KWKER_PREFETCH_INT8", on_off, 2);
+    if (p8 >= 0)
+        prefetch_int8_avx512 = prefetch_int8_avx2 = p8 == 0;
     /* AVX-VNNI does the AVX2 kernels' int8 dot products in one instruction instead of four, to
      * the same sums; KWKER_AVXVNNI=off keeps maddubs (what an AVX2-only CPU runs). */
     use_avxvnni = cpu.avxvnni;
-    const char *vn = getenv("KWKER_AVXVNNI");
-    if (vn && *vn) {
-        if (!strcmp(vn, "off"))
-            use_avxvnni = 0;
-        else if (!strcmp(vn, "on")) {
-            if (!cpu.avxvnni)
-                kwk_log(KWK_LOG_WARN, "KWKER_AVXVNNI=on: this CPU has no AVX-VNNI; ignored");
-        } else
-            kwk_log(KWK_LOG_WARN, "KWKER_AVXVNNI=%s is not on|off; ignored", vn);
-    }
+    int vn = kwk_env_word("KWKER_AVXVNNI", on_off, 2);
+    if (vn == 1)
+        use_avxvnni = 0;
+    else if (vn == 0 && !cpu.avxvnni)
+        kwk_log(KWK_LOG_WARN, "KWKER_AVXVNNI=on: this CPU has no AVX-VNNI; ignored");
     kwk_log(KWK_LOG_INFO,
             "kernels: %s (cpu: avx2=%d avxvnni=%d avx512=%d bf16=%d vnni=%d amd=%d family=%#x), "
             "prefetch to %s, int8 decode prefetch: avx512 %s, avx2 %s, avx2 dot products: %s",

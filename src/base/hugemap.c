@@ -87,8 +87,7 @@ int kwk_map_huge(const struct kwk_map *m, const char *path)
     long want = (long)(m->size >> 11), before = pmd_kib(lo, hi); /* half the file, in KiB */
     if (before < 0 || before >= want)
         return before >= want;
-    const char *env = getenv("KWKER_HUGE_PAGES");
-    if (env && !strcmp(env, "0"))
+    if (kwk_env_word("KWKER_HUGE_PAGES", (const char *const[]){"0", "1"}, 2) == 0)
         return 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)

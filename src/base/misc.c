@@ -57,6 +57,23 @@ void kwk_log(int level, const char *fmt, ...)
     fprintf(stderr, "kwker %s: %s\n", names[level], line);
 }
 
+int kwk_env_word(const char *name, const char *const *words, int n)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return -1;
+    char choices[256] = "";
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(v, words[i]))
+            return i;
+        int k = snprintf(choices + at, sizeof choices - at, "%s%s", i ? "|" : "", words[i]);
+        at = k > 0 ? KWK_MIN(sizeof choices - 1, at + (size_t)k) : at;
+    }
+    kwk_log(KWK_LOG_WARN, "%s=%s is not %s; ignored", name, v, choices);
+    return -1;
+}
+
 double kwk_time_s(void)
 {
     struct timespec ts;

@@ -108,12 +108,7 @@ static int decoder_alloc(struct kwk_decoder *d)
  * rounded anew by every tile that reads them (the numbers are the same; for comparing the two). */
 static int bf16_kv_on(void)
 {
-    const char *e = getenv("KWKER_BF16_KV");
-    if (!e || !*e || !strcmp(e, "on"))
-        return 1;
-    if (strcmp(e, "off"))
-        kwk_log(KWK_LOG_WARN, "KWKER_BF16_KV=%s is not on|off; ignored", e);
-    return strcmp(e, "off") != 0;
+    return kwk_env_word("KWKER_BF16_KV", (const char *const[]){"on", "off"}, 2) != 1;
 }
 
 kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params *p,
@@ -131,8 +126,9 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
 static int preserve_panels(const struct kwk_kernels *k, const struct kwk_model *m,
                            const char *cache_dir)
 {
-    const char *env = getenv("KWKER_BF16_PANELS");
-    int want = env && env[0] ? strcmp(env, "0") != 0 : cache_dir && cache_dir[0];
+    int want = kwk_env_word("KWKER_BF16_PANELS", (const char *const[]){"0", "1"}, 2);
+    if (want < 0)
+        want = cache_dir && cache_dir[0];
     return want && k->bf16_panels && kwk_packed_panels_apply(m);
 }
 

@@ -524,12 +524,7 @@ static void write_source_key(const char *dir, const char *path, uint64_t source_
 /* KWKER_CACHE_REHASH=1: hash the sources at every load, as if no source key were kept. */
 static int rehash_always(void)
 {
-    const char *v = getenv("KWKER_CACHE_REHASH");
-    if (!v || !*v || !strcmp(v, "0"))
-        return 0;
-    if (strcmp(v, "1"))
-        kwk_log(KWK_LOG_WARN, "KWKER_CACHE_REHASH=%s is not 0|1; ignored", v);
-    return !strcmp(v, "1");
+    return kwk_env_word("KWKER_CACHE_REHASH", (const char *const[]){"0", "1"}, 2) == 1;
 }
 
 int kwk_packcache_open(const struct kwk_packcache_opts *o, struct kwk_pack_entry *e, int n,

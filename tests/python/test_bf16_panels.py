@@ -48,7 +48,7 @@ def run_child(tmp_path, isa, panels_env, cached, model=None):
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     res["logits"] = np.asarray(res["logits"])
-    return res, sorted(f.name for f in cache.iterdir())
+    return res, sorted(f.name for f in cache.iterdir() if f.suffix == ".kwkpack")
 
 
 @pytest.mark.parametrize("isa", supported_isas())

@@ -156,7 +156,7 @@ def test_fitted_packs_are_cached_by_their_calibration(models, tmp_path):
     cache = tmp_path / "packs"
 
     def packs():
-        return sorted(p.name for p in cache.iterdir() if p.suffix != ".tmp")
+        return sorted(p.name for p in cache.iterdir() if p.suffix == ".kwkpack")
 
     first = logits_of(path, "int4", calib=calib_ids(), cache_dir=cache)
     assert len(packs()) == 1
