@@ -474,8 +474,8 @@ static uint64_t key_check(const struct source_key *k)
     return kwk_hash64(k, offsetof(struct source_key, check), H_P2);
 }
 
-/* The content hash o's key file holds for its source id: 1 (and *content), else 0. Touches the
- * file's mtime (its use, for evict). */
+/* The content hash the key file at path holds for source_id: 1 (and *content), else 0. Touches
+ * the file's mtime (its use, for evict). */
 static int read_source_key(const char *path, uint64_t source_id, uint64_t *content)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -156,12 +156,20 @@ static void test_prefetch(void)
     }
     memset(buf, 1, big); /* mapped, and out of the caches */
     struct pf_ctx c = {.pool = p, .buf = buf, .bytes = small, .sleep_ms = 100, .n_spans = 6};
-    kwk_pool_run(p, pf_task, &c);
-    T_EQ(kwk_pool_prefetched(p, 0), (long)(KWK_POOL_SPANS * (small / 8) / 64));
+    /* The owner needs well under a millisecond of the workers' 100 ms; a host that takes the
+     * CPU from it for all of that gets a few more tries (the count is cumulative). */
+    long want = (long)(KWK_POOL_SPANS * (small / 8) / 64), got = 0;
+    for (int tries = 0; tries < 5 && got != want; tries++) {
+        long before = kwk_pool_prefetched(p, 0);
+        kwk_pool_run(p, pf_task, &c);
+        got = kwk_pool_prefetched(p, 0) - before;
+    }
+    T_EQ(got, want);
     /* No spans this time: nothing more is asked for. */
     c.n_spans = 0;
+    long before = kwk_pool_prefetched(p, 0);
     kwk_pool_run(p, pf_task, &c);
-    T_EQ(kwk_pool_prefetched(p, 0), (long)(KWK_POOL_SPANS * (small / 8) / 64));
+    T_EQ(kwk_pool_prefetched(p, 0), before);
 
     /* 32 MiB a span, 4 spans a thread, 200 tasks back to back: reading it all would take
      * 200 * 4 * 512Ki lines; each wait stops at the next hand-out (or the workers' end) long
