@@ -342,7 +342,8 @@ def test_calibrated_int4_generates_and_is_cached(tmp_path):
 
 @pytest.mark.parametrize("prec, lo, hi", [("balanced", 8.4, 8.6), ("int4", 5.5, 6.5)])
 def test_bench_json(prec, lo, hi, tmp_path):
-    """kwker bench --json: one object with the medians and what the run read per weight."""
+    """kwker bench --json: one object with the medians, what the run read per weight, and the
+    seconds the model's load and the decoder's making (packing here: an empty cache) took."""
     import json
     p = run("bench", "--model", smollm2_gguf(), "--precision", prec, "-p", "8", "-n", "4",
             "-r", "1", "-t", THREADS, "--json", "--cache-dir", tmp_path)
@@ -352,6 +353,7 @@ def test_bench_json(prec, lo, hi, tmp_path):
     assert r["pp_tps"] > 0 and r["tg_tps"] > 0 and r["peak_rss_kib"] > 0
     assert lo < r["bits_per_weight"] < hi, r
     assert r["act_bits"] == 16, r  # the default
+    assert r["load_s"] >= 0 and r["decoder_s"] >= 0, r
 
 
 @pytest.mark.parametrize("isa", [i for i in supported_isas() if i != "scalar"])

@@ -175,7 +175,10 @@ int cmd_bench(int argc, char **argv)
     o.params.gptq = o.quant.gptq;
     o.params.act_bits = o.quant.act_bits;
     o.params.kv_bits = o.quant.kv_bits;
+    /* ready to compute: packing (or mapping a cached pack), the KV cache, the threads */
+    double t_decoder = now_s();
     d = kwk_decoder_new(m, &o.params, &err);
+    t_decoder = now_s() - t_decoder;
     if (!d) {
         fprintf(stderr, "kwker bench: %s\n", err.msg);
         goto out;
@@ -206,21 +209,24 @@ int cmd_bench(int argc, char **argv)
         put_json_str(info.arch_name);
         printf(", \"n_params\": %lld, \"precision\": %d, \"precision_name\": \"%s\", "
                "\"isa\": \"%s\", \"threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
-               "\"reps\": %d, \"load_s\": %.3f, \"pp_tps\": %.2f, \"tg_tps\": %.2f, "
+               "\"reps\": %d, \"load_s\": %.3f, \"decoder_s\": %.3f, \"pp_tps\": %.2f, "
+               "\"tg_tps\": %.2f, "
                "\"peak_rss_kib\": %ld, \"bits_per_weight\": %.4f, \"act_bits\": %d, "
                "\"kv_bits\": %d, \"attn\": \"%s\"}\n",
                (long long)info.n_params, o.params.precision, precision_name(o.params.precision),
-               isa, threads, o.n_prompt, o.n_gen, o.reps, t_load, pp_tps, tg_tps, rss,
+               isa, threads, o.n_prompt, o.n_gen, o.reps, t_load, t_decoder, pp_tps, tg_tps, rss,
                kwk_decoder_bits_per_weight(d), act_bits, kwk_decoder_kv_bits(d),
                kwk_decoder_attn_name(d));
     } else {
         printf("model %s (%s, %.1fM params), precision %s (%.3f bits per weight, %d-bit "
-               "activations, %d-bit KV cache), isa %s (attention %s), %d threads, load %.2f s\n"
+               "activations, %d-bit KV cache), isa %s (attention %s), %d threads, load %.2f s, "
+               "decoder %.2f s\n"
                "pp%d: %.2f tokens/s\ntg%d: %.2f tokens/s   (medians of %d)\n"
                "peak resident memory: %.1f MiB\n",
                o.model, info.arch_name, info.n_params / 1e6, precision_name(o.params.precision),
                kwk_decoder_bits_per_weight(d), act_bits, kwk_decoder_kv_bits(d), isa,
-               kwk_decoder_attn_name(d), threads, t_load, o.n_prompt, pp_tps, o.n_gen, tg_tps, o.reps, rss / 1024.0);
+               kwk_decoder_attn_name(d), threads, t_load, t_decoder, o.n_prompt, pp_tps, o.n_gen,
+               tg_tps, o.reps, rss / 1024.0);
     }
     rc = 0;
 out:
