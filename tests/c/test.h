@@ -42,14 +42,29 @@ static int t_passed, t_failed;
     } while (0)
 
 #define T_TRUE(c) T_CHECK((c), "%s", #c)
-#define T_EQ(a, b) T_CHECK((long long)(a) == (long long)(b), "%s == %s (%lld vs %lld)", #a, #b,     \
-                           (long long)(a), (long long)(b))
-#define T_STREQ(a, b) T_CHECK(strcmp((a), (b)) == 0, "%s == %s (\"%s\" vs \"%s\")", #a, #b, (a), (b))
-#define T_CONTAINS(hay, needle) T_CHECK(strstr((hay), (needle)) != NULL,                           \
-                                        "\"%s\" contains \"%s\"", (hay), (needle))
-#define T_NEAR(a, b, tol) T_CHECK(fabs((double)(a) - (double)(b)) <= (tol),                        \
-                                  "%s ~ %s (%.9g vs %.9g, tol %g)", #a, #b, (double)(a),          \
-                                  (double)(b), (double)(tol))
+/* Each argument is evaluated once: a failing check prints the values it compared, not a second
+ * evaluation of calls with side effects. */
+#define T_EQ(a, b)                                                                               \
+    do {                                                                                         \
+        long long t_a_ = (long long)(a), t_b_ = (long long)(b);                                  \
+        T_CHECK(t_a_ == t_b_, "%s == %s (%lld vs %lld)", #a, #b, t_a_, t_b_);                    \
+    } while (0)
+#define T_STREQ(a, b)                                                                            \
+    do {                                                                                         \
+        const char *t_a_ = (a), *t_b_ = (b);                                                     \
+        T_CHECK(strcmp(t_a_, t_b_) == 0, "%s == %s (\"%s\" vs \"%s\")", #a, #b, t_a_, t_b_);     \
+    } while (0)
+#define T_CONTAINS(hay, needle)                                                                  \
+    do {                                                                                         \
+        const char *t_h_ = (hay), *t_n_ = (needle);                                              \
+        T_CHECK(strstr(t_h_, t_n_) != NULL, "\"%s\" contains \"%s\"", t_h_, t_n_);              \
+    } while (0)
+#define T_NEAR(a, b, tol)                                                                        \
+    do {                                                                                         \
+        double t_a_ = (double)(a), t_b_ = (double)(b), t_t_ = (double)(tol);                     \
+        T_CHECK(fabs(t_a_ - t_b_) <= t_t_, "%s ~ %s (%.9g vs %.9g, tol %g)", #a, #b, t_a_, t_b_, \
+                t_t_);                                                                           \
+    } while (0)
 
 static int t_report(const char *name)
 {

@@ -517,13 +517,6 @@ static int count_suffix(const char *dir, const char *suffix)
     return n;
 }
 
-/* T_EQ evaluates its arguments again to print them: open once. */
-#define T_OPEN(call, want)                                                                       \
-    do {                                                                                         \
-        int got_ = (call);                                                                       \
-        T_EQ(got_, want);                                                                        \
-    } while (0)
-
 /* Source keys: once sources are hashed under a source id, a later open with that id maps the
  * pack without reading them. Shown by changing the bytes under the same id (which a real file
  * cannot do: its id would change): the remembered pack is still mapped. KWKER_CACHE_REHASH=1, a
@@ -541,38 +534,38 @@ static void test_source_keys(void)
     for (size_t i = 0; i < sizeof bytes; i++)
         bytes[i] = (uint8_t)(i * 13 + 5);
 
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p1, sizeof p1, 0), KWK_PACKCACHE_MISS);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p1, sizeof p1, 0), KWK_PACKCACHE_MISS);
     T_EQ(file_size(key), 32);
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
     T_STREQ(p, p1);
     bytes[100] ^= 1; /* new bytes, the same id: mapped by the key, not hashed */
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
     T_STREQ(p, p1);
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0, w, p2, sizeof p2, 0), KWK_PACKCACHE_MISS);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0, w, p2, sizeof p2, 0), KWK_PACKCACHE_MISS);
     T_TRUE(strcmp(p2, p1) != 0); /* no id: hashed, a pack of the new bytes */
 
     setenv("KWKER_CACHE_REHASH", "1", 1);
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
     T_STREQ(p, p2);
     unsetenv("KWKER_CACHE_REHASH");
     /* the rehash rewrote the key: it now names the new bytes' pack */
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
     T_STREQ(p, p2);
 
     /* a key naming a pack that is gone: hashed, packed under the bytes' own name */
     bytes[200] ^= 1;
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
     unlink(p2);
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
     T_TRUE(strcmp(p, p1) != 0 && strcmp(p, p2) != 0);
     char p3[700];
     snprintf(p3, sizeof p3, "%s", p);
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
     T_STREQ(p, p3);
 
     /* a torn key is ignored (the bytes hashed) and written whole again */
     T_EQ(truncate(key, 20), 0);
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x1234567, w, p, sizeof p, 0), KWK_PACKCACHE_HIT);
     T_STREQ(p, p3);
     T_EQ(file_size(key), 32);
     /* a key with another id in it (a renamed file) is ignored */
@@ -580,13 +573,13 @@ static void test_source_keys(void)
     snprintf(other, sizeof other, "%s/%016llx.kwksrc", dir, 0x7654321ull);
     T_EQ(rename(key, other), 0);
     bytes[300] ^= 1;
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
     T_TRUE(strcmp(p, p3) != 0);
 
     /* discarding a pack found by a key removes the key too: the next open hashes */
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 1), KWK_PACKCACHE_HIT);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 1), KWK_PACKCACHE_HIT);
     T_EQ(file_size(other), -1);
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x7654321, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
     T_EQ(file_size(other), 32);
     T_EQ(count_tmp(dir), 0);
 
@@ -600,7 +593,7 @@ static void test_source_keys(void)
         set_age(k, 1000 + i);
     }
     bytes[400] ^= 1;
-    T_OPEN(open_one(dir, bytes, sizeof bytes, 0x999, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
+    T_EQ(open_one(dir, bytes, sizeof bytes, 0x999, w, p, sizeof p, 0), KWK_PACKCACHE_MISS);
     T_EQ(count_suffix(dir, ".kwksrc"), 1024);
     snprintf(key, sizeof key, "%s/%016llx.kwksrc", dir, 0x999ull);
     T_EQ(file_size(key), 32);  /* the newest stay */
