@@ -224,7 +224,7 @@ static int content_hash(const struct kwk_packcache_opts *o, const struct kwk_pac
             return -1;
         for (int i = 0; i < o->n_sources; i++)
             r[i] = (struct region){o->sources[i].data, o->sources[i].n};
-        int rc = hash_regions(r, o->n_sources, 1, pool, out);
+        int rc = hash_regions(r, o->n_sources, o->drop_sources, pool, out);
         kwk_free(r);
         return rc;
     }

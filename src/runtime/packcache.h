@@ -34,9 +34,14 @@ struct kwk_packcache_opts {
      * must then cover what turns them into the matrices: config, tying) key the pack instead
      * of the matrices' own bytes: a Q4_1 GGUF's tensors are far fewer bytes than the matrices
      * dequantized to float32. NULL: the matrices' bytes. kwk_packed_new fills these itself.
-     * They must lie in read-only file mappings: their pages are dropped once hashed. */
+     * See drop_sources for what hashing does to their pages. */
     const struct kwk_pack_source *sources;
     int n_sources;
+    /* 1: every source lies in a PROT_READ file mapping (kwk_map_file), so once hashed its whole
+     * pages can leave this process's resident memory (MADV_DONTNEED: they fault back in from
+     * the page cache if read again) and a checkpoint does not stay resident beside its pack.
+     * On any other memory that would zero it: 0 (the default) keeps every page. */
+    int drop_sources;
     /* A key for the sources' bytes that costs no reading: the ids of the (settled) files they lie
      * in and where in them (kwk_packed_new makes it); 0 = none. A pack found under it is mapped
      * without hashing the sources (KWKER_CACHE_REHASH=1 hashes them at every load); a miss

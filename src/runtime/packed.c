@@ -248,6 +248,7 @@ static int pack_sources(const struct kwk_model *m, struct kwk_packcache_opts *o)
     o->salt ^= kwk_hash64(shape, sizeof shape, 0x5eed);
     o->sources = s;
     o->n_sources = n;
+    o->drop_sources = 1; /* kwk_map_file's mappings: PROT_READ, never written */
     return 0;
 }
 

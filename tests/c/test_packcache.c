@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -483,7 +484,8 @@ static int open_one(const char *dir, const uint8_t *bytes, size_t n, uint64_t so
     struct kwk_pack_entry e = {&sm, &dm, 4 * 32 * sizeof(float)};
     struct kwk_pack_source s = {map.data, n};
     struct kwk_packcache_opts o = {
-        .dir = dir, .label = "keys", .sources = &s, .n_sources = 1, .source_id = source_id};
+        .dir = dir, .label = "keys", .sources = &s, .n_sources = 1, .source_id = source_id,
+        .drop_sources = 1};
     struct kwk_packcache *c = NULL;
     int st = kwk_packcache_open(&o, &e, 1, pool, &c);
     if (st == KWK_PACKCACHE_MISS) {
@@ -602,6 +604,47 @@ static void test_source_keys(void)
     T_EQ(count_suffix(dir, ".kwkpack"), 4); /* of the bytes at 7 opens that packed, one discarded */
 }
 
+/* Sources in anonymous memory (a caller other than kwk_packed_new) keep their bytes unless the
+ * caller says they lie in file mappings: dropping the pages of anonymous memory zeroes them,
+ * which the second open shows. */
+static void test_source_memory(void)
+{
+    char dir[300];
+    mkdir_in(dir, sizeof dir, "memory");
+    size_t n = 4 << 16; /* 256 KiB: whole pages whatever the page size */
+    uint8_t *mem = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    T_TRUE(mem != MAP_FAILED);
+    if (mem == MAP_FAILED)
+        return;
+    for (size_t i = 0; i < n; i++)
+        mem[i] = (uint8_t)(i * 7 + 1);
+    float w[4 * 32];
+    for (int i = 0; i < 4 * 32; i++)
+        w[i] = rnd();
+    struct kwk_mat sm = {.wtype = KWK_W_F32, .rows = 4, .cols = 32, .data = w};
+    for (int drop = 0; drop <= 1; drop++) {
+        struct kwk_mat dm = {.wtype = KWK_W_F32, .rows = 4, .cols = 32};
+        struct kwk_pack_entry e = {&sm, &dm, sizeof w};
+        struct kwk_pack_source src = {mem, n};
+        struct kwk_packcache_opts o = {.dir = dir, .label = "memory", .sources = &src,
+                                       .n_sources = 1, .drop_sources = drop};
+        struct kwk_packcache *c = NULL;
+        T_EQ(kwk_packcache_open(&o, &e, 1, pool, &c), drop ? KWK_PACKCACHE_HIT : KWK_PACKCACHE_MISS);
+        if (!drop) {
+            memcpy((void *)dm.data, w, sizeof w);
+            kwk_packcache_commit(c, pool);
+        }
+        kwk_packcache_free(c);
+        size_t kept = 0, zero = 0;
+        for (size_t i = 0; i < n; i++) {
+            kept += mem[i] == (uint8_t)(i * 7 + 1);
+            zero += mem[i] == 0;
+        }
+        T_EQ(drop ? zero : kept, n);
+    }
+    munmap(mem, n);
+}
+
 /* kwk_file_id: what kwk_map_file fills in, and when it is settled. */
 static void test_file_id(void)
 {
@@ -646,6 +689,7 @@ int main(void)
     test_unusable_dir();
     test_concurrent();
     test_source_keys();
+    test_source_memory();
     test_file_id();
     kwk_pool_free(pool);
     char cmd[300];
