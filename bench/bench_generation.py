@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "python"))
 import kwker  # noqa: E402
 from kwker.template import apply_chat_template  # noqa: E402
 
-TEXT = REPO.parent / "shared" / "data" / "text" / "war-and-peace.txt"
+TEXT = Path(os.environ.get("KWKER_SHARED_DATA") or REPO.parent / "shared" / "data") / "text" / "war-and-peace.txt"
 
 CODE = '''def moving_average(values, window):
     if window <= 0:

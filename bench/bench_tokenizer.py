@@ -18,7 +18,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
-DATA = REPO.parent / "shared" / "data"
+DATA = Path(os.environ.get("KWKER_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 import tokenizers  # noqa: E402
 

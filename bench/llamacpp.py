@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+# the shared test data (texts, tokenizers): $KWKER_SHARED_DATA, else ../shared/data
+SHARED_DATA = Path(os.environ.get("KWKER_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 # llama.cpp's file types (enum llama_ftype) by the names its quantize tool prints.
 FTYPES = {

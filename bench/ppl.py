@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llamacpp  # noqa: E402
 import make_gguf  # noqa: E402
 
-DEFAULT_TEXT = llamacpp.REPO.parent / "shared" / "data" / "text" / \
+DEFAULT_TEXT = llamacpp.SHARED_DATA / "text" / \
     "wikitext-2-raw-v1.test.hf-rows-crlf.txt"
 
 
@@ -234,7 +234,7 @@ def main(argv=None):
                     help="llama.cpp formats ('' for none); f32 is the original")
     ap.add_argument("--kwker", default="preserve,balanced,int4",
                     help="Kwker precisions on the F32 original ('' for none)")
-    ap.add_argument("--calib-text", default=str(llamacpp.REPO.parent / "shared" / "data" /
+    ap.add_argument("--calib-text", default=str(llamacpp.SHARED_DATA /
                                                 "text" / "war-and-peace.txt"),
                     help="calibration text of the +calib variants (default War and Peace: "
                          "not the scored text)")

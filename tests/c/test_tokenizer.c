@@ -1,6 +1,7 @@
 /* test_tokenizer.c - the tokenizer in C: a small byte-level BPE built inline (encode, decode,
  * limits, errors, streaming), every truncation of its JSON, failing allocations, and llama.cpp's
- * GGUF vocabulary vectors (inputs and Hugging Face's ids) from ../shared/data/llamacpp-vocab. */
+ * GGUF vocabulary vectors (inputs and Hugging Face's ids) from the shared test data's
+ * llamacpp-vocab: $KWKER_SHARED_DATA, else ../shared/data beside the checkout (ctest runs in it). */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,7 +12,6 @@
 #include "kwker.h"
 #include "test.h"
 
-#define VOCAB_DIR "../shared/data/llamacpp-vocab"
 
 /* Byte-level BPE over "hello world": Ġ is the space byte's character. */
 static const char tiny_json[] =
@@ -249,7 +249,11 @@ static int check_vectors(const char *gguf, int *n_cases)
 
 static void test_gguf_vectors(void)
 {
-    static const char *const dirs[] = {VOCAB_DIR, VOCAB_DIR "/side-branches"};
+    const char *data = getenv("KWKER_SHARED_DATA");
+    char dirs[2][1100];
+    snprintf(dirs[0], sizeof dirs[0], "%.1000s/llamacpp-vocab",
+             data && *data ? data : "../shared/data");
+    snprintf(dirs[1], sizeof dirs[1], "%.1000s/side-branches", dirs[0]);
     int files = 0, cases = 0, fails = 0;
     for (size_t di = 0; di < KWK_ARRAY_LEN(dirs); di++) {
         DIR *d = opendir(dirs[di]);
@@ -260,7 +264,7 @@ static void test_gguf_vectors(void)
             size_t l = strlen(e->d_name);
             if (l < 5 || strcmp(e->d_name + l - 5, ".gguf"))
                 continue;
-            char path[2048], inp[2100];
+            char path[2600], inp[2700];
             snprintf(path, sizeof path, "%s/%s", dirs[di], e->d_name);
             snprintf(inp, sizeof inp, "%s.inp", path);
             if (!kwk_file_exists(inp))
@@ -272,6 +276,9 @@ static void test_gguf_vectors(void)
         }
         closedir(d);
     }
+    if (files < 11)
+        fprintf(stderr, "%s: %d vocabulary files (set KWKER_SHARED_DATA to the shared data)\n",
+                dirs[0], files);
     T_TRUE(files >= 11);
     T_TRUE(cases >= 11 * 43);
     T_EQ(fails, 0);

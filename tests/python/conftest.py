@@ -23,6 +23,13 @@ for _p in (str(PY_DIR), str(TEST_DIR)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+# The team's shared test data (real tokenizers, llama.cpp's vocabulary vectors, chat templates,
+# wikitext-2): $KWKER_SHARED_DATA, else ../shared/data beside the checkout. A checkout elsewhere
+# sets the variable; a missing directory fails the tests that read it (they assert on what they
+# find there), never skips them.
+SHARED_DATA = Path(os.environ.get("KWKER_SHARED_DATA") or REPO.parent / "shared" / "data").resolve()
+
+
 def smollm2_gguf():
     """The bundled SmolLM2-135M-Instruct GGUF ($KWK_SMOLLM2_GGUF or models/), which
     scripts/setup fetches: a missing file fails the test that needs it, never skips it."""

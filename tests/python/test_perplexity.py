@@ -15,9 +15,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, kwker_bin
+from conftest import REPO, SHARED_DATA, kwker_bin
 
-WIKITEXT = REPO.parent / "shared" / "data" / "text" / "wikitext-2-raw-v1.test.hf-rows-crlf.txt"
+WIKITEXT = SHARED_DATA / "text" / "wikitext-2-raw-v1.test.hf-rows-crlf.txt"
 CTX = 128
 CHUNKS = 2
 
@@ -125,7 +125,7 @@ def bos_model(tmp_path_factory):
     import torch
     import transformers
     out = tmp_path_factory.mktemp("bos-model")
-    tok_dir = REPO.parent / "shared" / "data" / "tokenizers" / "llama2-tinyllama"
+    tok_dir = SHARED_DATA / "tokenizers" / "llama2-tinyllama"
     shutil.copy(tok_dir / "tokenizer.json", out / "tokenizer.json")
     (out / "tokenizer_config.json").write_text(
         '{"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": true}')

@@ -2,13 +2,13 @@
 expected renders; 161 engine cases), limits and errors, and the apply_chat_template helper."""
 import datetime
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import SHARED_DATA
 from kwker.template import ChatTemplate, TemplateError, apply_chat_template
 
-DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "chat-templates").resolve()
+DATA = SHARED_DATA / "chat-templates"
 E2E = json.loads((DATA / "hfjinja_e2e_cases.json").read_text(encoding="utf-8"))
 CASES = json.loads((DATA / "hfjinja_template_cases.json").read_text(encoding="utf-8"))["cases"]
 NOW = datetime.datetime(2025, 7, 10, 12, 0, 0)  # the clock the e2e targets were made with

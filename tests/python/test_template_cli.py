@@ -3,12 +3,10 @@
 tokenizer.chat_template."""
 import json
 import subprocess
-from pathlib import Path
 
-from conftest import kwker_bin
+from conftest import SHARED_DATA, kwker_bin
 
-REPO = Path(__file__).resolve().parents[2]
-DATA = (REPO / ".." / "shared" / "data").resolve()
+DATA = SHARED_DATA
 MESSAGES = [{"role": "system", "content": "Be nice."},
             {"role": "user", "content": "Hi \"there\" 🤗", "name": None},
             {"role": "assistant", "content": "Hello!"},

@@ -20,11 +20,12 @@ import pytest
 
 import tokenizers  # noqa: E402
 
+from conftest import SHARED_DATA  # noqa: E402
 from kwker import KwkError  # noqa: E402
 from kwker.tokenizer import Tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
-DATA = REPO.parent / "shared" / "data"
+DATA = SHARED_DATA
 TOK = DATA / "tokenizers"
 VOCAB = DATA / "llamacpp-vocab"
 

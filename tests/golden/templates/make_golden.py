@@ -14,12 +14,13 @@ golden.json: {"now": ..., "cases": {template_name: {conversation_name: {"text": 
 """
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-DATA = (REPO / ".." / "shared" / "data").resolve()
+DATA = Path(os.environ.get("KWKER_SHARED_DATA") or REPO.parent / "shared" / "data").resolve()
 FIXED_NOW = datetime.datetime(2025, 7, 10, 12, 0, 0)
 
 TOOLS = [
