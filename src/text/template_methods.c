@@ -978,6 +978,9 @@ int tpl_call_method(struct trender *r, const struct tnode *at, const struct tbou
 
 /* ---- "%" formatting ---- */
 
+/* Digits of a %-format width or precision: 8 keep them below 10^8, far past any render. */
+#define PCT_MAX_DIGITS 8
+
 static int pct_one(struct trender *r, const struct tnode *at, struct tbuf *b, const char *flags,
                    int width, int prec, char conv, const struct tv *v)
 {
@@ -998,6 +1001,10 @@ static int pct_one(struct trender *r, const struct tnode *at, struct tbuf *b, co
         }
         int left = strchr(flags, '-') != NULL;
         size_t pad = width > 0 && (size_t)width > cps ? (size_t)width - cps : 0;
+        if (pad > r->max_output) {
+            tb_free(&s);
+            return tpl_fail(r, KWK_ELIMIT, at, "format width past the output limit");
+        }
         for (size_t i = 0; !left && i < pad; i++)
             tb_putc(b, ' ');
         tb_put(b, s.p ? s.p : "", len);
@@ -1124,14 +1131,21 @@ static int percent_format(struct trender *r, const struct tnode *at, const struc
         while (i < n && strchr("-+ #0", p[i]) && nf < sizeof flags - 1)
             flags[nf++] = p[i++];
         flags[nf] = 0;
-        int width = -1, prec = -1;
-        while (i < n && p[i] >= '0' && p[i] <= '9')
-            width = (width < 0 ? 0 : width) * 10 + (p[i++] - '0') % 1000;
+        /* Python pads to any width its memory allows; here a width or precision past
+         * PCT_MAX_DIGITS digits is an error (the output limit would stop the render anyway). */
+        int width = -1, prec = -1, wd = 0, pd = 0;
+        while (i < n && p[i] >= '0' && p[i] <= '9' && wd++ < PCT_MAX_DIGITS)
+            width = (width < 0 ? 0 : width) * 10 + (p[i++] - '0');
         if (i < n && p[i] == '.') {
             prec = 0;
             i++;
-            while (i < n && p[i] >= '0' && p[i] <= '9')
-                prec = prec * 10 + (p[i++] - '0') % 1000;
+            while (i < n && p[i] >= '0' && p[i] <= '9' && pd++ < PCT_MAX_DIGITS)
+                prec = prec * 10 + (p[i++] - '0');
+        }
+        if (wd > PCT_MAX_DIGITS || pd > PCT_MAX_DIGITS) {
+            rc = tpl_fail(r, KWK_ERUNTIME, at, "format width or precision over %d digits",
+                          PCT_MAX_DIGITS);
+            break;
         }
         if (i >= n) {
             rc = tpl_fail(r, KWK_ERUNTIME, at, "incomplete format");

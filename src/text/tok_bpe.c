@@ -398,10 +398,11 @@ static int bpe_word(const struct kwk_tokenizer *t, struct tok_scratch *s, const 
         rc = -12;
         goto out;
     }
+    const int32_t *ids = out->p ? out->p + start : NULL; /* a word of no ids: p may be NULL */
     if (cacheable)
-        cache_put(s, w, n, h, out->p + start, out->n - start);
+        cache_put(s, w, n, h, ids, out->n - start);
     else if (shared && out->n - start <= GC_IDS)
-        gc_put(t->gcache, w, n, h, out->p + start, out->n - start);
+        gc_put(t->gcache, w, n, h, ids, out->n - start);
 out:
     kwk_free(wd.s);
     return rc;

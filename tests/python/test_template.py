@@ -161,6 +161,19 @@ def test_exponential_output_stops_at_output_limit():
     assert e.value.code == -10003
 
 
+def test_percent_format_width_limits():
+    # widths within the output limit pad as Python does; a width past it, or of more digits
+    # than any render could use, is an error (it once overflowed an int accumulating digits)
+    assert render("{{ '%6s|%-4s|%.2s' % ('ab', 'c', 'xyz') }}") == "    ab|c   |xy"
+    with pytest.raises(TemplateError) as e:
+        render("{{ '%5000000s' % 'a' }}", max_output=1 << 20)
+    assert e.value.code == -10003 and "output limit" in str(e.value)
+    for src in ("{{ '%9999999999999999999999s' % 'a' }}", "{{ '%.9999999999999999999s' % 'a' }}",
+                "{{ '%99999999999d' % 1 }}"):
+        with pytest.raises(TemplateError, match="width or precision over 8 digits"):
+            render(src)
+
+
 @pytest.mark.parametrize("src", [
     # quadratic work hidden inside single operations is charged to the step budget
     "{% set big = range(200000)|list %}{% for i in range(200000) %}{% if i in big %}{% endif %}"
