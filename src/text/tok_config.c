@@ -72,7 +72,7 @@ static int from_config(struct kwk_tokenizer *t, json_t *cfg, const char **pad, c
 static int32_t num_id(json_t *v)
 {
     double d = json_number_value(v);
-    return d >= 0 && d < (double)(1 << 28) ? (int32_t)d : -1;
+    return d >= 0 && d < (double)TOK_MAX_VOCAB ? (int32_t)d : -1;
 }
 
 static void add_eos(struct kwk_tokenizer *t, int32_t id)

@@ -446,8 +446,8 @@ static int parse_model(struct jctx *c, json_t *model, int32_t max_added)
             return bad(c, "model vocab must be an object");
         json_object_foreach(vocab, k, v) {
             if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-                json_integer_value(v) >= (1 << 28))
-                return bad(c, "a vocab id is not a small non-negative integer");
+                json_integer_value(v) >= TOK_MAX_VOCAB)
+                return bad(c, "a vocab id is not an integer in range (0 to 2^24 - 1)");
             n = KWK_MAX(n, (int32_t)json_integer_value(v) + 1);
         }
     }
@@ -523,7 +523,10 @@ static int parse_added(struct jctx *c, json_t *added)
         struct tok_added *d = &t->added[t->n_added];
         if (!json_is_string(content) || !json_is_integer(json_object_get(a, "id")))
             return bad(c, "an added token needs id and content");
-        d->id = (int32_t)json_integer_value(json_object_get(a, "id"));
+        json_int_t id = json_integer_value(json_object_get(a, "id"));
+        if (id < 0 || id >= TOK_MAX_VOCAB) /* checked before the cast could wrap it */
+            return bad(c, "an added token id is out of range (0 to 2^24 - 1)");
+        d->id = (int32_t)id;
         d->len = json_string_length(content);
         if (!(d->content = dup_n(json_string_value(content), d->len)))
             return -ENOMEM;
@@ -566,10 +569,6 @@ int tok_load_json_text(struct kwk_tokenizer *t, const char *text, size_t len, co
         goto out;
     int32_t max_added = -1;
     for (int i = 0; i < t->n_added; i++) {
-        if (t->added[i].id < 0 || t->added[i].id >= (1 << 28)) {
-            rc = bad(&c, "an added token id is out of range");
-            goto out;
-        }
         max_added = KWK_MAX(max_added, t->added[i].id);
     }
     if ((rc = parse_model(&c, model, max_added)))

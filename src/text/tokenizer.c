@@ -34,13 +34,16 @@ char *tok_arena_dup(struct kwk_tokenizer *t, const char *s, size_t n)
 
 int tok_vocab_alloc(struct kwk_tokenizer *t, int32_t n, struct kwk_err *err)
 {
-    if (n <= 0 || n > (1 << 28))
+    if (n <= 0 || n > TOK_MAX_VOCAB)
         return kwk_err_set(err, KWK_EFORMAT, "vocabulary size %d is out of range", (int)n);
     t->n_vocab = n;
     t->pieces = kwk_calloc((size_t)n, sizeof *t->pieces);
     t->piece_lens = kwk_calloc((size_t)n, sizeof *t->piece_lens);
     t->attr = kwk_calloc((size_t)n, 1);
-    if (!t->pieces || !t->piece_lens || !t->attr || tok_map_init(&t->vocab, (size_t)n))
+    /* the map grows as pieces arrive: sized by n it would be 24 bytes a slot for every id
+     * below the largest, however few pieces a sparse vocabulary holds */
+    if (!t->pieces || !t->piece_lens || !t->attr ||
+        tok_map_init(&t->vocab, (size_t)KWK_MIN(n, 1 << 18)))
         return kwk_err_set(err, -ENOMEM, "out of memory for %d tokens", (int)n);
     return 0;
 }

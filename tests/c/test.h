@@ -3,6 +3,7 @@
 #ifndef KWK_TEST_H
 #define KWK_TEST_H
 
+#include <cpuid.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,6 +66,16 @@ static int t_passed, t_failed;
         T_CHECK(fabs(t_a_ - t_b_) <= t_t_, "%s ~ %s (%.9g vs %.9g, tol %g)", #a, #b, t_a_, t_b_, \
                 t_t_);                                                                           \
     } while (0)
+
+/* Whether the CPU has AVX2 and AVX-VNNI (CPUID leaf 7 subleaf 1, EAX bit 4), read apart from
+ * the library's own kwk_cpu_avxvnni, which the tests check against it (clang before 16 does not
+ * know __builtin_cpu_supports("avxvnni")). */
+static inline int t_cpu_avxvnni(void)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+           (a >> 4 & 1);
+}
 
 static int t_report(const char *name)
 {

@@ -465,7 +465,7 @@ static int avxvnni_with_env(const char *value)
 
 static void test_avxvnni_env(void)
 {
-    int has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+    int has = t_cpu_avxvnni();
     T_EQ(avxvnni_with_env(NULL), has);
     T_EQ(avxvnni_with_env("on"), has);
     T_EQ(avxvnni_with_env("off"), 0);

@@ -327,7 +327,7 @@ static void test_kernels_vs_ref(int act8)
  * this only checks that the entries agree. Skipped, and said, on a CPU without AVX-VNNI. */
 static void test_avxvnni_same_bits(void)
 {
-    if (kwk_isa() < KWK_ISA_AVX2 || !__builtin_cpu_supports("avxvnni")) {
+    if (kwk_isa() < KWK_ISA_AVX2 || !t_cpu_avxvnni()) {
         printf("test_quant: no AVX-VNNI here (or KWKER_ISA below avx2): VNNI tiles not compared\n");
         return;
     }

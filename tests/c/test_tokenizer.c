@@ -299,6 +299,35 @@ static void test_load_errors(void)
                      " \"behavior\": \"Isolated\"}}";
     T_TRUE(kwk_tokenizer_load_json(rx, strlen(rx), &err) == NULL);
     T_EQ(err.code, KWK_ESYNTAX);
+
+    /* ids: an added id past the limit was once cast to int32 first, wrapped into range and
+     * sized a 12 GB table; the vocabulary's own ids have the same limit (2^24) */
+    static const char *const big_ids[] = {
+        "{\"added_tokens\": [{\"id\": 88888888888880, \"content\": \"x\"}],"
+        " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+        "{\"added_tokens\": [{\"id\": 16777216, \"content\": \"x\"}],"
+        " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 16777216}, \"merges\": []}}",
+    };
+    for (size_t i = 0; i < KWK_ARRAY_LEN(big_ids); i++) {
+        T_TRUE(kwk_tokenizer_load_json(big_ids[i], strlen(big_ids[i]), &err) == NULL);
+        T_EQ(err.code, KWK_EFORMAT);
+        T_CONTAINS(err.msg, "range");
+    }
+    /* the largest id allowed loads, a sparse vocabulary of two pieces */
+    const char *sparse = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 16777215},"
+                         " \"merges\": []}}";
+    kwk_tokenizer *t = kwk_tokenizer_load_json(sparse, strlen(sparse), &err);
+    T_TRUE(t != NULL);
+    int32_t ids[4];
+    size_t n = 0;
+    if (t) {
+        T_EQ(kwk_tokenizer_encode(t, "ba", 2, 0, ids, 4, &n), 0);
+        T_EQ(n, 2);
+        T_EQ(ids[0], 16777215);
+        T_EQ(ids[1], 0);
+        kwk_tokenizer_free(t);
+    }
 }
 
 int main(void)
