@@ -86,7 +86,8 @@ static int load_bpe(struct kwk_tokenizer *t, const char *vpath, const char *mpat
     json_t *v;
     int32_t max = -1;
     json_object_foreach(vocab, k, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= TOK_MAX_VOCAB) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= TOK_MAX_VOCAB) {
             json_decref(vocab);
             return kwk_err_set(err, KWK_EFORMAT, "%s: ids must be small integers", vpath);
         }

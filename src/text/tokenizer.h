@@ -241,7 +241,7 @@ int tok_load_configs(struct kwk_tokenizer *t, const char *dir, struct kwk_err *e
 /* tokenizer.c: shared load steps. */
 /* Token ids a tokenizer may hold: [0, TOK_MAX_VOCAB). The largest real vocabularies are about
  * a million tokens (Gemma's 262144, XLM-V's 901629); 16.7M bounds what a small hostile file can
- * make a load allocate (the arrays below take 13 bytes an id) while leaving room to spare. */
+ * make a load allocate (tok_vocab_alloc's arrays take 13 bytes an id) with room to spare. */
 #define TOK_MAX_VOCAB (1 << 24)
 int tok_vocab_alloc(struct kwk_tokenizer *t, int32_t n, struct kwk_err *err);
 int tok_set_piece(struct kwk_tokenizer *t, int32_t id, const char *s, size_t n);
