@@ -629,7 +629,8 @@ static void test_source_memory(void)
         struct kwk_packcache_opts o = {.dir = dir, .label = "memory", .sources = &src,
                                        .n_sources = 1, .drop_sources = drop};
         struct kwk_packcache *c = NULL;
-        T_EQ(kwk_packcache_open(&o, &e, 1, pool, &c), drop ? KWK_PACKCACHE_HIT : KWK_PACKCACHE_MISS);
+        int want = drop ? KWK_PACKCACHE_HIT : KWK_PACKCACHE_MISS;
+        T_EQ(kwk_packcache_open(&o, &e, 1, pool, &c), want);
         if (!drop) {
             memcpy((void *)dm.data, w, sizeof w);
             kwk_packcache_commit(c, pool);

@@ -1,7 +1,8 @@
 /* test_tokenizer.c - the tokenizer in C: a small byte-level BPE built inline (encode, decode,
  * limits, errors, streaming), every truncation of its JSON, failing allocations, and llama.cpp's
  * GGUF vocabulary vectors (inputs and Hugging Face's ids) from the shared test data's
- * llamacpp-vocab: $KWKER_SHARED_DATA, else ../shared/data beside the checkout (ctest runs in it). */
+ * llamacpp-vocab: $KWKER_SHARED_DATA, else ../shared/data beside the checkout (ctest runs
+ * in it). */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
