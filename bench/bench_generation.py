@@ -31,8 +31,9 @@ sys.path.insert(0, str(REPO / "python"))
 
 import kwker  # noqa: E402
 from kwker.template import apply_chat_template  # noqa: E402
+from llamacpp import SHARED_DATA  # noqa: E402  (bench/: the script's own folder)
 
-TEXT = Path(os.environ.get("KWKER_SHARED_DATA") or REPO.parent / "shared" / "data") / "text" / "war-and-peace.txt"
+TEXT = SHARED_DATA / "text" / "war-and-peace.txt"
 
 CODE = '''def moving_average(values, window):
     if window <= 0:

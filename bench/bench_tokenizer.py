@@ -18,11 +18,11 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "python"))
-DATA = Path(os.environ.get("KWKER_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 import tokenizers  # noqa: E402
 
 from kwker.tokenizer import Tokenizer  # noqa: E402
+from llamacpp import SHARED_DATA as DATA  # noqa: E402  (bench/: the script's own folder)
 
 
 def tokenizer_files(tmp):

@@ -13,7 +13,6 @@
 #include "kwker.h"
 #include "test.h"
 
-
 /* Byte-level BPE over "hello world": Ġ is the space byte's character. */
 static const char tiny_json[] =
     "{\"version\": \"1.0\",\n"
