@@ -1,7 +1,8 @@
 /* fuzz_tokenizer_json.c - libFuzzer target over tokenizer.json loading: any bytes must load or
- * fail with an error, never crash; a loaded tokenizer must encode and decode a fixed text.
- * Inputs are capped at 64 KiB. */
+ * fail with an error, never crash; a loaded tokenizer must encode a fixed text into ids of its
+ * vocabulary and decode them. Inputs are capped at 64 KiB. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kwker.h"
@@ -18,6 +19,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int32_t *ids = NULL;
     size_t n = 0;
     if (kwk_tokenizer_encode_alloc(t, text, sizeof text - 1, 1, &ids, &n) == 0) {
+        for (size_t i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= kwk_tokenizer_n_vocab(t))
+                abort(); /* encode gave an id decode and the model refuse */
         char *out = NULL;
         if (kwk_tokenizer_decode_alloc(t, ids, n, 0, &out, NULL) == 0)
             kwk_tokenizer_mem_free(out);

@@ -1,6 +1,7 @@
 /* config.c - a model's hyperparameters from config.json (+ generation_config.json) or from GGUF
  * metadata, with what Kwker cannot run recorded as a reason rather than an error. Any thread. */
 #include <errno.h>
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -86,7 +87,8 @@ static int json_get_int(const json_t *o, const char *key, int *out, const char *
     if (!v || json_is_null(v))
         return 0;
     double d = json_is_number(v) ? json_number_value(v) : 0.5;
-    if (d != (double)(long long)d || d < -2147483648.0 || d > 2147483647.0)
+    /* the range first: converting a double outside it to an integer is undefined */
+    if (!(d >= -2147483648.0 && d <= 2147483647.0) || d != (double)(int)d)
         return kwk_err_set(err, KWK_EFORMAT, "%s: \"%s\" must be an integer", label, key);
     *out = (int)d;
     return 1;
@@ -98,9 +100,11 @@ static int json_get_float(const json_t *o, const char *key, float *out, const ch
     const json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v))
         return 0;
-    if (!json_is_number(v))
-        return kwk_err_set(err, KWK_EFORMAT, "%s: \"%s\" must be a number", label, key);
-    *out = (float)json_number_value(v);
+    double d = json_number_value(v);
+    if (!json_is_number(v) || !(fabs(d) <= FLT_MAX))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: \"%s\" must be a number (a float's range)",
+                           label, key);
+    *out = (float)d;
     return 1;
 }
 

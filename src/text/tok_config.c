@@ -7,14 +7,28 @@
 
 #include "text/tokenizer.h"
 
+/* The largest of these files Kwker reads. Real ones are a few KiB to a few MiB (a long
+ * added_tokens_decoder, a chat template with tool examples). */
+#define TOK_CONFIG_MAX ((size_t)64 << 20)
+
+/* A config file beside the tokenizer, NULL when absent; one that cannot be read, is too large
+ * or is not JSON is reported and ignored, as transformers does not need it to tokenize. */
 static json_t *read_json(const char *dir, const char *name)
 {
     char path[4096];
-    json_error_t je;
     if (kwk_path_join(path, sizeof path, dir, name) || !kwk_file_exists(path))
         return NULL;
+    char *text = NULL;
+    size_t n = 0;
+    struct kwk_err err;
+    if (kwk_read_file(path, TOK_CONFIG_MAX, &text, &n, &err)) {
+        kwk_log(KWK_LOG_WARN, "%s (ignored)", err.msg);
+        return NULL;
+    }
     /* model_max_length is often 1e30 written as an integer: read numbers as reals. */
-    json_t *j = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    json_error_t je;
+    json_t *j = json_loadb(text, n, JSON_DECODE_INT_AS_REAL, &je);
+    kwk_free(text);
     if (!j)
         kwk_log(KWK_LOG_WARN, "%s:%d:%d: %s (ignored)", path, je.line, je.column, je.text);
     return j;
@@ -69,10 +83,11 @@ static int from_config(struct kwk_tokenizer *t, json_t *cfg, const char **pad, c
     return rc;
 }
 
-static int32_t num_id(json_t *v)
+/* An id generation_config.json names: -1 unless it is one of the vocabulary's. */
+static int32_t num_id(const struct kwk_tokenizer *t, json_t *v)
 {
     double d = json_number_value(v);
-    return d >= 0 && d < (double)TOK_MAX_VOCAB ? (int32_t)d : -1;
+    return d >= 0 && d < (double)t->n_vocab ? (int32_t)d : -1;
 }
 
 static void add_eos(struct kwk_tokenizer *t, int32_t id)
@@ -117,20 +132,20 @@ int tok_load_configs(struct kwk_tokenizer *t, const char *dir, struct kwk_err *e
         t->unk_id = id_of(t, unk);
     json_t *ge = json_object_get(gen, "eos_token_id");
     if (json_is_number(ge)) {
-        add_eos(t, num_id(ge));
+        add_eos(t, num_id(t, ge));
     } else if (json_is_array(ge)) {
         for (size_t i = 0; i < json_array_size(ge); i++)
             if (json_is_number(json_array_get(ge, i)))
-                add_eos(t, num_id(json_array_get(ge, i)));
+                add_eos(t, num_id(t, json_array_get(ge, i)));
     }
     if (t->n_eos == 0)
         add_eos(t, eos);
     json_t *gb = json_object_get(gen, "bos_token_id");
     if (t->bos_id < 0 && json_is_number(gb))
-        t->bos_id = num_id(gb);
+        t->bos_id = num_id(t, gb);
     json_t *gp = json_object_get(gen, "pad_token_id");
     if (t->pad_id < 0 && json_is_number(gp))
-        t->pad_id = num_id(gp);
+        t->pad_id = num_id(t, gp);
 out:
     json_decref(cfg);
     json_decref(stm);

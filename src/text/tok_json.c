@@ -2,6 +2,7 @@
  * kwk_tokenizer: model (BPE, WordPiece, Unigram, WordLevel), normalizer, pre-tokenizer,
  * post-processor, decoder and added tokens. Called by the loader; any thread. */
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -29,10 +30,24 @@ static int jbool(json_t *o, const char *key, int dflt)
     return json_is_boolean(v) ? json_is_true(v) : dflt;
 }
 
+/* An integer option, clamped to int's range (past it, a bound means no bound). */
 static int jint(json_t *o, const char *key, int dflt)
 {
     json_t *v = json_object_get(o, key);
-    return json_is_integer(v) ? (int)json_integer_value(v) : dflt;
+    if (!json_is_integer(v))
+        return dflt;
+    json_int_t x = json_integer_value(v);
+    return x > INT_MAX ? INT_MAX : x < INT_MIN ? INT_MIN : (int)x;
+}
+
+/* A token id: -1 unless an integer in [0, TOK_MAX_VOCAB) (checked before the cast could wrap
+ * it into range). */
+static int32_t jid(json_t *v)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) >= TOK_MAX_VOCAB)
+        return -1;
+    return (int32_t)json_integer_value(v);
 }
 
 static char *dup_n(const char *s, size_t n)
@@ -299,8 +314,7 @@ static int parse_dec(struct jctx *c, json_t *o, const char *type, struct tok_ste
 /* A token given as ["[CLS]", 101] (Bert/Roberta processing). */
 static int32_t pair_id(json_t *v)
 {
-    json_t *id = json_array_get(v, 1);
-    return json_is_integer(id) ? (int32_t)json_integer_value(id) : -1;
+    return jid(json_array_get(v, 1));
 }
 
 static int parse_post(struct jctx *c, json_t *o, const char *type, struct tok_step *st)
@@ -352,7 +366,8 @@ static int parse_post(struct jctx *c, json_t *o, const char *type, struct tok_st
                 continue;
             }
             for (size_t k = 0; k < add; k++)
-                st->tmpl[n++] = (int32_t)json_integer_value(json_array_get(ids, k));
+                if ((st->tmpl[n++] = jid(json_array_get(ids, k))) < 0)
+                    return bad(c, "TemplateProcessing has an id out of range (0 to 2^24 - 1)");
         }
         st->n_tmpl = (int)n;
         return 0;
@@ -469,8 +484,10 @@ static int parse_model(struct jctx *c, json_t *model, int32_t max_added)
             if (t->scores[i] < t->min_score)
                 t->min_score = t->scores[i];
         }
-        t->unk_id = json_is_integer(json_object_get(model, "unk_id"))
-                        ? (int32_t)json_integer_value(json_object_get(model, "unk_id")) : -1;
+        json_t *unk = json_object_get(model, "unk_id");
+        t->unk_id = jid(unk);
+        if (unk && !json_is_null(unk) && (t->unk_id < 0 || t->unk_id >= (int32_t)n))
+            return bad(c, "Unigram unk_id is not an id of its vocabulary");
         t->byte_fallback = jbool(model, "byte_fallback", 0);
         t->fuse_unk = 1;
     } else {

@@ -140,6 +140,23 @@ def test_bad_config_json(tiny_llama, tmp_path):
     assert rc == KWK_EFORMAT and reason == msg
 
 
+@pytest.mark.parametrize("key,value,needle", [
+    ("num_attention_heads", 1e302, '"num_attention_heads" must be an integer'),
+    ("num_attention_heads", -1e19, '"num_attention_heads" must be an integer'),
+    ("num_attention_heads", 4.5, '"num_attention_heads" must be an integer'),
+    ("rope_theta", 1e39, '"rope_theta" must be a number'),
+    ("rms_norm_eps", -1e300, '"rms_norm_eps" must be a number'),
+])
+def test_config_numbers_out_of_range(tiny_llama, tmp_path, key, value, needle):
+    # Each is refused by name before it is converted (a double past int's range converted to
+    # int is undefined; past float's, it became infinity).
+    d = copy_of(tiny_llama[0], tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    expect_error(d, KWK_EFORMAT, d / "config.json", needle)
+
+
 def test_gpt2_unsupported(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
     d = tmp_path / "gpt2"

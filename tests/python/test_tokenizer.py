@@ -277,6 +277,43 @@ def test_special_ids_and_template(pairs, llama3_dir, tmp_path):
     assert Tokenizer.from_pretrained(str(d)).chat_template == "J{{ messages }}"
 
 
+def test_config_ids_outside_the_vocabulary_are_ignored(pairs, llama3_dir, tmp_path):
+    # generation_config.json names ids by number: one the vocabulary does not have is not
+    # handed on (the model would refuse it as input), as an eos id outside it never was.
+    kw, _ = pairs["llama3"]
+    d = tmp_path / "l3"
+    shutil.copytree(llama3_dir, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    del cfg["bos_token"]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    gen = d / "generation_config.json"
+    gen.write_text(json.dumps({"bos_token_id": 128000, "pad_token_id": 128004,
+                               "eos_token_id": [128001, 128009]}))
+    k = Tokenizer.from_pretrained(str(d))
+    assert (k.bos_token_id, k.pad_token_id, k.eos_token_ids) == (128000, 128004, [128001, 128009])
+    for bad in (kw.vocab_size, 2 ** 24 - 1, 10 ** 12, -1):
+        gen.write_text(json.dumps({"bos_token_id": bad, "pad_token_id": bad,
+                                   "eos_token_id": [bad, 128009]}))
+        k = Tokenizer.from_pretrained(str(d))
+        assert (k.bos_token_id, k.pad_token_id, k.eos_token_ids) == (None, None, [128009])
+
+
+def test_oversized_tokenizer_config_is_ignored(llama3_dir, tmp_path):
+    # The files beside a tokenizer are read up to 64 MiB: a larger one is reported and left out
+    # (as a malformed one is), not read whole into memory.
+    d = tmp_path / "l3"
+    shutil.copytree(llama3_dir, d)
+    small = '{"chat_template": "X"}'
+    (d / "tokenizer_config.json").write_text(small)
+    assert Tokenizer.from_pretrained(str(d)).chat_template == "X"
+    (d / "tokenizer_config.json").write_text(small + " " * ((64 << 20) - len(small)))
+    assert Tokenizer.from_pretrained(str(d)).chat_template == "X"
+    with open(d / "tokenizer_config.json", "a") as f:
+        f.write(" ")
+    k = Tokenizer.from_pretrained(str(d))
+    assert k.chat_template is None and k.eos_token_ids == []
+
+
 def test_smollm_config_metadata(pairs):
     kw, _ = pairs["smollm"]
     cfg = json.loads((TOK / "smollm" / "from-SmolLM-135M-finetune" / "tokenizer_config.json")
@@ -309,6 +346,18 @@ def test_malformed_json_reports_position(tmp_path):
     ('{"added_tokens": [{"id": 99999999999, "content": "x"}], '
      '"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}', "added"),
     ('[1, 2, 3]', "model"),
+    # ids are range-checked before they become int32 (2^32 + 5 must not wrap to 5)
+    ('{"model": {"type": "Unigram", "unk_id": 99, "vocab": [["<unk>", 0.0], ["a", -1.0]]}}',
+     "unk_id"),
+    ('{"model": {"type": "Unigram", "unk_id": 4294967296, "vocab": [["<unk>", 0.0]]}}',
+     "unk_id"),
+    ('{"post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "S",'
+     ' "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"S": {"id":'
+     ' "S", "ids": [4294967296], "tokens": ["S"]}}}, '
+     '"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}', "TemplateProcessing"),
+    ('{"post_processor": {"type": "BertProcessing", "cls": ["[CLS]", 4294967296], '
+     '"sep": ["[SEP]", 1]}, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}}',
+     "cls"),
 ])
 def test_bad_tokenizer_json_is_an_error(text, why):
     with pytest.raises(KwkError):
