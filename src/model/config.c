@@ -405,8 +405,9 @@ static int gguf_float(const struct kwk_gguf *g, const char *arch, const char *ke
     int rc = kwk_gguf_get_f64(g, k, &v);
     if (rc == KWK_ENOTFOUND)
         return 0;
-    if (rc)
-        return kwk_err_set(err, KWK_EFORMAT, "%s: %s must be a number", gpath(g), k);
+    if (rc || !(fabs(v) <= FLT_MAX))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: %s must be a number (a float's range)",
+                           gpath(g), k);
     *out = (float)v;
     return 1;
 }

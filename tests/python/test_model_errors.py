@@ -157,6 +157,21 @@ def test_config_numbers_out_of_range(tiny_llama, tmp_path, key, value, needle):
     expect_error(d, KWK_EFORMAT, d / "config.json", needle)
 
 
+def test_gguf_float_out_of_range(tiny_llama, tmp_path):
+    # The same for GGUF metadata: rope.freq_base of infinity is refused, not run.
+    import struct
+    from gguf_export import build_gguf
+    src = build_gguf(copy_of(tiny_llama[0], tmp_path))
+    data = bytearray(src.read_bytes())
+    key = b"llama.rope.freq_base"
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    assert struct.unpack_from("<I", data, at)[0] == 6  # GGUF float32
+    struct.pack_into("<f", data, at + 4, float("inf"))
+    bad = tmp_path / "inf.gguf"
+    bad.write_bytes(bytes(data))
+    expect_error(bad, KWK_EFORMAT, bad, "llama.rope.freq_base must be a number")
+
+
 def test_gpt2_unsupported(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
     d = tmp_path / "gpt2"
