@@ -1,11 +1,13 @@
 /* fuzz_model_json.c - libFuzzer target over the small files beside a Hugging Face checkpoint:
- * config.json, generation_config.json, tokenizer_config.json, special_tokens_map.json and
- * chat_template.jinja. The input is those five files in that order, separated by NUL bytes (JSON
- * never holds a raw NUL); an empty or missing piece is an absent file. They are written into a
- * folder of this process's, beside a fixed tiny tokenizer.json, and read through the real entry
- * points: the model configuration (kwk_config_load_dir) and the tokenizer (kwk_tokenizer_load),
- * which must load or fail with an error, never crash; a loaded tokenizer encodes with its special
- * tokens, decodes, and its chat template, if any, is compiled and rendered. */
+ * config.json, generation_config.json, tokenizer_config.json, special_tokens_map.json,
+ * chat_template.jinja, and the vocabulary files of a folder without tokenizer.json (vocab.json,
+ * merges.txt, vocab.txt). The input is those eight files in that order, separated by NUL bytes
+ * (JSON never holds a raw NUL); an empty or missing piece is an absent file. They are written
+ * into a folder of this process's, with a fixed tiny tokenizer.json unless a vocabulary file is
+ * given, and read through the real entry points: the model configuration (kwk_config_load_dir)
+ * and the tokenizer (kwk_tokenizer_load), which must load or fail with an error, never crash; a
+ * loaded tokenizer encodes with its special tokens into ids of its vocabulary, decodes, and its
+ * chat template, if any, is compiled and rendered. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +22,9 @@
 
 static const char *const files[] = {"config.json", "generation_config.json",
                                     "tokenizer_config.json", "special_tokens_map.json",
-                                    "chat_template.jinja"};
+                                    "chat_template.jinja",   "vocab.json",
+                                    "merges.txt",            "vocab.txt"};
+#define N_CONFIGS 5 /* files[] past these are vocabularies, which replace tokenizer.json */
 
 /* Byte-level BPE over "hello world" with two added tokens the configs can name. */
 static const char tokenizer_json[] =
@@ -71,7 +75,7 @@ static int setup(void)
     setenv("KWKER_LOG", "error", 0); /* each ignored file would print a warning */
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/kwk_fuzz_model_json.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir) || write_file("tokenizer.json", tokenizer_json, sizeof tokenizer_json - 1))
+    if (!mkdtemp(dir))
         return -1;
     atexit(cleanup);
     return 0;
@@ -134,15 +138,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size > FUZZ_MAX_INPUT || (!dir[0] && setup()))
         return 0;
     const uint8_t *p = data, *end = data + size;
+    int legacy = 0;
     for (size_t i = 0; i < KWK_ARRAY_LEN(files); i++) {
         const uint8_t *q = p < end ? memchr(p, 0, (size_t)(end - p)) : NULL;
         const uint8_t *stop = q ? q : end;
-        if (stop > p)
+        if (stop > p) {
             write_file(files[i], p, (size_t)(stop - p));
-        else
+            legacy |= i >= N_CONFIGS;
+        } else {
             remove_file(files[i]);
+        }
         p = q ? q + 1 : end;
     }
+    if (legacy)
+        remove_file("tokenizer.json");
+    else if (write_file("tokenizer.json", tokenizer_json, sizeof tokenizer_json - 1))
+        return 0;
     struct kwk_config cfg;
     struct kwk_err err;
     kwk_config_load_dir(&cfg, dir, &err);

@@ -7,13 +7,9 @@
 
 #include "text/tokenizer.h"
 
-/* The largest of these files Kwker reads. Real ones are a few KiB to a few MiB (a long
- * added_tokens_decoder, a chat template with tool examples). */
-#define TOK_CONFIG_MAX ((size_t)64 << 20)
-
-/* A config file beside the tokenizer, NULL when absent; one that cannot be read, is too large
- * or is not JSON is reported and ignored, as transformers does not need it to tokenize. */
-static json_t *read_json(const char *dir, const char *name)
+/* Real files are a few KiB to a few MiB (a long added_tokens_decoder, a chat template with tool
+ * examples); TOK_CONFIG_MAX bounds what one may make a load read and parse. */
+void *tok_read_config_json(const char *dir, const char *name)
 {
     char path[4096];
     if (kwk_path_join(path, sizeof path, dir, name) || !kwk_file_exists(path))
@@ -104,9 +100,9 @@ int tok_load_configs(struct kwk_tokenizer *t, const char *dir, struct kwk_err *e
 {
     int rc = 0;
     const char *pad = NULL, *unk = NULL;
-    json_t *cfg = read_json(dir, "tokenizer_config.json");
-    json_t *stm = read_json(dir, "special_tokens_map.json");
-    json_t *gen = read_json(dir, "generation_config.json");
+    json_t *cfg = tok_read_config_json(dir, "tokenizer_config.json");
+    json_t *stm = tok_read_config_json(dir, "special_tokens_map.json");
+    json_t *gen = tok_read_config_json(dir, "generation_config.json");
     char path[4096];
     /* transformers prefers chat_template.jinja to the config's copy. */
     if (!kwk_path_join(path, sizeof path, dir, "chat_template.jinja") && kwk_file_exists(path)) {

@@ -2,6 +2,7 @@
  * merges.txt (or vocab.bpe) as GPT-2 byte-level BPE, and vocab.txt as BERT WordPiece, built
  * the way transformers' converters build them. Load time only; any thread. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -41,19 +42,18 @@ static int add_added(struct kwk_tokenizer *t, int32_t id, const char *s, int spe
 /* added_tokens_decoder of tokenizer_config.json: {"id": {"content": ..., "special": ...}} */
 static int config_added(struct kwk_tokenizer *t, const char *dir, int *found)
 {
-    char path[4096];
-    json_error_t je;
     *found = 0;
-    if (kwk_path_join(path, sizeof path, dir, "tokenizer_config.json") || !kwk_file_exists(path))
-        return 0;
-    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je), *dec = json_object_get(cfg, "added_tokens_decoder");
+    json_t *cfg = tok_read_config_json(dir, "tokenizer_config.json");
+    json_t *dec = json_object_get(cfg, "added_tokens_decoder");
     const char *k;
     json_t *v;
     int rc = 0;
     json_object_foreach(dec, k, v) {
         const char *content = json_string_value(json_object_get(v, "content"));
-        long id = strtol(k, NULL, 10);
-        if (!content || id < 0 || id >= t->n_vocab)
+        char *end;
+        errno = 0;
+        long id = strtol(k, &end, 10); /* keys are ids written in decimal, nothing else */
+        if (!content || end == k || *end || errno || id < 0 || id >= t->n_vocab)
             continue;
         if ((rc = add_added(t, (int32_t)id, content, json_is_true(json_object_get(v, "special")))))
             break;
@@ -75,7 +75,12 @@ static int load_bpe(struct kwk_tokenizer *t, const char *vpath, const char *mpat
     char *text = NULL;
     size_t n = 0;
     int rc;
-    json_t *vocab = json_load_file(vpath, 0, &je);
+    /* the size bound of tokenizer.json, which holds this and more */
+    if ((rc = kwk_read_file(vpath, (size_t)1 << 30, &text, &n, err)))
+        return rc;
+    json_t *vocab = json_loadb(text, n, 0, &je);
+    kwk_free(text);
+    text = NULL;
     if (!vocab || !json_is_object(vocab)) {
         rc = kwk_err_set_pos(err, KWK_EFORMAT, vocab ? -1 : je.position, "%s:%d:%d: %s", vpath,
                              je.line, je.column, vocab ? "not an object" : je.text);

@@ -237,6 +237,11 @@ int tok_load_gguf(struct kwk_tokenizer *t, const char *path, struct kwk_err *err
 /* tok_config.c: tokenizer_config.json, special_tokens_map.json, generation_config.json,
  * chat_template.jinja beside the tokenizer. */
 int tok_load_configs(struct kwk_tokenizer *t, const char *dir, struct kwk_err *err);
+/* One of those files (any name in dir), parsed with numbers as reals; NULL when absent, and when
+ * unreadable, past TOK_CONFIG_MAX or not JSON (reported as a warning: none is needed to
+ * tokenize). A json_t * as void * so that this header needs no jansson. */
+void *tok_read_config_json(const char *dir, const char *name);
+#define TOK_CONFIG_MAX ((size_t)64 << 20)
 
 /* tokenizer.c: shared load steps. */
 /* Token ids a tokenizer may hold: [0, TOK_MAX_VOCAB). The largest real vocabularies are about

@@ -314,6 +314,23 @@ def test_oversized_tokenizer_config_is_ignored(llama3_dir, tmp_path):
     assert k.chat_template is None and k.eos_token_ids == []
 
 
+def test_legacy_added_tokens_keys_are_decimal_ids(tmp_path):
+    # added_tokens_decoder's keys are ids in decimal (transformers reads them with int()): "7x"
+    # and one past long's range are skipped, not read as 7 or clamped.
+    d = tmp_path / "legacy"
+    d.mkdir()
+    (d / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2, "c": 3, "d": 4, "e": 5,
+                                              "f": 6, "g": 7}))
+    (d / "merges.txt").write_text("#version: 0.2\na b\n")
+    (d / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": {
+        "5": {"content": "<x>", "special": True}, "7x": {"content": "<y>", "special": True},
+        "99999999999999999999": {"content": "<z>", "special": True}}}))
+    k = Tokenizer.from_pretrained(str(d))
+    assert k.token_to_id("<x>") == 5 and k.is_special(5)
+    assert k.token_to_id("<y>") is None and not k.is_special(7)
+    assert k.token_to_id("<z>") is None
+
+
 def test_smollm_config_metadata(pairs):
     kw, _ = pairs["smollm"]
     cfg = json.loads((TOK / "smollm" / "from-SmolLM-135M-finetune" / "tokenizer_config.json")
