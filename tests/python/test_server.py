@@ -697,9 +697,10 @@ def test_default_model():
 
 
 def test_shutdown_with_requests_in_flight(model_id):
-    """SIGTERM while streams and a non-streaming request run: each client gets a well-formed end
-    (the engine cancels them), and the server exits 0 with every request freed (ASan checks)."""
-    s = Server("--max-batch", 2, "--max-cache-len", 512, "--quiet")
+    """SIGTERM with --shutdown-timeout 0 while streams and a non-streaming request run: each
+    client gets a well-formed end (the engine cancels them), and the server exits 0 with every
+    request freed (ASan checks)."""
+    s = Server("--max-batch", 2, "--max-cache-len", 512, "--quiet", "--shutdown-timeout", 0)
     socks = []
     try:
         for stream in (True, True, True, False):  # 2 running, 2 queued
@@ -721,6 +722,101 @@ def test_shutdown_with_requests_in_flight(model_id):
         assert status == 200
         if "event-stream" in headers.get("content-type", ""):
             assert body.endswith(b"data: [DONE]\n\n")
+
+
+NO_END = {"0": -100, "1": -100, "2": -100}  # SmolLM2's special tokens: replies run to max_tokens
+
+
+def post_raw(port, body):
+    """A socket with one POST /v1/completions sent (Connection: close)."""
+    body = json.dumps(body).encode()
+    c = socket.create_connection(("127.0.0.1", port), timeout=600)
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+              + body)
+    return c
+
+
+def test_sigterm_drains_requests_in_flight(model_id):
+    """SIGTERM: the listener closes at once (new connections are refused, so a load balancer
+    retries them elsewhere), open connections get 503 for /health and new requests, and every
+    request in flight, the queued one too, is answered in full before the server exits 0."""
+    s = Server("--max-batch", 2, "--max-cache-len", 256, "--quiet")
+    n_new = 24
+    socks = []
+    try:
+        keep = http.client.HTTPConnection("127.0.0.1", s.port, timeout=600)
+        keep.request("GET", "/health")
+        r = keep.getresponse()
+        assert r.status == 200 and json.loads(r.read()) == {"status": "ok"}
+        for stream in (True, True, False):  # 2 running, 1 queued behind them
+            socks.append(post_raw(s.port, {"model": model_id, "prompt": "1, 2, 3, 4,",
+                                           "max_tokens": n_new, "temperature": 0,
+                                           "stream": stream, "logit_bias": NO_END,
+                                           **({"stream_options": {"include_usage": True}}
+                                              if stream else {})}))
+        wait_for(lambda: metrics(s.port)["kwker_engine_running"] == 2, "two running requests")
+        s.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "in flight" in s.log(), "the drain to start")
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        keep.request("GET", "/health")
+        r = keep.getresponse()
+        assert r.status == 503 and json.loads(r.read()) == {"status": "draining"}
+        keep.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                     body=json.dumps({"model": model_id, "prompt": "Hi", "max_tokens": 2}))
+        r = keep.getresponse()
+        assert r.status == 503 and json.loads(r.read())["error"]["code"] == "server_busy"
+        keep.close()
+        for c in socks:
+            status, headers, body = parse_response(recv_all(c))
+            assert status == 200
+            if "event-stream" in headers.get("content-type", ""):
+                assert body.endswith(b"data: [DONE]\n\n")
+                assert b'"finish_reason":"length"' in body
+                assert b'"completion_tokens":%d' % n_new in body
+            else:
+                r = json.loads(body)
+                assert r["usage"]["completion_tokens"] == n_new
+                assert r["choices"][0]["finish_reason"] == "length"
+        assert s.proc.wait(timeout=300) == 0
+        assert "finishing 3 requests in flight" in s.log()
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()
+
+
+@pytest.mark.parametrize("how", ["second signal", "timeout"])
+def test_drain_ends_early(model_id, how):
+    """The drain's wait ends at a second signal or after --shutdown-timeout: the requests left
+    are canceled with a well-formed end, and the server exits 0."""
+    args = ["--max-batch", 1, "--max-cache-len", 4096, "--quiet"]
+    if how == "timeout":
+        args += ["--shutdown-timeout", 1]
+    s = Server(*args)
+    c = None
+    try:
+        c = post_raw(s.port, {"model": model_id, "prompt": "1, 2, 3, 4,", "max_tokens": 4000,
+                              "temperature": 0, "stream": True, "logit_bias": NO_END})
+        wait_for(lambda: metrics(s.port)["kwker_engine_running"] == 1, "a running request")
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "in flight" in s.log(), "the drain to start")
+        if how == "second signal":
+            s.proc.send_signal(signal.SIGINT)
+        assert s.proc.wait(timeout=300) == 0
+        assert time.monotonic() - t0 < 120, "the drain did not end early"
+        want = ("second signal: canceling 1 request" if how == "second signal"
+                else "1 request still running after 1 s: canceling")
+        assert want in s.log()
+        status, headers, body = parse_response(recv_all(c))
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+        assert body.count(b'"text":') < 4000
+    finally:
+        if c:
+            c.close()
+        s.stop()
 
 
 def test_python_module_runs_cli():

@@ -37,6 +37,9 @@ static void usage(FILE *f)
             "  --max-header BYTES       per-connection memory for request line and headers;\n"
             "                           larger headers close the connection (default 32768)\n"
             "  --max-connections N      open connections (default: what the fd limit allows)\n"
+            "  --shutdown-timeout S     on SIGTERM / SIGINT stop listening, let the requests in\n"
+            "                           flight finish for up to S seconds, then stop (a second\n"
+            "                           signal stops at once; default 30; 0: cancel them)\n"
             "  --quiet                  no per-request log lines\n");
 }
 
@@ -84,6 +87,8 @@ static int parse_opt(struct srv_opts *o, const char *a, const char *v)
         return parse_size(v, 4096, (size_t)1 << 24, &o->max_header);
     if (!strcmp(a, "--max-connections"))
         return cli_parse_int(v, 1, 1000000, &o->max_connections);
+    if (!strcmp(a, "--shutdown-timeout"))
+        return cli_parse_int(v, 0, 86400, &o->shutdown_timeout_s);
     return 1;
 }
 
@@ -98,6 +103,7 @@ int cmd_serve(int argc, char **argv)
     o.port = 8000;
     o.api_key = getenv("KWKER_API_KEY");
     o.timeout_s = 60;
+    o.shutdown_timeout_s = 30; /* gunicorn's and Kubernetes' grace period */
     o.max_body = 1 << 20;
     o.max_header = 32 << 10;
     o.log_requests = 1;

@@ -41,6 +41,8 @@ struct srv {
     struct MHD_Daemon *d;
     pthread_mutex_t mu;      /* guards closing against the engine being freed */
     int closing;
+    _Atomic int draining;    /* a signal came: no new requests, the ones in flight finish */
+    _Atomic int in_flight;   /* requests submitted whose connection MHD has not completed */
     _Atomic uint64_t next_id;
     uint64_t id_salt;
     struct srv_metrics met;
@@ -69,6 +71,7 @@ struct rq {
     int role_sent, end_sent;
     /* shared with the engine thread, under mu */
     int suspended, conn_gone, done;
+    int counted;              /* in s->in_flight (event-loop thread only) */
     struct srv_buf text;      /* settled text not yet sent (stream) or all of it */
     struct srv_lp *lps;
     int n_lps, cap_lps;
@@ -204,8 +207,11 @@ static enum MHD_Result get_route(struct rq *r)
 {
     struct srv *s = r->s;
     if (!strcmp(r->path, "/health")) {
-        static const char ok[] = "{\"status\":\"ok\"}";
-        return respond(r, 200, "application/json", ok, sizeof ok - 1);
+        /* draining: a load balancer's check on a kept-alive connection takes it out */
+        static const char ok[] = "{\"status\":\"ok\"}", drain[] = "{\"status\":\"draining\"}";
+        return atomic_load(&s->draining)
+                   ? respond(r, 503, "application/json", drain, sizeof drain - 1)
+                   : respond(r, 200, "application/json", ok, sizeof ok - 1);
     }
     if (!strcmp(r->path, "/metrics")) {
         struct kwk_engine_stats st;
@@ -573,13 +579,15 @@ static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struc
     r->t_submit = now_s();
     uint64_t id = 0;
     pthread_mutex_lock(&s->mu);
-    if (!s->closing)
+    if (!s->closing && !atomic_load(&s->draining))
         id = kwk_engine_submit(s->e, ids, (int)n, &p, on_event, r, &err);
     else
         err.code = KWK_ECANCELED;
     pthread_mutex_unlock(&s->mu);
     if (id) {
         r->eid = id;
+        r->counted = 1;
+        atomic_fetch_add(&s->in_flight, 1);
         return 0;
     }
     rq_unref(r); /* no event will come: the connection still holds r */
@@ -757,6 +765,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         return;
     *con_cls = NULL;
     srv_metrics_status(&s->met, r->status);
+    if (r->counted)
+        atomic_fetch_sub(&s->in_flight, 1);
     pthread_mutex_lock(&r->mu);
     if (s->o->log_requests)
         log_request(r, toe);
@@ -908,6 +918,39 @@ static struct MHD_Daemon *start_daemon(struct srv *s, unsigned max_conn)
     return d;
 }
 
+/* After the first SIGINT / SIGTERM: close the listening socket (new connections are refused,
+ * which proxies and load balancers retry elsewhere), answer new requests on open connections
+ * with 503, and wait up to o->shutdown_timeout_s for the requests in flight (queued ones too)
+ * to be answered in full. A second signal ends the wait. Rolling restarts lose no request that
+ * finishes within the grace period. */
+static void drain(struct srv *s, const sigset_t *set)
+{
+    int limit = s->o->shutdown_timeout_s;
+    atomic_store(&s->draining, 1);
+    MHD_socket ls = MHD_quiesce_daemon(s->d);
+    if (ls != MHD_INVALID_SOCKET)
+        close(ls);
+    int n = atomic_load(&s->in_flight);
+    if (!n)
+        return;
+    fprintf(stderr, "kwker serve: finishing %d request%s in flight (up to %d s; signal again to "
+                    "stop now)\n", n, n == 1 ? "" : "s", limit);
+    double deadline = now_s() + limit;
+    const struct timespec tick = {0, 50 * 1000 * 1000};
+    while ((n = atomic_load(&s->in_flight)) > 0) {
+        if (now_s() >= deadline) {
+            fprintf(stderr, "kwker serve: %d request%s still running after %d s: canceling\n",
+                    n, n == 1 ? "" : "s", limit);
+            return;
+        }
+        if (sigtimedwait(set, NULL, &tick) > 0) {
+            fprintf(stderr, "kwker serve: second signal: canceling %d request%s\n", n,
+                    n == 1 ? "" : "s");
+            return;
+        }
+    }
+}
+
 /* Stop taking requests, end the ones in flight (their DONE events resume every suspended
  * connection, as MHD_stop_daemon requires), then close the connections. */
 static void shutdown_all(struct srv *s)
@@ -964,6 +1007,8 @@ int srv_run(const struct srv_opts *o)
             o->engine.max_batch ? o->engine.max_batch : 8, s->lim.max_cache_len, max_conn);
     sigwait(&set, &sig);
     fprintf(stderr, "kwker serve: %s, stopping\n", sig == SIGINT ? "interrupted" : "terminated");
+    if (o->shutdown_timeout_s > 0)
+        drain(s, &set);
     rc = 0;
 out:
     shutdown_all(s);

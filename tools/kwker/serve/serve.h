@@ -28,6 +28,7 @@ struct srv_opts {
     size_t max_header;       /* per-connection memory for the request line and headers */
     int max_connections;     /* 0: as many as the file-descriptor limit allows */
     int log_requests;        /* one stderr line per request */
+    int shutdown_timeout_s;  /* on a signal: seconds the requests in flight may take to finish */
 };
 
 /* ---- parsed requests ------------------------------------------------------------------------- */
@@ -177,8 +178,9 @@ void srv_metrics_render(struct srv_buf *out, const struct srv_metrics *m,
 
 /* ---- the server ------------------------------------------------------------------------------ */
 
-/* Load the model, start the engine and the HTTP daemon, serve until SIGINT / SIGTERM. Returns
- * the process exit code. Main thread. */
+/* Load the model, start the engine and the HTTP daemon, serve until SIGINT / SIGTERM, then drain
+ * (stop listening, finish the requests in flight within shutdown_timeout_s). Returns the process
+ * exit code. Main thread. */
 int srv_run(const struct srv_opts *o);
 
 #endif
