@@ -176,7 +176,8 @@ static int cmp_norm(const void *pa, const void *pb)
 
 static int finish_added(struct kwk_tokenizer *t)
 {
-    qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added);
+    if (t->n_added > 1) /* none: t->added may be NULL, which qsort must not get */
+        qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added);
     for (int b = 0, i = 0; b <= 256; b++) {
         while (i < t->n_added && t->added[i].len && (uint8_t)t->added[i].content[0] < b)
             i++;

@@ -331,6 +331,15 @@ def test_legacy_added_tokens_keys_are_decimal_ids(tmp_path):
     assert k.token_to_id("<z>") is None
 
 
+def test_wordpiece_folder_without_special_tokens(tmp_path):
+    # A vocab.txt with none of BERT's special tokens: no added tokens at all (the sort of an
+    # empty list once got a NULL array, undefined behaviour that clang's UBSan flagged).
+    (tmp_path / "vocab.txt").write_text("hello\nworld\n##s\n")
+    k = Tokenizer.from_pretrained(str(tmp_path))
+    assert k.vocab_size == 3
+    assert k.encode("hello worlds", add_special_tokens=True) == [0, 1, 2]
+
+
 def test_smollm_config_metadata(pairs):
     kw, _ = pairs["smollm"]
     cfg = json.loads((TOK / "smollm" / "from-SmolLM-135M-finetune" / "tokenizer_config.json")
