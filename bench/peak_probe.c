@@ -204,8 +204,15 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) static float tile512
 
 /* AVX2: both 8-row halves of a block x 4 tokens, weights stored + 128 as tile8_q8 takes them:
  * per step and half a load, flip and absolute value, then per token a broadcast and per half
- * psignb, maddubs, madd and add; per group 2 x 4 x (convert, d_w * d_x, FMA). */
-__attribute__((target("avx2,fma,f16c"))) static float tile256(long n)
+ * psignb, maddubs, madd and add; per group 2 x 4 x (convert, d_w * d_x, FMA).
+ * Two shapes Kwker does not run, to price that product's parts (docs/benchmarks.md, session
+ * 25): kind NOSIGN takes the stored weights as maddubs' unsigned operand with no psignb, which
+ * is exact only for activations of 7 bits (|x| <= 63: 2 * 255 * 63 < 32768); kind PMADDWD has
+ * 16-bit weights and activations and one pmaddwd (16 products) in place of maddubs + madd. */
+enum { SIGN, NOSIGN, PMADDWD };
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline float tile256(long n,
+                                                                                   int kind)
 {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256 facc[2][4];
@@ -218,20 +225,32 @@ __attribute__((target("avx2,fma,f16c"))) static float tile256(long n)
         for (int h = 0; h < 2; h++)
             for (int j = 0; j < 4; j++)
                 acc[h][j] = _mm256_setzero_si256();
-        for (int k4 = 0; k4 < 8; k4++) {
+        /* 8 steps of 4 columns, or 16 of 2 columns of 16-bit numbers (tile_w and tile_x hold
+         * twice the bytes a group needs: the 16-bit shape reads group g's as g % 4) */
+        for (int k = 0; k < (kind == PMADDWD ? 16 : 8); k++) {
+            const uint8_t *wp = kind == PMADDWD ? tile_w[0][0] + 1024 * (g % 4) + 64 * k
+                                                : tile_w[0][g] + 64 * k;
             __m256i wv[2], aw[2];
             for (int h = 0; h < 2; h++) {
-                wv[h] = _mm256_xor_si256(
-                    _mm256_load_si256((const __m256i *)(tile_w[0][g] + 64 * k4 + 32 * h)), flip);
-                aw[h] = _mm256_abs_epi8(wv[h]);
+                wv[h] = _mm256_load_si256((const __m256i *)(wp + 32 * h));
+                if (kind == SIGN) {
+                    wv[h] = _mm256_xor_si256(wv[h], flip);
+                    aw[h] = _mm256_abs_epi8(wv[h]);
+                }
             }
             for (int j = 0; j < 4; j++) {
                 int32_t v;
-                memcpy(&v, tile_x[j] + 32 * g + 4 * k4, 4);
+                memcpy(&v, kind == PMADDWD ? tile_x[j] + 64 * (g % 4) + 4 * k
+                                           : tile_x[j] + 32 * g + 4 * k, 4);
                 __m256i xb = _mm256_set1_epi32(v);
                 for (int h = 0; h < 2; h++) {
-                    __m256i p = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wv[h]));
-                    acc[h][j] = _mm256_add_epi32(acc[h][j], _mm256_madd_epi16(p, ones));
+                    __m256i p =
+                        kind == SIGN     ? _mm256_madd_epi16(_mm256_maddubs_epi16(
+                                               aw[h], _mm256_sign_epi8(xb, wv[h])), ones)
+                        : kind == NOSIGN ? _mm256_madd_epi16(_mm256_maddubs_epi16(wv[h], xb),
+                                                             ones)
+                                         : _mm256_madd_epi16(wv[h], xb);
+                    acc[h][j] = _mm256_add_epi32(acc[h][j], p);
                     __asm__("" : "+x"(acc[h][j])); /* as avx2_quant.c's KEEP */
                 }
             }
@@ -253,6 +272,21 @@ __attribute__((target("avx2,fma,f16c"))) static float tile256(long n)
     return v[0] + v[7];
 }
 
+__attribute__((target("avx2,fma,f16c"))) static float tile256_sign(long n)
+{
+    return tile256(n, SIGN);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static float tile256_nosign(long n)
+{
+    return tile256(n, NOSIGN);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static float tile256_pmaddwd(long n)
+{
+    return tile256(n, PMADDWD);
+}
+
 struct op {
     const char *name;
     const char *feature; /* __builtin_cpu_supports name(s) needed, comma-separated */
@@ -269,7 +303,9 @@ static const struct op ops[] = {
     {"int8_maddubs_avx2", "avx2", maddubs256, 32, 0},
     {"int8_tile_loop_avx512", "avx512f,avx512bw,avx512vnni", tile512_loop, 0, 8 * 16 * 64},
     {"int8_tile_avx512", "avx512f,avx512bw,avx512vnni", tile512_epi, 0, 8 * 16 * 64},
-    {"int8_tile_avx2", "avx2,fma", tile256, 0, 16 * 4 * 32},
+    {"int8_tile_avx2", "avx2,fma", tile256_sign, 0, 16 * 4 * 32},
+    {"int8_tile_avx2_nosign", "avx2,fma", tile256_nosign, 0, 16 * 4 * 32},
+    {"int16_tile_avx2_pmaddwd", "avx2,fma", tile256_pmaddwd, 0, 16 * 4 * 32},
 };
 
 static int cpu_has(const char *features)
@@ -356,7 +392,7 @@ int main(int argc, char **argv)
             if (json)
                 printf(", \"%s\": null", op->name);
             else
-                printf("%-20s absent\n", op->name);
+                printf("%-24s absent\n", op->name);
             continue;
         }
         /* size a pass to about `seconds`: double the trips on this thread until one call
@@ -383,7 +419,7 @@ int main(int argc, char **argv)
         if (json)
             printf(", \"%s\": %.1f", op->name, gmacs);
         else
-            printf("%-20s %8.1f GMAC/s (%d threads)\n", op->name, gmacs, n_threads);
+            printf("%-24s %8.1f GMAC/s (%d threads)\n", op->name, gmacs, n_threads);
     }
     if (json)
         printf("}\n");
