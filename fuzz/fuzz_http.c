@@ -1,8 +1,9 @@
 /* fuzz_http.c - libFuzzer target for `kwker serve`'s request parsing (tools/kwker/serve/openai.c,
  * included whole: the server lives in the CLI, not the library). Input: one byte choosing the
- * route (even: /v1/chat/completions, odd: /v1/completions) and the auth check's split, then the
- * request body. A body that parses is then written back as a response, SSE chunks and an error,
- * with logprobs made from its bytes, so the builders see every string the parser lets through. */
+ * route (bit 0 clear: /v1/chat/completions, or /tokenize with bit 1; set: /v1/completions, or
+ * /detokenize with bit 1), then the request body. A body that parses is then written back as
+ * a response, SSE chunks and an error (or the tokenize routes' answers), with logprobs made
+ * from its bytes, so the builders see every string the parser lets through. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,12 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
         text = json_string_value(json_object_get(m0, "content"));
         len = json_string_length(json_object_get(m0, "content"));
     }
+    if (r->kind == SRV_TOKENIZE || r->kind == SRV_DETOKENIZE) {
+        srv_tokens_response(&b, r->prompt_ids, (size_t)r->n_prompt_ids, 2048);
+        srv_text_response(&b, text, len);
+        srv_buf_free(&b);
+        return;
+    }
     srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
     srv_sse_role(&b, &c);
     srv_sse_content(&b, &c, text, len, lps, 4);
@@ -49,7 +56,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size > FUZZ_MAX_INPUT)
         return 0;
-    int kind = (data[0] & 1) ? SRV_COMPLETION : SRV_CHAT;
+    static const int kinds[4] = {SRV_CHAT, SRV_COMPLETION, SRV_TOKENIZE, SRV_DETOKENIZE};
+    int kind = kinds[data[0] & 3];
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     struct srv_limits lim = {.n_vocab = 49152, .max_cache_len = 2048};

@@ -407,6 +407,60 @@ def test_deep_json_400(srv, model_id):
     assert request(srv.port, "POST", "/v1/chat/completions", body=ok)[0] == 200
 
 
+@pytest.fixture(scope="module")
+def gguf_tok():
+    from kwker.tokenizer import Tokenizer
+    return Tokenizer.from_pretrained(smollm2_gguf())
+
+
+def test_tokenize_detokenize(srv, model_id, gguf_tok):
+    """vLLM's POST /tokenize and /detokenize (llama.cpp's server has both): the ids the
+    completions routes would run, by the same tokenizer and chat template."""
+    text = "Héllo wörld, 你好! <|im_start|>"
+    for body, add in [({"prompt": text}, True), ({"content": text}, True),
+                      ({"prompt": text, "add_special_tokens": False, "model": model_id}, False)]:
+        status, r = request(srv.port, "POST", "/tokenize", body=body)
+        want = gguf_tok.encode(text, add_special_tokens=add)
+        assert status == 200 and r == {"count": len(want), "max_model_len": 1024, "tokens": want}
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    for gen in (True, False):
+        status, r = request(srv.port, "POST", "/tokenize",
+                            body={"messages": msgs, "add_generation_prompt": gen})
+        assert status == 200
+        assert r["tokens"] == gguf_tok.apply_chat_template(msgs, add_generation_prompt=gen,
+                                                           tokenize=True)
+    status, with_gen = request(srv.port, "POST", "/tokenize", body={"messages": msgs})
+    assert with_gen["count"] > r["count"]  # the default adds the assistant header
+    ids = gguf_tok.encode(text, add_special_tokens=False)
+    status, r = request(srv.port, "POST", "/detokenize", body={"tokens": ids})
+    assert status == 200 and r == {"prompt": gguf_tok.decode(ids)} and r["prompt"] == text
+    status, r = request(srv.port, "POST", "/detokenize", body={"tokens": []})
+    assert status == 200 and r == {"prompt": ""}
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/tokenize", {}, 400, "prompt"),
+    ("/tokenize", {"prompt": 5}, 400, "prompt"),
+    ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, 400, "add_special_tokens"),
+    ("/tokenize", {"messages": []}, 400, "messages"),
+    ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model"),
+    ("/detokenize", {"tokens": [1, -1]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [10 ** 9]}, 400, "tokens"),
+    ("/detokenize", {"tokens": "1 2"}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1.5]}, 400, "tokens"),
+])
+def test_tokenize_errors(srv, path, body, status, param):
+    got, r = request(srv.port, "POST", path, body=body)
+    assert got == status and r["error"]["param"] == param, r
+
+
+def test_tokenize_needs_the_key(srv):
+    for path in ("/tokenize", "/detokenize"):
+        status, r = request(srv.port, "POST", path, body={"prompt": "x", "tokens": [1]},
+                            key=None)
+        assert status == 401 and r["error"]["code"] == "invalid_api_key"
+
+
 def test_unknown_model_404(client):
     with pytest.raises(openai.NotFoundError) as e:
         chat(client, "gpt-4o", "hi")

@@ -49,7 +49,7 @@ struct srv {
 };
 
 enum rq_state { RQ_NEW, RQ_BODY, RQ_WAIT, RQ_STREAM, RQ_ANSWERED };
-enum rq_route { R_OTHER, R_CHAT, R_COMPLETION };
+enum rq_route { R_OTHER, R_CHAT, R_COMPLETION, R_TOKENIZE, R_DETOKENIZE };
 
 struct rq {
     struct srv *s;
@@ -460,7 +460,7 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
         return -1;
     }
     json_t *ctx = json_pack("{s:O, s:n, s:n, s:b}", "messages", q->messages, "tools",
-                            "documents", "add_generation_prompt", 1);
+                            "documents", "add_generation_prompt", q->add_generation_prompt);
     const char *bos = kwk_tokenizer_bos_token(s->tok), *eos = kwk_tokenizer_eos_token(s->tok);
     if (ctx && bos)
         json_object_set_new(ctx, "bos_token", json_string(bos));
@@ -475,7 +475,8 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
                     "the chat template refused the messages: %s", err.msg);
         goto out;
     }
-    int st = kwk_tokenizer_encode_alloc(s->tok, text, len, 0, ids, n);
+    /* add_special_tokens only when /tokenize asks: completions take the template's text as is */
+    int st = kwk_tokenizer_encode_alloc(s->tok, text, len, q->add_special_tokens, ids, n);
     if (st < 0) {
         srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing: %s", kwk_status_str(st));
         goto out;
@@ -493,7 +494,7 @@ static int prompt_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n
                       struct srv_err *e)
 {
     *own = 1;
-    if (q->kind == SRV_CHAT)
+    if (q->messages)
         return chat_ids(s, q, ids, n, e);
     if (q->prompt_ids) {
         *ids = q->prompt_ids;
@@ -502,7 +503,8 @@ static int prompt_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n
         return 0;
     }
     /* add_special: the tokenizer's own BOS etc., as tokenizer(prompt) in transformers */
-    int st = kwk_tokenizer_encode_alloc(s->tok, q->prompt, q->prompt_len, 1, ids, n);
+    int add = q->kind == SRV_TOKENIZE ? q->add_special_tokens : 1;
+    int st = kwk_tokenizer_encode_alloc(s->tok, q->prompt, q->prompt_len, add, ids, n);
     if (st < 0) {
         srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing: %s", kwk_status_str(st));
         return -1;
@@ -621,6 +623,42 @@ static void init_ctx(struct rq *r)
     r->ctx.include_usage = r->req.include_usage;
 }
 
+/* /tokenize and /detokenize: answered here, on the event-loop thread, as a completion's prompt
+ * is tokenized; nothing reaches the engine. */
+static enum MHD_Result tokenize_answer(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_err e;
+    struct srv_buf b = {0};
+    enum MHD_Result rc;
+    if (r->route == R_DETOKENIZE) {
+        char *text = NULL;
+        size_t len = 0;
+        int st = kwk_tokenizer_decode_alloc(s->tok, r->req.prompt_ids,
+                                            (size_t)r->req.n_prompt_ids, 0, &text, &len);
+        /* the model's vocabulary may be padded past the tokenizer's */
+        if (st == KWK_ERANGE)
+            return fail(r, 400, "invalid_request_error", "tokens", "invalid_value",
+                        "'tokens' has an id the tokenizer does not have");
+        if (st < 0)
+            return fail(r, 500, "server_error", NULL, NULL, kwk_status_str(st));
+        srv_text_response(&b, text, len);
+        kwk_tokenizer_mem_free(text);
+    } else {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        int own = 0;
+        if (prompt_ids(s, &r->req, &ids, &n, &own, &e))
+            return respond_err(r, &e);
+        srv_tokens_response(&b, ids, n, s->lim.max_cache_len);
+        if (own)
+            kwk_tokenizer_mem_free(ids);
+    }
+    rc = respond_json(r, 200, &b);
+    srv_buf_free(&b);
+    return rc;
+}
+
 static enum MHD_Result body_done(struct rq *r)
 {
     struct srv *s = r->s;
@@ -634,16 +672,21 @@ static enum MHD_Result body_done(struct rq *r)
                     "the request body is larger than %zu bytes", s->o->max_body);
         return respond_err(r, &e);
     }
-    int kind = r->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
-    if (srv_req_parse(&r->req, kind, r->body.p ? r->body.p : "", r->body.len, &s->lim, &e))
+    static const int kinds[] = {[R_CHAT] = SRV_CHAT, [R_COMPLETION] = SRV_COMPLETION,
+                                [R_TOKENIZE] = SRV_TOKENIZE, [R_DETOKENIZE] = SRV_DETOKENIZE};
+    if (srv_req_parse(&r->req, kinds[r->route], r->body.p ? r->body.p : "", r->body.len,
+                      &s->lim, &e))
         return respond_err(r, &e);
     srv_buf_free(&r->body);
-    if (strcmp(r->req.model, s->model_id) && strcmp(r->req.model, s->model_path)) {
+    if (r->req.model && strcmp(r->req.model, s->model_id) &&
+        strcmp(r->req.model, s->model_path)) {
         srv_err_set(&e, 404, "invalid_request_error", "model", "model_not_found",
                     "The model '%.128s' does not exist; this server serves '%.128s'",
                     r->req.model, s->model_id);
         return respond_err(r, &e);
     }
+    if (r->route == R_TOKENIZE || r->route == R_DETOKENIZE)
+        return tokenize_answer(r);
     if (prompt_ids(s, &r->req, &ids, &n, &own, &e) || check_length(s, &r->req, n, &max_new, &e) ||
         submit(r, ids, n, max_new, &e)) {
         rc = respond_err(r, &e);
@@ -668,6 +711,10 @@ static int post_route(const char *path)
         return R_CHAT;
     if (!strcmp(path, "/v1/completions"))
         return R_COMPLETION;
+    if (!strcmp(path, "/tokenize"))
+        return R_TOKENIZE;
+    if (!strcmp(path, "/detokenize"))
+        return R_DETOKENIZE;
     return R_OTHER;
 }
 
@@ -694,7 +741,9 @@ static enum MHD_Result first_call(struct rq *r, const char *method)
 static enum MHD_Result dispatch(struct rq *r)
 {
     struct srv *s = r->s;
-    if (!strncmp(r->path, "/v1/", 4) && s->o->api_key && s->o->api_key[0]) {
+    int guarded = !strncmp(r->path, "/v1/", 4) || r->route == R_TOKENIZE ||
+                  r->route == R_DETOKENIZE;
+    if (guarded && s->o->api_key && s->o->api_key[0]) {
         const char *auth = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                        MHD_HTTP_HEADER_AUTHORIZATION);
         if (!srv_auth_ok(auth, s->o->api_key))

@@ -526,6 +526,62 @@ static int parse_model(struct srv_req *r, json_t *root, struct srv_err *e)
     return 0;
 }
 
+/* /tokenize: {"prompt": text} (or llama.cpp's "content") or {"messages": [...],
+ * "add_generation_prompt"}, "add_special_tokens" defaulting as vLLM does (text true, messages
+ * false: the template writes them); /detokenize: {"tokens": [ids]}. "model" is optional. The
+ * body limit bounds both; no context limit applies. */
+static int parse_tokenize(struct srv_req *r, json_t *root, const struct srv_limits *lim,
+                          struct srv_err *e)
+{
+    json_t *m = json_object_get(root, "model");
+    if (m && !json_is_null(m) && parse_model(r, root, e))
+        return -1;
+    if (r->kind == SRV_DETOKENIZE) {
+        json_t *a = json_object_get(root, "tokens");
+        if (!json_is_array(a))
+            return bad_type(e, "tokens", "a list of token ids");
+        size_t n = json_array_size(a);
+        if (!(r->prompt_ids = malloc(sizeof(int32_t) * (n ? n : 1))))
+            return oom(e);
+        for (size_t i = 0; i < n; i++) {
+            json_t *v = json_array_get(a, i);
+            if (!json_is_integer(v))
+                return bad_type(e, "tokens", "a list of token ids");
+            if (json_integer_value(v) < 0 || json_integer_value(v) >= lim->n_vocab)
+                return bad_value(e, "tokens", "has a token id outside the vocabulary");
+            r->prompt_ids[i] = (int32_t)json_integer_value(v);
+        }
+        r->n_prompt_ids = (int)n;
+        return 0;
+    }
+    json_t *msgs = json_object_get(root, "messages");
+    int chat = msgs && !json_is_null(msgs);
+    r->add_special_tokens = !chat;
+    r->add_generation_prompt = 1;
+    if (bool_field(root, "add_special_tokens", &r->add_special_tokens, e))
+        return -1;
+    if (chat)
+        return bool_field(root, "add_generation_prompt", &r->add_generation_prompt, e) ? -1
+               : parse_messages(r, root, e);
+    json_t *p = json_object_get(root, "prompt");
+    const char *key = "prompt";
+    if (!p || json_is_null(p)) {
+        p = json_object_get(root, "content");
+        key = "content";
+    }
+    if (!p || json_is_null(p)) {
+        srv_err_set(e, 400, INVALID, "prompt", "missing_required_parameter",
+                    "'prompt' or 'messages' is required");
+        return -1;
+    }
+    if (!json_is_string(p))
+        return bad_type(e, key, "a string");
+    r->prompt_len = json_string_length(p);
+    if (!(r->prompt = dup_n(json_string_value(p), r->prompt_len)))
+        return oom(e);
+    return 0;
+}
+
 static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *lim,
                       struct srv_err *e)
 {
@@ -533,6 +589,9 @@ static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *
         srv_err_set(e, 400, INVALID, NULL, "invalid_json", "the body must be a JSON object");
         return -1;
     }
+    if (r->kind == SRV_TOKENIZE || r->kind == SRV_DETOKENIZE)
+        return parse_tokenize(r, root, lim, e);
+    r->add_generation_prompt = 1;
     if (parse_model(r, root, e))
         return -1;
     if (r->kind == SRV_CHAT ? parse_messages(r, root, e) : parse_prompt(r, root, lim, e))
@@ -748,6 +807,26 @@ void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text,
     json_object_set_new(r, "choices", json_pack("[o]", choice));
     json_object_set_new(r, "usage", usage_json(n_prompt, n_completion));
     dump_into(out, r, "", "");
+}
+
+void srv_tokens_response(struct srv_buf *out, const int32_t *ids, size_t n, int max_model_len)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(ids[i]))) {
+            json_decref(a);
+            a = NULL;
+        }
+    json_t *r = a ? json_pack("{s:I, s:i, s:o}", "count", (json_int_t)n, "max_model_len",
+                              max_model_len, "tokens", a)
+                  : NULL;
+    dump_into(out, r, "", "");
+}
+
+void srv_text_response(struct srv_buf *out, const char *text, size_t len)
+{
+    json_t *t = json_text(text ? text : "", text ? len : 0);
+    dump_into(out, t ? json_pack("{s:o}", "prompt", t) : NULL, "", "");
 }
 
 /* A chunk with one choice: delta (chat) or text (completions). */

@@ -33,7 +33,9 @@ struct srv_opts {
 
 /* ---- parsed requests ------------------------------------------------------------------------- */
 
-enum srv_kind { SRV_CHAT = 1, SRV_COMPLETION = 2 };
+/* What a request body is parsed as: the two OpenAI routes, and vLLM's /tokenize and
+ * /detokenize (llama.cpp's server has both as well). */
+enum srv_kind { SRV_CHAT = 1, SRV_COMPLETION = 2, SRV_TOKENIZE = 3, SRV_DETOKENIZE = 4 };
 
 #define SRV_MAX_STOP 4
 #define SRV_MAX_DEPTH 64      /* JSON nesting a request body may have */
@@ -80,6 +82,9 @@ struct srv_req {
     int top_logprobs;           /* alternatives per token, 0..SRV_MAX_TOP */
     int stream;
     int include_usage;
+    /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
+    int add_special_tokens;     /* the tokenizer's own BOS etc. (text 1, messages 0) */
+    int add_generation_prompt;  /* messages: the template's assistant header (1) */
 };
 
 /* Nesting depth of a JSON text (brackets outside strings); a cheap pass run before jansson, whose
@@ -154,6 +159,11 @@ void srv_sse_done(struct srv_buf *out);
 
 /* "stop" / "length" for a kwk_finish (a cancelled request reads "stop"). */
 const char *srv_finish_name(int finish);
+
+/* vLLM's /tokenize answer {"count", "max_model_len", "tokens"} and /detokenize answer
+ * {"prompt"} (bytes that are not UTF-8 become U+FFFD), appended to out. */
+void srv_tokens_response(struct srv_buf *out, const int32_t *ids, size_t n, int max_model_len);
+void srv_text_response(struct srv_buf *out, const char *text, size_t len);
 
 /* Compare a presented Authorization header value with "Bearer <key>" in time that depends only
  * on the key's length. Returns 1 on a match. Thread-safe. */
