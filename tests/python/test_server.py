@@ -183,6 +183,15 @@ def test_chat(client, model_id):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
+def test_chat_accepts_the_defaults_of_unsupported_fields(srv, model_id):
+    """What clients send by default is accepted: no tools, tool_choice "none", text format."""
+    body = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "tools": [], "functions": None, "tool_choice": "none",
+            "response_format": {"type": "text"}}
+    status, r = request(srv.port, "POST", "/v1/chat/completions", body=body)
+    assert status == 200 and r["usage"]["completion_tokens"] >= 1
+
+
 def test_completions(client, model_id):
     r = client.completions.create(model=model_id, prompt="The capital of France is",
                                   max_tokens=8, temperature=0, logprobs=2)
@@ -350,6 +359,16 @@ BAD_CHAT = [
     ("seed a float", {"seed": 1.5}, "seed", "invalid_type"),
     ("user a number", {"user": 5}, "user", "invalid_type"),
     ("model a number", {"model": 5}, "model", "invalid_type"),
+    # refused by name, not ignored: the client would get text where it expects calls or JSON
+    ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     "tools", "unsupported_parameter"),
+    ("functions", {"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
+    ("tool_choice auto", {"tool_choice": "auto"}, "tool_choice", "invalid_value"),
+    ("response_format json", {"response_format": {"type": "json_object"}}, "response_format",
+     "unsupported_parameter"),
+    ("response_format schema", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}}}}, "response_format", "unsupported_parameter"),
+    ("response_format string", {"response_format": "json"}, "response_format", "invalid_type"),
 ]
 
 

@@ -494,6 +494,34 @@ static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
     json_t *user = json_object_get(root, "user");
     if (user && !json_is_null(user) && !json_is_string(user))
         return bad_type(e, "user", "a string");
+    /* Fields whose meaning Kwker cannot honour yet (no tool-call parsing, no constrained
+     * decoding): refused by name rather than ignored, so a client that relies on them learns
+     * it at once instead of getting free text where it expects a call or JSON. */
+    static const char *const tool_keys[] = {"tools", "functions"};
+    for (size_t i = 0; i < sizeof tool_keys / sizeof *tool_keys; i++) {
+        json_t *t = json_object_get(root, tool_keys[i]);
+        if (t && !json_is_null(t) && !(json_is_array(t) && json_array_size(t) == 0)) {
+            srv_err_set(e, 400, INVALID, tool_keys[i], "unsupported_parameter",
+                        "'%s' is not supported: this server does not parse tool calls",
+                        tool_keys[i]);
+            return -1;
+        }
+    }
+    json_t *tc = json_object_get(root, "tool_choice");
+    if (tc && !json_is_null(tc) && !(json_is_string(tc) && !strcmp(json_string_value(tc), "none")))
+        return bad_value(e, "tool_choice", "must be \"none\": tool calls are not supported");
+    json_t *rf = json_object_get(root, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(type))
+            return bad_type(e, "response_format", "an object with a string 'type'");
+        if (strcmp(json_string_value(type), "text")) {
+            srv_err_set(e, 400, INVALID, "response_format", "unsupported_parameter",
+                        "response_format '%.64s' is not supported (no constrained decoding "
+                        "yet): only 'text'", json_string_value(type));
+            return -1;
+        }
+    }
     return 0;
 }
 
