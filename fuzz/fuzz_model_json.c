@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "fuzz_roundtrip.h"
 #include "kwker.h"
 #include "model/model.h"
 
@@ -107,17 +108,7 @@ static void use_template(const char *src)
 static void use_tokenizer(const kwk_tokenizer *t)
 {
     static const char text[] = "<s>hello world</s>";
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (kwk_tokenizer_encode_alloc(t, text, sizeof text - 1, 1, &ids, &n) == 0) {
-        for (size_t i = 0; i < n; i++)
-            if (ids[i] < 0 || ids[i] >= kwk_tokenizer_n_vocab(t))
-                abort(); /* encode gave an id decode and the model refuse */
-        char *out = NULL;
-        if (kwk_tokenizer_decode_alloc(t, ids, n, 0, &out, NULL) == 0)
-            kwk_tokenizer_mem_free(out);
-    }
-    kwk_tokenizer_mem_free(ids);
+    fuzz_roundtrip(t, text, sizeof text - 1);
     /* every id the configs named must be usable as one */
     int32_t named[3 + 8] = {kwk_tokenizer_bos_id(t), kwk_tokenizer_pad_id(t),
                             kwk_tokenizer_unk_id(t)};
