@@ -50,6 +50,17 @@ def kwker_bin():
     return str(path)
 
 
+def cli_env(**extra):
+    """The environment for a child running the kwker binary (os.environ plus extra). Under
+    scripts/test's ASan build leak checking is off for this interpreter (CPython keeps memory
+    to exit by design) but back on for the child, which frees what it allocates, so a leak in
+    the CLI or the server fails the test that ran it. Python children keep it off."""
+    env = dict(os.environ, **extra)
+    if "detect_leaks=0" in env.get("ASAN_OPTIONS", ""):
+        env["ASAN_OPTIONS"] = env["ASAN_OPTIONS"].replace("detect_leaks=0", "detect_leaks=1")
+    return env
+
+
 # Packed-weight caches made by tests (CLI runs default to the user's cache) stay in a temporary
 # folder of this session, never in ~/.cache; tests of the cache itself pass their own folders.
 if "KWKER_CACHE" not in os.environ:

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import kwker_bin, rel_err, smollm2_gguf, token_by_token
+from conftest import cli_env, kwker_bin, rel_err, smollm2_gguf, token_by_token
 import tiny_models
 
 PRECS = ["balanced", "int4"]
@@ -48,7 +48,7 @@ def same_file(fd, path):
 
 def run(*args, timeout=600, env=None):
     return subprocess.run([kwker_bin()] + [str(a) for a in args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+                          text=True, timeout=timeout, env=env or cli_env())
 
 
 @pytest.fixture(scope="module", params=["llama_odd", "qwen2"])

@@ -22,7 +22,7 @@ if "KWKER_LIB" not in os.environ and (BIN.parent / "libkwker.so").exists():
 
 import kwker  # noqa: E402  (after KWKER_LIB is settled)
 from kwker.template import apply_chat_template  # noqa: E402
-from conftest import kwker_bin, smollm2_gguf, supported_isas
+from conftest import cli_env, kwker_bin, smollm2_gguf, supported_isas
 
 N_NEW = 24
 THREADS = "2"
@@ -30,7 +30,7 @@ THREADS = "2"
 
 def run(*args, input=None, timeout=300):
     return subprocess.run([kwker_bin()] + [str(a) for a in args], input=input,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=cli_env())
 
 
 @pytest.fixture(scope="module")
@@ -365,8 +365,8 @@ def test_prefetch_level_changes_no_token(isa, tmp_path):
     outs = {}
     for prec in ("int4", "preserve"):
         for pf in ("l1", "l2", "l3"):
-            env = dict(os.environ, KWKER_ISA=isa, KWKER_PREFETCH=pf, KWKER_LOG="info",
-                       KWKER_CACHE=str(tmp_path))
+            env = cli_env(KWKER_ISA=isa, KWKER_PREFETCH=pf, KWKER_LOG="info",
+                          KWKER_CACHE=str(tmp_path))
             p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
                                 THREADS, "--precision", prec, "--ids", ids, "-n", "16"],
                                capture_output=True, text=True, timeout=300, env=env)
@@ -390,8 +390,8 @@ def test_prefetch_int8_changes_no_token(isa, tmp_path):
     for act in ("8", "16"):
         outs = {}
         for pf in ("on", "off", "maybe"):
-            env = dict(os.environ, KWKER_ISA=isa, KWKER_PREFETCH_INT8=pf, KWKER_LOG="info",
-                       KWKER_CACHE=str(tmp_path))
+            env = cli_env(KWKER_ISA=isa, KWKER_PREFETCH_INT8=pf, KWKER_LOG="info",
+                          KWKER_CACHE=str(tmp_path))
             p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
                                 THREADS, "--precision", "balanced", "--act-bits", act,
                                 "--ids", ids, "-n", "16"],
@@ -420,8 +420,8 @@ def test_avxvnni_changes_no_token(tmp_path):
         for act in ("8", "16"):
             outs = {}
             for v in ("on", "off", "maybe"):
-                env = dict(os.environ, KWKER_ISA="avx2", KWKER_AVXVNNI=v, KWKER_LOG="info",
-                           KWKER_CACHE=str(tmp_path))
+                env = cli_env(KWKER_ISA="avx2", KWKER_AVXVNNI=v, KWKER_LOG="info",
+                              KWKER_CACHE=str(tmp_path))
                 p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
                                     THREADS, "--precision", prec, "--act-bits", act,
                                     "--ids", ids, "-n", "16"],

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PY_DIR, kwker_bin, smollm2_gguf
+from conftest import PY_DIR, cli_env, kwker_bin, smollm2_gguf
 import tiny_models
 
 PRECS = ["balanced", "int4"]
@@ -211,7 +211,7 @@ def test_two_processes_at_once(tiny, ids, tmp_path):
 
 
 def test_cli_cache_dir(tiny, tmp_path):
-    env = dict(os.environ, KWKER_CACHE=str(tmp_path / "env"))
+    env = cli_env(KWKER_CACHE=str(tmp_path / "env"))
     base = [kwker_bin(), "bench", "--model", str(tiny), "--precision", "int4", "-p", "4",
             "-n", "2", "-r", "1", "-t", "1"]
     for extra, where in [([], tmp_path / "env"), (["--cache-dir", str(tmp_path / "opt")],
@@ -255,7 +255,7 @@ def test_env_limit_keeps_only_the_newest(tiny, ids, tmp_path, monkeypatch, capfd
 
 
 def bench_log(model, cache, env_extra=None):
-    env = dict(os.environ, KWKER_LOG="info", **(env_extra or {}))
+    env = cli_env(KWKER_LOG="info", **(env_extra or {}))
     r = subprocess.run([kwker_bin(), "bench", "--model", str(model), "--precision", "int4",
                         "--cache-dir", str(cache), "-p", "4", "-n", "2", "-r", "1", "-t", "1"],
                        env=env, capture_output=True, text=True, timeout=300)

@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, SHARED_DATA, kwker_bin
+from conftest import REPO, SHARED_DATA, cli_env, kwker_bin
 
 WIKITEXT = SHARED_DATA / "text" / "wikitext-2-raw-v1.test.hf-rows-crlf.txt"
 CTX = 128
@@ -24,7 +24,7 @@ CHUNKS = 2
 
 def run_ppl(*args, timeout=600):
     return subprocess.run([str(kwker_bin()), "perplexity", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=cli_env())
 
 
 @pytest.fixture(scope="module")

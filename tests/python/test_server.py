@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 import openai
-from conftest import kwker_bin, smollm2_gguf
+from conftest import cli_env, kwker_bin, smollm2_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
@@ -43,23 +43,13 @@ def raise_nofile():
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def server_env():
-    """The environment for a `kwker serve` process. Under scripts/test's ASan build leak
-    checking is off for this interpreter (CPython keeps memory to exit by design) but back on
-    for the server, which frees everything at shutdown, so a leak in it fails the test."""
-    env = dict(os.environ)
-    if "detect_leaks=0" in env.get("ASAN_OPTIONS", ""):
-        env["ASAN_OPTIONS"] = env["ASAN_OPTIONS"].replace("detect_leaks=0", "detect_leaks=1")
-    return env
-
-
 class Server:
     """A `kwker serve` subprocess on a free port (--port 0; the port is read from its log)."""
 
     def __init__(self, *args):
         self.log_file = tempfile.NamedTemporaryFile(prefix="kwker-serve-", suffix=".log",
                                                     delete=False)
-        env = server_env()
+        env = cli_env()
         env.pop("KWKER_API_KEY", None)
         self.proc = subprocess.Popen(
             [kwker_bin(), "serve", "--model", smollm2_gguf(), "--port", "0", "--threads", "2"] +
@@ -222,7 +212,8 @@ def test_chat_equals_generate(client, model_id):
     """temperature 0 is greedy: the same text as `kwker generate --chat` (greedy by default)."""
     for text in CHATS[:2]:
         p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "--chat", text,
-                            "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600)
+                            "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600,
+                           env=cli_env())
         assert p.returncode == 0, p.stderr
         r = chat(client, model_id, text, temperature=0, max_tokens=20)
         assert r.choices[0].message.content == p.stdout.rstrip("\n") or \
@@ -232,7 +223,8 @@ def test_chat_equals_generate(client, model_id):
 def test_completion_equals_generate(client, model_id):
     prompt = "Once upon a time"
     p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "--prompt", prompt,
-                        "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600)
+                        "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600,
+                           env=cli_env())
     assert p.returncode == 0, p.stderr
     r = client.completions.create(model=model_id, prompt=prompt, max_tokens=20, temperature=0)
     assert r.choices[0].text in (p.stdout, p.stdout.rstrip("\n"))
@@ -751,7 +743,7 @@ def test_keep_alive(srv, model_id):
 
 def test_default_model():
     """No --model: the bundled SmolLM2 GGUF; its path is a model name too."""
-    env = server_env()
+    env = cli_env()
     log = tempfile.NamedTemporaryFile(prefix="kwker-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([kwker_bin(), "serve", "--port", "0", "--threads", "2",
                              "--max-cache-len", "128", "--max-batch", "1"],

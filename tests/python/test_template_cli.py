@@ -4,7 +4,7 @@ tokenizer.chat_template."""
 import json
 import subprocess
 
-from conftest import SHARED_DATA, kwker_bin
+from conftest import SHARED_DATA, cli_env, kwker_bin
 
 DATA = SHARED_DATA
 MESSAGES = [{"role": "system", "content": "Be nice."},
@@ -17,7 +17,7 @@ def cli(model, request, tmp_path, *extra):
     path = tmp_path / "messages.json"
     path.write_text(json.dumps(request, ensure_ascii=False))
     p = subprocess.run([kwker_bin(), "template", "--model", str(model), *extra, str(path)],
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=60, env=cli_env())
     return p.returncode, p.stdout.decode("utf-8"), p.stderr.decode("utf-8", "replace")
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import tokenizers  # noqa: E402
 
-from conftest import SHARED_DATA  # noqa: E402
+from conftest import SHARED_DATA, cli_env  # noqa: E402
 from kwker import KwkError  # noqa: E402
 from kwker.tokenizer import Tokenizer  # noqa: E402
 
@@ -666,17 +666,17 @@ def test_cli_tokenize():
     model = str(TOK / "llama2-tinyllama" / "tokenizer.json")
     hf = tokenizers.Tokenizer.from_file(model)
     out = subprocess.run([cli, "tokenize", "--model", model, "--ids-only", "Hello wörld 🎉"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=cli_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ",".join(map(str, hf.encode("Hello wörld 🎉").ids))
     out = subprocess.run([cli, "tokenize", "--model", model, "Hello"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=cli_env())
     assert out.returncode == 0 and '"▁Hello"' in out.stdout and "15043" in out.stdout
     out = subprocess.run([cli, "tokenize", "--model", model, "--decode", "1,15043,3186"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=cli_env())
     assert out.stdout == hf.decode([1, 15043, 3186], skip_special_tokens=False) + "\n"
     out = subprocess.run([cli, "tokenize", "--model", "/nonexistent", "x"], capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=cli_env())
     assert out.returncode != 0 and out.stderr
 
 
