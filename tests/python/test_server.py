@@ -831,6 +831,8 @@ def test_sigterm_drains_requests_in_flight(model_id):
                                            **({"stream_options": {"include_usage": True}}
                                               if stream else {})}))
         wait_for(lambda: metrics(s.port)["kwker_engine_running"] == 2, "two running requests")
+        m = metrics(s.port)
+        assert m["kwker_http_requests_in_flight"] == 3 and m["kwker_server_draining"] == 0
         s.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: "in flight" in s.log(), "the drain to start")
         with pytest.raises(ConnectionRefusedError):
@@ -838,6 +840,9 @@ def test_sigterm_drains_requests_in_flight(model_id):
         keep.request("GET", "/health")
         r = keep.getresponse()
         assert r.status == 503 and json.loads(r.read()) == {"status": "draining"}
+        keep.request("GET", "/metrics")
+        r = keep.getresponse()
+        assert r.status == 200 and b"\nkwker_server_draining 1\n" in r.read()
         keep.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
                      body=json.dumps({"model": model_id, "prompt": "Hi", "max_tokens": 2}))
         r = keep.getresponse()

@@ -41,8 +41,6 @@ struct srv {
     struct MHD_Daemon *d;
     pthread_mutex_t mu;      /* guards closing against the engine being freed */
     int closing;
-    _Atomic int draining;    /* a signal came: no new requests, the ones in flight finish */
-    _Atomic int in_flight;   /* requests submitted whose connection MHD has not completed */
     _Atomic uint64_t next_id;
     uint64_t id_salt;
     struct srv_metrics met;
@@ -71,7 +69,7 @@ struct rq {
     int role_sent, end_sent;
     /* shared with the engine thread, under mu */
     int suspended, conn_gone, done;
-    int counted;              /* in s->in_flight (event-loop thread only) */
+    int counted;              /* in s->met.in_flight (event-loop thread only) */
     struct srv_buf text;      /* settled text not yet sent (stream) or all of it */
     struct srv_lp *lps;
     int n_lps, cap_lps;
@@ -209,7 +207,7 @@ static enum MHD_Result get_route(struct rq *r)
     if (!strcmp(r->path, "/health")) {
         /* draining: a load balancer's check on a kept-alive connection takes it out */
         static const char ok[] = "{\"status\":\"ok\"}", drain[] = "{\"status\":\"draining\"}";
-        return atomic_load(&s->draining)
+        return atomic_load(&s->met.draining)
                    ? respond(r, 503, "application/json", drain, sizeof drain - 1)
                    : respond(r, 200, "application/json", ok, sizeof ok - 1);
     }
@@ -581,7 +579,7 @@ static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struc
     r->t_submit = now_s();
     uint64_t id = 0;
     pthread_mutex_lock(&s->mu);
-    if (!s->closing && !atomic_load(&s->draining))
+    if (!s->closing && !atomic_load(&s->met.draining))
         id = kwk_engine_submit(s->e, ids, (int)n, &p, on_event, r, &err);
     else
         err.code = KWK_ECANCELED;
@@ -589,7 +587,7 @@ static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struc
     if (id) {
         r->eid = id;
         r->counted = 1;
-        atomic_fetch_add(&s->in_flight, 1);
+        atomic_fetch_add(&s->met.in_flight, 1);
         return 0;
     }
     rq_unref(r); /* no event will come: the connection still holds r */
@@ -815,7 +813,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
     srv_metrics_status(&s->met, r->status);
     if (r->counted)
-        atomic_fetch_sub(&s->in_flight, 1);
+        atomic_fetch_sub(&s->met.in_flight, 1);
     pthread_mutex_lock(&r->mu);
     if (s->o->log_requests)
         log_request(r, toe);
@@ -975,18 +973,18 @@ static struct MHD_Daemon *start_daemon(struct srv *s, unsigned max_conn)
 static void drain(struct srv *s, const sigset_t *set)
 {
     int limit = s->o->shutdown_timeout_s;
-    atomic_store(&s->draining, 1);
+    atomic_store(&s->met.draining, 1);
     MHD_socket ls = MHD_quiesce_daemon(s->d);
     if (ls != MHD_INVALID_SOCKET)
         close(ls);
-    int n = atomic_load(&s->in_flight);
+    int n = atomic_load(&s->met.in_flight);
     if (!n)
         return;
     fprintf(stderr, "kwker serve: finishing %d request%s in flight (up to %d s; signal again to "
                     "stop now)\n", n, n == 1 ? "" : "s", limit);
     double deadline = now_s() + limit;
     const struct timespec tick = {0, 50 * 1000 * 1000};
-    while ((n = atomic_load(&s->in_flight)) > 0) {
+    while ((n = atomic_load(&s->met.in_flight)) > 0) {
         if (now_s() >= deadline) {
             fprintf(stderr, "kwker serve: %d request%s still running after %d s: canceling\n",
                     n, n == 1 ? "" : "s", limit);

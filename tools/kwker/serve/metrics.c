@@ -56,6 +56,12 @@ static void render_server(struct srv_buf *out, const struct srv_metrics *m, unsi
     line(out, "kwker_client_aborts_total %llu\n", (unsigned long long)get(&m->client_aborts));
     metric(out, "kwker_http_connections", "gauge", "open HTTP connections");
     line(out, "kwker_http_connections %u\n", conns);
+    metric(out, "kwker_http_requests_in_flight", "gauge",
+           "requests handed to the engine and not yet answered in full");
+    line(out, "kwker_http_requests_in_flight %d\n", atomic_load(&m->in_flight));
+    metric(out, "kwker_server_draining", "gauge",
+           "1 after SIGTERM / SIGINT: no new requests, the ones in flight finish");
+    line(out, "kwker_server_draining %d\n", atomic_load(&m->draining));
     metric(out, "kwker_time_to_first_token_seconds", "summary",
            "submit to first token, as the server saw it");
     line(out, "kwker_time_to_first_token_seconds_sum %.6f\n",

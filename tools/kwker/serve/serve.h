@@ -179,6 +179,8 @@ struct srv_metrics {
     _Atomic uint64_t streams;                 /* streaming requests started */
     _Atomic uint64_t client_aborts;           /* requests ended by a client going away */
     _Atomic uint64_t ttft_us_sum, ttft_count; /* submit to first token, as the server saw it */
+    _Atomic int in_flight;  /* requests submitted whose connection MHD has not completed */
+    _Atomic int draining;   /* a signal came: no new requests, the ones in flight finish */
 };
 
 void srv_metrics_status(struct srv_metrics *m, int http);
