@@ -38,7 +38,7 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
         len = json_string_length(json_object_get(m0, "content"));
     }
     if (r->kind == SRV_TOKENIZE || r->kind == SRV_DETOKENIZE) {
-        srv_tokens_response(&b, r->prompt_ids, (size_t)r->n_prompt_ids, 2048);
+        srv_tokens_response(&b, r->prompt_ids, (size_t)r->n_prompt_ids, 2048, NULL);
         srv_text_response(&b, text, len);
         srv_buf_free(&b);
         return;

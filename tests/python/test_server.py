@@ -452,6 +452,10 @@ def test_tokenize_detokenize(srv, model_id, gguf_tok):
                                                            tokenize=True)
     status, with_gen = request(srv.port, "POST", "/tokenize", body={"messages": msgs})
     assert with_gen["count"] > r["count"]  # the default adds the assistant header
+    status, r = request(srv.port, "POST", "/tokenize",
+                        body={"prompt": text, "return_token_strs": True})
+    assert status == 200 and r["token_strs"] == [gguf_tok.id_to_token(i) for i in r["tokens"]]
+    assert r["token_strs"][0] == "H" and "token_strs" not in with_gen
     ids = gguf_tok.encode(text, add_special_tokens=False)
     status, r = request(srv.port, "POST", "/detokenize", body={"tokens": ids})
     assert status == 200 and r == {"prompt": gguf_tok.decode(ids)} and r["prompt"] == text
@@ -465,6 +469,7 @@ def test_tokenize_detokenize(srv, model_id, gguf_tok):
     ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, 400, "add_special_tokens"),
     ("/tokenize", {"messages": []}, 400, "messages"),
     ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model"),
+    ("/tokenize", {"prompt": "x", "return_token_strs": 1}, 400, "return_token_strs"),
     ("/detokenize", {"tokens": [1, -1]}, 400, "tokens"),
     ("/detokenize", {"tokens": [10 ** 9]}, 400, "tokens"),
     ("/detokenize", {"tokens": "1 2"}, 400, "tokens"),

@@ -13,8 +13,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kwker serve [--model M] [options]\n"
             "An OpenAI-compatible server: GET /v1/models, POST /v1/completions,\n"
-            "POST /v1/chat/completions (stream true: server-sent events), GET /health,\n"
-            "GET /metrics (Prometheus). One line per request on stderr.\n"
+            "POST /v1/chat/completions (stream true: server-sent events), POST /tokenize,\n"
+            "POST /detokenize, GET /health, GET /metrics (Prometheus). One line per request\n"
+            "on stderr.\n"
             "  -m, --model M            .gguf file, model folder or Hugging Face id in the local\n"
             "                           cache (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
             "  --served-model-name N    the model id clients name (default: the file's name)\n"

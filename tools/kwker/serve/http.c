@@ -648,7 +648,8 @@ static enum MHD_Result tokenize_answer(struct rq *r)
         int own = 0;
         if (prompt_ids(s, &r->req, &ids, &n, &own, &e))
             return respond_err(r, &e);
-        srv_tokens_response(&b, ids, n, s->lim.max_cache_len);
+        srv_tokens_response(&b, ids, n, s->lim.max_cache_len,
+                            r->req.return_token_strs ? s->tok : NULL);
         if (own)
             kwk_tokenizer_mem_free(ids);
     }

@@ -586,7 +586,8 @@ static int parse_tokenize(struct srv_req *r, json_t *root, const struct srv_limi
     int chat = msgs && !json_is_null(msgs);
     r->add_special_tokens = !chat;
     r->add_generation_prompt = 1;
-    if (bool_field(root, "add_special_tokens", &r->add_special_tokens, e))
+    if (bool_field(root, "add_special_tokens", &r->add_special_tokens, e) ||
+        bool_field(root, "return_token_strs", &r->return_token_strs, e))
         return -1;
     if (chat)
         return bool_field(root, "add_generation_prompt", &r->add_generation_prompt, e) ? -1
@@ -837,17 +838,28 @@ void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text,
     dump_into(out, r, "", "");
 }
 
-void srv_tokens_response(struct srv_buf *out, const int32_t *ids, size_t n, int max_model_len)
+void srv_tokens_response(struct srv_buf *out, const int32_t *ids, size_t n, int max_model_len,
+                         const kwk_tokenizer *tok)
 {
-    json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++)
-        if (json_array_append_new(a, json_integer(ids[i]))) {
-            json_decref(a);
-            a = NULL;
+    json_t *a = json_array(), *strs = tok ? json_array() : NULL;
+    int ok = a && (!tok || strs);
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = !json_array_append_new(a, json_integer(ids[i]));
+        if (ok && strs) {
+            size_t len = 0;
+            const char *piece = kwk_tokenizer_id_to_piece(tok, ids[i], &len);
+            ok = !json_array_append_new(strs, piece ? json_text(piece, len) : json_null());
         }
-    json_t *r = a ? json_pack("{s:I, s:i, s:o}", "count", (json_int_t)n, "max_model_len",
-                              max_model_len, "tokens", a)
-                  : NULL;
+    }
+    json_t *r = ok ? json_pack("{s:I, s:i, s:O}", "count", (json_int_t)n, "max_model_len",
+                               max_model_len, "tokens", a)
+                   : NULL;
+    if (r && strs && json_object_set(r, "token_strs", strs)) {
+        json_decref(r);
+        r = NULL;
+    }
+    json_decref(a);
+    json_decref(strs);
     dump_into(out, r, "", "");
 }
 

@@ -85,6 +85,7 @@ struct srv_req {
     /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
     int add_special_tokens;     /* the tokenizer's own BOS etc. (text 1, messages 0) */
     int add_generation_prompt;  /* messages: the template's assistant header (1) */
+    int return_token_strs;      /* tokenize: each id's vocabulary string too */
 };
 
 /* Nesting depth of a JSON text (brackets outside strings); a cheap pass run before jansson, whose
@@ -160,9 +161,11 @@ void srv_sse_done(struct srv_buf *out);
 /* "stop" / "length" for a kwk_finish (a cancelled request reads "stop"). */
 const char *srv_finish_name(int finish);
 
-/* vLLM's /tokenize answer {"count", "max_model_len", "tokens"} and /detokenize answer
- * {"prompt"} (bytes that are not UTF-8 become U+FFFD), appended to out. */
-void srv_tokens_response(struct srv_buf *out, const int32_t *ids, size_t n, int max_model_len);
+/* vLLM's /tokenize answer {"count", "max_model_len", "tokens"}, with "token_strs" (each id's
+ * vocabulary string, e.g. "ĠParis") when tok is given, and /detokenize answer {"prompt"}
+ * (bytes that are not UTF-8 become U+FFFD), appended to out. */
+void srv_tokens_response(struct srv_buf *out, const int32_t *ids, size_t n, int max_model_len,
+                         const kwk_tokenizer *tok);
 void srv_text_response(struct srv_buf *out, const char *text, size_t len);
 
 /* Compare a presented Authorization header value with "Bearer <key>" in time that depends only
