@@ -213,7 +213,7 @@ def test_chat_equals_generate(client, model_id):
     for text in CHATS[:2]:
         p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "--chat", text,
                             "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600,
-                           env=cli_env())
+                            env=cli_env())
         assert p.returncode == 0, p.stderr
         r = chat(client, model_id, text, temperature=0, max_tokens=20)
         assert r.choices[0].message.content == p.stdout.rstrip("\n") or \
@@ -224,7 +224,7 @@ def test_completion_equals_generate(client, model_id):
     prompt = "Once upon a time"
     p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "--prompt", prompt,
                         "-n", "20", "-t", "2"], capture_output=True, text=True, timeout=600,
-                           env=cli_env())
+                        env=cli_env())
     assert p.returncode == 0, p.stderr
     r = client.completions.create(model=model_id, prompt=prompt, max_tokens=20, temperature=0)
     assert r.choices[0].text in (p.stdout, p.stdout.rstrip("\n"))

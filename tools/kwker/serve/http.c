@@ -473,7 +473,6 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
                     "the chat template refused the messages: %s", err.msg);
         goto out;
     }
-    /* add_special_tokens only when /tokenize asks: completions take the template's text as is */
     int st = kwk_tokenizer_encode_alloc(s->tok, text, len, q->add_special_tokens, ids, n);
     if (st < 0) {
         srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing: %s", kwk_status_str(st));
@@ -500,9 +499,8 @@ static int prompt_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n
         *own = 0;
         return 0;
     }
-    /* add_special: the tokenizer's own BOS etc., as tokenizer(prompt) in transformers */
-    int add = q->kind == SRV_TOKENIZE ? q->add_special_tokens : 1;
-    int st = kwk_tokenizer_encode_alloc(s->tok, q->prompt, q->prompt_len, add, ids, n);
+    int st = kwk_tokenizer_encode_alloc(s->tok, q->prompt, q->prompt_len, q->add_special_tokens,
+                                        ids, n);
     if (st < 0) {
         srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing: %s", kwk_status_str(st));
         return -1;

@@ -620,6 +620,9 @@ static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *
     }
     if (r->kind == SRV_TOKENIZE || r->kind == SRV_DETOKENIZE)
         return parse_tokenize(r, root, lim, e);
+    /* a text prompt gets the tokenizer's own BOS etc., as tokenizer(prompt) in transformers;
+     * chat text comes from the template, which writes them */
+    r->add_special_tokens = r->kind == SRV_COMPLETION;
     r->add_generation_prompt = 1;
     if (parse_model(r, root, e))
         return -1;

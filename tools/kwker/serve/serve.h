@@ -83,8 +83,8 @@ struct srv_req {
     int stream;
     int include_usage;
     /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
-    int add_special_tokens;     /* the tokenizer's own BOS etc. (text 1, messages 0) */
-    int add_generation_prompt;  /* messages: the template's assistant header (1) */
+    int add_special_tokens;     /* the tokenizer's own BOS etc. (default: text 1, messages 0) */
+    int add_generation_prompt;  /* messages: the template's assistant header (default 1) */
     int return_token_strs;      /* tokenize: each id's vocabulary string too */
 };
 
