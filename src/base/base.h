@@ -128,6 +128,12 @@ int kwk_cpu_prefetch_int8(int isa);
  * thread. */
 int kwk_cpu_avxvnni(void);
 
+/* Whether the AVX-512 prompt tiles of the quantized matmul use AMX (Intel Xeon since Sapphire
+ * Rapids: the tile multiply, the same integer sums as vpdpbusd): the CPU has AMX-TILE and
+ * AMX-INT8, the OS granted the tile state, kwk_isa() chose AVX-512 and KWKER_AMX is not "off"
+ * (on|off). Detected once; any thread. */
+int kwk_cpu_amx(void);
+
 /* Whether the CPU has AVX512_BF16 (vdpbf16ps) and AVX-512 is usable (not whether kwk_isa()
  * chose it). Detected once; any thread. */
 int kwk_cpu_bf16(void);

@@ -1,11 +1,13 @@
 /* cpu.c - instruction-set detection (CPUID + XGETBV), KWKER_ISA override, the decode kernels'
  * prefetch level (KWKER_PREFETCH) and whether the int8 ones prefetch (KWKER_PREFETCH_INT8),
- * whether the AVX2 quantized kernels use AVX-VNNI (KWKER_AVXVNNI), default thread count.
+ * whether the AVX2 quantized kernels use AVX-VNNI (KWKER_AVXVNNI) and the AVX-512 prompt tiles
+ * AMX (KWKER_AMX, with the kernel's permission for its tile state), default thread count.
  * Any thread: detection runs once under pthread_once and the result is immutable afterwards. */
 #include <cpuid.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@ struct cpu_features {
     int bf16;     /* AVX512_BF16: the attention table of 8-bit activations */
     int vnni;     /* AVX512_VNNI (noted for later kernels) */
     int avxvnni;  /* AVX-VNNI: vpdpbusd on ymm with a VEX encoding, no AVX-512 needed */
+    int amx;      /* AMX-TILE + AMX-INT8 with XTILECFG / XTILEDATA enabled in XCR0 */
     int amd;      /* vendor AuthenticAMD or HygonGenuine (Zen cores) */
     int family;   /* CPUID family with its extended part: 0x19 Zen 3 / Zen 4, 0x1a Zen 5 */
 };
@@ -29,6 +32,7 @@ static int isa_chosen = KWK_ISA_SCALAR;
 static int prefetch_l2;
 static int prefetch_int8_avx512 = 1, prefetch_int8_avx2 = 1;
 static int use_avxvnni;
+static int use_amx;
 
 /* XCR0: which register states the OS saves on context switch. Only valid when OSXSAVE is set. */
 static uint64_t xgetbv0(void)
@@ -72,11 +76,26 @@ static void detect_features(struct cpu_features *f)
     f->avx512 = f->avx2 && avx512f && avx512dq && avx512bw && avx512vl && os_zmm;
     if (!f->avx512)
         f->vnni = 0;
+    /* EDX bits 24, 25: AMX-TILE, AMX-INT8; XCR0 bits 17, 18: the tile config and data states */
+    f->amx = f->avx512 && f->vnni && ((d >> 24) & 1) && ((d >> 25) & 1) &&
+             (xcr0 & 0x60000) == 0x60000;
     unsigned a1, b1, c1, d1;
     if (f->avx2 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) {
         f->avxvnni = (a1 >> 4) & 1;
         f->bf16 = f->avx512 && ((a1 >> 5) & 1);
     }
+}
+
+/* Linux keeps AMX's 8 KiB tile state out of every process until it asks (since 5.16): without
+ * the permission the first tile instruction is a SIGILL. Asked once for the whole process. */
+static int amx_permitted(void)
+{
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
 }
 
 static void detect(void)
@@ -121,12 +140,26 @@ static void detect(void)
         use_avxvnni = 0;
     else if (vn == 0 && !cpu.avxvnni)
         kwk_log(KWK_LOG_WARN, "KWKER_AVXVNNI=on: this CPU has no AVX-VNNI; ignored");
+    /* AMX's tile multiply takes the AVX-512 prompt tiles' integer dot products (the same
+     * integers, so the same numbers); KWKER_AMX=off keeps them on vpdpbusd. Only when the
+     * AVX-512 table is chosen: KWKER_ISA=avx2 or scalar runs what those CPUs run. */
+    int am = kwk_env_word("KWKER_AMX", on_off, 2);
+    if (am == 0 && !cpu.amx)
+        kwk_log(KWK_LOG_WARN, "KWKER_AMX=on: this CPU (or OS) has no AMX-INT8; ignored");
+    if (cpu.amx && am != 1 && isa == KWK_ISA_AVX512) {
+        use_amx = amx_permitted();
+        if (!use_amx)
+            kwk_log(KWK_LOG_WARN, "AMX: the kernel refused the tile state (arch_prctl); "
+                                  "prompts run on AVX-512 VNNI");
+    }
     kwk_log(KWK_LOG_INFO,
-            "kernels: %s (cpu: avx2=%d avxvnni=%d avx512=%d bf16=%d vnni=%d amd=%d family=%#x), "
-            "prefetch to %s, int8 decode prefetch: avx512 %s, avx2 %s, avx2 dot products: %s",
-            kwk_isa_name(isa), cpu.avx2, cpu.avxvnni, cpu.avx512, cpu.bf16, cpu.vnni, cpu.amd,
-            cpu.family, prefetch_l2 ? "L2" : "L1", prefetch_int8_avx512 ? "on" : "off",
-            prefetch_int8_avx2 ? "on" : "off", use_avxvnni ? "avx-vnni" : "maddubs");
+            "kernels: %s (cpu: avx2=%d avxvnni=%d avx512=%d bf16=%d vnni=%d amx=%d amd=%d "
+            "family=%#x), prefetch to %s, int8 decode prefetch: avx512 %s, avx2 %s, avx2 dot "
+            "products: %s, prompt tiles: %s",
+            kwk_isa_name(isa), cpu.avx2, cpu.avxvnni, cpu.avx512, cpu.bf16, cpu.vnni, cpu.amx,
+            cpu.amd, cpu.family, prefetch_l2 ? "L2" : "L1", prefetch_int8_avx512 ? "on" : "off",
+            prefetch_int8_avx2 ? "on" : "off", use_avxvnni ? "avx-vnni" : "maddubs",
+            use_amx ? "amx" : "vector");
 }
 
 int kwk_isa(void)
@@ -151,6 +184,12 @@ int kwk_cpu_avxvnni(void)
 {
     pthread_once(&isa_once, detect);
     return use_avxvnni;
+}
+
+int kwk_cpu_amx(void)
+{
+    pthread_once(&isa_once, detect);
+    return use_amx;
 }
 
 int kwk_cpu_bf16(void)

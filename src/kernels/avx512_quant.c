@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "kernels/avx512_quant.h"
 #include "kernels/quant.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -37,11 +38,6 @@
 #define TT8_Q8 4
 #define TT8_Q4 8
 #define TT8_Q6 8
-
-INLINE __mmask16 lanes(int64_t n)
-{
-    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
-}
 
 /* The G (<= 32) values of x from k0 (zeros past n) into v, and their largest magnitude. */
 INLINE float load_group(const float *x, int64_t n, int64_t k0, int G, __m512 *v)
@@ -242,16 +238,6 @@ INLINE __m512i bcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
-/* Store (first pass) or add the 16 row sums of block rb for one token, rows [r0, r1) only. */
-INLINE void put(float *yt, int64_t rb, int64_t r0, int64_t r1, __m512 v, int first)
-{
-    int64_t base = rb * KWK_QROWS;
-    __mmask16 m = lanes(r1 - base) & (__mmask16)~lanes(r0 - base);
-    if (!first)
-        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yt + base));
-    _mm512_mask_storeu_ps(yt + base, m, v);
-}
-
 /* Arguments shared by the tiles: the row blocks' first blocks of the pass, the quantized
  * activations of tokens [t, t+T) of the block, and where the results go. */
 struct tile_args {
@@ -355,35 +341,6 @@ INLINE void tile_q8(const struct tile_args *a, int R, int T)
     for (int j = 0; j < T; j++)
         for (int i = 0; i < R; i++)
             put(a->y + (int64_t)j * a->ldy, a->rb + i, a->r0, a->r1, facc[i][j], a->first);
-}
-
-/* The high bits of slice 4h + t of a qh vector at bits 4-5 of each byte (quant.h): a 16-bit
- * shift moves bits 2t, 2t+1 there; what crosses a byte boundary falls outside 0x30. */
-INLINE __m512i q6_high(__m512i qh, int t, __m512i m30)
-{
-    __m512i v = t == 0 ? _mm512_slli_epi16(qh, 4)
-                : t == 1 ? _mm512_slli_epi16(qh, 2)
-                : t == 2 ? qh
-                         : _mm512_srli_epi16(qh, 2);
-    return _mm512_and_si512(v, m30);
-}
-
-/* The two weight vectors of step c (columns 8c..8c+3 and 8c+4..8c+7) of group g of a nibble
- * format's row block: int4's nibbles, or int6's with the high bits or'ed on (q6). */
-INLINE void nib_unpack(const void *blk, int q6, int g, int c, __m512i m4, __m512i m30,
-                       __m512i *lo, __m512i *hi)
-{
-    if (!q6) {
-        __m512i p = _mm512_loadu_si512(((const struct kwk_q4_block *)blk)[g].q[c]);
-        *lo = _mm512_and_si512(p, m4);
-        *hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
-        return;
-    }
-    const struct kwk_q6_block *b = (const struct kwk_q6_block *)blk + g;
-    __m512i p = _mm512_loadu_si512(b->ql[c]), h = _mm512_loadu_si512(b->qh[c / 2]);
-    *lo = _mm512_or_si512(_mm512_and_si512(p, m4), q6_high(h, 2 * (c % 2), m30));
-    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p, 4), m4),
-                          q6_high(h, 2 * (c % 2) + 1, m30));
 }
 
 /* int4 and int6 (q6) share the nibble loop. int4: w = d q + m, so y adds m * d_x * sum(v).
@@ -615,10 +572,16 @@ static struct fmt fmt_of(const struct kwk_mat *w)
 
 /* Column pass [g0, g1) of nt tokens whose quantized activations x starts at (the view's row 0
  * is the block's first token, its column 0 the pass's first): every row block of [r0, r1), in
- * tiles; y is the first token's output row. */
+ * tiles; y is the first token's output row. With amx, whole tiles of KWK_AMX_TOKS tokens go to
+ * AMX (the same numbers) and the rest to the tiles below. */
 static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct kwk_qact *x, int nt,
-                     int64_t g0, int64_t g1, float *y, long ldy, int64_t r0, int64_t r1)
+                     int64_t g0, int64_t g1, float *y, long ldy, int64_t r0, int64_t r1, int amx)
 {
+    int t0 = amx ? nt / KWK_AMX_TOKS * KWK_AMX_TOKS : 0;
+    if (t0 > 0)
+        kwk_quant_pass_amx(w, x, t0, g0, g1, y, ldy, r0, r1);
+    if (t0 == nt)
+        return;
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols);
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
     struct tile_args a = {
@@ -631,7 +594,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
             a.blk[i] = (const uint8_t *)w->data + ((rb + i) * ng + g0) * f->bsz;
         a.rb = rb;
         a.next = nt == 1 && rb + 2 * R <= rb1 ? (size_t)(R * ng) * f->bsz : 0;
-        for (int t = 0; t < nt; t += f->tt) {
+        for (int t = t0; t < nt; t += f->tt) {
             int T = KWK_MIN(f->tt, nt - t);
             a.t = t;
             a.y = y + (int64_t)t * ldy;
@@ -643,7 +606,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
 
 /* Token blocks of KWK_QX_TOKS, each quantized one column pass at a time into a stack buffer. */
 static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
-                        int64_t r0, int64_t r1)
+                        int64_t r0, int64_t r1, int amx)
 {
     struct kwk_qx qx;
     struct fmt f = fmt_of(w);
@@ -662,30 +625,36 @@ static void matmul_vnni(const struct kwk_mat *w, const float *x, int n_tok, floa
                 else
                     quant_act(xt, nk, G, qx.q[j], qx.l[j], qx.d[j], qx.s[j]);
             }
-            run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1);
+            run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1, amx);
         }
     }
 }
 
+/* Tokens a block of matmul_q_vnni when AMX takes the prompt tiles: each row block's weights are
+ * staged once a pass for all of the block's 16-token tiles, and the block's activations (128
+ * tokens x 2 KiB of a pass) stay in L2 while every row block reads them. */
+#define AMX_BLOCK_TOKS 128
+
 /* The same token blocks and passes over activations quantized beforehand. */
 static void matmul_q_vnni(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok, float *y,
-                          long ldy, int64_t r0, int64_t r1)
+                          long ldy, int64_t r0, int64_t r1, int amx)
 {
     struct fmt f = fmt_of(w);
     int G = kwk_quant_group(w->wtype);
     int64_t ng = kwk_quant_n_groups(w->wtype, w->cols), gc = KWK_QX_COLS / G;
-    for (int tb = 0; tb < n_tok; tb += KWK_QX_TOKS) {
-        int nt = KWK_MIN(KWK_QX_TOKS, n_tok - tb);
+    int block = amx && n_tok >= KWK_AMX_TOKS ? AMX_BLOCK_TOKS : KWK_QX_TOKS;
+    for (int tb = 0; tb < n_tok; tb += block) {
+        int nt = KWK_MIN(block, n_tok - tb);
         for (int64_t g0 = 0; g0 < ng; g0 += gc) {
             int64_t g1 = KWK_MIN(ng, g0 + gc);
             struct kwk_qact view = kwk_qact_at(qa, tb, g0);
-            run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1);
+            run_pass(w, &f, &view, nt, g0, g1, y + (int64_t)tb * ldy, ldy, r0, r1, amx);
         }
     }
 }
 
-void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok, float *y,
-                             long ldy, int64_t r0, int64_t r1)
+void kwk_quant_matmul_avx512_amx(const struct kwk_mat *w, const float *x, int n_tok, float *y,
+                                 long ldy, int64_t r0, int64_t r1, int amx)
 {
     if (r1 <= r0 || n_tok <= 0)
         return;
@@ -694,7 +663,13 @@ void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok,
         kwk_quant_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
         return;
     }
-    matmul_vnni(w, x, n_tok, y, ldy, r0, r1);
+    matmul_vnni(w, x, n_tok, y, ldy, r0, r1, amx && kwk_cpu_amx());
+}
+
+void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok, float *y,
+                             long ldy, int64_t r0, int64_t r1)
+{
+    kwk_quant_matmul_avx512_amx(w, x, n_tok, y, ldy, r0, r1, 1);
 }
 
 /* The rows' quantization is the AVX2 kernel's, number for number, so either matmul_q reads it. */
@@ -711,8 +686,8 @@ void kwk_quant_rows_avx512(const float *x, const struct kwk_qact *qa, int t0, in
     }
 }
 
-void kwk_quant_matmul_q_avx512(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
-                               float *y, long ldy, int64_t r0, int64_t r1)
+void kwk_quant_matmul_q_avx512_amx(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
+                                   float *y, long ldy, int64_t r0, int64_t r1, int amx)
 {
     if (r1 <= r0 || n_tok <= 0)
         return;
@@ -720,7 +695,13 @@ void kwk_quant_matmul_q_avx512(const struct kwk_mat *w, const struct kwk_qact *q
         kwk_quant_matmul_q_avx2(w, qa, n_tok, y, ldy, r0, r1);
         return;
     }
-    matmul_q_vnni(w, qa, n_tok, y, ldy, r0, r1);
+    matmul_q_vnni(w, qa, n_tok, y, ldy, r0, r1, amx && kwk_cpu_amx());
+}
+
+void kwk_quant_matmul_q_avx512(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
+                               float *y, long ldy, int64_t r0, int64_t r1)
+{
+    kwk_quant_matmul_q_avx512_amx(w, qa, n_tok, y, ldy, r0, r1, 1);
 }
 
 /* ---- packing: the scale search of 16 rows at once ----------------------------------------------

@@ -209,8 +209,15 @@ void kwk_quant_matmul_ref(const struct kwk_mat *w, const float *x, int n_tok, fl
 void kwk_quant_mat_row_ref(const struct kwk_mat *w, int64_t r, float *out);
 void kwk_quant_matmul_avx2(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                            int64_t r0, int64_t r1);
-/* AVX-512 VNNI; on an AVX-512 CPU without VNNI it runs the AVX2 kernel. */
+/* AVX-512 VNNI; on an AVX-512 CPU without VNNI it runs the AVX2 kernel. Where kwk_cpu_amx(),
+ * prompts' whole 16-token tiles run on AMX (amx_quant.c), to the same numbers. */
 void kwk_quant_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok, float *y,
                              long ldy, int64_t r0, int64_t r1);
+/* The AVX-512 entries with AMX allowed (amx 1: where kwk_cpu_amx()) or not (0), so that tests
+ * compare the two on one CPU. */
+void kwk_quant_matmul_avx512_amx(const struct kwk_mat *w, const float *x, int n_tok, float *y,
+                                 long ldy, int64_t r0, int64_t r1, int amx);
+void kwk_quant_matmul_q_avx512_amx(const struct kwk_mat *w, const struct kwk_qact *qa, int n_tok,
+                                   float *y, long ldy, int64_t r0, int64_t r1, int amx);
 
 #endif

@@ -77,6 +77,13 @@ static inline int t_cpu_avxvnni(void)
            (a >> 4 & 1);
 }
 
+/* AMX-TILE and AMX-INT8 in CPUID (whether the OS allows them is kwk_cpu_amx()'s business). */
+static inline int t_cpu_amx(void)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
+}
+
 static int t_report(const char *name)
 {
     printf("%s: %d passed, %d failed\n", name, t_passed, t_failed);

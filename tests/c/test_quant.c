@@ -374,6 +374,61 @@ static void test_avxvnni_same_bits(void)
                 }
 }
 
+/* The AMX prompt tiles (amx_quant.c) against the AVX-512 VNNI ones: the same bits, through
+ * matmul and matmul_q, every format, both activation modes, token counts on and off the 16-token
+ * tiles (the rest runs on VNNI), token blocks past 128, partial row ranges and several column
+ * passes. Skipped, and said, where kwk_cpu_amx() is 0 (no AMX, KWKER_AMX=off or KWKER_ISA below
+ * avx512). */
+static void test_amx_same_bits(void)
+{
+    if (!kwk_cpu_amx()) {
+        printf("test_quant: AMX not in use here (%s): AMX tiles not compared\n",
+               t_cpu_amx() ? "KWKER_AMX=off, KWKER_ISA below avx512 or the OS refused it"
+                           : "the CPU has no AMX-INT8");
+        return;
+    }
+    printf("test_quant: AMX tiles against AVX-512 VNNI\n");
+    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    static const int64_t shapes[][2] = {{16, 32}, {70, 200}, {139, 576}, {53, 4160}};
+    static const int toks[] = {16, 17, 31, 32, 47, 130, 161};
+    for (int act8 = 0; act8 < 2; act8++)
+        for (int wi = 0; wi < 3; wi++)
+            for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++)
+                for (size_t ti = 0; ti < KWK_ARRAY_LEN(toks); ti++) {
+                    int64_t rows = shapes[si][0], cols = shapes[si][1];
+                    int n = toks[ti];
+                    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
+                    float *x = malloc(sizeof(float) * (size_t)(n * cols));
+                    fill_random(w, rows, cols, x, n);
+                    struct kwk_mat m = pack(wts[wi], w, rows, cols);
+                    m.act8 = act8;
+                    size_t ny = (size_t)n * (size_t)rows;
+                    float *ya = calloc(ny, sizeof(float)), *yv = calloc(ny, sizeof(float));
+                    float *qa_ya = calloc(ny, sizeof(float)), *qa_yv = calloc(ny, sizeof(float));
+                    int64_t r0 = rows > 20 ? 16 : 0, r1 = rows > 20 ? rows - 3 : rows;
+                    kwk_quant_matmul_avx512_amx(&m, x, n, ya, (long)rows, r0, r1, 1);
+                    kwk_quant_matmul_avx512_amx(&m, x, n, yv, (long)rows, r0, r1, 0);
+                    struct kwk_qact qa;
+                    void *mem = kwk_malloc_aligned(kwk_qact_bytes(cols, n));
+                    kwk_qact_init(&qa, mem, cols, n, act8);
+                    kwk_quant_rows_avx512(x, &qa, 0, n);
+                    kwk_quant_matmul_q_avx512_amx(&m, &qa, n, qa_ya, (long)rows, r0, r1, 1);
+                    kwk_quant_matmul_q_avx512_amx(&m, &qa, n, qa_yv, (long)rows, r0, r1, 0);
+                    T_CHECK(memcmp(ya, yv, sizeof(float) * ny) == 0 &&
+                                memcmp(qa_ya, qa_yv, sizeof(float) * ny) == 0,
+                            "%s act%d %lldx%lld n_tok=%d: AMX sums differ from VNNI's",
+                            wname(wts[wi]), act8 ? 8 : 16, (long long)rows, (long long)cols, n);
+                    kwk_free_aligned(mem);
+                    kwk_free_aligned((void *)m.data);
+                    free(w);
+                    free(x);
+                    free(ya);
+                    free(yv);
+                    free(qa_ya);
+                    free(qa_yv);
+                }
+}
+
 /* Token t's outputs are bitwise the same alone, in a batch, and over any row split (how
  * threads divide the rows). */
 static void test_batch_invariance(int act8)
@@ -1262,6 +1317,7 @@ int main(void)
         test_matmul_q(act8);
     }
     test_avxvnni_same_bits();
+    test_amx_same_bits();
     test_act8_spec();
     test_act8_grid();
     test_accuracy();

@@ -1,0 +1,269 @@
+/* amx_quant.c - the quantized prompt tiles on AMX (Intel Xeon since Sapphire Rapids): each
+ * group's integer dot products of 16 tokens x 16 rows in one tile multiply, the float epilogue
+ * in AVX-512 exactly as the VNNI tiles of avx512_quant.c do it. Pure functions; any thread
+ * (each loads its own tile configuration). Only called where kwk_cpu_amx().
+ *
+ * Why it is exact: vpdpbusd and tdpbssd both sum int8 products into 32-bit integers without
+ * overflow here, so a group's sums are the same integers whichever computes them; the epilogue
+ * below then does the VNNI tiles' float operations on them in their order (per group: convert,
+ * d_w * d_x, fused multiply-add; int4's offset term after it; passes added into y in order).
+ *
+ * Layout: quant.h's blocks already hold a group of 16 rows as [col/4][row][col%4], which is
+ * AMX's B operand (K/4 rows of 16 x 4 bytes). A row block's groups of one column pass are staged
+ * once as signed bytes (int8 w = q - 128, int6 u - 32, int4's nibbles unpacked) into a 32 KiB
+ * buffer that every 16-token tile of the pass then reads: signed weights need no correction by
+ * the activations' sums, which is what the VNNI tiles' -128 * sum(v) start is for. A is 16
+ * tokens' 32 activation bytes of the group (their rows of the quantized activations, strided),
+ * C the 16 x 16 sums, stored to the stack and read back by the epilogue a token at a time: row j
+ * of C is token j's 16 row sums, one register, as the VNNI tile's accumulator.
+ *
+ * Groups of 32 columns use half of what one tile multiply could take (K = 64) and its time: the
+ * epilogue, not the multiply, bounds these tiles (docs/benchmarks.md, session 26). */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "kernels/avx512_quant.h"
+#include "kernels/quant.h"
+
+/* Tile registers: C sums (two pairs, even and odd groups, so that one group's epilogue can run
+ * while the next group multiplies), A high and low activation halves, B the weights of even and
+ * odd groups. */
+#define TC0 0
+#define TC1 1
+#define TC2 2
+#define TC3 3
+#define TAH 4
+#define TAL 5
+#define TB0 6
+#define TB1 7
+
+/* LDTILECFG's 64-byte operand (palette 1). */
+struct tile_config {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+static void load_config(void)
+{
+    struct tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = TC0; t <= TC3; t++) {
+        c.rows[t] = KWK_AMX_TOKS;
+        c.colsb[t] = KWK_QROWS * 4;
+    }
+    c.rows[TAH] = c.rows[TAL] = KWK_AMX_TOKS;
+    c.colsb[TAH] = c.colsb[TAL] = KWK_QACT_GROUP;
+    c.rows[TB0] = c.rows[TB1] = KWK_QACT_GROUP / 4;
+    c.colsb[TB0] = c.colsb[TB1] = KWK_QROWS * 4;
+    _tile_loadconfig(&c);
+}
+
+/* A group's staged weights: B's 8 rows of 16 rows x 4 signed bytes. */
+typedef int8_t stage_group[KWK_QACT_GROUP / 4][KWK_QROWS * 4];
+
+/* Row block blk's groups [0, ng) of the pass as signed bytes. */
+static void stage(int wtype, const void *blk, int ng, stage_group *st)
+{
+    if (wtype == KWK_W_Q8) {
+        const __m512i flip = _mm512_set1_epi8((char)0x80); /* q - 128 = q ^ 0x80 as int8 */
+        for (int g = 0; g < ng; g++)
+            for (int k4 = 0; k4 < KWK_Q8_GROUP / 4; k4++) {
+                __m512i q = _mm512_loadu_si512(((const struct kwk_q8_block *)blk)[g].q[k4]);
+                _mm512_store_si512(st[g][k4], _mm512_xor_si512(q, flip));
+            }
+        return;
+    }
+    int q6 = wtype == KWK_W_Q6;
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i off = _mm512_set1_epi8(q6 ? 32 : 0);
+    for (int g = 0; g < ng; g++)
+        for (int c = 0; c < KWK_Q4_GROUP / 8; c++) {
+            __m512i lo, hi;
+            nib_unpack(blk, q6, g, c, m4, m30, &lo, &hi);
+            _mm512_store_si512(st[g][2 * c], _mm512_sub_epi8(lo, off));
+            _mm512_store_si512(st[g][2 * c + 1], _mm512_sub_epi8(hi, off));
+        }
+}
+
+/* The group's weight scales (and int4's offsets) as floats. */
+KWK_INLINE void scales(int wtype, const void *blk, int g, __m512 *d, __m512 *m)
+{
+    const uint16_t *pd, *pm = NULL;
+    if (wtype == KWK_W_Q8) {
+        pd = ((const struct kwk_q8_block *)blk)[g].d;
+    } else if (wtype == KWK_W_Q6) {
+        pd = ((const struct kwk_q6_block *)blk)[g].d;
+    } else {
+        pd = ((const struct kwk_q4_block *)blk)[g].d;
+        pm = ((const struct kwk_q4_block *)blk)[g].m;
+    }
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pd));
+    if (pm)
+        *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pm));
+}
+
+/* Token t + j's numbers of group g (the VNNI tiles' XD / XS / XM). */
+#define XD(x, t, g) ((x)->d[(long)(t) * (x)->ldg + (g)])
+#define XS(x, t, g) ((x)->s[(long)(t) * (x)->ldg + (g)])
+#define XM(x, t, g) ((x)->m[(long)(t) * (x)->ldg + (g)])
+
+/* The epilogue of group g for the tile's 16 tokens from t: ch (and in 16-bit mode cl) the
+ * stored C rows. The VNNI tiles' operations, in their order (avx512_quant.c: tile_q8, tile_nib,
+ * tile8_q8, tile8_nib). */
+KWK_INLINE void epilogue(int wtype, int act8, const void *blk, const struct kwk_qact *x, int t,
+                         int g, const int32_t *ch, const int32_t *cl, __m512 *facc)
+{
+    __m512 d, m = _mm512_setzero_ps();
+    scales(wtype, blk, g, &d, &m);
+    const __m512i c254 = _mm512_set1_epi32(254);
+    for (int j = 0; j < KWK_AMX_TOKS; j++) {
+        __m512i v = _mm512_load_si512(ch + KWK_QROWS * j);
+        if (!act8)
+            v = _mm512_add_epi32(_mm512_mullo_epi32(v, c254),
+                                 _mm512_load_si512(cl + KWK_QROWS * j));
+        float xd = XD(x, t + j, g);
+        __m512 s = _mm512_cvtepi32_ps(v);
+        facc[j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_set1_ps(xd)), facc[j]);
+        if (wtype == KWK_W_Q4) {
+            float dsx = act8 ? XM(x, t + j, g) : xd * (float)XS(x, t + j, g);
+            facc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(dsx), facc[j]);
+        }
+    }
+}
+
+/* Tile multiplies cannot hand their sums to vector registers, only to memory, and a load of
+ * what a tile store wrote waits until the store retires: a group's epilogue cannot start until
+ * its multiply has finished and its sums are stored. And tile registers are not renamed. So the
+ * groups are software pipelined over four C tiles: with 8-bit activations, group i's multiply
+ * is issued two groups ahead of its store and the store one group ahead of its epilogue (each
+ * group's multiply, store and epilogue then overlap other groups' ones); with 16-bit activations
+ * (two multiplies a group, a C pair each) one group ahead of each. Measured on one thread of a
+ * Xeon with AMX (docs/benchmarks.md, session 26): the unpipelined loop ran the multiplies and
+ * the epilogues one after the other. */
+
+/* Group i's multiply into C tile c with A tile a and B tile b (act8: one pass). */
+#define MUL8(i, c, a, b)                                                                           \
+    do {                                                                                           \
+        _tile_loadd(b, st[i], KWK_QROWS * 4);                                                      \
+        _tile_loadd(a, xh + (long)(i) * KWK_QACT_GROUP, x->ldh);                                   \
+        _tile_zero(c);                                                                             \
+        _tile_dpbssd(c, a, b);                                                                     \
+    } while (0)
+/* Group i's two multiplies (high and low halves) into C tiles ch, cl with B tile b. */
+#define MUL16(i, ch, cl, b)                                                                        \
+    do {                                                                                           \
+        _tile_loadd(b, st[i], KWK_QROWS * 4);                                                      \
+        _tile_loadd(TAH, xh + (long)(i) * KWK_QACT_GROUP, x->ldh);                                 \
+        _tile_loadd(TAL, xl + (long)(i) * KWK_QACT_GROUP, x->ldh);                                 \
+        _tile_zero(ch);                                                                            \
+        _tile_zero(cl);                                                                            \
+        _tile_dpbssd(ch, TAH, b);                                                                  \
+        _tile_dpbssd(cl, TAL, b);                                                                  \
+    } while (0)
+
+/* One pipeline step of 8-bit activations: slot k of 4 (C tile k), step i = base + k. */
+#define STEP8(k, c, a, b, cs)                                                                      \
+    do {                                                                                           \
+        int i_ = base + (k);                                                                       \
+        if (i_ < ng)                                                                               \
+            MUL8(i_, c, a, b);                                                                     \
+        if (i_ - 2 >= 0 && i_ - 2 < ng)                                                            \
+            _tile_stored(cs, cb[(k + 2) % 4], KWK_QROWS * 4);                                      \
+        if (i_ - 3 >= 0 && i_ - 3 < ng)                                                            \
+            epilogue(wtype, 1, blk, x, t, i_ - 3, cb[(k + 1) % 4], NULL, facc);                    \
+    } while (0)
+/* One pipeline step of 16-bit activations: slot k of 2 (C pair k), step i = base + k. */
+#define STEP16(k, ch, cl, b, csh, csl)                                                             \
+    do {                                                                                           \
+        int i_ = base + (k);                                                                       \
+        if (i_ < ng)                                                                               \
+            MUL16(i_, ch, cl, b);                                                                  \
+        if (i_ - 1 >= 0 && i_ - 1 < ng) {                                                          \
+            _tile_stored(csh, cb[2 * ((k + 1) % 2)], KWK_QROWS * 4);                               \
+            _tile_stored(csl, cb[2 * ((k + 1) % 2) + 1], KWK_QROWS * 4);                           \
+        }                                                                                          \
+        if (i_ - 2 >= 0 && i_ - 2 < ng)                                                            \
+            epilogue(wtype, 0, blk, x, t, i_ - 2, cb[2 * (k % 2)], cb[2 * (k % 2) + 1], facc);     \
+    } while (0)
+
+/* One tile: row block rb (blk its first block of the pass, st its staged weights), tokens
+ * [t, t + 16) over the pass's ng groups. */
+KWK_INLINE void tile(int wtype, int act8, const void *blk, const stage_group *st,
+                     const struct kwk_qact *x, int t, int ng, float *y, long ldy, int64_t rb,
+                     int64_t r0, int64_t r1, int first)
+{
+    _Alignas(64) int32_t cb[4][KWK_AMX_TOKS * KWK_QROWS];
+    __m512 facc[KWK_AMX_TOKS];
+    for (int j = 0; j < KWK_AMX_TOKS; j++)
+        facc[j] = _mm512_setzero_ps();
+    const int8_t *xh = x->h + (long)t * x->ldh, *xl = x->l + (long)t * x->ldh;
+    if (act8) {
+        /* step i: multiply group i, store group i - 2 (C tile (i - 2) % 4 to cb[(i - 2) % 4]),
+         * epilogue of group i - 3 */
+        for (int base = 0; base < ng + 3; base += 4) {
+            STEP8(0, TC0, TAH, TB0, TC2);
+            STEP8(1, TC1, TAL, TB1, TC3);
+            STEP8(2, TC2, TAH, TB0, TC0);
+            STEP8(3, TC3, TAL, TB1, TC1);
+        }
+    } else {
+        /* step i: multiply group i into C pair i % 2, store group i - 1 (pair (i - 1) % 2 to
+         * cb pair (i - 1) % 2), epilogue of group i - 2 */
+        for (int base = 0; base < ng + 2; base += 2) {
+            STEP16(0, TC0, TC1, TB0, TC2, TC3);
+            STEP16(1, TC2, TC3, TB1, TC0, TC1);
+        }
+    }
+    (void)xl;
+    for (int j = 0; j < KWK_AMX_TOKS; j++)
+        put(y + (long)(t + j) * ldy, rb, r0, r1, facc[j], first);
+}
+
+/* One function per (format, activation mode), so that the epilogue's branches are constants. */
+typedef void (*tile_fn)(const void *, const stage_group *, const struct kwk_qact *, int, int,
+                        float *, long, int64_t, int64_t, int64_t, int);
+#define TILE(NAME, WT, A8)                                                                         \
+    static void NAME(const void *blk, const stage_group *st, const struct kwk_qact *x, int t,     \
+                     int ng, float *y, long ldy, int64_t rb, int64_t r0, int64_t r1, int first)   \
+    {                                                                                              \
+        tile(WT, A8, blk, st, x, t, ng, y, ldy, rb, r0, r1, first);                                \
+    }
+TILE(tile_q8, KWK_W_Q8, 0)
+TILE(tile_q4, KWK_W_Q4, 0)
+TILE(tile_q6, KWK_W_Q6, 0)
+TILE(tile8_q8, KWK_W_Q8, 1)
+TILE(tile8_q4, KWK_W_Q4, 1)
+TILE(tile8_q6, KWK_W_Q6, 1)
+
+void kwk_quant_pass_amx(const struct kwk_mat *w, const struct kwk_qact *x, int nt, int64_t g0,
+                        int64_t g1, float *y, long ldy, int64_t r0, int64_t r1)
+{
+    _Alignas(64) stage_group st[KWK_QX_COLS / KWK_QACT_GROUP];
+    int a8 = w->act8 != 0, ng = (int)(g1 - g0);
+    tile_fn fn = w->wtype == KWK_W_Q8   ? (a8 ? tile8_q8 : tile_q8)
+                 : w->wtype == KWK_W_Q6 ? (a8 ? tile8_q6 : tile_q6)
+                                        : (a8 ? tile8_q4 : tile_q4);
+    size_t bsz = w->wtype == KWK_W_Q8   ? sizeof(struct kwk_q8_block)
+                 : w->wtype == KWK_W_Q6 ? sizeof(struct kwk_q6_block)
+                                        : sizeof(struct kwk_q4_block);
+    int64_t ngt = kwk_quant_n_groups(w->wtype, w->cols);
+    int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
+    load_config();
+    for (int64_t rb = rb0; rb < rb1; rb++) {
+        const void *blk = (const uint8_t *)w->data + (size_t)(rb * ngt + g0) * bsz;
+        stage(w->wtype, blk, ng, st);
+        /* GCC's tileloadd is an asm without a memory operand: the staged stores must not
+         * be moved past it or dropped */
+        __asm__ volatile("" ::: "memory");
+        for (int t = 0; t < nt; t += KWK_AMX_TOKS)
+            fn(blk, st, x, t, ng, y, ldy, rb, r0, r1, g0 == 0);
+    }
+    /* back to the initial state: a thread that holds no tile data costs no 8 KiB at a
+     * context switch */
+    _tile_release();
+}
