@@ -47,21 +47,19 @@ struct tile_config {
     uint8_t rows[16];
 };
 
-static void load_config(void)
-{
-    struct tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = TC0; t <= TC3; t++) {
-        c.rows[t] = KWK_AMX_TOKS;
-        c.colsb[t] = KWK_QROWS * 4;
-    }
-    c.rows[TAH] = c.rows[TAL] = KWK_AMX_TOKS;
-    c.colsb[TAH] = c.colsb[TAL] = KWK_QACT_GROUP;
-    c.rows[TB0] = c.rows[TB1] = KWK_QACT_GROUP / 4;
-    c.colsb[TB0] = c.colsb[TB1] = KWK_QROWS * 4;
-    _tile_loadconfig(&c);
-}
+/* The tiles' shapes: C 16 tokens x 16 rows of int32, A 16 tokens x 32 bytes, B 8 x (16 rows x 4
+ * bytes). A constant in read-only memory rather than a struct filled on the stack: LDTILECFG is
+ * a builtin whose memory operand a compiler may not see, and an invalid configuration faults
+ * (llama.cpp's AMX path crashed so on this kind of host, session 26). */
+static const _Alignas(64) struct tile_config TILE_CONFIG = {
+    .palette = 1,
+    .colsb = {[TC0] = KWK_QROWS * 4, [TC1] = KWK_QROWS * 4, [TC2] = KWK_QROWS * 4,
+              [TC3] = KWK_QROWS * 4, [TAH] = KWK_QACT_GROUP, [TAL] = KWK_QACT_GROUP,
+              [TB0] = KWK_QROWS * 4, [TB1] = KWK_QROWS * 4},
+    .rows = {[TC0] = KWK_AMX_TOKS, [TC1] = KWK_AMX_TOKS, [TC2] = KWK_AMX_TOKS,
+             [TC3] = KWK_AMX_TOKS, [TAH] = KWK_AMX_TOKS, [TAL] = KWK_AMX_TOKS,
+             [TB0] = KWK_QACT_GROUP / 4, [TB1] = KWK_QACT_GROUP / 4},
+};
 
 /* A group's staged weights: B's 8 rows of 16 rows x 4 signed bytes. */
 typedef int8_t stage_group[KWK_QACT_GROUP / 4][KWK_QROWS * 4];
@@ -253,7 +251,7 @@ void kwk_quant_pass_amx(const struct kwk_mat *w, const struct kwk_qact *x, int n
                                         : sizeof(struct kwk_q4_block);
     int64_t ngt = kwk_quant_n_groups(w->wtype, w->cols);
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
-    load_config();
+    _tile_loadconfig(&TILE_CONFIG);
     for (int64_t rb = rb0; rb < rb1; rb++) {
         const void *blk = (const uint8_t *)w->data + (size_t)(rb * ngt + g0) * bsz;
         stage(w->wtype, blk, ng, st);

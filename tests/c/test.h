@@ -77,11 +77,18 @@ static inline int t_cpu_avxvnni(void)
            (a >> 4 & 1);
 }
 
-/* AMX-TILE and AMX-INT8 in CPUID (whether the OS allows them is kwk_cpu_amx()'s business). */
+/* AMX-TILE and AMX-INT8 in CPUID, with the OS saving the tile state (XCR0 bits 17 and 18: the
+ * kernels that do, Linux 5.16 and later, also grant it on request). */
 static inline int t_cpu_amx(void)
 {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
+    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c >> 27 & 1)) /* OSXSAVE */
+        return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & 0x60000) == 0x60000 && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+           (d >> 24 & 1) && (d >> 25 & 1);
 }
 
 static int t_report(const char *name)

@@ -472,6 +472,27 @@ static void test_avxvnni_env(void)
     T_EQ(avxvnni_with_env("yes"), has);
 }
 
+/* Whether the AVX-512 prompt tiles use AMX: where the CPU has it (and the OS grants its state,
+ * which Linux since 5.16 does on request) unless KWKER_AMX=off; "on" cannot add what the CPU
+ * lacks, other values are warned about and ignored. Under KWKER_ISA below avx512 (this
+ * binary's ctest runs) never. */
+static int amx_with_env(const char *value)
+{
+    return in_child_with_env("KWKER_AMX", value, kwk_cpu_amx);
+}
+
+static void test_amx_env(void)
+{
+    /* each probe detects afresh in its child: this process's own detection comes after them */
+    int dflt = amx_with_env(NULL), on = amx_with_env("on"), off = amx_with_env("off"),
+        other = amx_with_env("yes");
+    int has = t_cpu_amx() && kwk_isa() == KWK_ISA_AVX512;
+    T_EQ(dflt, has);
+    T_EQ(on, has);
+    T_EQ(off, 0);
+    T_EQ(other, has);
+}
+
 /* to_half (the half KV cache's stores): bitwise kwk_f32_to_f16 over a sweep of float bit patterns
  * (every sign, exponent and rounding case, subnormals, the saturation edge, infinities, NaNs) at
  * lengths with every tail; and kwk_f32_to_f16 itself against the halves' own values: each finite
@@ -554,6 +575,7 @@ int main(void)
     test_isa_env();
     test_prefetch_int8_env();
     test_avxvnni_env();
+    test_amx_env();
     int isa = kwk_isa();
     T_TRUE(kwk_kernels_for(KWK_ISA_SCALAR) == &kwk_kernels_ref);
     T_TRUE(kwk_kernels() == kwk_kernels_for(isa));

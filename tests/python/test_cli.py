@@ -406,6 +406,39 @@ def test_prefetch_int8_changes_no_token(isa, tmp_path):
         assert outs["on"] == outs["off"] == outs["maybe"], (act, outs)
 
 
+def test_amx_changes_no_token(tmp_path):
+    """KWKER_AMX=on|off: the AVX-512 prompt products run their whole 16-token tiles on AMX where
+    the CPU has it (amx_quant.c), on vpdpbusd otherwise or when off; both give the same sums and
+    the same float epilogue, so balanced and int4 generation after a 40-token prompt (two AMX
+    tiles and a rest) give the same greedy ids either way, at 8- and 16-bit activations. The
+    choice is logged at info ("prompt tiles: amx"); "on" without AMX and any other value are
+    warned about and ignored. On a CPU without AMX this checks the logging and the warnings."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
+    has = "amx_int8" in flags and "amx_tile" in flags and "avx512" in supported_isas()
+    ids = ",".join(str(1 + (i * 7919) % 49000) for i in range(40))
+    for prec in ("balanced", "int4"):
+        for act in ("8", "16"):
+            outs = {}
+            for v in ("on", "off", "maybe"):
+                env = cli_env(KWKER_AMX=v, KWKER_LOG="info", KWKER_CACHE=str(tmp_path))
+                env.pop("KWKER_ISA", None)  # the CPU's own path
+                p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
+                                    THREADS, "--precision", prec, "--act-bits", act,
+                                    "--ids", ids, "-n", "16"],
+                                   capture_output=True, text=True, timeout=300, env=env)
+                assert p.returncode == 0, p.stderr
+                used = "amx" if has and v != "off" else "vector"
+                assert "prompt tiles: %s" % used in p.stderr, p.stderr
+                if v == "maybe":
+                    assert "KWKER_AMX=maybe is not on|off; ignored" in p.stderr, p.stderr
+                if v == "on" and "amx_int8" not in flags:
+                    assert "KWKER_AMX=on: this CPU (or OS) has no AMX-INT8; ignored" in p.stderr
+                outs[v] = p.stdout
+            assert len(outs["on"].split(",")) == 16, outs["on"]
+            assert outs["on"] == outs["off"] == outs["maybe"], (prec, act, outs)
+
+
 @pytest.mark.skipif("avx2" not in supported_isas(), reason="no AVX2 on this CPU")
 def test_avxvnni_changes_no_token(tmp_path):
     """KWKER_AVXVNNI=on|off: the AVX2 quantized kernels use AVX-VNNI's dot products where the CPU
