@@ -320,26 +320,23 @@ static void test_kernels_vs_ref(int act8)
             }
 }
 
-/* The AVX2 kernels' AVX-VNNI instance (avxvnni_quant.c) against the maddubs one: the same bits,
- * through matmul and matmul_q, every format, both activation modes, decode and prompt tiles,
- * partial row ranges and several column passes. The AVX2 entries run maddubs only under
- * KWKER_AVXVNNI=off (ctest runs this binary so too); otherwise both sides are the VNNI tiles and
- * this only checks that the entries agree. Skipped, and said, on a CPU without AVX-VNNI. */
-static void test_avxvnni_same_bits(void)
+/* Two instances of one table's entries (matmul, matmul_q over rows quantized by quant_rows) give
+ * the same bits: every format, both activation modes, the given token counts, a partial row range
+ * and several column passes. */
+typedef void (*matmul_fn)(const struct kwk_mat *, const float *, int, float *, long, int64_t,
+                          int64_t);
+typedef void (*matmul_q_fn)(const struct kwk_mat *, const struct kwk_qact *, int, float *, long,
+                            int64_t, int64_t);
+typedef void (*quant_rows_fn)(const float *, const struct kwk_qact *, int, int);
+static void same_bits(const char *what, matmul_fn mm_a, matmul_fn mm_b, matmul_q_fn mq_a,
+                      matmul_q_fn mq_b, quant_rows_fn quant_rows, const int *toks, int n_toks)
 {
-    if (kwk_isa() < KWK_ISA_AVX2 || !t_cpu_avxvnni()) {
-        printf("test_quant: no AVX-VNNI here (or KWKER_ISA below avx2): VNNI tiles not compared\n");
-        return;
-    }
-    printf("test_quant: AVX-VNNI tiles against the AVX2 entry (%s)\n",
-           kwk_cpu_avxvnni() ? "itself VNNI: KWKER_AVXVNNI=off compares maddubs" : "maddubs");
     static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
     static const int64_t shapes[][2] = {{16, 32}, {70, 200}, {139, 576}, {53, 4160}};
-    static const int toks[] = {1, 2, 5, 7, 13, 30};
     for (int act8 = 0; act8 < 2; act8++)
         for (int wi = 0; wi < 3; wi++)
             for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++)
-                for (size_t ti = 0; ti < KWK_ARRAY_LEN(toks); ti++) {
+                for (int ti = 0; ti < n_toks; ti++) {
                     int64_t rows = shapes[si][0], cols = shapes[si][1];
                     int n = toks[ti];
                     float *w = malloc(sizeof(float) * (size_t)(rows * cols));
@@ -348,37 +345,75 @@ static void test_avxvnni_same_bits(void)
                     struct kwk_mat m = pack(wts[wi], w, rows, cols);
                     m.act8 = act8;
                     size_t ny = (size_t)n * (size_t)rows;
-                    float *ya = calloc(ny, sizeof(float)), *yv = calloc(ny, sizeof(float));
-                    float *qa_ya = calloc(ny, sizeof(float)), *qa_yv = calloc(ny, sizeof(float));
+                    float *ya = calloc(ny, sizeof(float)), *yb = calloc(ny, sizeof(float));
+                    float *qa_ya = calloc(ny, sizeof(float)), *qa_yb = calloc(ny, sizeof(float));
                     int64_t r0 = rows > 20 ? 16 : 0, r1 = rows > 20 ? rows - 3 : rows;
-                    kwk_quant_matmul_avx2(&m, x, n, ya, (long)rows, r0, r1);
-                    kwk_quant_matmul_avxvnni(&m, x, n, yv, (long)rows, r0, r1);
+                    mm_a(&m, x, n, ya, (long)rows, r0, r1);
+                    mm_b(&m, x, n, yb, (long)rows, r0, r1);
                     struct kwk_qact qa;
                     void *mem = kwk_malloc_aligned(kwk_qact_bytes(cols, n));
                     kwk_qact_init(&qa, mem, cols, n, act8);
-                    kwk_quant_rows_avx2(x, &qa, 0, n);
-                    kwk_quant_matmul_q_avx2(&m, &qa, n, qa_ya, (long)rows, r0, r1);
-                    kwk_quant_matmul_q_avxvnni(&m, &qa, n, qa_yv, (long)rows, r0, r1);
-                    T_CHECK(memcmp(ya, yv, sizeof(float) * ny) == 0 &&
-                                memcmp(qa_ya, qa_yv, sizeof(float) * ny) == 0,
-                            "%s act%d %lldx%lld n_tok=%d: AVX-VNNI sums differ from AVX2's",
-                            wname(wts[wi]), act8 ? 8 : 16, (long long)rows, (long long)cols, n);
+                    quant_rows(x, &qa, 0, n);
+                    mq_a(&m, &qa, n, qa_ya, (long)rows, r0, r1);
+                    mq_b(&m, &qa, n, qa_yb, (long)rows, r0, r1);
+                    T_CHECK(memcmp(ya, yb, sizeof(float) * ny) == 0 &&
+                                memcmp(qa_ya, qa_yb, sizeof(float) * ny) == 0,
+                            "%s act%d %lldx%lld n_tok=%d: %s sums differ", wname(wts[wi]),
+                            act8 ? 8 : 16, (long long)rows, (long long)cols, n, what);
                     kwk_free_aligned(mem);
                     kwk_free_aligned((void *)m.data);
                     free(w);
                     free(x);
                     free(ya);
-                    free(yv);
+                    free(yb);
                     free(qa_ya);
-                    free(qa_yv);
+                    free(qa_yb);
                 }
 }
 
-/* The AMX prompt tiles (amx_quant.c) against the AVX-512 VNNI ones: the same bits, through
- * matmul and matmul_q, every format, both activation modes, token counts on and off the 16-token
- * tiles (the rest runs on VNNI), token blocks past 128, partial row ranges and several column
- * passes. Skipped, and said, where kwk_cpu_amx() is 0 (no AMX, KWKER_AMX=off or KWKER_ISA below
- * avx512). */
+/* The AVX2 kernels' AVX-VNNI instance (avxvnni_quant.c) against the maddubs one: the same bits,
+ * decode and prompt tiles. The AVX2 entries run maddubs only under KWKER_AVXVNNI=off (ctest runs
+ * this binary so too); otherwise both sides are the VNNI tiles and this only checks that the
+ * entries agree. Skipped, and said, on a CPU without AVX-VNNI. */
+static void test_avxvnni_same_bits(void)
+{
+    if (kwk_isa() < KWK_ISA_AVX2 || !t_cpu_avxvnni()) {
+        printf("test_quant: no AVX-VNNI here (or KWKER_ISA below avx2): VNNI tiles not compared\n");
+        return;
+    }
+    printf("test_quant: AVX-VNNI tiles against the AVX2 entry (%s)\n",
+           kwk_cpu_avxvnni() ? "itself VNNI: KWKER_AVXVNNI=off compares maddubs" : "maddubs");
+    static const int toks[] = {1, 2, 5, 7, 13, 30};
+    same_bits("AVX-VNNI and AVX2", kwk_quant_matmul_avx2, kwk_quant_matmul_avxvnni,
+              kwk_quant_matmul_q_avx2, kwk_quant_matmul_q_avxvnni, kwk_quant_rows_avx2, toks,
+              (int)KWK_ARRAY_LEN(toks));
+}
+
+/* The AVX-512 entries with and without AMX. */
+static void mm_amx(const struct kwk_mat *w, const float *x, int n, float *y, long ldy, int64_t r0,
+                   int64_t r1)
+{
+    kwk_quant_matmul_avx512_amx(w, x, n, y, ldy, r0, r1, 1);
+}
+static void mm_vnni(const struct kwk_mat *w, const float *x, int n, float *y, long ldy, int64_t r0,
+                    int64_t r1)
+{
+    kwk_quant_matmul_avx512_amx(w, x, n, y, ldy, r0, r1, 0);
+}
+static void mq_amx(const struct kwk_mat *w, const struct kwk_qact *qa, int n, float *y, long ldy,
+                   int64_t r0, int64_t r1)
+{
+    kwk_quant_matmul_q_avx512_amx(w, qa, n, y, ldy, r0, r1, 1);
+}
+static void mq_vnni(const struct kwk_mat *w, const struct kwk_qact *qa, int n, float *y, long ldy,
+                    int64_t r0, int64_t r1)
+{
+    kwk_quant_matmul_q_avx512_amx(w, qa, n, y, ldy, r0, r1, 0);
+}
+
+/* The AMX prompt tiles (amx_quant.c) against the AVX-512 VNNI ones: the same bits, token counts
+ * on and off the 16-token tiles (the rest runs on VNNI) and token blocks past 128. Skipped, and
+ * said, where kwk_cpu_amx() is 0 (no AMX, KWKER_AMX=off or KWKER_ISA below avx512). */
 static void test_amx_same_bits(void)
 {
     if (!kwk_cpu_amx()) {
@@ -388,45 +423,9 @@ static void test_amx_same_bits(void)
         return;
     }
     printf("test_quant: AMX tiles against AVX-512 VNNI\n");
-    static const int wts[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
-    static const int64_t shapes[][2] = {{16, 32}, {70, 200}, {139, 576}, {53, 4160}};
     static const int toks[] = {16, 17, 31, 32, 47, 130, 161};
-    for (int act8 = 0; act8 < 2; act8++)
-        for (int wi = 0; wi < 3; wi++)
-            for (size_t si = 0; si < KWK_ARRAY_LEN(shapes); si++)
-                for (size_t ti = 0; ti < KWK_ARRAY_LEN(toks); ti++) {
-                    int64_t rows = shapes[si][0], cols = shapes[si][1];
-                    int n = toks[ti];
-                    float *w = malloc(sizeof(float) * (size_t)(rows * cols));
-                    float *x = malloc(sizeof(float) * (size_t)(n * cols));
-                    fill_random(w, rows, cols, x, n);
-                    struct kwk_mat m = pack(wts[wi], w, rows, cols);
-                    m.act8 = act8;
-                    size_t ny = (size_t)n * (size_t)rows;
-                    float *ya = calloc(ny, sizeof(float)), *yv = calloc(ny, sizeof(float));
-                    float *qa_ya = calloc(ny, sizeof(float)), *qa_yv = calloc(ny, sizeof(float));
-                    int64_t r0 = rows > 20 ? 16 : 0, r1 = rows > 20 ? rows - 3 : rows;
-                    kwk_quant_matmul_avx512_amx(&m, x, n, ya, (long)rows, r0, r1, 1);
-                    kwk_quant_matmul_avx512_amx(&m, x, n, yv, (long)rows, r0, r1, 0);
-                    struct kwk_qact qa;
-                    void *mem = kwk_malloc_aligned(kwk_qact_bytes(cols, n));
-                    kwk_qact_init(&qa, mem, cols, n, act8);
-                    kwk_quant_rows_avx512(x, &qa, 0, n);
-                    kwk_quant_matmul_q_avx512_amx(&m, &qa, n, qa_ya, (long)rows, r0, r1, 1);
-                    kwk_quant_matmul_q_avx512_amx(&m, &qa, n, qa_yv, (long)rows, r0, r1, 0);
-                    T_CHECK(memcmp(ya, yv, sizeof(float) * ny) == 0 &&
-                                memcmp(qa_ya, qa_yv, sizeof(float) * ny) == 0,
-                            "%s act%d %lldx%lld n_tok=%d: AMX sums differ from VNNI's",
-                            wname(wts[wi]), act8 ? 8 : 16, (long long)rows, (long long)cols, n);
-                    kwk_free_aligned(mem);
-                    kwk_free_aligned((void *)m.data);
-                    free(w);
-                    free(x);
-                    free(ya);
-                    free(yv);
-                    free(qa_ya);
-                    free(qa_yv);
-                }
+    same_bits("AMX and VNNI", mm_amx, mm_vnni, mq_amx, mq_vnni, kwk_quant_rows_avx512, toks,
+              (int)KWK_ARRAY_LEN(toks));
 }
 
 /* Token t's outputs are bitwise the same alone, in a batch, and over any row split (how

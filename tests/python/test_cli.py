@@ -406,6 +406,39 @@ def test_prefetch_int8_changes_no_token(isa, tmp_path):
         assert outs["on"] == outs["off"] == outs["maybe"], (act, outs)
 
 
+def cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        return next((ln.split() for ln in f if ln.startswith("flags")), [])
+
+
+def same_ids_on_off(tmp_path, var, ids, log_line, missing_warning, isa):
+    """Balanced and int4 generation from ids, at 8- and 16-bit activations, with var=on, off
+    and maybe, under KWKER_ISA=isa (None: the CPU's own path): the same greedy ids every time.
+    log_line(value) is what the info log must say of the choice; "maybe" is warned about;
+    missing_warning, when not None, is the warning of "on" on a CPU without the feature."""
+    for prec in ("balanced", "int4"):
+        for act in ("8", "16"):
+            outs = {}
+            for v in ("on", "off", "maybe"):
+                env = cli_env(KWKER_LOG="info", KWKER_CACHE=str(tmp_path), **{var: v})
+                env.pop("KWKER_ISA", None)
+                if isa:
+                    env["KWKER_ISA"] = isa
+                p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
+                                    THREADS, "--precision", prec, "--act-bits", act,
+                                    "--ids", ids, "-n", "16"],
+                                   capture_output=True, text=True, timeout=300, env=env)
+                assert p.returncode == 0, p.stderr
+                assert log_line(v) in p.stderr, p.stderr
+                if v == "maybe":
+                    assert "%s=maybe is not on|off; ignored" % var in p.stderr, p.stderr
+                if v == "on" and missing_warning:
+                    assert missing_warning in p.stderr, p.stderr
+                outs[v] = p.stdout
+            assert len(outs["on"].split(",")) == 16, outs["on"]
+            assert outs["on"] == outs["off"] == outs["maybe"], (prec, act, outs)
+
+
 def test_amx_changes_no_token(tmp_path):
     """KWKER_AMX=on|off: the AVX-512 prompt products run their whole 16-token tiles on AMX where
     the CPU has it (amx_quant.c), on vpdpbusd otherwise or when off; both give the same sums and
@@ -413,30 +446,14 @@ def test_amx_changes_no_token(tmp_path):
     tiles and a rest) give the same greedy ids either way, at 8- and 16-bit activations. The
     choice is logged at info ("prompt tiles: amx"); "on" without AMX and any other value are
     warned about and ignored. On a CPU without AMX this checks the logging and the warnings."""
-    with open("/proc/cpuinfo") as f:
-        flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
+    flags = cpu_flags()
     has = "amx_int8" in flags and "amx_tile" in flags and "avx512" in supported_isas()
     ids = ",".join(str(1 + (i * 7919) % 49000) for i in range(40))
-    for prec in ("balanced", "int4"):
-        for act in ("8", "16"):
-            outs = {}
-            for v in ("on", "off", "maybe"):
-                env = cli_env(KWKER_AMX=v, KWKER_LOG="info", KWKER_CACHE=str(tmp_path))
-                env.pop("KWKER_ISA", None)  # the CPU's own path
-                p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
-                                    THREADS, "--precision", prec, "--act-bits", act,
-                                    "--ids", ids, "-n", "16"],
-                                   capture_output=True, text=True, timeout=300, env=env)
-                assert p.returncode == 0, p.stderr
-                used = "amx" if has and v != "off" else "vector"
-                assert "prompt tiles: %s" % used in p.stderr, p.stderr
-                if v == "maybe":
-                    assert "KWKER_AMX=maybe is not on|off; ignored" in p.stderr, p.stderr
-                if v == "on" and "amx_int8" not in flags:
-                    assert "KWKER_AMX=on: this CPU (or OS) has no AMX-INT8; ignored" in p.stderr
-                outs[v] = p.stdout
-            assert len(outs["on"].split(",")) == 16, outs["on"]
-            assert outs["on"] == outs["off"] == outs["maybe"], (prec, act, outs)
+    same_ids_on_off(
+        tmp_path, "KWKER_AMX", ids,
+        lambda v: "prompt tiles: %s" % ("amx" if has and v != "off" else "vector"),
+        None if "amx_int8" in flags else "KWKER_AMX=on: this CPU (or OS) has no AMX-INT8; ignored",
+        None)
 
 
 @pytest.mark.skipif("avx2" not in supported_isas(), reason="no AVX2 on this CPU")
@@ -446,26 +463,9 @@ def test_avxvnni_changes_no_token(tmp_path):
     balanced and int4 generation under KWKER_ISA=avx2 give the same greedy ids either way, at
     8- and 16-bit activations. The choice is logged at info; "on" without the instructions and
     any other value are warned about and ignored."""
-    with open("/proc/cpuinfo") as f:
-        has = any(ln.startswith("flags") and "avx_vnni" in ln.split() for ln in f)
-    ids = "1,504,3287,314,2681,1781,30,1838,253,2336,28"
-    for prec in ("balanced", "int4"):
-        for act in ("8", "16"):
-            outs = {}
-            for v in ("on", "off", "maybe"):
-                env = cli_env(KWKER_ISA="avx2", KWKER_AVXVNNI=v, KWKER_LOG="info",
-                              KWKER_CACHE=str(tmp_path))
-                p = subprocess.run([kwker_bin(), "generate", "--model", smollm2_gguf(), "-t",
-                                    THREADS, "--precision", prec, "--act-bits", act,
-                                    "--ids", ids, "-n", "16"],
-                                   capture_output=True, text=True, timeout=300, env=env)
-                assert p.returncode == 0, p.stderr
-                used = "avx-vnni" if has and v != "off" else "maddubs"
-                assert "avx2 dot products: %s" % used in p.stderr, p.stderr
-                if v == "maybe":
-                    assert "KWKER_AVXVNNI=maybe is not on|off; ignored" in p.stderr, p.stderr
-                if v == "on" and not has:
-                    assert "KWKER_AVXVNNI=on: this CPU has no AVX-VNNI; ignored" in p.stderr
-                outs[v] = p.stdout
-            assert len(outs["on"].split(",")) == 16, outs["on"]
-            assert outs["on"] == outs["off"] == outs["maybe"], (prec, act, outs)
+    has = "avx_vnni" in cpu_flags()
+    same_ids_on_off(
+        tmp_path, "KWKER_AVXVNNI", "1,504,3287,314,2681,1781,30,1838,253,2336,28",
+        lambda v: "avx2 dot products: %s" % ("avx-vnni" if has and v != "off" else "maddubs"),
+        None if has else "KWKER_AVXVNNI=on: this CPU has no AVX-VNNI; ignored",
+        "avx2")
