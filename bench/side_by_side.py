@@ -60,7 +60,9 @@ BUILDER_VERSION = 1  # bump when the checkpoint or GGUF writer changes: forces a
 AVX2_VENV = REPO / ".cache" / "venv-llama-avx2"
 AVXVNNI_VENV = REPO / ".cache" / "venv-llama-avxvnni"
 # Kwker's log line saying which dot products its AVX2 quantized kernels use (base/cpu.c)
-AVX2_DOT_RE = re.compile(r"avx2 dot products: (\S+)")
+AVX2_DOT_RE = re.compile(r"avx2 dot products: ([\w-]+)")
+# and whether its AVX-512 prompt products ran on AMX ("amx") or vector instructions ("vector")
+PROMPT_TILES_RE = re.compile(r"prompt tiles: ([\w-]+)")
 
 
 def log(*a):
@@ -429,6 +431,7 @@ def run_kwker(a, model, precision):
     if a.isa in ("avx2", "avxvnni") and res.get("isa") != "avx2":
         raise RuntimeError("kwker ran with isa %s, not avx2" % res.get("isa"))
     dot = AVX2_DOT_RE.search(err)
+    tiles = PROMPT_TILES_RE.search(err)
     want = {"avx2": "maddubs", "avxvnni": "avx-vnni"}.get(a.isa)
     if want and (not dot or dot.group(1) != want):
         raise RuntimeError("kwker's AVX2 kernels ran %s, not %s (no AVX-VNNI on this CPU?)"
@@ -436,6 +439,7 @@ def run_kwker(a, model, precision):
     return {"pp_tps": res["pp_tps"], "tg_tps": res["tg_tps"], "kv_bits": res.get("kv_bits", 32),
             "peak_rss_kib": res["peak_rss_kib"], "isa": res.get("isa"), "load_s": res.get("load_s"),
             "avx2_dot": dot.group(1) if dot else None,
+            "prompt_tiles": tiles.group(1) if tiles else None,
             "bits_per_weight": res.get("bits_per_weight"),
             "packed_bytes": float(m.group(4)) * 1e6 if m else None,
             "pack": None if not m else "mapped from the pack cache" if m.group(1) else "packed"}
@@ -695,6 +699,7 @@ def measure_pair(a, model, files, kp, lf, bw_state):
             s["pct_ceiling"] = None
         if side == "kwker":
             s["avx2_dot"] = rs[0].get("avx2_dot")  # its AVX2 kernels' dot products (log)
+            s["prompt_tiles"] = rs[0].get("prompt_tiles")  # AMX or vector (log)
         if side == "llama":
             s["base_rss_mib"] = statistics.median(x["base_rss_kib"] for x in rs) / 1024
             s["avx512"] = rs[0].get("avx512")

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import supported_isas
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "side_by_side.py"
@@ -73,8 +74,14 @@ def test_quick_run_writes_complete_json(tmp_path):
     # which int8 dot products each side's AVX2 code has: Kwker's from its log (AVX-VNNI where
     # the CPU has it), llama.cpp's from its build's system info
     with open("/proc/cpuinfo") as f:
-        vnni = any(ln.startswith("flags") and "avx_vnni" in ln.split() for ln in f)
-    assert rec["kwker"]["avx2_dot"] == ("avx-vnni" if vnni else "maddubs")
+        flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
+    assert rec["kwker"]["avx2_dot"] == ("avx-vnni" if "avx_vnni" in flags else "maddubs")
+    # and whether its AVX-512 prompt products ran on AMX (on CPUs with it, unless KWKER_AMX=off
+    # or KWKER_ISA lowers the path)
+    amx = ("amx_int8" in flags and "avx512" in supported_isas()
+           and os.environ.get("KWKER_AMX", "on") != "off"
+           and os.environ.get("KWKER_ISA", "avx512") == "avx512")
+    assert rec["kwker"]["prompt_tiles"] == ("amx" if amx else "vector")
     assert isinstance(rec["llama"]["avx_vnni"], bool)
     # llama.cpp at its best: by default each run measures flash attention on and off and keeps
     # each column's faster figure, saying which
