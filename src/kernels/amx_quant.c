@@ -17,19 +17,20 @@
  * C the 16 x 16 sums, stored to the stack and read back by the epilogue a token at a time: row j
  * of C is token j's 16 row sums, one register, as the VNNI tile's accumulator.
  *
- * Groups of 32 columns use half of what one tile multiply could take (K = 64) and its time: the
- * epilogue, not the multiply, bounds these tiles (docs/benchmarks.md, session 26). */
+ * Groups of 32 columns use half of what one tile multiply could take (K = 64) and its time, and
+ * every multiply's 1 KiB of sums goes through memory to its own epilogue: those stores and the
+ * epilogue, not the multiply, bound these tiles, and they do not overlap the tile unit's work
+ * (docs/benchmarks.md, session 26). */
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "base/base.h"
 #include "kernels/avx512_quant.h"
 #include "kernels/quant.h"
 
-/* Tile registers: C sums (two pairs, even and odd groups, so that one group's epilogue can run
- * while the next group multiplies), A high and low activation halves, B the weights of even and
- * odd groups. */
+/* Tile registers: C sums (with 8-bit activations four, one a group in turn; with 16-bit two
+ * pairs of high and low halves' sums), A activations (8-bit: alternate groups; 16-bit: the
+ * high and low halves), B the weights of alternate groups. */
 #define TC0 0
 #define TC1 1
 #define TC2 2
