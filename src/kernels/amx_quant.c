@@ -136,15 +136,13 @@ KWK_INLINE void epilogue(int wtype, int act8, const void *blk, const struct kwk_
     }
 }
 
-/* Tile multiplies cannot hand their sums to vector registers, only to memory, and a load of
- * what a tile store wrote waits until the store retires: a group's epilogue cannot start until
- * its multiply has finished and its sums are stored. And tile registers are not renamed. So the
- * groups are software pipelined over four C tiles: with 8-bit activations, group i's multiply
- * is issued two groups ahead of its store and the store one group ahead of its epilogue (each
- * group's multiply, store and epilogue then overlap other groups' ones); with 16-bit activations
- * (two multiplies a group, a C pair each) one group ahead of each. Measured on one thread of a
- * Xeon with AMX (docs/benchmarks.md, session 26): the unpipelined loop ran the multiplies and
- * the epilogues one after the other. */
+/* Tile multiplies hand their sums to the vector epilogue only through memory, and tile registers
+ * are not renamed, so the groups are software pipelined over four C tiles: with 8-bit
+ * activations group i's multiply is issued two groups ahead of its store and the store one group
+ * ahead of its epilogue; with 16-bit activations (two multiplies a group, a C pair each) one
+ * group ahead of each. Measured on one thread of a Xeon with AMX (docs/benchmarks.md, session
+ * 26): 4% faster than one group at a time; the tile work and the epilogue still take about the
+ * sum of their times. */
 
 /* Group i's multiply into C tile c with A tile a and B tile b (act8: one pass). */
 #define MUL8(i, c, a, b)                                                                           \
@@ -220,7 +218,6 @@ KWK_INLINE void tile(int wtype, int act8, const void *blk, const stage_group *st
             STEP16(1, TC2, TC3, TB1, TC0, TC1);
         }
     }
-    (void)xl;
     for (int j = 0; j < KWK_AMX_TOKS; j++)
         put(y + (long)(t + j) * ldy, rb, r0, r1, facc[j], first);
 }
@@ -258,9 +255,8 @@ void kwk_quant_pass_amx(const struct kwk_mat *w, const struct kwk_qact *x, int n
     tile_fn fn = w->wtype == KWK_W_Q8   ? (a8 ? tile8_q8 : tile_q8)
                  : w->wtype == KWK_W_Q6 ? (a8 ? tile8_q6 : tile_q6)
                                         : (a8 ? tile8_q4 : tile_q4);
-    size_t bsz = w->wtype == KWK_W_Q8   ? sizeof(struct kwk_q8_block)
-                 : w->wtype == KWK_W_Q6 ? sizeof(struct kwk_q6_block)
-                                        : sizeof(struct kwk_q4_block);
+    size_t bsz; /* one block: 16 rows x one group */
+    kwk_quant_bytes(w->wtype, KWK_QROWS, KWK_QACT_GROUP, &bsz);
     int64_t ngt = kwk_quant_n_groups(w->wtype, w->cols);
     int64_t rb0 = r0 / KWK_QROWS, rb1 = (r1 + KWK_QROWS - 1) / KWK_QROWS;
     _tile_loadconfig(&TILE_CONFIG);
