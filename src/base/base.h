@@ -134,6 +134,11 @@ int kwk_cpu_avxvnni(void);
  * (on|off). Detected once; any thread. */
 int kwk_cpu_amx(void);
 
+/* Whether the attention of 8-bit-activation decoders runs its bf16 products on AMX
+ * (kwk_attn_amx_bf16): kwk_cpu_amx(), the CPU has AMX-BF16 and AVX512_BF16. KWKER_AMX=off
+ * declines it too. Detected once; any thread. */
+int kwk_cpu_amx_bf16(void);
+
 /* Whether the CPU has AVX512_BF16 (vdpbf16ps) and AVX-512 is usable (not whether kwk_isa()
  * chose it). Detected once; any thread. */
 int kwk_cpu_bf16(void);

@@ -22,6 +22,7 @@ struct cpu_features {
     int vnni;     /* AVX512_VNNI (noted for later kernels) */
     int avxvnni;  /* AVX-VNNI: vpdpbusd on ymm with a VEX encoding, no AVX-512 needed */
     int amx;      /* AMX-TILE + AMX-INT8 with XTILECFG / XTILEDATA enabled in XCR0 */
+    int amx_bf16; /* and AMX-BF16 */
     int amd;      /* vendor AuthenticAMD or HygonGenuine (Zen cores) */
     int family;   /* CPUID family with its extended part: 0x19 Zen 3 / Zen 4, 0x1a Zen 5 */
 };
@@ -79,6 +80,7 @@ static void detect_features(struct cpu_features *f)
     /* EDX bits 24, 25: AMX-TILE, AMX-INT8; XCR0 bits 17, 18: the tile config and data states */
     f->amx = f->avx512 && f->vnni && ((d >> 24) & 1) && ((d >> 25) & 1) &&
              (xcr0 & 0x60000) == 0x60000;
+    f->amx_bf16 = f->amx && ((d >> 22) & 1); /* EDX bit 22 */
     unsigned a1, b1, c1, d1;
     if (f->avx2 && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) {
         f->avxvnni = (a1 >> 4) & 1;
@@ -155,11 +157,12 @@ static void detect(void)
     kwk_log(KWK_LOG_INFO,
             "kernels: %s (cpu: avx2=%d avxvnni=%d avx512=%d bf16=%d vnni=%d amx=%d amd=%d "
             "family=%#x), prefetch to %s, int8 decode prefetch: avx512 %s, avx2 %s, avx2 dot "
-            "products: %s, prompt tiles: %s",
+            "products: %s, prompt tiles: %s, bf16 attention: %s",
             kwk_isa_name(isa), cpu.avx2, cpu.avxvnni, cpu.avx512, cpu.bf16, cpu.vnni, cpu.amx,
             cpu.amd, cpu.family, prefetch_l2 ? "L2" : "L1", prefetch_int8_avx512 ? "on" : "off",
             prefetch_int8_avx2 ? "on" : "off", use_avxvnni ? "avx-vnni" : "maddubs",
-            use_amx ? "amx" : "vector");
+            use_amx ? "amx" : "vector",
+            use_amx && cpu.amx_bf16 && cpu.bf16 ? "amx" : cpu.bf16 ? "vector" : "none");
 }
 
 int kwk_isa(void)
@@ -190,6 +193,12 @@ int kwk_cpu_amx(void)
 {
     pthread_once(&isa_once, detect);
     return use_amx;
+}
+
+int kwk_cpu_amx_bf16(void)
+{
+    pthread_once(&isa_once, detect);
+    return use_amx && cpu.amx_bf16 && cpu.bf16;
 }
 
 int kwk_cpu_bf16(void)

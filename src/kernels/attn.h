@@ -108,7 +108,8 @@ const struct kwk_attn_kernel *kwk_attn_kernel_for(int isa);
 const struct kwk_attn_kernel *kwk_attn_kernel(void);
 
 /* The table of decoders whose matrices read 8-bit activations: kwk_attn_avx512_bf16 when
- * kwk_isa() is avx512 and the CPU has AVX512_BF16, else kwk_attn_kernel(). */
+ * kwk_isa() is avx512 and the CPU has AVX512_BF16 (kwk_attn_amx_bf16 where kwk_cpu_amx_bf16()),
+ * else kwk_attn_kernel(). */
 const struct kwk_attn_kernel *kwk_attn_kernel_act8(void);
 
 /* Per-ISA tables (attn_ref.c, avx2_attn.c, avx512_attn.c). */
@@ -119,5 +120,9 @@ extern const struct kwk_attn_kernel kwk_attn_avx512;
  * bfloat16, products summed in float; agrees with attention over those rounded numbers to float
  * rounding, and is batch invariant as the others. Only where kwk_cpu_bf16(). */
 extern const struct kwk_attn_kernel kwk_attn_avx512_bf16;
+/* The same rounding with the products on AMX-BF16 tile multiplies (amx_attn.c): agrees with
+ * kwk_attn_avx512_bf16 to float rounding (its sums run in another order), batch invariant as
+ * the others, the same staging. Only where kwk_cpu_amx_bf16(). */
+extern const struct kwk_attn_kernel kwk_attn_amx_bf16;
 
 #endif

@@ -13,9 +13,10 @@ size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos)
     size_t padded = ((size_t)(max_pos > 0 ? max_pos : 0) + 15) / 16 * 16;
     size_t queries = KWK_MAX(group, (size_t)KWK_ATTN_TILE_QUERIES);
     size_t hd = (size_t)(a->head_dim > 0 ? a->head_dim : 0);
-    /* + the bf16 table's interleaved values of one key range (kwk_attn_avx512_bf16) */
-    return queries * KWK_MAX(padded, (size_t)16) + (KWK_ATTN_TILE_QUERIES + 16) * hd +
-           KWK_MAX((size_t)4096, 8 * hd);
+    /* + the bf16 table's interleaved values of one key range (kwk_attn_avx512_bf16), + the AMX
+     * table's second form of 16 queries' weights (kwk_attn_amx_bf16) */
+    return (queries + KWK_ATTN_TILE_QUERIES) * KWK_MAX(padded, (size_t)16) +
+           (KWK_ATTN_TILE_QUERIES + 16) * hd + KWK_MAX((size_t)4096, 8 * hd);
 }
 
 /* Work of one item of row r: its positions plus a fixed cost (the softmax, the output). */
@@ -141,7 +142,7 @@ const struct kwk_attn_kernel *kwk_attn_kernel(void)
 const struct kwk_attn_kernel *kwk_attn_kernel_act8(void)
 {
     if (kwk_isa() == KWK_ISA_AVX512 && kwk_cpu_bf16())
-        return &kwk_attn_avx512_bf16;
+        return kwk_cpu_amx_bf16() ? &kwk_attn_amx_bf16 : &kwk_attn_avx512_bf16;
     return kwk_attn_kernel();
 }
 

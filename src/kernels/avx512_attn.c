@@ -9,13 +9,15 @@
  * stay in L1. Batch invariance: both score paths give bitwise the same numbers (the same partial
  * chains added in the same tree), and every other operation on an item's numbers, and its order,
  * depends only on the item (its q, its keys and values, head_dim, its position count), never on
- * which rows or heads share its loads. */
+ * which rows or heads share its loads. The AMX table's tiles live here too, their products in
+ * amx_attn.c. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "base/base.h"
+#include "kernels/amx_attn.h"
 #include "kernels/attn.h"
 #include "kernels/avx512_exp.h"
 
@@ -515,26 +517,92 @@ static void keys_bf(const struct tile *t, int b, int nk, uint16_t *kb)
                                                   : ld_bf(0, t->k, (b + u) * t->ldk + e)));
 }
 
+/* ---- AMX-BF16 products: the table kwk_attn_amx_bf16 --------------------------------------
+ * The bf16 table's numbers (queries, keys, the softmax's weights and values rounded alike, the
+ * same softmax) with the products on AMX (amx_attn.c): a key block's scores of all 16 query
+ * slots in one chain of tile multiplies, a 16-key block's weighted values of 16 queries in
+ * another (even and odd elements apart, the values read as they lie). Its sums run in AMX's
+ * order, so it agrees with the bf16 table to float rounding, not bitwise: a table of its own,
+ * used for every item (decode steps too, whose tiles hold a few queries), and batch invariant as
+ * the others: a tile multiply's element depends only on its query, its key or value element and
+ * the blocks before it; a block's keys past a query's last have weight zero, which adds nothing
+ * (a +0 can only turn an exactly -0 sum into +0). head_dim a multiple of 32, else the float
+ * tiles. */
+
+/* Every query's scores into its row of p (store_scores): up to 4 blocks of keys a call where
+ * they can be read as they lie (whole blocks of bf16 keys), else a block at a time rounded or
+ * copied into kb, 16 rows, the missing ones zero. qt: the queries as pairs (scores_bf_hd). */
+static void scores_amx(const struct tile *t, const uint32_t *qt, uint16_t *kb, __m512 sv, float *p)
+{
+    int hd = t->hd, nmax = t->n[t->nq - 1];
+    _Alignas(64) float s[4 * KB * MAXQ];
+    for (int b = 0; b < nmax;) {
+        int nk = nmax - b, nb = 1;
+        const uint16_t *kr = kb;
+        long ldr = hd;
+        if (t->kbf && nk >= KB) {
+            nb = KWK_MIN(4, nk / KB);
+            kr = (const uint16_t *)t->k + (long)b * t->ldk, ldr = t->ldk;
+        } else {
+            nk = KWK_MIN(nk, KB);
+            if (t->kbf)
+                for (int u = 0; u < nk; u++)
+                    memcpy(kb + (long)u * hd, (const uint16_t *)t->k + (long)(b + u) * t->ldk,
+                           (size_t)hd * sizeof *kb);
+            else
+                keys_bf(t, b, nk, kb);
+            memset(kb + (long)nk * hd, 0, (size_t)(KB - nk) * (size_t)hd * sizeof *kb);
+        }
+        kwk_attn_amx_scores(qt, kr, ldr, hd, nb, s);
+        if (t->nq <= 4) { /* a decode step's few queries: each one's column gathered */
+            const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8,
+                                                                     7, 6, 5, 4, 3, 2, 1, 0),
+                                                    _mm512_set1_epi32(MAXQ));
+            for (int i = 0; i < nb; i++, b += KB)
+                for (int x = 0; x < t->nq; x++)
+                    store_scores(t, x, b,
+                                 _mm512_mul_ps(_mm512_i32gather_ps(col, s + i * KB * MAXQ + x, 4),
+                                               sv),
+                                 p);
+            continue;
+        }
+        for (int i = 0; i < nb; i++, b += KB) {
+            __m512 r[KB];
+            for (int u = 0; u < KB; u++)
+                r[u] = _mm512_load_ps(s + (i * KB + u) * MAXQ);
+            transpose16(r); /* r[x] lane u: key b + u's score of query x */
+            for (int x = 0; x < t->nq; x++)
+                store_scores(t, x, b, _mm512_mul_ps(r[x], sv), p);
+        }
+    }
+}
+
 /* Every query's scores into p + x * ldp. scratch: the rounded queries (or their pairs
  * transposed: 8 * hd floats' room), then a rounded key block (8 * hd). */
-INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
+INLINE void scores_bf_hd(int AMX, const struct tile *t, int hd, float *p, float *scratch)
 {
     uint16_t *qb = (uint16_t *)scratch, *kb = (uint16_t *)(scratch + MAXQ * hd);
     __m512 sv = _mm512_set1_ps(t->scale);
-    int nmax = t->n[t->nq - 1], lanes = t->nq >= LANES_MIN;
+    int nmax = t->n[t->nq - 1], lanes = AMX || t->nq >= LANES_MIN;
     uint32_t *qt = (uint32_t *)scratch;
-    if (lanes) { /* qt[p * 16 + x]: pair p of query x (rounded into kb first) */
-        for (int x = 0; x < MAXQ; x++)
-            for (int e = 0; e < hd; e += 32)
-                _mm512_storeu_si512(kb + x * hd + e, x < t->nq ? round_bf(t->q[x] + e)
-                                                               : _mm512_setzero_si512());
-        for (int pr = 0; pr < hd / 2; pr++)
+    if (lanes) { /* qt[p * 16 + x]: pair p of query x, 16 pairs (32 elements) at a time */
+        for (int e = 0; e < hd; e += 32) {
+            __m512 r[MAXQ];
             for (int x = 0; x < MAXQ; x++)
-                memcpy(qt + pr * MAXQ + x, kb + x * hd + 2 * pr, sizeof *qt);
+                r[x] = _mm512_castsi512_ps(x < t->nq ? round_bf(t->q[x] + e)
+                                                     : _mm512_setzero_si512());
+            transpose16(r); /* r[p] lane x: pair e / 2 + p of query x */
+            for (int pr = 0; pr < 16; pr++)
+                _mm512_storeu_ps((float *)(qt + (e / 2 + pr) * MAXQ), r[pr]);
+        }
     } else {
         for (int x = 0; x < t->nq; x++)
             for (int e = 0; e < hd; e += 32)
                 _mm512_storeu_si512(qb + x * hd + e, round_bf(t->q[x] + e));
+    }
+    if (AMX) {
+        scores_amx(t, qt, kb, sv, p);
+        return;
     }
     for (int b = 0; b < nmax; b += KB) {
         int nk = KWK_MIN(KB, nmax - b);
@@ -577,17 +645,23 @@ INLINE void scores_bf_hd(const struct tile *t, int hd, float *p, float *scratch)
     }
 }
 
-static void scores_bf(const struct tile *t, float *p, float *scratch)
+static void scores_bf(int amx, const struct tile *t, float *p, float *scratch)
 {
-    switch (t->hd) {
-    case 64:
-        scores_bf_hd(t, 64, p, scratch);
-        break;
+    switch (t->hd * 2 + amx) {
     case 128:
-        scores_bf_hd(t, 128, p, scratch);
+        scores_bf_hd(0, t, 64, p, scratch);
+        break;
+    case 129:
+        scores_bf_hd(1, t, 64, p, scratch);
+        break;
+    case 256:
+        scores_bf_hd(0, t, 128, p, scratch);
         break;
     default:
-        scores_bf_hd(t, t->hd, p, scratch);
+        if (amx)
+            scores_bf_hd(1, t, t->hd, p, scratch);
+        else
+            scores_bf_hd(0, t, t->hd, p, scratch);
         break;
     }
 }
@@ -739,6 +813,76 @@ static void values_interleave(const struct tile *t, int j0, int j1, uint16_t *vi
         }
 }
 
+/* softmax_bf's weights for the AMX values, both forms kwk_attn_amx_values reads: p[j] the
+ * rounded weight as a float (its bf16 in the high half), pe[j] its bits >> 16, zero from n to nz
+ * (a multiple of 16). Returns softmax_bf's sum. */
+static float softmax_amx(float *p, float *pe, int n, int nz)
+{
+    __m512 mx = row_max(p, n), sum = _mm512_setzero_ps();
+    for (int b = 0; b < nz; b += 32) {
+        __m512 e0 = b < n ? weights16(p, b, n, mx) : _mm512_setzero_ps();
+        __m512 e1 = b + KB < n ? weights16(p, b + KB, n, mx) : _mm512_setzero_ps();
+        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+        __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
+        __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
+        sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_castsi512_ps(w0), _mm512_castsi512_ps(w1)));
+        _mm512_storeu_si512(p + b, w0);
+        _mm512_storeu_si512(pe + b, _mm512_srli_epi32(w0, 16));
+        if (b + KB < nz) {
+            _mm512_storeu_si512(p + b + KB, w1);
+            _mm512_storeu_si512(pe + b + KB, _mm512_srli_epi32(w1, 16));
+        }
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* Value rows [b, b + nk) of the tile rounded to bf16 into vb[16][hd], the rows past nk zero: a
+ * block the tile multiplies cannot read where it lies (rows past the tile's last, or a cache not
+ * in bf16). */
+static void values_block_bf(const struct tile *t, int b, int nk, uint16_t *vb)
+{
+    for (int u = 0; u < nk; u++)
+        for (int e = 0; e < t->hd; e += 32)
+            _mm512_storeu_si512(vb + (long)u * t->hd + e,
+                                (__m512i)(t->vbf    ? _mm512_loadu_si512((const uint16_t *)t->v +
+                                                                         (b + u) * t->ldk + e)
+                                          : t->half ? (__m512i)ld_bf(1, t->v, (b + u) * t->ldk + e)
+                                                    : (__m512i)ld_bf(0, t->v, (b + u) * t->ldk + e)));
+    memset(vb + (long)nk * t->hd, 0, (size_t)(KB - nk) * (size_t)t->hd * sizeof *vb);
+}
+
+/* The AMX table's values: out = the weights (wo, we: softmax_amx's forms, rows ldw apart) times
+ * the values, divided by the sums; 64 elements of every query a pass. vb: a block's room
+ * (16 * hd bf16). */
+static void values_amx(const struct tile *t, const float *wo, const float *we, long ldw,
+                       uint16_t *vb)
+{
+    int hd = t->hd, ntile = t->n[t->nq - 1], whole = t->vbf ? ntile & ~(KB - 1) : 0;
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        int nch = KWK_MIN(2, (hd - c0) / 32);
+        _Alignas(64) float acc[4][256];
+        memset(acc, 0, sizeof acc);
+        if (whole) /* bf16 rows where they lie */
+            kwk_attn_amx_values(wo, we, ldw, (const uint16_t *)t->v + c0, t->ldk, nch, whole, acc);
+        for (int b = whole; b < ntile; b += KB) {
+            values_block_bf(t, b, KWK_MIN(KB, ntile - b), vb);
+            kwk_attn_amx_values(wo + b, we + b, ldw, vb + c0, hd, nch, KB, acc);
+        }
+        for (int x = 0; x < t->nq; x++) {
+            __m512 sv = _mm512_set1_ps(t->sums[x]);
+            for (int c = 0; c < nch; c++) {
+                __m512 ev = _mm512_load_ps(acc[2 * c] + x * 16);
+                __m512 od = _mm512_load_ps(acc[2 * c + 1] + x * 16);
+                float *o = t->out[x] + c0 + 32 * c;
+                _mm512_storeu_ps(o, _mm512_div_ps(_mm512_permutex2var_ps(ev, lo, od), sv));
+                _mm512_storeu_ps(o + 16, _mm512_div_ps(_mm512_permutex2var_ps(ev, hi, od), sv));
+            }
+        }
+    }
+}
+
 static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const uint16_t *pb,
                              long ldpb, const uint16_t *vi, int c0, int j0, int j1)
 {
@@ -770,7 +914,7 @@ static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const
 }
 
 /* One tile (kwk_attn_tile_fn, attn.h): query heads h0 .. h0+nh-1 of one kv group over rows
- * row0 .. row0+nr-1, which read the same keys; BF: the bf16 table's products. */
+ * row0 .. row0+nr-1, which read the same keys; BF: the bf16 table's products (1), on AMX (2). */
 INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
                     float *scratch)
 {
@@ -798,9 +942,17 @@ INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int
     t.ldp = (t.n[t.nq - 1] + KB - 1) / KB * KB;
     float *p = scratch + (size_t)(MAXQ + 16) * hd; /* after the transposed queries, the keys */
     if (BF)
-        scores_bf(&t, p, scratch);
+        scores_bf(BF == 2, &t, p, scratch);
     else
         scores(&t, p, scratch);
+    if (BF == 2) { /* AMX: the weights' second form after all 16 query slots' rows of p (the
+                      multiplies read 16 rows), a value block's room where the keys' was */
+        float *pe = p + (size_t)MAXQ * t.ldp;
+        for (int x = 0; x < t.nq; x++)
+            t.sums[x] = softmax_amx(p + x * t.ldp, pe + x * t.ldp, t.n[x], (int)t.ldp);
+        values_amx(&t, p, pe, t.ldp, (uint16_t *)(scratch + (size_t)MAXQ * hd));
+        return;
+    }
     for (int x = 0; x < t.nq; x++)
         t.sums[x] = BF ? softmax_bf(p + x * t.ldp, t.n[x])
                        : softmax_unnormalized(p + x * t.ldp, t.n[x]);
@@ -842,6 +994,12 @@ static void tile_run_bf(const struct kwk_attn_args *a, int row0, int nr, int h0,
                         float *scratch)
 {
     tile_go(1, a, row0, nr, h0, nh, scratch);
+}
+
+static void tile_run_amx(const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                         float *scratch)
+{
+    tile_go(2, a, row0, nr, h0, nh, scratch);
 }
 
 static void avx512_items(const struct kwk_attn_args *a, long i0, long i1, float *scratch)
@@ -904,3 +1062,19 @@ const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {.name = "avx512-bf16",
                                                      .items = avx512_bf16_items,
                                                      .stage_bf16 = stage_bf16,
                                                      .half_to_bf16 = half_to_bf16};
+
+static void amx_bf16_items(const struct kwk_attn_args *a, long i0, long i1, float *scratch)
+{
+    if (a->head_dim % 32 != 0) {
+        avx512_items(a, i0, i1, scratch); /* the float tiles (or the reference), every item */
+        return;
+    }
+    kwk_attn_amx_begin();
+    kwk_attn_tiles(a, i0, i1, tile_run_amx, scratch);
+    kwk_attn_amx_end();
+}
+
+/* No stage_bf16: its tiles read bf16 caches (half_to_bf16) where they lie, values too, and
+ * round a half cache's blocks as they go. */
+const struct kwk_attn_kernel kwk_attn_amx_bf16 = {
+    .name = "amx-bf16", .items = amx_bf16_items, .half_to_bf16 = half_to_bf16};

@@ -314,14 +314,23 @@ def cpu_has_bf16():
         return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
 
 
+def cpu_has_amx_bf16():
+    """AMX-TILE, AMX-INT8 and AMX-BF16 in /proc/cpuinfo (Linux lists them when the OS supports
+    the tile state)."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
+    return all(x in flags for x in ("amx_tile", "amx_int8", "amx_bf16"))
+
+
 def test_bench_json_attention(tiny, tmp_path):
     """kwker bench names the attention kernels: bf16 products exactly for 8-bit activations on
-    the AVX-512 path of an AVX512_BF16 CPU, the instruction set's own tables otherwise (also when
-    KWKER_ISA forces AVX2 or scalar on such a CPU)."""
+    the AVX-512 path of an AVX512_BF16 CPU (on AMX where it has AMX-BF16), the instruction set's
+    own tables otherwise (also when KWKER_ISA forces AVX2 or scalar on such a CPU)."""
     model, cache = tiny[0], ["--cache-dir", tmp_path]
     j8 = bench_json(model, "--precision", "int4", "--act-bits", "8", *cache)
     bf16 = j8["isa"] == "avx512" and cpu_has_bf16()
-    assert j8["attn"] == ("avx512-bf16" if bf16 else j8["isa"]), j8
+    amx = bf16 and cpu_has_amx_bf16() and os.environ.get("KWKER_AMX") != "off"
+    assert j8["attn"] == ("amx-bf16" if amx else "avx512-bf16" if bf16 else j8["isa"]), j8
     j16 = bench_json(model, "--precision", "int4", "--act-bits", "16", *cache)
     assert j16["attn"] == j16["isa"], j16
     assert bench_json(model, "--precision", "preserve")["attn"] == j16["isa"]

@@ -411,13 +411,13 @@ def cpu_flags():
         return next((ln.split() for ln in f if ln.startswith("flags")), [])
 
 
-def same_ids_on_off(tmp_path, var, ids, log_line, missing_warning, isa):
-    """Balanced and int4 generation from ids, at 8- and 16-bit activations, with var=on, off
+def same_ids_on_off(tmp_path, var, ids, log_line, missing_warning, isa, acts=("8", "16")):
+    """Balanced and int4 generation from ids, at the activation widths acts, with var=on, off
     and maybe, under KWKER_ISA=isa (None: the CPU's own path): the same greedy ids every time.
     log_line(value) is what the info log must say of the choice; "maybe" is warned about;
     missing_warning, when not None, is the warning of "on" on a CPU without the feature."""
     for prec in ("balanced", "int4"):
-        for act in ("8", "16"):
+        for act in acts:
             outs = {}
             for v in ("on", "off", "maybe"):
                 env = cli_env(KWKER_LOG="info", KWKER_CACHE=str(tmp_path), **{var: v})
@@ -439,21 +439,57 @@ def same_ids_on_off(tmp_path, var, ids, log_line, missing_warning, isa):
             assert outs["on"] == outs["off"] == outs["maybe"], (prec, act, outs)
 
 
+def has_amx():
+    flags = cpu_flags()
+    return "amx_int8" in flags and "amx_tile" in flags and "avx512" in supported_isas()
+
+
 def test_amx_changes_no_token(tmp_path):
     """KWKER_AMX=on|off: the AVX-512 prompt products run their whole 16-token tiles on AMX where
     the CPU has it (amx_quant.c), on vpdpbusd otherwise or when off; both give the same sums and
     the same float epilogue, so balanced and int4 generation after a 40-token prompt (two AMX
-    tiles and a rest) give the same greedy ids either way, at 8- and 16-bit activations. The
-    choice is logged at info ("prompt tiles: amx"); "on" without AMX and any other value are
-    warned about and ignored. On a CPU without AMX this checks the logging and the warnings."""
-    flags = cpu_flags()
-    has = "amx_int8" in flags and "amx_tile" in flags and "avx512" in supported_isas()
+    tiles and a rest) give the same greedy ids either way at 16-bit activations (8-bit ones
+    change attention too: test_amx_attention_act8). The choice is logged at info ("prompt
+    tiles: amx"); "on" without AMX and any other value are warned about and ignored. On a CPU
+    without AMX this checks the logging and the warnings."""
     ids = ",".join(str(1 + (i * 7919) % 49000) for i in range(40))
     same_ids_on_off(
         tmp_path, "KWKER_AMX", ids,
-        lambda v: "prompt tiles: %s" % ("amx" if has and v != "off" else "vector"),
-        None if "amx_int8" in flags else "KWKER_AMX=on: this CPU (or OS) has no AMX-INT8; ignored",
-        None)
+        lambda v: "prompt tiles: %s" % ("amx" if has_amx() and v != "off" else "vector"),
+        None if "amx_int8" in cpu_flags() else
+        "KWKER_AMX=on: this CPU (or OS) has no AMX-INT8; ignored",
+        None, acts=("16",))
+
+
+def test_amx_attention_act8(tmp_path):
+    """With 8-bit activations, KWKER_AMX also chooses the attention table: bf16 products on AMX
+    (amx_attn.c) where the CPU has AMX-BF16, on vdpbf16ps when off. The two sum in different
+    orders (test_attn checks each against the bf16 statement to rounding) and 8-bit activations
+    carry such differences on, so their greedy ids after a nonsense prompt may part (the logits
+    of int4 at 8 bits move some 0.25 on average from 16-bit ones either way); what must hold is
+    the log's choice and the same quality: perplexity on 8 x 128 tokens of wikitext within 1% of
+    each other (measured 0.06% apart; on 2 x 128 tokens 1.3%)."""
+    from test_perplexity import WIKITEXT, parse_output
+    flags = cpu_flags()
+    amx_bf16 = has_amx() and "amx_bf16" in flags and "avx512_bf16" in flags
+    text = tmp_path / "wiki.txt"
+    data = WIKITEXT.read_bytes()
+    text.write_bytes(data[:data.index(b"\n", 8000) + 1])
+    ppl = {}
+    for v in ("on", "off"):
+        env = cli_env(KWKER_LOG="info", KWKER_AMX=v)
+        env.pop("KWKER_ISA", None)
+        p = subprocess.run([kwker_bin(), "perplexity", "--model", smollm2_gguf(), "--file",
+                            str(text), "--chunks", "8", "--ctx", "128", "-t", THREADS,
+                            "--precision", "int4", "--act-bits", "8", "--cache-dir",
+                            str(tmp_path / "packs")],
+                           capture_output=True, text=True, timeout=900, env=env)
+        assert p.returncode == 0, p.stderr
+        want = "amx" if amx_bf16 and v == "on" else ("vector" if "avx512_bf16" in flags and
+                                                     "avx512" in supported_isas() else "none")
+        assert "bf16 attention: %s" % want in p.stderr, p.stderr
+        ppl[v] = parse_output(p.stdout + p.stderr)["ppl_full"]
+    assert abs(ppl["on"] / ppl["off"] - 1) < 0.01, ppl
 
 
 @pytest.mark.skipif("avx2" not in supported_isas(), reason="no AVX2 on this CPU")

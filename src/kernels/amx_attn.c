@@ -1,0 +1,144 @@
+/* amx_attn.c - the products of the AMX attention table on AMX-BF16 (Intel Xeon since Sapphire
+ * Rapids): tdpbf16ps sums 16 x 16 x 32 bf16 products in float in one instruction where
+ * vdpbf16ps does 16 x 2. The tiles around these products (which queries and keys, the softmax,
+ * rounding and staging) are avx512_attn.c's. Pure functions; any thread, between
+ * kwk_attn_amx_begin and kwk_attn_amx_end on it. Only called where kwk_cpu_amx_bf16().
+ *
+ * Scores: A is a block of 16 keys (32 elements each a multiply, as they lie in the cache), B the
+ * tile's 16 queries as element pairs (the transposed queries the vector table's lane path
+ * builds), C 16 keys x 16 queries. Values: B is 16 value rows of 32 elements as they lie in the
+ * cache, which the multiply reads as 16 pairs (elements 2n, 2n + 1) of each row; A holds 16
+ * queries' weights of those 16 keys, each in one slot of its pair and zero in the other, so one
+ * multiply yields the even elements (C 16 queries x 16 of them) and another, with the weights
+ * in the other slot, the odd ones. Twice the multiplies of pairing the keys, but values read as
+ * they are stored: pairing keys meant interleaving two value rows in memory first, and a tile
+ * load waits for such fresh stores (a decode step's attention at 500 positions: 19.5 us with the
+ * interleaving against 17 us on AVX-512 alone). A C element's sum depends only on its own A row
+ * and B column and the order of the multiplies, never on the other rows and columns of the
+ * tile: that is the table's batch invariance. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels/amx_attn.h"
+
+/* Tile registers: four C tiles, two A and two B tiles. A tile register is not renamed: a load
+ * into one waits until the multiply before has read it, so consecutive multiplies take their
+ * operands from alternate registers (one register each ran the decode step's values at a third
+ * of the speed). */
+#define TC0 0
+#define TC1 1
+#define TC2 2
+#define TC3 3
+#define TA0 4
+#define TA1 5
+#define TB0 6
+#define TB1 7
+
+struct tile_config {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Every tile 16 rows of 64 bytes (16 floats; 32 bf16). A constant in read-only memory, as
+ * amx_quant.c's and for its reason. */
+static const _Alignas(64) struct tile_config CONFIG = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+void kwk_attn_amx_begin(void)
+{
+    _tile_loadconfig(&CONFIG);
+}
+
+void kwk_attn_amx_end(void)
+{
+    _tile_release();
+}
+
+/* Block i's share of chunk c: its keys' 32 elements into A (alternate registers), multiplied
+ * by the queries' chunk in B. */
+#define SCORES_BLOCK(T, TA, TB, i)                                                                 \
+    do {                                                                                           \
+        _tile_loadd(TA, k + (long)(i) * 16 * ldk + 32 * c, ldk * (long)sizeof *k);                 \
+        _tile_dpbf16ps(T, TA, TB);                                                                 \
+    } while (0)
+
+/* Chunk c of every block, the queries' chunk loaded into TB. */
+#define SCORES_CHUNK(TB)                                                                           \
+    do {                                                                                           \
+        _tile_loadd(TB, qt + 256 * c, 64);                                                         \
+        SCORES_BLOCK(TC0, TA0, TB, 0);                                                             \
+        if (nb > 1)                                                                                \
+            SCORES_BLOCK(TC1, TA1, TB, 1);                                                         \
+        if (nb > 2)                                                                                \
+            SCORES_BLOCK(TC2, TA0, TB, 2);                                                         \
+        if (nb > 3)                                                                                \
+            SCORES_BLOCK(TC3, TA1, TB, 3);                                                         \
+    } while (0)
+
+void kwk_attn_amx_scores(const uint32_t *qt, const uint16_t *k, long ldk, int hd, int nb,
+                         float *s)
+{
+    /* GCC's tile loads and stores are asm without memory operands: keep the caller's stores of
+     * the operands before them and its loads of s after */
+    __asm__ volatile("" ::: "memory");
+    /* several blocks in flight: one block's chain of multiplies, its store and the caller's
+     * loads would each wait on the one before */
+    _tile_zero(TC0);
+    _tile_zero(TC1);
+    _tile_zero(TC2);
+    _tile_zero(TC3);
+    for (int c = 0; c < hd / 32; c++) {
+        if (c & 1)
+            SCORES_CHUNK(TB1);
+        else
+            SCORES_CHUNK(TB0);
+    }
+    _tile_stored(TC0, s, 64);
+    if (nb > 1)
+        _tile_stored(TC1, s + 256, 64);
+    if (nb > 2)
+        _tile_stored(TC2, s + 512, 64);
+    if (nb > 3)
+        _tile_stored(TC3, s + 768, 64);
+    __asm__ volatile("" ::: "memory");
+}
+
+/* Chunk c's share of a block: its 16 keys' 32 elements into B (alternate registers), times the
+ * weights in their even (TA1) and odd (TA0) slots. */
+#define VALUES_CHUNK(TE, TO, TB, c)                                                                \
+    do {                                                                                           \
+        _tile_loadd(TB, v + (long)j * ldv + 32 * (c), ldv * 2);                                    \
+        _tile_dpbf16ps(TE, TA1, TB);                                                               \
+        _tile_dpbf16ps(TO, TA0, TB);                                                               \
+    } while (0)
+
+void kwk_attn_amx_values(const float *wo, const float *we, long ldw, const uint16_t *v, long ldv,
+                         int nch, int nk, float (*acc)[256])
+{
+    __asm__ volatile("" ::: "memory");
+    _tile_loadd(TC0, acc[0], 64);
+    _tile_loadd(TC1, acc[1], 64);
+    if (nch > 1) {
+        _tile_loadd(TC2, acc[2], 64);
+        _tile_loadd(TC3, acc[3], 64);
+    }
+    for (int j = 0; j < nk; j += 16) {
+        _tile_loadd(TA0, wo + j, ldw * 4);
+        _tile_loadd(TA1, we + j, ldw * 4);
+        VALUES_CHUNK(TC0, TC1, TB0, 0);
+        if (nch > 1)
+            VALUES_CHUNK(TC2, TC3, TB1, 1);
+    }
+    _tile_stored(TC0, acc[0], 64);
+    _tile_stored(TC1, acc[1], 64);
+    if (nch > 1) {
+        _tile_stored(TC2, acc[2], 64);
+        _tile_stored(TC3, acc[3], 64);
+    }
+    __asm__ volatile("" ::: "memory");
+}
