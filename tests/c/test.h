@@ -91,6 +91,15 @@ static inline int t_cpu_amx(void)
            (d >> 24 & 1) && (d >> 25 & 1);
 }
 
+/* And AMX-BF16 (CPUID 7.0 EDX bit 22) with AVX512_BF16 (7.1 EAX bit 5): the AMX attention. */
+static inline int t_cpu_amx_bf16(void)
+{
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!t_cpu_amx() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1))
+        return 0;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
+}
+
 static int t_report(const char *name)
 {
     printf("%s: %d passed, %d failed\n", name, t_passed, t_failed);

@@ -481,16 +481,28 @@ static int amx_with_env(const char *value)
     return in_child_with_env("KWKER_AMX", value, kwk_cpu_amx);
 }
 
+/* The same for the attention's bf16 products (kwk_cpu_amx_bf16): AMX-BF16 as well. */
+static int amx_bf16_with_env(const char *value)
+{
+    return in_child_with_env("KWKER_AMX", value, kwk_cpu_amx_bf16);
+}
+
 static void test_amx_env(void)
 {
     /* each probe detects afresh in its child: this process's own detection comes after them */
     int dflt = amx_with_env(NULL), on = amx_with_env("on"), off = amx_with_env("off"),
         other = amx_with_env("yes");
+    int bf_dflt = amx_bf16_with_env(NULL), bf_on = amx_bf16_with_env("on"),
+        bf_off = amx_bf16_with_env("off");
     int has = t_cpu_amx() && kwk_isa() == KWK_ISA_AVX512;
     T_EQ(dflt, has);
     T_EQ(on, has);
     T_EQ(off, 0);
     T_EQ(other, has);
+    int bf = has && t_cpu_amx_bf16();
+    T_EQ(bf_dflt, bf);
+    T_EQ(bf_on, bf);
+    T_EQ(bf_off, 0);
 }
 
 /* to_half (the half KV cache's stores): bitwise kwk_f32_to_f16 over a sweep of float bit patterns
