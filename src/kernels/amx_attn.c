@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kernels/amx.h"
 #include "kernels/amx_attn.h"
 
 /* Tile registers: four C tiles, two A and two B tiles. A tile register is not renamed: a load
@@ -34,16 +35,8 @@
 #define TB0 6
 #define TB1 7
 
-struct tile_config {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-/* Every tile 16 rows of 64 bytes (16 floats; 32 bf16). A constant in read-only memory, as
- * amx_quant.c's and for its reason. */
-static const _Alignas(64) struct tile_config CONFIG = {
+/* Every tile 16 rows of 64 bytes (16 floats; 32 bf16); a constant (amx.h says why). */
+static const _Alignas(64) struct kwk_amx_config CONFIG = {
     .palette = 1,
     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},

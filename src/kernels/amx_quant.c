@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "base/base.h"
+#include "kernels/amx.h"
 #include "kernels/avx512_quant.h"
 #include "kernels/quant.h"
 
@@ -40,19 +41,9 @@
 #define TB0 6
 #define TB1 7
 
-/* LDTILECFG's 64-byte operand (palette 1). */
-struct tile_config {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 /* The tiles' shapes: C 16 tokens x 16 rows of int32, A 16 tokens x 32 bytes, B 8 x (16 rows x 4
- * bytes). A constant in read-only memory rather than a struct filled on the stack: LDTILECFG is
- * a builtin whose memory operand a compiler may not see, and an invalid configuration faults
- * (llama.cpp's AMX path crashed so on this kind of host, session 26). */
-static const _Alignas(64) struct tile_config TILE_CONFIG = {
+ * bytes); a constant (amx.h says why). */
+static const _Alignas(64) struct kwk_amx_config TILE_CONFIG = {
     .palette = 1,
     .colsb = {[TC0] = KWK_QROWS * 4, [TC1] = KWK_QROWS * 4, [TC2] = KWK_QROWS * 4,
               [TC3] = KWK_QROWS * 4, [TAH] = KWK_QACT_GROUP, [TAL] = KWK_QACT_GROUP,

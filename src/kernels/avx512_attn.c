@@ -669,18 +669,28 @@ static void scores_bf(int amx, const struct tile *t, float *p, float *scratch)
 /* softmax_unnormalized's weights rounded to bf16 in place, in one pass: the row's first bytes
  * then hold them as uint16_t, zero-padded to a multiple of 32. Returns the sum of the rounded
  * weights, the divisor that matches them. Each 64-byte store lands on floats already read. */
+/* Weights [b, b + 32) of a row of n (zero from n) rounded to bf16: returns the 32 in order, *w0
+ * and *w1 the first and last 16 as floats (bf16 in the high half), and adds those to *sum (the
+ * divisor that matches the rounded weights, in one order for both tables that use it). */
+INLINE __m512i weights_bf(const float *p, int b, int n, __m512 mx, __m512i *w0, __m512i *w1,
+                          __m512 *sum)
+{
+    __m512 e0 = b < n ? weights16(p, b, n, mx) : _mm512_setzero_ps();
+    __m512 e1 = b + KB < n ? weights16(p, b + KB, n, mx) : _mm512_setzero_ps();
+    __m512i r = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+    *w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
+    *w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
+    *sum = _mm512_add_ps(*sum, _mm512_add_ps(_mm512_castsi512_ps(*w0), _mm512_castsi512_ps(*w1)));
+    return r;
+}
+
 static float softmax_bf(float *p, int n)
 {
     __m512 mx = row_max(p, n), sum = _mm512_setzero_ps();
     uint16_t *pb = (uint16_t *)p;
     for (int b = 0; b < n; b += 32) {
-        __m512 e0 = weights16(p, b, n, mx);
-        __m512 e1 = b + KB < n ? weights16(p, b + KB, n, mx) : _mm512_setzero_ps();
-        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
-        __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
-        __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
-        sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_castsi512_ps(w0), _mm512_castsi512_ps(w1)));
-        _mm512_storeu_si512(pb + b, r);
+        __m512i w0, w1;
+        _mm512_storeu_si512(pb + b, weights_bf(p, b, n, mx, &w0, &w1, &sum));
     }
     return _mm512_reduce_add_ps(sum);
 }
@@ -820,12 +830,8 @@ static float softmax_amx(float *p, float *pe, int n, int nz)
 {
     __m512 mx = row_max(p, n), sum = _mm512_setzero_ps();
     for (int b = 0; b < nz; b += 32) {
-        __m512 e0 = b < n ? weights16(p, b, n, mx) : _mm512_setzero_ps();
-        __m512 e1 = b + KB < n ? weights16(p, b + KB, n, mx) : _mm512_setzero_ps();
-        __m512i r = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
-        __m512i w0 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r)), 16);
-        __m512i w1 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(r, 1)), 16);
-        sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_castsi512_ps(w0), _mm512_castsi512_ps(w1)));
+        __m512i w0, w1;
+        weights_bf(p, b, n, mx, &w0, &w1, &sum);
         _mm512_storeu_si512(p + b, w0);
         _mm512_storeu_si512(pe + b, _mm512_srli_epi32(w0, 16));
         if (b + KB < nz) {
