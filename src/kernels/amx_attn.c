@@ -13,19 +13,20 @@
  * in the other slot, the odd ones. Twice the multiplies of pairing the keys, but values read as
  * they are stored: pairing keys meant interleaving two value rows in memory first, and a tile
  * load waits for such fresh stores (a decode step's attention at 500 positions: 19.5 us with the
- * interleaving against 17 us on AVX-512 alone). A C element's sum depends only on its own A row
- * and B column and the order of the multiplies, never on the other rows and columns of the
- * tile: that is the table's batch invariance. */
+ * interleaving, 12.5 without, 17 on AVX-512 alone; docs/benchmarks.md, session 27). A C
+ * element's sum depends only on its own A row and B column and the order of the multiplies,
+ * never on the other rows and columns of the tile: that is the table's batch invariance. */
 #include <immintrin.h>
 #include <stdint.h>
 
 #include "kernels/amx.h"
 #include "kernels/amx_attn.h"
 
-/* Tile registers: four C tiles, two A and two B tiles. A tile register is not renamed: a load
- * into one waits until the multiply before has read it, so consecutive multiplies take their
- * operands from alternate registers (one register each ran the decode step's values at a third
- * of the speed). */
+/* Tile registers: four C tiles, two A and two B tiles. Consecutive multiplies take their
+ * operands from alternate registers, so that a load need not wait until the multiply before has
+ * read its register: measured, 4% on a decode row at 500 positions and nothing on prompt chunks
+ * (one register each ran those 2-3% faster), since a tile's loads are few beside its multiplies
+ * and stores. */
 #define TC0 0
 #define TC1 1
 #define TC2 2
