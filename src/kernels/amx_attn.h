@@ -1,6 +1,6 @@
 /* amx_attn.h - the tile multiplies of the AMX attention table (kwk_attn_amx_bf16, whose tiles
- * live in avx512_attn.c): a key block's scores and a key chunk's weighted values, in bf16
- * products summed in float. Include only from files compiled with AVX-512; call only where
+ * live in avx512_attn.c): key blocks' scores and weighted values, in bf16 products summed in
+ * float. Include only from files compiled with AVX-512; call only where
  * kwk_cpu_amx_bf16(), between kwk_attn_amx_begin() and kwk_attn_amx_end() on the same thread. */
 #ifndef KWK_AMX_ATTN_H
 #define KWK_AMX_ATTN_H
