@@ -34,6 +34,7 @@ static int prefetch_l2;
 static int prefetch_int8_avx512 = 1, prefetch_int8_avx2 = 1;
 static int use_avxvnni;
 static int use_amx;
+static int use_amx_bf16; /* use_amx, AMX-BF16 and AVX512_BF16: the act8 attention on AMX */
 
 /* XCR0: which register states the OS saves on context switch. Only valid when OSXSAVE is set. */
 static uint64_t xgetbv0(void)
@@ -154,6 +155,7 @@ static void detect(void)
             kwk_log(KWK_LOG_WARN, "AMX: the kernel refused the tile state (arch_prctl); "
                                   "prompts run on AVX-512 VNNI");
     }
+    use_amx_bf16 = use_amx && cpu.amx_bf16 && cpu.bf16;
     kwk_log(KWK_LOG_INFO,
             "kernels: %s (cpu: avx2=%d avxvnni=%d avx512=%d bf16=%d vnni=%d amx=%d amd=%d "
             "family=%#x), prefetch to %s, int8 decode prefetch: avx512 %s, avx2 %s, avx2 dot "
@@ -162,7 +164,9 @@ static void detect(void)
             cpu.amd, cpu.family, prefetch_l2 ? "L2" : "L1", prefetch_int8_avx512 ? "on" : "off",
             prefetch_int8_avx2 ? "on" : "off", use_avxvnni ? "avx-vnni" : "maddubs",
             use_amx ? "amx" : "vector",
-            use_amx && cpu.amx_bf16 && cpu.bf16 ? "amx" : cpu.bf16 ? "vector" : "none");
+            use_amx_bf16                          ? "amx"
+            : isa == KWK_ISA_AVX512 && cpu.bf16 ? "vector"
+                                                : "none");
 }
 
 int kwk_isa(void)
@@ -198,7 +202,7 @@ int kwk_cpu_amx(void)
 int kwk_cpu_amx_bf16(void)
 {
     pthread_once(&isa_once, detect);
-    return use_amx && cpu.amx_bf16 && cpu.bf16;
+    return use_amx_bf16;
 }
 
 int kwk_cpu_bf16(void)

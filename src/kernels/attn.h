@@ -90,8 +90,9 @@ void kwk_attn_tiles(const struct kwk_attn_args *a, long i0, long i1, kwk_attn_ti
 /* Floats of scratch one thread needs for rows attending at most max_pos positions: the scores of
  * KWK_ATTN_TILE_QUERIES queries (or of one kv group's query heads, if more), each padded to a
  * multiple of 16, those queries transposed (KWK_ATTN_TILE_QUERIES * head_dim), a block of 16
- * keys widened from half (16 * head_dim) and the bf16 table's values of one key range
- * interleaved (max(4096, 8 * head_dim)). Same for every table. */
+ * keys widened from half (16 * head_dim), the bf16 table's values of one key range
+ * interleaved (max(4096, 8 * head_dim)) and the AMX table's second form of 16 queries' weights
+ * (16 * max_pos, padded as the scores). Same for every table. */
 size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos);
 
 /* Thread ith's share [*i0, *i1) of the n_rows * n_heads items, balanced by work (positions
@@ -122,7 +123,8 @@ extern const struct kwk_attn_kernel kwk_attn_avx512;
 extern const struct kwk_attn_kernel kwk_attn_avx512_bf16;
 /* The same rounding with the products on AMX-BF16 tile multiplies (amx_attn.c): agrees with
  * kwk_attn_avx512_bf16 to float rounding (its sums run in another order), batch invariant as
- * the others, the same staging. Only where kwk_cpu_amx_bf16(). */
+ * the others. No stage_bf16: it reads half_to_bf16's caches where they lie. Only where
+ * kwk_cpu_amx_bf16(). */
 extern const struct kwk_attn_kernel kwk_attn_amx_bf16;
 
 #endif

@@ -555,9 +555,8 @@ static void scores_amx(const struct tile *t, const uint32_t *qt, uint16_t *kb, _
         }
         kwk_attn_amx_scores(qt, kr, ldr, hd, nb, s);
         if (t->nq <= 4) { /* a decode step's few queries: each one's column gathered */
-            const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8,
-                                                                     7, 6, 5, 4, 3, 2, 1, 0),
-                                                    _mm512_set1_epi32(MAXQ));
+            const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112,
+                                                 96, 80, 64, 48, 32, 16, 0); /* u * MAXQ */
             for (int i = 0; i < nb; i++, b += KB)
                 for (int x = 0; x < t->nq; x++)
                     store_scores(t, x, b,
@@ -647,23 +646,14 @@ INLINE void scores_bf_hd(int AMX, const struct tile *t, int hd, float *p, float 
 
 static void scores_bf(int amx, const struct tile *t, float *p, float *scratch)
 {
-    switch (t->hd * 2 + amx) {
-    case 128:
+    if (amx) /* the tile unit's loops take hd as it comes */
+        scores_bf_hd(1, t, t->hd, p, scratch);
+    else if (t->hd == 64)
         scores_bf_hd(0, t, 64, p, scratch);
-        break;
-    case 129:
-        scores_bf_hd(1, t, 64, p, scratch);
-        break;
-    case 256:
+    else if (t->hd == 128)
         scores_bf_hd(0, t, 128, p, scratch);
-        break;
-    default:
-        if (amx)
-            scores_bf_hd(1, t, t->hd, p, scratch);
-        else
-            scores_bf_hd(0, t, t->hd, p, scratch);
-        break;
-    }
+    else
+        scores_bf_hd(0, t, t->hd, p, scratch);
 }
 
 /* softmax_unnormalized's weights rounded to bf16 in place, in one pass: the row's first bytes
