@@ -139,6 +139,12 @@ int kwk_cpu_amx(void);
  * declines it too. Detected once; any thread. */
 int kwk_cpu_amx_bf16(void);
 
+/* Whether the AVX-512 table multiplies bf16 matrices (preserve) on AMX-BF16 (amx_bf16.c: exact
+ * products, summed in the tile unit's order): kwk_cpu_amx_bf16() and KWKER_AMX_PRESERVE=on
+ * (on|off, default off; "on" where it cannot be is warned about and ignored). Detected once;
+ * any thread. */
+int kwk_cpu_amx_preserve(void);
+
 /* Whether the CPU has AVX512_BF16 (vdpbf16ps) and AVX-512 is usable (not whether kwk_isa()
  * chose it). Detected once; any thread. */
 int kwk_cpu_bf16(void);

@@ -35,6 +35,7 @@ static int prefetch_int8_avx512 = 1, prefetch_int8_avx2 = 1;
 static int use_avxvnni;
 static int use_amx;
 static int use_amx_bf16; /* use_amx, AMX-BF16 and AVX512_BF16: the act8 attention on AMX */
+static int use_amx_preserve; /* use_amx_bf16 and KWKER_AMX_PRESERVE=on: preserve's products */
 
 /* XCR0: which register states the OS saves on context switch. Only valid when OSXSAVE is set. */
 static uint64_t xgetbv0(void)
@@ -156,17 +157,28 @@ static void detect(void)
                                   "prompts run on AVX-512 VNNI");
     }
     use_amx_bf16 = use_amx && cpu.amx_bf16 && cpu.bf16;
+    /* Preserve's bf16 products on AMX-BF16 (amx_bf16.c): prompts about twice as fast, every
+     * product still exact, but their sums in the tile unit's order (not the FMA chains every
+     * other path computes bitwise), and a generated token 10-20% slower here (tile loads
+     * stream a row-major matrix slower than vector loads: docs/benchmarks.md, session 28).
+     * So asked for, not the default. */
+    int ap = kwk_env_word("KWKER_AMX_PRESERVE", on_off, 2);
+    use_amx_preserve = ap == 0 && use_amx_bf16;
+    if (ap == 0 && !use_amx_bf16)
+        kwk_log(KWK_LOG_WARN, "KWKER_AMX_PRESERVE=on: no AMX-BF16 in use here (CPU, OS, "
+                              "KWKER_ISA or KWKER_AMX); ignored");
     kwk_log(KWK_LOG_INFO,
             "kernels: %s (cpu: avx2=%d avxvnni=%d avx512=%d bf16=%d vnni=%d amx=%d amd=%d "
             "family=%#x), prefetch to %s, int8 decode prefetch: avx512 %s, avx2 %s, avx2 dot "
-            "products: %s, prompt tiles: %s, bf16 attention: %s",
+            "products: %s, prompt tiles: %s, bf16 attention: %s, preserve products: %s",
             kwk_isa_name(isa), cpu.avx2, cpu.avxvnni, cpu.avx512, cpu.bf16, cpu.vnni, cpu.amx,
             cpu.amd, cpu.family, prefetch_l2 ? "L2" : "L1", prefetch_int8_avx512 ? "on" : "off",
             prefetch_int8_avx2 ? "on" : "off", use_avxvnni ? "avx-vnni" : "maddubs",
             use_amx ? "amx" : "vector",
             use_amx_bf16                          ? "amx"
             : isa == KWK_ISA_AVX512 && cpu.bf16 ? "vector"
-                                                : "none");
+                                                : "none",
+            use_amx_preserve ? "amx" : "vector");
 }
 
 int kwk_isa(void)
@@ -203,6 +215,12 @@ int kwk_cpu_amx_bf16(void)
 {
     pthread_once(&isa_once, detect);
     return use_amx_bf16;
+}
+
+int kwk_cpu_amx_preserve(void)
+{
+    pthread_once(&isa_once, detect);
+    return use_amx_preserve;
 }
 
 int kwk_cpu_bf16(void)

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "base/base.h"
+#include "kernels/amx_bf16.h"
 #include "kernels/avx512_exp.h"
 #include "kernels/float_rows.h"
 #include "kernels/kernels.h"
@@ -241,7 +242,9 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
             gemm(w, x, n_tok, y, ldy, r0, r1, tiles_f16);
         break;
     case KWK_W_BF16:
-        if (n_tok == 1)
+        if (kwk_cpu_amx_preserve())
+            kwk_bf16_matmul_amx(w, x, n_tok, y, ldy, r0, r1);
+        else if (n_tok == 1)
             kwk_dec_gemm(w, x, y, r0, r1, decs_bf16);
         else
             gemm(w, x, n_tok, y, ldy, r0, r1, tiles_bf16);

@@ -76,7 +76,11 @@ int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, i
         return 0;
     /* runs are cut in rows, or in panels of 16 rows */
     int64_t unit = w->wtype == KWK_W_BF16P ? 16 : 1, units = (r1 - r0 + unit - 1) / unit;
-    int runs = kwk_quant_group(w->wtype) ? 1 : KWK_MAX(1, k->dec_runs);
+    /* quantized matrices, and bf16 ones on AMX (amx_bf16.c: groups of row blocks from r0), are
+     * read in order */
+    int in_order = kwk_quant_group(w->wtype) ||
+                   (w->wtype == KWK_W_BF16 && k == &kwk_kernels_avx512 && kwk_cpu_amx_preserve());
+    int runs = in_order ? 1 : KWK_MAX(1, k->dec_runs);
     int64_t run = units / runs;
     if (run == 0) /* fewer units than runs: the kernels read them one after the other */
         runs = 1;

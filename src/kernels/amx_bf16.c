@@ -1,0 +1,454 @@
+/* amx_bf16.c - preserve's products (bf16 weights, float activations) on AMX-BF16 (Intel Xeon
+ * since Sapphire Rapids), every product exact. Pure functions; any thread (each call loads its
+ * own tile configuration). Only called where kwk_cpu_amx_bf16(); the AVX-512 table calls it where
+ * kwk_cpu_amx_preserve() (KWKER_AMX_PRESERVE=on: not the default, see base.h).
+ *
+ * Why the products are exact: tdpbf16ps multiplies bf16 by bf16 and sums in float. A float x is
+ * the sum of three bf16 numbers: x1 = x rounded to bf16 (nearest even), x2 = x - x1 rounded, x3
+ * = x - x1 - x2 (both differences exact in float; x3 has at most 8 significant bits). A bf16
+ * weight times a bf16 number is exact in float (8 x 8 significant bits), so the three products
+ * of w x1, w x2 and w x3 hold w x exactly. What differs from the vector tables' float32 FMA
+ * chains is the order of the float sums: the same rounding error's size, not its bits (and
+ * parts and products below float's normal range are flushed, as tdpbf16ps does).
+ *
+ * Layout: A is 16 weight rows x 32 columns read where they lie (the checkpoint's mapped rows, no
+ * pack); B a 32-column chunk as 16 pairs x 16 columns, column 3j + s holding part s of token j
+ * (5 tokens a tile, the 16th column zero); C 16 rows x those columns. A token's output is
+ * (c0 + c1) + c2 of its three columns. Three columns for the parts rather than three multiplies
+ * into one column: a decode step then takes one multiply per 16 x 32 weights, not three, and
+ * the tile unit keeps ahead of memory (three: 60-80% of the vector decode's bandwidth).
+ *
+ * Batch invariance (kernels.h): a C element sums over all chunks in order, and each multiply's
+ * sum depends only on the element's A row and B column, never on the tile's other rows and
+ * columns or on which column holds the token; so a (row, token) gives the same bits alone, in a
+ * batch, in any row range. The sums run over whole rows without column passes: a decode step
+ * reads a group of row blocks' whole rows, and passes over column slices read from memory
+ * 10-28% slower (session 28, docs/benchmarks.md). */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "base/base.h"
+#include "kernels/amx.h"
+#include "kernels/amx_bf16.h"
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Tile registers: four C tiles, two A (row blocks) and two B (token tiles). Consecutive loads
+ * go to alternate registers, so that a load need not wait for the multiply before it. */
+#define TC0 0
+#define TC1 1
+#define TC2 2
+#define TC3 3
+#define TA0 4
+#define TA1 5
+#define TB0 6
+#define TB1 7
+
+#define CHUNK 32    /* columns a multiply takes: 16 pairs */
+#define TILE_TOKS 5 /* tokens a B tile holds, three columns each */
+/* A token block's staged activations, at most: they stay in L2 while every row block of the
+ * thread's rows reads them. */
+#define STAGE_BYTES (512u * 1024u)
+#define MAX_TILES 12 /* B tiles a token block, at most (60 tokens) */
+
+/* Every tile 16 rows of 64 bytes (16 floats; 32 bf16); a constant (amx.h says why). */
+static const _Alignas(64) struct kwk_amx_config CONFIG = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* A chunk's B operand: [pair][column], each element two bf16 (column 3j + s: part s of token
+ * j's elements 2 * pair and 2 * pair + 1). */
+typedef uint32_t btile[16][16];
+
+/* The word index of each element's high half in a pair of vectors: permuting by it gathers 32
+ * floats' bf16 (their high halves) into one vector, in order. */
+static const _Alignas(64) uint16_t HIGH_HALVES[32] = {
+    1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+
+INLINE __mmask16 lanes16(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+
+INLINE __mmask32 lanes32(int64_t n)
+{
+    return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? (__mmask32)0 : (__mmask32)((1u << n) - 1u);
+}
+
+/* v rounded to bf16 (nearest even), as a float whose low 16 bits are zero. Integer arithmetic,
+ * so no AVX512_BF16 instruction is needed here; NaN is the caller's. */
+INLINE __m512 bf16_round(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* v = p1 + p2 + p3, each a bf16 value (a float with low 16 bits zero). NaN stays NaN in p1 (a
+ * rounding could carry its payload into -0); an infinite p1 (v infinite, or beyond bf16's
+ * largest finite 3.39e38) gets zero parts, so that an infinite product is not made NaN by an
+ * inf - inf. */
+INLINE void split3(__m512 v, __m512 *p1, __m512 *p2, __m512 *p3)
+{
+    __m512 a = bf16_round(v);
+    a = _mm512_mask_mov_ps(a, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_ps(NAN));
+    __mmask16 fin = _mm512_cmp_ps_mask(_mm512_abs_ps(a), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+    __m512 r = _mm512_maskz_sub_ps(fin, v, a);
+    __m512 b = bf16_round(r);
+    *p1 = a;
+    *p2 = b;
+    *p3 = _mm512_sub_ps(r, b);
+}
+
+/* The bf16 of 32 floats with low halves zero (lo: elements 0-15, hi: 16-31) as 16 pairs. */
+INLINE __m512i pairs(__m512 lo, __m512 hi, __m512i idx)
+{
+    return _mm512_permutex2var_epi16(_mm512_castps_si512(lo), idx, _mm512_castps_si512(hi));
+}
+
+/* r[i][j] <-> r[j][i] for 16 x 16 32-bit elements: within pairs of rows, then pairs of pairs,
+ * then 128-bit lanes. */
+INLINE void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* r[4i + q] (q = 0..3): element q of each 128-bit lane L of rows 4i..4i+3, i.e. column
+     * 4L + q of those rows */
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        __m512i v = _mm512_shuffle_i32x4(r[q], r[4 + q], _MM_SHUFFLE(2, 0, 2, 0));
+        __m512i w = _mm512_shuffle_i32x4(r[q], r[4 + q], _MM_SHUFFLE(3, 1, 3, 1));
+        __m512i v2 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], _MM_SHUFFLE(2, 0, 2, 0));
+        __m512i w2 = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], _MM_SHUFFLE(3, 1, 3, 1));
+        t[q] = _mm512_shuffle_i32x4(v, v2, _MM_SHUFFLE(2, 0, 2, 0));
+        t[4 + q] = _mm512_shuffle_i32x4(w, w2, _MM_SHUFFLE(2, 0, 2, 0));
+        t[8 + q] = _mm512_shuffle_i32x4(v, v2, _MM_SHUFFLE(3, 1, 3, 1));
+        t[12 + q] = _mm512_shuffle_i32x4(w, w2, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        r[i] = t[i];
+}
+
+/* Chunks [c0, c1) of the B tile of tokens x[0 .. nt) (nt <= 5, rows cols apart) into dst[0 ..
+ * c1 - c0); columns past the tokens' and elements past cols zero. */
+static void stage_tile(const float *x, int64_t cols, int nt, int64_t c0, int64_t c1, btile *dst)
+{
+    const __m512i idx = _mm512_load_si512(HIGH_HALVES);
+    for (int64_t c = c0; c < c1; c++) {
+        __m512i r[16];
+        int64_t k = c * CHUNK;
+        __mmask16 mlo = lanes16(cols - k), mhi = lanes16(cols - k - 16);
+        for (int j = 0; j < TILE_TOKS; j++) {
+            if (j >= nt) {
+                r[3 * j] = r[3 * j + 1] = r[3 * j + 2] = _mm512_setzero_si512();
+                continue;
+            }
+            const float *p = x + (int64_t)j * cols + k;
+            __m512 l1, l2, l3, h1, h2, h3;
+            split3(_mm512_maskz_loadu_ps(mlo, p), &l1, &l2, &l3);
+            split3(_mm512_maskz_loadu_ps(mhi, p + 16), &h1, &h2, &h3);
+            r[3 * j] = pairs(l1, h1, idx);
+            r[3 * j + 1] = pairs(l2, h2, idx);
+            r[3 * j + 2] = pairs(l3, h3, idx);
+        }
+        r[15] = _mm512_setzero_si512();
+        transpose16(r);
+        for (int p = 0; p < 16; p++)
+            _mm512_store_si512(dst[c - c0][p], r[p]);
+    }
+}
+
+/* A for rows [rb, rb + nrows) and chunk c: where the rows lie, or for a partial row block or the
+ * last partial chunk (c >= full) a zero-padded copy in abuf. Returns the rows' stride. */
+INLINE const void *a_src(const struct kwk_mat *w, int64_t rb, int nrows, int64_t c, int64_t full,
+                         uint16_t (*abuf)[CHUNK], long *stride)
+{
+    const uint16_t *base = (const uint16_t *)w->data + rb * w->cols + c * CHUNK;
+    if (nrows == 16 && c < full) {
+        *stride = (long)(w->cols * 2);
+        return base;
+    }
+    __mmask32 m = lanes32(w->cols - c * CHUNK);
+    for (int i = 0; i < 16; i++)
+        _mm512_storeu_si512(abuf[i], i < nrows ? _mm512_maskz_loadu_epi16(m, base + i * w->cols)
+                                                : _mm512_setzero_si512());
+    /* GCC's tileloadd is an asm without a memory operand: the copy must be stored before it */
+    __asm__ volatile("" ::: "memory");
+    *stride = CHUNK * 2;
+    return abuf;
+}
+
+/* C tile tc's 16 rows x 5 tokens into y: rows [rb, rb + nrows), tokens t .. t + nt - 1. */
+#define PUT(tc, rb, nrows, t, nt)                                                                  \
+    do {                                                                                           \
+        _tile_stored(tc, cbuf, 64);                                                                \
+        put(cbuf, y, ldy, rb, nrows, t, nt);                                                       \
+    } while (0)
+
+INLINE void put(float (*cbuf)[16], float *y, long ldy, int64_t rb, int nrows, int t, int nt)
+{
+    __m512i r[16];
+    __asm__ volatile("" ::: "memory"); /* the tile store first */
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++)
+        r[m] = _mm512_load_si512(cbuf[m]);
+    transpose16(r); /* r[n]: column n over the 16 rows */
+    __mmask16 m = lanes16(nrows);
+    for (int j = 0; j < nt; j++) {
+        __m512 s = _mm512_add_ps(_mm512_castsi512_ps(r[3 * j]), _mm512_castsi512_ps(r[3 * j + 1]));
+        s = _mm512_add_ps(s, _mm512_castsi512_ps(r[3 * j + 2]));
+        _mm512_mask_storeu_ps(y + (int64_t)(t + j) * ldy + rb, m, s);
+    }
+}
+
+/* Two row blocks (rb: nr0 rows, rb + 16: nr1; RB = 1: the first only) x two token tiles (b0:
+ * tokens t .. t + nt0 - 1, b1 the next nt1; NT = 1: b0 only), over every chunk. */
+INLINE void block(const struct kwk_mat *w, const btile *b0, const btile *b1, int64_t rb, int nr0,
+                  int nr1, int64_t nk, int64_t full, float *y, long ldy, int t, int nt0, int nt1,
+                  int RB, int NT)
+{
+    _Alignas(64) uint16_t abuf[2][16][CHUNK];
+    _Alignas(64) float cbuf[16][16];
+    _tile_zero(TC0);
+    if (NT > 1)
+        _tile_zero(TC1);
+    if (RB > 1)
+        _tile_zero(TC2);
+    if (RB > 1 && NT > 1)
+        _tile_zero(TC3);
+    for (int64_t c = 0; c < nk; c++) {
+        long s0, s1;
+        const void *a0 = a_src(w, rb, nr0, c, full, abuf[0], &s0);
+        _tile_loadd(TA0, a0, s0);
+        _tile_loadd(TB0, b0[c], 64);
+        _tile_dpbf16ps(TC0, TA0, TB0);
+        if (NT > 1) {
+            _tile_loadd(TB1, b1[c], 64);
+            _tile_dpbf16ps(TC1, TA0, TB1);
+        }
+        if (RB > 1) {
+            const void *a1 = a_src(w, rb + 16, nr1, c, full, abuf[1], &s1);
+            _tile_loadd(TA1, a1, s1);
+            _tile_dpbf16ps(TC2, TA1, TB0);
+            if (NT > 1)
+                _tile_dpbf16ps(TC3, TA1, TB1);
+        }
+    }
+    PUT(TC0, rb, nr0, t, nt0);
+    if (NT > 1)
+        PUT(TC1, rb, nr0, t + TILE_TOKS, nt1);
+    if (RB > 1)
+        PUT(TC2, rb + 16, nr1, t, nt0);
+    if (RB > 1 && NT > 1)
+        PUT(TC3, rb + 16, nr1, t + TILE_TOKS, nt1);
+}
+
+typedef void (*block_fn)(const struct kwk_mat *, const btile *, const btile *, int64_t, int, int,
+                         int64_t, int64_t, float *, long, int, int, int);
+#define BLOCK_FN(RB, NT)                                                                           \
+    static void block_##RB##_##NT(const struct kwk_mat *w, const btile *b0, const btile *b1,       \
+                                  int64_t rb, int nr0, int nr1, int64_t nk, int64_t full,          \
+                                  float *y, long ldy, int t, int nt0, int nt1)                     \
+    {                                                                                              \
+        block(w, b0, b1, rb, nr0, nr1, nk, full, y, ldy, t, nt0, nt1, RB, NT);                     \
+    }
+BLOCK_FN(1, 2)
+BLOCK_FN(2, 2)
+
+/* G row blocks from rb (rows [rb, r1)) x one token tile over every chunk: a decode step's
+ * shape. The B chunk is loaded once for the G multiplies. b NULL: each chunk is staged here from
+ * x (nt tokens) as it is needed, the same numbers without a staging buffer. */
+INLINE void group(const struct kwk_mat *w, const btile *b, const float *x, int nt, int64_t rb,
+                  int64_t r1, int64_t nk, int64_t full, float *y, long ldy, int t, int G)
+{
+    _Alignas(64) uint16_t abuf[2][16][CHUNK];
+    _Alignas(64) float cbuf[16][16];
+    _Alignas(64) btile one[1];
+    int nr[4];
+    for (int g = 0; g < 4; g++)
+        nr[g] = (int)KWK_MIN(16, r1 - rb - 16 * g);
+    _tile_zero(TC0);
+    if (G > 1)
+        _tile_zero(TC1);
+    if (G > 2)
+        _tile_zero(TC2);
+    if (G > 3)
+        _tile_zero(TC3);
+    for (int64_t c = 0; c < nk; c++) {
+        long s;
+        if (b) {
+            _tile_loadd(TB0, b[c], 64);
+        } else {
+            stage_tile(x, w->cols, nt, c, c + 1, one);
+            __asm__ volatile("" ::: "memory");
+            _tile_loadd(TB0, one[0], 64);
+        }
+        _tile_loadd(TA0, a_src(w, rb, nr[0], c, full, abuf[0], &s), s);
+        _tile_dpbf16ps(TC0, TA0, TB0);
+        if (G > 1) {
+            _tile_loadd(TA1, a_src(w, rb + 16, nr[1], c, full, abuf[1], &s), s);
+            _tile_dpbf16ps(TC1, TA1, TB0);
+        }
+        if (G > 2) {
+            _tile_loadd(TA0, a_src(w, rb + 32, nr[2], c, full, abuf[0], &s), s);
+            _tile_dpbf16ps(TC2, TA0, TB0);
+        }
+        if (G > 3) {
+            _tile_loadd(TA1, a_src(w, rb + 48, nr[3], c, full, abuf[1], &s), s);
+            _tile_dpbf16ps(TC3, TA1, TB0);
+        }
+    }
+    PUT(TC0, rb, nr[0], t, nt);
+    if (G > 1)
+        PUT(TC1, rb + 16, nr[1], t, nt);
+    if (G > 2)
+        PUT(TC2, rb + 32, nr[2], t, nt);
+    if (G > 3)
+        PUT(TC3, rb + 48, nr[3], t, nt);
+}
+
+typedef void (*group_fn)(const struct kwk_mat *, const btile *, const float *, int, int64_t,
+                         int64_t, int64_t, int64_t, float *, long, int);
+#define GROUP_FN(G)                                                                                \
+    static void group_##G(const struct kwk_mat *w, const btile *b, const float *x, int nt,         \
+                          int64_t rb, int64_t r1, int64_t nk, int64_t full, float *y, long ldy,    \
+                          int t)                                                                   \
+    {                                                                                              \
+        group(w, b, x, nt, rb, r1, nk, full, y, ldy, t, G);                                        \
+    }
+GROUP_FN(1)
+GROUP_FN(2)
+GROUP_FN(3)
+GROUP_FN(4)
+static const group_fn GROUPS[5] = {NULL, group_1, group_2, group_3, group_4};
+
+/* Row blocks a decode group takes: four keep the tile unit ahead of memory; with rows longer
+ * than 4096 columns two (64 rows of 16 KiB at once read 25% slower from memory, session 28). */
+static int group_blocks(int64_t cols)
+{
+    return cols > 4096 ? 2 : 4;
+}
+
+/* One token tile (b, tokens t .. t + nt - 1) over rows [r0, r1), in decode groups. */
+static void tile_rows(const struct kwk_mat *w, const btile *b, const float *x, int nt, int64_t r0,
+                      int64_t r1, int64_t nk, int64_t full, float *y, long ldy, int t)
+{
+    int G = group_blocks(w->cols);
+    for (int64_t rb = r0; rb < r1; rb += 16 * G) {
+        int g = (int)KWK_MIN(G, (r1 - rb + 15) / 16);
+        GROUPS[g](w, b, x, nt, rb, r1, nk, full, y, ldy, t);
+    }
+}
+
+/* ---- the staging buffer: one a thread, grown as needed, freed when the thread ends */
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_keyed;
+static __thread btile *scratch;
+static __thread size_t scratch_tiles; /* chunks it holds */
+static int no_scratch;                /* kwk_bf16_amx_test_no_scratch */
+
+static void scratch_init(void)
+{
+    scratch_keyed = pthread_key_create(&scratch_key, free) == 0;
+}
+
+/* At least n chunks, or NULL (no memory, or no key to free it with): the caller then stages
+ * chunk by chunk. */
+static btile *stage_buffer(size_t n)
+{
+    if (no_scratch)
+        return NULL;
+    if (n <= scratch_tiles)
+        return scratch;
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_keyed)
+        return NULL;
+    size_t want = (n + 63) / 64 * 64; /* 64 KiB steps */
+    btile *p = aligned_alloc(64, want * sizeof *p);
+    if (!p || pthread_setspecific(scratch_key, p) != 0) {
+        free(p);
+        return NULL;
+    }
+    free(scratch);
+    scratch = p;
+    scratch_tiles = want;
+    return p;
+}
+
+void kwk_bf16_amx_test_no_scratch(int on)
+{
+    no_scratch = on;
+}
+
+void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                         int64_t r0, int64_t r1)
+{
+    int64_t cols = w->cols, nk = (cols + CHUNK - 1) / CHUNK, full = cols / CHUNK;
+    int tiles = (n_tok + TILE_TOKS - 1) / TILE_TOKS;
+    int per_block = (int)KWK_MIN(MAX_TILES, STAGE_BYTES / ((size_t)nk * sizeof(btile)));
+    if (per_block < 2)
+        per_block = 2;
+    per_block = KWK_MIN(per_block, tiles);
+    btile *st = stage_buffer((size_t)per_block * (size_t)nk);
+    _tile_loadconfig(&CONFIG);
+    if (!st) {
+        for (int i = 0; i < tiles; i++) {
+            int t = i * TILE_TOKS, nt = KWK_MIN(TILE_TOKS, n_tok - t);
+            tile_rows(w, NULL, x + (int64_t)t * cols, nt, r0, r1, nk, full, y, ldy, t);
+        }
+        _tile_release();
+        return;
+    }
+    for (int i0 = 0; i0 < tiles; i0 += per_block) {
+        int nb = KWK_MIN(per_block, tiles - i0);
+        for (int i = 0; i < nb; i++) {
+            int t = (i0 + i) * TILE_TOKS;
+            stage_tile(x + (int64_t)t * cols, cols, KWK_MIN(TILE_TOKS, n_tok - t), 0, nk,
+                       st + (size_t)i * (size_t)nk);
+        }
+        __asm__ volatile("" ::: "memory"); /* staged before the tile loads */
+        /* pairs of tiles x pairs of row blocks: each A load feeds two multiplies, each B load
+         * two */
+        int pairs_end = nb / 2 * 2;
+        if (pairs_end > 0)
+            for (int64_t rb = r0; rb < r1; rb += 32) {
+                int nr0 = (int)KWK_MIN(16, r1 - rb), nr1 = (int)KWK_MIN(16, r1 - rb - 16);
+                block_fn fn = nr1 > 0 ? block_2_2 : block_1_2;
+                for (int i = 0; i < pairs_end; i += 2) {
+                    int t = (i0 + i) * TILE_TOKS;
+                    int nt0 = TILE_TOKS, nt1 = KWK_MIN(TILE_TOKS, n_tok - t - TILE_TOKS);
+                    fn(w, st + (size_t)i * (size_t)nk, st + (size_t)(i + 1) * (size_t)nk, rb, nr0,
+                       nr1, nk, full, y, ldy, t, nt0, nt1);
+                }
+            }
+        if (nb % 2) {
+            int t = (i0 + nb - 1) * TILE_TOKS;
+            tile_rows(w, st + (size_t)(nb - 1) * (size_t)nk, NULL, KWK_MIN(TILE_TOKS, n_tok - t),
+                      r0, r1, nk, full, y, ldy, t);
+        }
+    }
+    /* back to the initial state: a thread that holds no tile data costs no 8 KiB at a context
+     * switch */
+    _tile_release();
+}

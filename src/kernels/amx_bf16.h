@@ -1,0 +1,21 @@
+/* amx_bf16.h - preserve's products of bf16 weights on AMX-BF16 (amx_bf16.c). Include only from
+ * files compiled with AVX-512; call only where kwk_cpu_amx_bf16()
+ * (the AVX-512 table does where kwk_cpu_amx_preserve()). */
+#ifndef KWK_AMX_BF16_H
+#define KWK_AMX_BF16_H
+
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+/* kwk_kernels.matmul for a KWK_W_BF16 matrix: y[t * ldy + r] = sum_k w[r][k] * x[t][k], every
+ * product exact (x split into three bf16 parts), for t < n_tok and r in [r0, r1). Batch
+ * invariant as kernels.h asks: a (row, token) sum depends only on that row and that token. */
+void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
+                         int64_t r0, int64_t r1);
+
+/* Tests only: 1 makes every call stage chunk by chunk, as when its staging buffer cannot be
+ * allocated (the same numbers); 0 restores. Not thread safe. */
+void kwk_bf16_amx_test_no_scratch(int on);
+
+#endif

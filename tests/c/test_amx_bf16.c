@@ -1,0 +1,276 @@
+/* test_amx_bf16.c - preserve's products on AMX-BF16 (kernels/amx_bf16.c): exact products (sums
+ * that float holds exactly come out exactly), the double-precision sum to float rounding on
+ * random data, batch invariance (a token alone, in batches of any size, over any row range:
+ * bitwise), the chunk-by-chunk path without a staging buffer (bitwise the same), tails of rows
+ * and columns that never read a neighbouring row, infinities and NaN carried through; and which
+ * table KWKER_AMX_PRESERVE chooses. On a CPU without AMX-BF16 only the choice is checked (and
+ * said so). The AVX-512 table on this path runs all of test_kernels too (ctest
+ * test_kernels_amx_preserve). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "kernels/amx_bf16.h"
+#include "kernels/kernels.h"
+#include "test.h"
+
+#define SENTINEL (-12345.0f)
+
+static uint16_t bf16_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16); /* callers pass exact bf16 values */
+}
+
+static double bf16_val(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* A rows x cols bf16 matrix of random weights in [-1, 1). */
+static uint16_t *random_weights(int64_t rows, int64_t cols)
+{
+    uint16_t *w = malloc((size_t)(rows * cols) * sizeof *w);
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = bf16_of(t_frand(-1.0f, 1.0f)); /* truncated: a bf16 value */
+    return w;
+}
+
+static float *random_x(int n_tok, int64_t cols)
+{
+    float *x = malloc((size_t)n_tok * (size_t)cols * sizeof *x);
+    for (int64_t i = 0; i < n_tok * cols; i++)
+        x[i] = t_frand(-2.0f, 2.0f);
+    return x;
+}
+
+static void fill(float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = SENTINEL;
+}
+
+/* Products whose float sums are exact: weights in {-1, 0, 1}, activations k * 2^-16 with
+ * |k| < 2^19 (up to 19 significant bits, so all three bf16 parts are used), at most 32 columns:
+ * every partial sum is a multiple of 2^-16 below 2^8, which float holds exactly. So the result
+ * must be the exact sum, bitwise (one bf16 part alone would lose the low bits). */
+static void test_exact(void)
+{
+    static const int64_t cols_list[] = {1, 7, 31, 32};
+    for (size_t a = 0; a < KWK_ARRAY_LEN(cols_list); a++) {
+        int64_t rows = 37, cols = cols_list[a];
+        int n_tok = 12;
+        uint16_t *w = malloc((size_t)(rows * cols) * sizeof *w);
+        float *x = malloc((size_t)(n_tok * cols) * sizeof *x);
+        float *y = malloc((size_t)(n_tok * rows) * sizeof *y);
+        for (int64_t i = 0; i < rows * cols; i++)
+            w[i] = bf16_of((float)((int)(t_rnd() % 3) - 1));
+        for (int64_t i = 0; i < n_tok * cols; i++)
+            x[i] = ldexpf((float)((int32_t)(t_rnd() % (1u << 20)) - (1 << 19) + 1), -16);
+        struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = rows, .cols = cols, .data = w};
+        kwk_bf16_matmul_amx(&m, x, n_tok, y, (long)rows, 0, rows);
+        long wrong = 0;
+        for (int t = 0; t < n_tok; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double s = 0;
+                for (int64_t k = 0; k < cols; k++)
+                    s += bf16_val(w[r * cols + k]) * (double)x[t * cols + k];
+                wrong += (double)y[t * rows + r] != s;
+            }
+        T_CHECK(wrong == 0, "exact sums, cols=%lld: %ld of %lld differ", (long long)cols, wrong,
+                (long long)(rows * n_tok));
+        free(w);
+        free(x);
+        free(y);
+    }
+}
+
+/* Against the double sum on random data, rows [r0, r1) only (the rest and ldy's gap untouched),
+ * every token alone bitwise the batch's, every row sub-range bitwise the whole. */
+static void check_case(int64_t rows, int64_t cols, int n_tok, int64_t r0, int64_t r1)
+{
+    uint16_t *w = random_weights(rows, cols);
+    float *x = random_x(n_tok, cols);
+    long ldy = (long)rows + 5;
+    size_t ny = (size_t)n_tok * (size_t)ldy;
+    float *y = malloc(ny * sizeof *y), *y1 = malloc((size_t)ldy * sizeof *y1);
+    fill(y, ny);
+    struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = rows, .cols = cols, .data = w};
+    kwk_bf16_matmul_amx(&m, x, n_tok, y, ldy, r0, r1);
+    long bad = 0, touched = 0, variant = 0;
+    double worst = 0;
+    for (int t = 0; t < n_tok; t++) {
+        for (int64_t r = 0; r < ldy; r++) {
+            float got = y[(size_t)t * (size_t)ldy + (size_t)r];
+            if (r < r0 || r >= r1) {
+                touched += got != SENTINEL;
+                continue;
+            }
+            double s = 0, mag = 0;
+            for (int64_t k = 0; k < cols; k++) {
+                double p = bf16_val(w[r * cols + k]) * (double)x[(size_t)t * (size_t)cols + k];
+                s += p;
+                mag += fabs(p);
+            }
+            double err = fabs((double)got - s);
+            bad += !(err <= 1e-6 * mag + 1e-30); /* float sums of exact products */
+            if (mag > 0 && err / mag > worst)
+                worst = err / mag;
+        }
+        /* alone, over two halves of the range */
+        fill(y1, (size_t)ldy);
+        int64_t mid = r0 + (r1 - r0) / 2;
+        kwk_bf16_matmul_amx(&m, x + (size_t)t * (size_t)cols, 1, y1, ldy, r0, mid);
+        kwk_bf16_matmul_amx(&m, x + (size_t)t * (size_t)cols, 1, y1, ldy, mid, r1);
+        variant += memcmp(y1 + r0, y + (size_t)t * (size_t)ldy + r0,
+                          (size_t)(r1 - r0) * sizeof *y1) != 0;
+    }
+    T_CHECK(bad == 0 && touched == 0 && variant == 0,
+            "rows=%lld cols=%lld n_tok=%d [%lld,%lld): %ld wrong (worst %.3g of the magnitude), "
+            "%ld touched outside, %ld tokens differ alone", (long long)rows, (long long)cols,
+            n_tok, (long long)r0, (long long)r1, bad, worst, touched, variant);
+    /* without the staging buffer: the same bits */
+    float *y2 = malloc(ny * sizeof *y2);
+    fill(y2, ny);
+    kwk_bf16_amx_test_no_scratch(1);
+    kwk_bf16_matmul_amx(&m, x, n_tok, y2, ldy, r0, r1);
+    kwk_bf16_amx_test_no_scratch(0);
+    T_CHECK(memcmp(y, y2, ny * sizeof *y) == 0,
+            "rows=%lld cols=%lld n_tok=%d: chunk-by-chunk staging changed the numbers",
+            (long long)rows, (long long)cols, n_tok);
+    free(w);
+    free(x);
+    free(y);
+    free(y1);
+    free(y2);
+}
+
+static void test_random(void)
+{
+    /* columns: under one chunk, around 32, several chunks with a tail, more than 4096 (decode
+     * groups of two row blocks); tokens: one decode tile (1-5), tile pairs and an odd tile, more
+     * than a staging block (12 tiles) */
+    static const int64_t cols_list[] = {1, 31, 32, 33, 77, 576, 4127};
+    static const int toks_list[] = {1, 2, 5, 6, 11, 23, 64};
+    for (size_t a = 0; a < KWK_ARRAY_LEN(cols_list); a++)
+        for (size_t b = 0; b < KWK_ARRAY_LEN(toks_list); b++) {
+            int64_t cols = cols_list[a];
+            int n = toks_list[b];
+            if (cols > 1000 && n > 11)
+                continue; /* the double reference's time */
+            check_case(67, cols, n, 0, 67);   /* row blocks of 4, 2 and 1, partial */
+            check_case(9, cols, n, 0, 9);     /* fewer rows than a tile */
+            check_case(150, cols, n, 3, 141); /* a range not on block edges */
+        }
+}
+
+/* A range's rows and columns are all that is read: the rows around [r0, r1) are NaN, and a
+ * column tail that read on into the next row would meet them (times zero: NaN). */
+static void test_no_read_outside(void)
+{
+    int64_t rows = 40, cols = 45, r0 = 8, r1 = 27;
+    int n_tok = 7;
+    uint16_t *w = random_weights(rows, cols);
+    for (int64_t r = 0; r < rows; r++)
+        if (r < r0 || r >= r1)
+            for (int64_t k = 0; k < cols; k++)
+                w[r * cols + k] = 0x7fc0; /* NaN */
+    float *x = random_x(n_tok, cols), *y = malloc((size_t)(n_tok * rows) * sizeof *y);
+    fill(y, (size_t)(n_tok * rows));
+    struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = rows, .cols = cols, .data = w};
+    kwk_bf16_matmul_amx(&m, x, n_tok, y, (long)rows, r0, r1);
+    long nonfinite = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = r0; r < r1; r++)
+            nonfinite += !isfinite(y[t * rows + r]);
+    T_CHECK(nonfinite == 0, "rows outside [%lld,%lld) leaked into %ld outputs", (long long)r0,
+            (long long)r1, nonfinite);
+    free(w);
+    free(x);
+    free(y);
+}
+
+/* An infinite activation times positive weights gives +inf (not inf - inf's NaN from its
+ * parts), a NaN gives NaN, and other tokens are not touched by either. */
+static void test_inf_nan(void)
+{
+    int64_t rows = 16, cols = 64;
+    int n_tok = 3;
+    uint16_t *w = malloc((size_t)(rows * cols) * sizeof *w);
+    for (int64_t i = 0; i < rows * cols; i++)
+        w[i] = bf16_of(0.5f);
+    float *x = random_x(n_tok, cols), *y = malloc((size_t)(n_tok * rows) * sizeof *y);
+    x[0 * cols + 40] = INFINITY;
+    x[1 * cols + 3] = NAN;
+    struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = rows, .cols = cols, .data = w};
+    kwk_bf16_matmul_amx(&m, x, n_tok, y, (long)rows, 0, rows);
+    long wrong = 0;
+    for (int64_t r = 0; r < rows; r++)
+        wrong += !(isinf(y[r]) && y[r] > 0) + !isnan(y[rows + r]) + !isfinite(y[2 * rows + r]);
+    T_CHECK(wrong == 0, "inf / NaN activations: %ld outputs wrong", wrong);
+    free(w);
+    free(x);
+    free(y);
+}
+
+/* kwk_cpu_amx_preserve() in a child with KWKER_AMX_PRESERVE (and KWKER_AMX) set: the library
+ * reads them once, so these run before this process detects anything. */
+static int preserve_with_env(const char *value, const char *amx)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (value)
+            setenv("KWKER_AMX_PRESERVE", value, 1);
+        else
+            unsetenv("KWKER_AMX_PRESERVE");
+        if (amx)
+            setenv("KWKER_AMX", amx, 1);
+        else
+            unsetenv("KWKER_AMX");
+        _exit(kwk_cpu_amx_preserve());
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+/* has: whether "on" is taken with KWKER_AMX as amx leaves it */
+static void test_choice(int has, const char *amx)
+{
+    T_EQ(preserve_with_env(NULL, amx), 0); /* not the default */
+    T_EQ(preserve_with_env("off", amx), 0);
+    T_EQ(preserve_with_env("yes", amx), 0);
+    T_EQ(preserve_with_env("on", amx), has);
+    T_EQ(preserve_with_env("on", "off"), 0);
+}
+
+int main(void)
+{
+    /* whether AMX-BF16 is usable here (the CPU has it, the OS grants the tile state, the ISA is
+     * AVX-512 and KWKER_AMX is not off), as this process's environment leaves it: KWKER_AMX as
+     * it is, the choice asked for */
+    const char *isa = getenv("KWKER_ISA"), *amx = getenv("KWKER_AMX");
+    int has = preserve_with_env("on", amx);
+    test_choice(has, amx);
+    int expect = t_cpu_amx_bf16() && kwk_isa() == KWK_ISA_AVX512 && !(amx && !strcmp(amx, "off"));
+    T_CHECK(has == expect && kwk_cpu_amx_bf16() == has,
+            "KWKER_AMX_PRESERVE=on gives %d, kwk_cpu_amx_bf16() %d, the CPU flags say %d "
+            "(KWKER_ISA=%s)", has, kwk_cpu_amx_bf16(), expect, isa ? isa : "");
+    if (!has) {
+        printf("test_amx_bf16: no AMX-BF16 in use here: only the choice was checked\n");
+        return t_report("test_amx_bf16");
+    }
+    test_exact();
+    test_random();
+    test_no_read_outside();
+    test_inf_nan();
+    return t_report("test_amx_bf16");
+}
