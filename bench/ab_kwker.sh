@@ -5,7 +5,8 @@
 # Environment: AB_MODEL (default the bundled SmolLM2-135M-Instruct Q4_1), AB_PRECISIONS (default
 # "int4 balanced preserve"), AB_ACT_BITS (16 or 8; preserve always runs 16), AB_N_GEN (128),
 # AB_OLD_ARGS / AB_NEW_ARGS (more bench options for one side: one build against itself with
-# another setting, e.g. AB_OLD_ARGS="--kv-bits 32").
+# another setting, e.g. AB_OLD_ARGS="--kv-bits 32"), AB_OLD_ENV / AB_NEW_ENV (NAME=value words for
+# one side's environment, e.g. AB_NEW_ENV="KWKER_AMX_PRESERVE=on").
 # Each side has its own pack cache (warmed by its first run).
 set -euo pipefail
 old=$1 new=$2 runs=${3:-5}
@@ -18,10 +19,10 @@ for prec in $precs; do
   ab=$act; [ "$prec" = preserve ] && ab=16
   for ((r = 1; r <= runs; r++)); do
     for side in old new; do
-      bin=$old extra=${AB_OLD_ARGS:-}
-      [ "$side" = new ] && bin=$new extra=${AB_NEW_ARGS:-}
-      # shellcheck disable=SC2086 # extra is a list of options
-      json=$(KWKER_CACHE="$cache/$side" "$bin" bench --model "$model" --precision "$prec" \
+      bin=$old extra=${AB_OLD_ARGS:-} xenv=${AB_OLD_ENV:-}
+      [ "$side" = new ] && bin=$new extra=${AB_NEW_ARGS:-} xenv=${AB_NEW_ENV:-}
+      # shellcheck disable=SC2086 # extra and xenv are lists of words
+      json=$(env $xenv KWKER_CACHE="$cache/$side" "$bin" bench --model "$model" --precision "$prec" \
              --act-bits "$ab" -p 512 -n "$ngen" -r 1 -t 2 --json $extra 2>/dev/null)
       echo "{\"side\": \"$side\", \"run\": $r, \"r\": $json}" | tee -a "$out"
     done

@@ -63,6 +63,7 @@ AVXVNNI_VENV = REPO / ".cache" / "venv-llama-avxvnni"
 AVX2_DOT_RE = re.compile(r"avx2 dot products: ([\w-]+)")
 # and whether its AVX-512 prompt products ran on AMX ("amx") or vector instructions ("vector")
 PROMPT_TILES_RE = re.compile(r"prompt tiles: ([\w-]+)")
+PRESERVE_RE = re.compile(r"preserve products: ([\w-]+)")  # KWKER_AMX_PRESERVE's choice
 
 
 def log(*a):
@@ -432,6 +433,7 @@ def run_kwker(a, model, precision):
         raise RuntimeError("kwker ran with isa %s, not avx2" % res.get("isa"))
     dot = AVX2_DOT_RE.search(err)
     tiles = PROMPT_TILES_RE.search(err)
+    pres = PRESERVE_RE.search(err)
     want = {"avx2": "maddubs", "avxvnni": "avx-vnni"}.get(a.isa)
     if want and (not dot or dot.group(1) != want):
         raise RuntimeError("kwker's AVX2 kernels ran %s, not %s (no AVX-VNNI on this CPU?)"
@@ -440,6 +442,7 @@ def run_kwker(a, model, precision):
             "peak_rss_kib": res["peak_rss_kib"], "isa": res.get("isa"), "load_s": res.get("load_s"),
             "avx2_dot": dot.group(1) if dot else None,
             "prompt_tiles": tiles.group(1) if tiles else None,
+            "preserve_products": pres.group(1) if pres else None,
             "bits_per_weight": res.get("bits_per_weight"),
             "packed_bytes": float(m.group(4)) * 1e6 if m else None,
             "pack": None if not m else "mapped from the pack cache" if m.group(1) else "packed"}
@@ -700,6 +703,7 @@ def measure_pair(a, model, files, kp, lf, bw_state):
         if side == "kwker":
             s["avx2_dot"] = rs[0].get("avx2_dot")  # its AVX2 kernels' dot products (log)
             s["prompt_tiles"] = rs[0].get("prompt_tiles")  # AMX or vector (log)
+            s["preserve_products"] = rs[0].get("preserve_products")  # KWKER_AMX_PRESERVE
         if side == "llama":
             s["base_rss_mib"] = statistics.median(x["base_rss_kib"] for x in rs) / 1024
             s["avx512"] = rs[0].get("avx512")

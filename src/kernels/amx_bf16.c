@@ -49,10 +49,14 @@
 
 #define CHUNK 32    /* columns a multiply takes: 16 pairs */
 #define TILE_TOKS 5 /* tokens a B tile holds, three columns each */
-/* A token block's staged activations, at most: they stay in L2 while every row block of the
- * thread's rows reads them. */
-#define STAGE_BYTES (512u * 1024u)
-#define MAX_TILES 12 /* B tiles a token block, at most (60 tokens) */
+/* A column block's staged activations, at most: they stay in L2 (2 MiB a core on the Xeon
+ * measured) while every row block of the thread's rows reads them. Against 512 KiB (more
+ * column blocks, more C tiles spilled): 1536 x 576 and 2048 x 8192 products 5-12% faster,
+ * 2 MiB no better (bench_kernels, 512 tokens, session 28). */
+#define STAGE_BYTES (1024u * 1024u)
+/* B tiles a token block, at most (60 tokens): each weight comes from memory once a token
+ * block, the rest of the block's tiles take it from cache. */
+#define MAX_TILES 12
 
 /* Every tile 16 rows of 64 bytes (16 floats; 32 bf16); a constant (amx.h says why). */
 static const _Alignas(64) struct kwk_amx_config CONFIG = {
@@ -220,59 +224,94 @@ INLINE void put(float (*cbuf)[16], float *y, long ldy, int64_t rb, int nrows, in
     }
 }
 
-/* Two row blocks (rb: nr0 rows, rb + 16: nr1; RB = 1: the first only) x two token tiles (b0:
- * tokens t .. t + nt0 - 1, b1 the next nt1; NT = 1: b0 only), over every chunk. */
-INLINE void block(const struct kwk_mat *w, const btile *b0, const btile *b1, int64_t rb, int nr0,
-                  int nr1, int64_t nk, int64_t full, float *y, long ldy, int t, int nt0, int nt1,
-                  int RB, int NT)
+/* A prompt block's column block: chunks [c0, c1) of nk (full: those whose A loads straight
+ * from the rows), staged B tiles st[tile][c - c0] (width chunks each), and where C tiles wait
+ * between column blocks (spill[row block][tile], 16 x 16 floats; unused with one column block:
+ * a tile store and load is exact, so the sums go on as if never stopped). */
+struct cblock {
+    const struct kwk_mat *w;
+    int64_t c0, c1, nk, full, width;
+    const btile *st;
+    float (*spill)[16][16];
+    int tiles; /* spill's tiles a row block */
+    float *y;
+    long ldy;
+};
+
+/* C tile tc of row block i and tile j: zeroed at the first column block, else reloaded */
+#define C_START(tc, i, j)                                                                          \
+    do {                                                                                           \
+        if (cb->c0 == 0)                                                                           \
+            _tile_zero(tc);                                                                        \
+        else                                                                                       \
+            _tile_loadd(tc, cb->spill[(i) * cb->tiles + (j)], 64);                                 \
+    } while (0)
+/* ... and after the last column block into y (rows rb, tokens t), else kept */
+#define C_END(tc, i, j, rb, nrows, t, nt)                                                          \
+    do {                                                                                           \
+        if (cb->c1 == cb->nk)                                                                      \
+            PUT(tc, rb, nrows, t, nt);                                                             \
+        else                                                                                       \
+            _tile_stored(tc, cb->spill[(i) * cb->tiles + (j)], 64);                                \
+    } while (0)
+
+/* Row blocks i and i + 1 (rows rb: nr0 of them, rb + 16: nr1; RB = 1: the first only) x token
+ * tiles j and j + 1 (tokens t .. t + nt0 - 1 and the next nt1; NT = 1: j only), over the column
+ * block's chunks. */
+INLINE void block(const struct cblock *cb, int64_t i, int j, int64_t rb, int nr0, int nr1, int t,
+                  int nt0, int nt1, int RB, int NT)
 {
     _Alignas(64) uint16_t abuf[2][16][CHUNK];
     _Alignas(64) float cbuf[16][16];
-    _tile_zero(TC0);
+    float *y = cb->y;
+    long ldy = cb->ldy;
+    const btile *b0 = cb->st + (size_t)j * (size_t)cb->width, *b1 = b0 + cb->width;
+    C_START(TC0, i, j);
     if (NT > 1)
-        _tile_zero(TC1);
+        C_START(TC1, i, j + 1);
     if (RB > 1)
-        _tile_zero(TC2);
+        C_START(TC2, i + 1, j);
     if (RB > 1 && NT > 1)
-        _tile_zero(TC3);
-    for (int64_t c = 0; c < nk; c++) {
+        C_START(TC3, i + 1, j + 1);
+    for (int64_t c = cb->c0; c < cb->c1; c++) {
         long s0, s1;
-        const void *a0 = a_src(w, rb, nr0, c, full, abuf[0], &s0);
+        const void *a0 = a_src(cb->w, rb, nr0, c, cb->full, abuf[0], &s0);
         _tile_loadd(TA0, a0, s0);
-        _tile_loadd(TB0, b0[c], 64);
+        _tile_loadd(TB0, b0[c - cb->c0], 64);
         _tile_dpbf16ps(TC0, TA0, TB0);
         if (NT > 1) {
-            _tile_loadd(TB1, b1[c], 64);
+            _tile_loadd(TB1, b1[c - cb->c0], 64);
             _tile_dpbf16ps(TC1, TA0, TB1);
         }
         if (RB > 1) {
-            const void *a1 = a_src(w, rb + 16, nr1, c, full, abuf[1], &s1);
+            const void *a1 = a_src(cb->w, rb + 16, nr1, c, cb->full, abuf[1], &s1);
             _tile_loadd(TA1, a1, s1);
             _tile_dpbf16ps(TC2, TA1, TB0);
             if (NT > 1)
                 _tile_dpbf16ps(TC3, TA1, TB1);
         }
     }
-    PUT(TC0, rb, nr0, t, nt0);
+    C_END(TC0, i, j, rb, nr0, t, nt0);
     if (NT > 1)
-        PUT(TC1, rb, nr0, t + TILE_TOKS, nt1);
+        C_END(TC1, i, j + 1, rb, nr0, t + TILE_TOKS, nt1);
     if (RB > 1)
-        PUT(TC2, rb + 16, nr1, t, nt0);
+        C_END(TC2, i + 1, j, rb + 16, nr1, t, nt0);
     if (RB > 1 && NT > 1)
-        PUT(TC3, rb + 16, nr1, t + TILE_TOKS, nt1);
+        C_END(TC3, i + 1, j + 1, rb + 16, nr1, t + TILE_TOKS, nt1);
 }
 
-typedef void (*block_fn)(const struct kwk_mat *, const btile *, const btile *, int64_t, int, int,
-                         int64_t, int64_t, float *, long, int, int, int);
+typedef void (*block_fn)(const struct cblock *, int64_t, int, int64_t, int, int, int, int, int);
 #define BLOCK_FN(RB, NT)                                                                           \
-    static void block_##RB##_##NT(const struct kwk_mat *w, const btile *b0, const btile *b1,       \
-                                  int64_t rb, int nr0, int nr1, int64_t nk, int64_t full,          \
-                                  float *y, long ldy, int t, int nt0, int nt1)                     \
+    static void block_##RB##_##NT(const struct cblock *cb, int64_t i, int j, int64_t rb, int nr0,  \
+                                  int nr1, int t, int nt0, int nt1)                                \
     {                                                                                              \
-        block(w, b0, b1, rb, nr0, nr1, nk, full, y, ldy, t, nt0, nt1, RB, NT);                     \
+        block(cb, i, j, rb, nr0, nr1, t, nt0, nt1, RB, NT);                                        \
     }
+BLOCK_FN(1, 1)
 BLOCK_FN(1, 2)
+BLOCK_FN(2, 1)
 BLOCK_FN(2, 2)
+static const block_fn BLOCKS[2][2] = {{block_1_1, block_1_2}, {block_2_1, block_2_2}};
 
 /* G row blocks from rb (rows [rb, r1)) x one token tile over every chunk: a decode step's
  * shape. The B chunk is loaded once for the G multiplies. b NULL: each chunk is staged here from
@@ -406,46 +445,62 @@ void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, flo
 {
     int64_t cols = w->cols, nk = (cols + CHUNK - 1) / CHUNK, full = cols / CHUNK;
     int tiles = (n_tok + TILE_TOKS - 1) / TILE_TOKS;
-    int per_block = (int)KWK_MIN(MAX_TILES, STAGE_BYTES / ((size_t)nk * sizeof(btile)));
-    if (per_block < 2)
-        per_block = 2;
-    per_block = KWK_MIN(per_block, tiles);
-    btile *st = stage_buffer((size_t)per_block * (size_t)nk);
     _tile_loadconfig(&CONFIG);
+    if (tiles == 1) { /* a decode step's shape: groups of whole rows under one B tile */
+        btile *st = stage_buffer((size_t)nk);
+        if (st) {
+            stage_tile(x, cols, n_tok, 0, nk, st);
+            __asm__ volatile("" ::: "memory"); /* staged before the tile loads */
+        }
+        tile_rows(w, st, x, n_tok, r0, r1, nk, full, y, ldy, 0);
+        _tile_release();
+        return;
+    }
+    /* Prompts: token blocks of up to MAX_TILES tiles, each staged a column block at a time (as
+     * many chunks as STAGE_BYTES holds), every row block of the thread's rows run over it; C
+     * tiles wait in the buffer's spill between column blocks. So a weight is read once a token
+     * block whatever the row length (SmolLM2-1.7B's 8192-column rows took 2 tiles a block
+     * without column blocks). */
+    int per_block = KWK_MIN(MAX_TILES, tiles);
+    int64_t width = KWK_MIN(nk, KWK_MAX(1, (int64_t)(STAGE_BYTES / sizeof(btile)) / per_block));
+    size_t staged = (size_t)per_block * (size_t)width;
+    size_t spills = width < nk ? (size_t)((r1 - r0 + 15) / 16) * (size_t)per_block : 0;
+    _Static_assert(sizeof(btile) == sizeof(float[16][16]), "a spilled C tile takes a B's room");
+    btile *st = stage_buffer(staged + spills);
     if (!st) {
         for (int i = 0; i < tiles; i++) {
-            int t = i * TILE_TOKS, nt = KWK_MIN(TILE_TOKS, n_tok - t);
-            tile_rows(w, NULL, x + (int64_t)t * cols, nt, r0, r1, nk, full, y, ldy, t);
+            int t = i * TILE_TOKS;
+            tile_rows(w, NULL, x + (int64_t)t * cols, KWK_MIN(TILE_TOKS, n_tok - t), r0, r1, nk,
+                      full, y, ldy, t);
         }
         _tile_release();
         return;
     }
+    struct cblock cb = {.w = w, .nk = nk, .full = full, .width = width, .st = st,
+                        .spill = (float(*)[16][16])(void *)(st + staged), .tiles = per_block,
+                        .y = y, .ldy = ldy};
     for (int i0 = 0; i0 < tiles; i0 += per_block) {
         int nb = KWK_MIN(per_block, tiles - i0);
-        for (int i = 0; i < nb; i++) {
-            int t = (i0 + i) * TILE_TOKS;
-            stage_tile(x + (int64_t)t * cols, cols, KWK_MIN(TILE_TOKS, n_tok - t), 0, nk,
-                       st + (size_t)i * (size_t)nk);
-        }
-        __asm__ volatile("" ::: "memory"); /* staged before the tile loads */
-        /* pairs of tiles x pairs of row blocks: each A load feeds two multiplies, each B load
-         * two */
-        int pairs_end = nb / 2 * 2;
-        if (pairs_end > 0)
-            for (int64_t rb = r0; rb < r1; rb += 32) {
+        for (cb.c0 = 0; cb.c0 < nk; cb.c0 = cb.c1) {
+            cb.c1 = KWK_MIN(nk, cb.c0 + width);
+            for (int j = 0; j < nb; j++) {
+                int t = (i0 + j) * TILE_TOKS;
+                stage_tile(x + (int64_t)t * cols, cols, KWK_MIN(TILE_TOKS, n_tok - t), cb.c0,
+                           cb.c1, st + (size_t)j * (size_t)width);
+            }
+            __asm__ volatile("" ::: "memory"); /* staged before the tile loads */
+            /* pairs of row blocks x pairs of tiles: each A load feeds two multiplies, each B
+             * load two */
+            int64_t ib = 0;
+            for (int64_t rb = r0; rb < r1; rb += 32, ib += 2) {
                 int nr0 = (int)KWK_MIN(16, r1 - rb), nr1 = (int)KWK_MIN(16, r1 - rb - 16);
-                block_fn fn = nr1 > 0 ? block_2_2 : block_1_2;
-                for (int i = 0; i < pairs_end; i += 2) {
-                    int t = (i0 + i) * TILE_TOKS;
-                    int nt0 = TILE_TOKS, nt1 = KWK_MIN(TILE_TOKS, n_tok - t - TILE_TOKS);
-                    fn(w, st + (size_t)i * (size_t)nk, st + (size_t)(i + 1) * (size_t)nk, rb, nr0,
-                       nr1, nk, full, y, ldy, t, nt0, nt1);
+                for (int j = 0; j < nb; j += 2) {
+                    int t = (i0 + j) * TILE_TOKS, two = j + 1 < nb;
+                    int nt0 = KWK_MIN(TILE_TOKS, n_tok - t);
+                    int nt1 = two ? KWK_MIN(TILE_TOKS, n_tok - t - TILE_TOKS) : 0;
+                    BLOCKS[nr1 > 0][two](&cb, ib, j, rb, nr0, nr1, t, nt0, nt1);
                 }
             }
-        if (nb % 2) {
-            int t = (i0 + nb - 1) * TILE_TOKS;
-            tile_rows(w, st + (size_t)(nb - 1) * (size_t)nk, NULL, KWK_MIN(TILE_TOKS, n_tok - t),
-                      r0, r1, nk, full, y, ldy, t);
         }
     }
     /* back to the initial state: a thread that holds no tile data costs no 8 KiB at a context

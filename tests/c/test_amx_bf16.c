@@ -169,6 +169,11 @@ static void test_random(void)
             check_case(9, cols, n, 0, 9);     /* fewer rows than a tile */
             check_case(150, cols, n, 3, 141); /* a range not on block edges */
         }
+    /* token blocks of 12 tiles take rows in column blocks of 85 chunks (2720 columns; 1 MiB
+     * staged), their C tiles spilled between: two and three column blocks, a partial token
+     * block after */
+    check_case(40, 2900, 64, 5, 37);
+    check_case(20, 6000, 60, 0, 20);
 }
 
 /* A range's rows and columns are all that is read: the rows around [r0, r1) are NaN, and a

@@ -93,6 +93,35 @@ def best_isa():
     return supported_isas()[-1]
 
 
+# A kernel path beyond KWKER_ISA's: "avx512+amx" is the AVX-512 table with preserve's bf16
+# products on AMX-BF16 (KWKER_AMX_PRESERVE=on), a path of its own numbers.
+AMX_PRESERVE = "avx512+amx"
+
+
+def cpu_has_amx_bf16():
+    """The CPU flags of AMX-BF16 and AVX512_BF16 (whether the OS grants the tile state is the
+    library's to find: it warns and runs the vector path when it does not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(x in flags for x in ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f"))
+
+
+def isa_env(env, isa):
+    """env (a dict) set for the kernel path isa: KWKER_ISA, and for AMX_PRESERVE
+    KWKER_AMX_PRESERVE=on too; None: the library's own choice."""
+    env.pop("KWKER_ISA", None)
+    env.pop("KWKER_AMX_PRESERVE", None)
+    if isa == AMX_PRESERVE:
+        env["KWKER_ISA"] = "avx512"
+        env["KWKER_AMX_PRESERVE"] = "on"
+    elif isa is not None:
+        env["KWKER_ISA"] = isa
+    return env
+
+
 def rel_err(got, ref):
     """max|got - ref| / (max(ref) - min(ref)), the acceptance's error measure."""
     import numpy as np
@@ -163,11 +192,7 @@ class KwkRunner:
         os.close(fd)
         out = job[:-5] + ".npz"
         Path(job).write_text(json.dumps({"isa": isa, "cases": cases}))
-        env = dict(os.environ)
-        if isa is None:
-            env.pop("KWKER_ISA", None)
-        else:
-            env["KWKER_ISA"] = isa
+        env = isa_env(dict(os.environ), isa)
         code = ("import sys; sys.path[:0] = [%r, %r]; import tiny_models; "
                 "tiny_models.kwk_worker(%r, %r)" % (str(PY_DIR), str(TEST_DIR), job, out))
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

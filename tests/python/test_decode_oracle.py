@@ -1,5 +1,7 @@
 """Kwker's decoder against transformers' float32 forward on tiny random checkpoints, on every
-kernel path this CPU has (KWKER_ISA=scalar|avx2|avx512, each in its own child process).
+kernel path this CPU has (KWKER_ISA=scalar|avx2|avx512, each in its own child process; where the
+CPU has AMX-BF16 also "avx512+amx": KWKER_AMX_PRESERVE=on, the bf16 checkpoints' products on
+AMX, exact products in the tile unit's order of sums).
 
 For each model of tiny_models.SPECS and each ISA:
 - logits at every prompt position (KwkDecoder.forward) within 1e-5 of the reference's logit
@@ -21,10 +23,11 @@ import numpy as np
 import pytest
 
 import tiny_models
-from conftest import REL_TOL, describe_diff, first_token_diff, rel_err, supported_isas
+from conftest import (AMX_PRESERVE, REL_TOL, cpu_has_amx_bf16, describe_diff, first_token_diff,
+                      rel_err, supported_isas)
 
 MODELS = list(tiny_models.SPECS)
-ISAS = supported_isas()
+ISAS = supported_isas() + ([AMX_PRESERVE] if cpu_has_amx_bf16() else [])
 
 
 # Prompt lengths at the edges: 2 ids (decode from the second position on) and 100 ids (past
@@ -48,7 +51,8 @@ def kwk_results(kwk_runner, oracle_refs):
 
 
 def _norm_isa(s):
-    return re.sub(r"[^a-z0-9]", "", (s or "").lower())
+    """The ISA name kwk_isa_name gives for a kernel path (AMX_PRESERVE is the avx512 table)."""
+    return re.sub(r"[^a-z0-9]", "", (s or "").split("+")[0].lower())
 
 
 def stage(results, model, isa, name):
