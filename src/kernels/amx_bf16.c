@@ -16,14 +16,16 @@
  * (5 tokens a tile, the 16th column zero); C 16 rows x those columns. A token's output is
  * (c0 + c1) + c2 of its three columns. Three columns for the parts rather than three multiplies
  * into one column: a decode step then takes one multiply per 16 x 32 weights, not three, and
- * the tile unit keeps ahead of memory (three: 60-80% of the vector decode's bandwidth).
+ * the tile unit does not fall further behind memory (three multiplies: about 60% of the vector
+ * decode's bandwidth in a first test; one: 75-90%, docs/benchmarks.md, session 28).
  *
  * Batch invariance (kernels.h): a C element sums over all chunks in order, and each multiply's
  * sum depends only on the element's A row and B column, never on the tile's other rows and
  * columns or on which column holds the token; so a (row, token) gives the same bits alone, in a
- * batch, in any row range. The sums run over whole rows without column passes: a decode step
- * reads a group of row blocks' whole rows, and passes over column slices read from memory
- * 10-28% slower (session 28, docs/benchmarks.md). */
+ * batch, in any row range. Each sum is one chain over the whole row: a decode step reads a
+ * group of row blocks' whole rows (passes over column slices, added in y, read memory 10-28%
+ * slower), and a prompt's column blocks keep their C tiles in memory between blocks, which a
+ * tile store and load do exactly. */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
