@@ -19,33 +19,16 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "kernels/amx.h"
 #include "kernels/amx_attn.h"
+#include "kernels/amx_tiles16.h"
 
-/* Tile registers: four C tiles, two A and two B tiles. Consecutive multiplies take their
- * operands from alternate registers, so that a load need not wait until the multiply before has
- * read its register: measured, 4% on a decode row at 500 positions and nothing on prompt chunks
- * (one register each ran those 2-3% faster), since a tile's loads are few beside its multiplies
- * and stores. */
-#define TC0 0
-#define TC1 1
-#define TC2 2
-#define TC3 3
-#define TA0 4
-#define TA1 5
-#define TB0 6
-#define TB1 7
-
-/* Every tile 16 rows of 64 bytes (16 floats; 32 bf16); a constant (amx.h says why). */
-static const _Alignas(64) struct kwk_amx_config CONFIG = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
+/* Alternating the A and B registers (amx_tiles16.h) gained 4% on a decode row at 500 positions
+ * and nothing on prompt chunks (one register each ran those 2-3% faster), since a tile's loads
+ * are few beside its multiplies and stores. */
 
 void kwk_attn_amx_begin(void)
 {
-    _tile_loadconfig(&CONFIG);
+    _tile_loadconfig(&TILES16_CONFIG);
 }
 
 void kwk_attn_amx_end(void)

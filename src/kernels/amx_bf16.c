@@ -33,21 +33,10 @@
 #include <stdlib.h>
 
 #include "base/base.h"
-#include "kernels/amx.h"
 #include "kernels/amx_bf16.h"
+#include "kernels/amx_tiles16.h" /* C tiles TC0-3: 2 row blocks x 2 token tiles, or 4 row blocks */
 
 #define INLINE static inline __attribute__((always_inline))
-
-/* Tile registers: four C tiles, two A (row blocks) and two B (token tiles). Consecutive loads
- * go to alternate registers, so that a load need not wait for the multiply before it. */
-#define TC0 0
-#define TC1 1
-#define TC2 2
-#define TC3 3
-#define TA0 4
-#define TA1 5
-#define TB0 6
-#define TB1 7
 
 #define CHUNK 32    /* columns a multiply takes: 16 pairs */
 #define TILE_TOKS 5 /* tokens a B tile holds, three columns each */
@@ -59,13 +48,6 @@
 /* B tiles a token block, at most (60 tokens): each weight comes from memory once a token
  * block, the rest of the block's tiles take it from cache. */
 #define MAX_TILES 12
-
-/* Every tile 16 rows of 64 bytes (16 floats; 32 bf16); a constant (amx.h says why). */
-static const _Alignas(64) struct kwk_amx_config CONFIG = {
-    .palette = 1,
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
-};
 
 /* A chunk's B operand: [pair][column], each element two bf16 (column 3j + s: part s of token
  * j's elements 2 * pair and 2 * pair + 1). */
@@ -447,7 +429,7 @@ void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, flo
 {
     int64_t cols = w->cols, nk = (cols + CHUNK - 1) / CHUNK, full = cols / CHUNK;
     int tiles = (n_tok + TILE_TOKS - 1) / TILE_TOKS;
-    _tile_loadconfig(&CONFIG);
+    _tile_loadconfig(&TILES16_CONFIG);
     if (tiles == 1) { /* a decode step's shape: groups of whole rows under one B tile */
         btile *st = stage_buffer((size_t)nk);
         if (st) {
