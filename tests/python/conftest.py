@@ -99,14 +99,14 @@ AMX_PRESERVE = "avx512+amx"
 
 
 def cpu_has_amx_bf16():
-    """The CPU flags of AMX-BF16 and AVX512_BF16 (whether the OS grants the tile state is the
-    library's to find: it warns and runs the vector path when it does not)."""
+    """What the library's AMX-BF16 paths need in /proc/cpuinfo: AMX-TILE, AMX-INT8, AMX-BF16 and
+    AVX512_BF16 (Linux lists the AMX flags when the OS supports the tile state)."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
     except OSError:
         return False
-    return all(x in flags for x in ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f"))
+    return all(x in flags for x in ("amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"))
 
 
 def isa_env(env, isa):

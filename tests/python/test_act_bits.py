@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import cli_env, kwker_bin, rel_err, smollm2_gguf, token_by_token
+from conftest import cli_env, cpu_has_amx_bf16, kwker_bin, rel_err, smollm2_gguf, token_by_token
 import tiny_models
 
 PRECS = ["balanced", "int4"]
@@ -312,14 +312,6 @@ def cpu_has_bf16():
     """AVX512_BF16 in /proc/cpuinfo (the kernel's name for it: avx512_bf16)."""
     with open("/proc/cpuinfo") as f:
         return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
-
-
-def cpu_has_amx_bf16():
-    """AMX-TILE, AMX-INT8 and AMX-BF16 in /proc/cpuinfo (Linux lists them when the OS supports
-    the tile state)."""
-    with open("/proc/cpuinfo") as f:
-        flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
-    return all(x in flags for x in ("amx_tile", "amx_int8", "amx_bf16"))
 
 
 def test_bench_json_attention(tiny, tmp_path):
