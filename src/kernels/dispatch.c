@@ -67,6 +67,15 @@ int kwk_mat_rows_span(const struct kwk_mat *w, int64_t r0, int64_t r1, const voi
     return 0;
 }
 
+int kwk_mat_amx(const struct kwk_kernels *k, const struct kwk_mat *w)
+{
+    if (k != &kwk_kernels_avx512)
+        return 0;
+    if (w->wtype == KWK_W_BF16)
+        return kwk_cpu_amx_preserve();
+    return kwk_quant_group(w->wtype) && kwk_cpu_amx();
+}
+
 int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, int64_t r0,
                          int64_t r1, size_t budget, const void **p, size_t *n, int max)
 {
@@ -78,8 +87,7 @@ int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, i
     int64_t unit = w->wtype == KWK_W_BF16P ? 16 : 1, units = (r1 - r0 + unit - 1) / unit;
     /* quantized matrices, and bf16 ones on AMX (amx_bf16.c: groups of row blocks from r0), are
      * read in order */
-    int in_order = kwk_quant_group(w->wtype) ||
-                   (w->wtype == KWK_W_BF16 && k == &kwk_kernels_avx512 && kwk_cpu_amx_preserve());
+    int in_order = kwk_quant_group(w->wtype) || (w->wtype == KWK_W_BF16 && kwk_mat_amx(k, w));
     int runs = in_order ? 1 : KWK_MAX(1, k->dec_runs);
     int64_t run = units / runs;
     if (run == 0) /* fewer units than runs: the kernels read them one after the other */

@@ -113,6 +113,12 @@ int kwk_mat_rows_span(const struct kwk_mat *w, int64_t r0, int64_t r1, const voi
 int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, int64_t r0,
                          int64_t r1, size_t budget, const void **p, size_t *n, int max);
 
+/* 1: table k multiplies w's prompts on AMX tiles (the AVX-512 table where kwk_cpu_amx(): int8
+ * tiles for quantized matrices; where kwk_cpu_amx_preserve(): bf16 tiles for row-major bf16),
+ * whose kernels stage each thread's tokens themselves (the prompt planner's token split, and the
+ * bf16 decode's read order, follow it). */
+int kwk_mat_amx(const struct kwk_kernels *k, const struct kwk_mat *w);
+
 /* The table for an ISA (enum kwk_isa); falls back to the best lower one compiled in. */
 const struct kwk_kernels *kwk_kernels_for(int isa);
 /* The table for kwk_isa(): detected once. */

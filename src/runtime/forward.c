@@ -191,21 +191,28 @@ static long row_share(const struct mm_task *t, int r)
 }
 
 /* A prompt product on nth threads: rows cut in grid_r parts and tokens in grid_t, the grid with
- * the smallest largest share (units x tokens), the fewest token parts among equals. Cutting the
- * rows alone leaves threads idle once they outnumber the row blocks (SmolLM2-135M's k and v: 12
- * blocks; its 15 heads) and unbalances them well before; each token part reads the weights
- * again, which a prompt's compute-bound tiles absorb. With 2 threads and even block counts it
- * is the rows-only split. Any grid gives the same numbers (batch invariance). */
+ * the smallest largest share (units x tokens); among equals the fewest token parts, or the most
+ * where every job runs on AMX tiles (kwk_mat_amx). Cutting the rows alone leaves threads idle
+ * once they outnumber the row blocks (SmolLM2-135M's k and v: 12 blocks; its 15 heads) and
+ * unbalances them well before; each token part reads the weights again, which a prompt's
+ * compute-bound tiles absorb. The AMX kernels stage every token they are given into tiles on
+ * each thread (preserve's three bf16 parts; int8's tile layout), so there fewer tokens a thread
+ * is less work: on 2 threads 5-13% more prompt tokens/s split by tokens than by rows (SmolLM2-
+ * 135M / 360M, Qwen2.5-0.5B int4, balanced, preserve with KWKER_AMX_PRESERVE=on; SmolLM2-1.7B
+ * int4 the same), while the vector kernels ran 0-4% slower so (docs/benchmarks.md, session
+ * 29). Any grid gives the same numbers (batch invariance). */
 static void plan_grid(struct mm_task *t, int nth)
 {
     long best = -1;
-    int max_t = KWK_MAX(1, KWK_MIN(nth, t->n_tok / GRID_MIN_TOK));
+    int max_t = KWK_MAX(1, KWK_MIN(nth, t->n_tok / GRID_MIN_TOK)), amx = 1;
+    for (int j = 0; j < t->n_jobs; j++)
+        amx &= kwk_mat_amx(t->k, t->jobs[j].w);
     t->grid_r = nth;
     t->grid_t = 1;
     for (int gt = 1; gt <= max_t; gt++) {
         int gr = nth / gt;
         long cost = row_share(t, gr) * ((t->n_tok + gt - 1) / gt);
-        if (best < 0 || cost < best) {
+        if (best < 0 || cost < best || (amx && cost == best)) {
             best = cost;
             t->grid_r = gr;
             t->grid_t = gt;

@@ -1271,6 +1271,33 @@ static void test_decode_spans(void)
     free(mem);
 }
 
+/* kwk_mat_amx: the AVX-512 table on AMX tiles, quantized matrices where kwk_cpu_amx() and
+ * row-major bf16 where kwk_cpu_amx_preserve(); no other table or type. And decode_spans reads a
+ * bf16 matrix in order exactly where it says AMX. */
+static void test_mat_amx(void)
+{
+    const struct kwk_kernels *tables[] = {&kwk_kernels_ref, &kwk_kernels_avx2, &kwk_kernels_avx512};
+    const int types[] = {KWK_W_F32, KWK_W_F16, KWK_W_BF16, KWK_W_BF16P, KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    char *mem = calloc(64 * 64, 4);
+    for (size_t t = 0; t < KWK_ARRAY_LEN(tables); t++)
+        for (size_t i = 0; i < KWK_ARRAY_LEN(types); i++) {
+            struct kwk_mat w = {.wtype = types[i], .rows = 64, .cols = 64, .data = mem};
+            int want = 0;
+            if (tables[t] == &kwk_kernels_avx512)
+                want = types[i] == KWK_W_BF16 ? kwk_cpu_amx_preserve()
+                                              : kwk_quant_group(types[i]) ? kwk_cpu_amx() : 0;
+            T_CHECK(kwk_mat_amx(tables[t], &w) == want, "table %zu type %d: %d", t, types[i],
+                    kwk_mat_amx(tables[t], &w));
+            if (types[i] == KWK_W_BF16) {
+                const void *p[4];
+                size_t n[4];
+                int runs = kwk_mat_decode_spans(tables[t], &w, 0, 64, 1 << 20, p, n, 4);
+                T_EQ(runs, want ? 1 : tables[t]->dec_runs);
+            }
+        }
+    free(mem);
+}
+
 static void test_sizes(void)
 {
     size_t n;
@@ -1292,6 +1319,7 @@ int main(void)
     test_sizes();
     test_rows_span();
     test_decode_spans();
+    test_mat_amx();
     test_act();
     static const int64_t shapes[][2] = {{1, 64}, {17, 200}, {37, 576}, {16, 31}};
     for (size_t i = 0; i < KWK_ARRAY_LEN(shapes); i++) {
