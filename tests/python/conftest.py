@@ -70,17 +70,20 @@ if "KWKER_CACHE" not in os.environ:
 REL_TOL = 1e-5
 
 
-def supported_isas():
-    """Kernel paths this CPU supports, in KWKER_ISA spelling (scalar is always there)."""
-    flags = set()
+def cpu_flags():
+    """The CPU's feature flags as /proc/cpuinfo lists them (a set; empty where it cannot be read).
+    Linux lists the AMX flags only when the OS supports the tile state."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags.update(line.split(":", 1)[1].split())
-                    break
+            return set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")),
+                            []))
     except OSError:
-        pass
+        return set()
+
+
+def supported_isas():
+    """Kernel paths this CPU supports, in KWKER_ISA spelling (scalar is always there)."""
+    flags = cpu_flags()
     isas = ["scalar"]
     if {"avx2", "fma"} <= flags:
         isas.append("avx2")
@@ -98,15 +101,14 @@ def best_isa():
 AMX_PRESERVE = "avx512+amx"
 
 
+def cpu_has_amx():
+    """What the library's AMX-INT8 prompt tiles need: AMX-TILE and AMX-INT8 beside AVX-512."""
+    return {"amx_tile", "amx_int8"} <= cpu_flags() and "avx512" in supported_isas()
+
+
 def cpu_has_amx_bf16():
-    """What the library's AMX-BF16 paths need in /proc/cpuinfo: AMX-TILE, AMX-INT8, AMX-BF16 and
-    AVX512_BF16 (Linux lists the AMX flags when the OS supports the tile state)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        return False
-    return all(x in flags for x in ("amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"))
+    """What the library's AMX-BF16 paths need: AMX-TILE, AMX-INT8, AMX-BF16 and AVX512_BF16."""
+    return {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"} <= cpu_flags()
 
 
 def isa_env(env, isa):

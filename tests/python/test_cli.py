@@ -22,7 +22,8 @@ if "KWKER_LIB" not in os.environ and (BIN.parent / "libkwker.so").exists():
 
 import kwker  # noqa: E402  (after KWKER_LIB is settled)
 from kwker.template import apply_chat_template  # noqa: E402
-from conftest import cli_env, kwker_bin, smollm2_gguf, supported_isas
+from conftest import (cli_env, cpu_flags, cpu_has_amx, cpu_has_amx_bf16, kwker_bin, smollm2_gguf,
+                      supported_isas)
 
 N_NEW = 24
 THREADS = "2"
@@ -406,11 +407,6 @@ def test_prefetch_int8_changes_no_token(isa, tmp_path):
         assert outs["on"] == outs["off"] == outs["maybe"], (act, outs)
 
 
-def cpu_flags():
-    with open("/proc/cpuinfo") as f:
-        return next((ln.split() for ln in f if ln.startswith("flags")), [])
-
-
 def same_ids_on_off(tmp_path, var, ids, log_line, missing_warning, isa, acts=("8", "16")):
     """Balanced and int4 generation from ids, at the activation widths acts, with var=on, off
     and maybe, under KWKER_ISA=isa (None: the CPU's own path): the same greedy ids every time.
@@ -439,11 +435,6 @@ def same_ids_on_off(tmp_path, var, ids, log_line, missing_warning, isa, acts=("8
             assert outs["on"] == outs["off"] == outs["maybe"], (prec, act, outs)
 
 
-def has_amx():
-    flags = cpu_flags()
-    return "amx_int8" in flags and "amx_tile" in flags and "avx512" in supported_isas()
-
-
 def test_amx_changes_no_token(tmp_path):
     """KWKER_AMX=on|off: the AVX-512 prompt products run their whole 16-token tiles on AMX where
     the CPU has it (amx_quant.c), on vpdpbusd otherwise or when off; both give the same sums and
@@ -455,7 +446,7 @@ def test_amx_changes_no_token(tmp_path):
     ids = ",".join(str(1 + (i * 7919) % 49000) for i in range(40))
     same_ids_on_off(
         tmp_path, "KWKER_AMX", ids,
-        lambda v: "prompt tiles: %s" % ("amx" if has_amx() and v != "off" else "vector"),
+        lambda v: "prompt tiles: %s" % ("amx" if cpu_has_amx() and v != "off" else "vector"),
         None if "amx_int8" in cpu_flags() else
         "KWKER_AMX=on: this CPU (or OS) has no AMX-INT8; ignored",
         None, acts=("16",))
@@ -471,7 +462,7 @@ def test_amx_attention_act8(tmp_path):
     each other (measured 0.06% apart; on 2 x 128 tokens 1.3%)."""
     from test_perplexity import WIKITEXT, parse_output
     flags = cpu_flags()
-    amx_bf16 = has_amx() and "amx_bf16" in flags and "avx512_bf16" in flags
+    amx_bf16 = cpu_has_amx() and cpu_has_amx_bf16()
     text = tmp_path / "wiki.txt"
     data = WIKITEXT.read_bytes()
     text.write_bytes(data[:data.index(b"\n", 8000) + 1])
