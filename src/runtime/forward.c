@@ -84,6 +84,13 @@ struct mm_task {
  * multiples of GRID_TOK_ALIGN. */
 #define GRID_MIN_TOK 32
 #define GRID_TOK_ALIGN 8
+/* On AMX tiles, ties go to more token parts only while each keeps at least this many tokens.
+ * Each token part reads its rows' weights again: with many threads and the most parts, AMX's
+ * rate would make a prompt memory-bound (break-even at about rate x bytes a weight / a core's
+ * bandwidth: some 35-70 tokens a part on a many-core server with int8 tiles). On 2 threads,
+ * parts of 128 tokens ran 7-11% faster than the row split, parts of 64 from 6% slower to 8%
+ * faster (SmolLM2-135M int4, 360M balanced and AMX preserve; session 29). */
+#define GRID_AMX_TOK 128
 
 /* Whether all jobs have the same rows: then a chunk is the same rows of every job (the gate/up
  * post step wants both halves of its rows on one thread). */
@@ -191,16 +198,16 @@ static long row_share(const struct mm_task *t, int r)
 }
 
 /* A prompt product on nth threads: rows cut in grid_r parts and tokens in grid_t, the grid with
- * the smallest largest share (units x tokens); among equals the fewest token parts, or the most
- * where every job runs on AMX tiles (kwk_mat_amx). Cutting the rows alone leaves threads idle
- * once they outnumber the row blocks (SmolLM2-135M's k and v: 12 blocks; its 15 heads) and
- * unbalances them well before; each token part reads the weights again, which a prompt's
- * compute-bound tiles absorb. The AMX kernels stage every token they are given into tiles on
- * each thread (preserve's three bf16 parts; int8's tile layout), so there fewer tokens a thread
- * is less work: on 2 threads 5-13% more prompt tokens/s split by tokens than by rows (SmolLM2-
- * 135M / 360M, Qwen2.5-0.5B int4, balanced, preserve with KWKER_AMX_PRESERVE=on; SmolLM2-1.7B
- * int4 the same), while the vector kernels ran 0-4% slower so (docs/benchmarks.md, session
- * 29). Any grid gives the same numbers (batch invariance). */
+ * the smallest largest share (units x tokens); among equals the fewest token parts, or where
+ * every job runs on AMX tiles (kwk_mat_amx) the most that keep GRID_AMX_TOK tokens each.
+ * Cutting the rows alone leaves threads idle once they outnumber the row blocks (SmolLM2-135M's
+ * k and v: 12 blocks; its 15 heads) and unbalances them well before; each token part reads the
+ * weights again, which a prompt's compute-bound tiles absorb. The AMX kernels stage every token
+ * they are given into tiles on each thread (preserve's three bf16 parts; int8's tile layout),
+ * so there fewer tokens a thread is less work: on 2 threads 5-13% more prompt tokens/s split by
+ * tokens than by rows (SmolLM2-135M / 360M, Qwen2.5-0.5B int4, balanced, preserve with
+ * KWKER_AMX_PRESERVE=on; SmolLM2-1.7B int4 the same), while the vector kernels ran 0-4% slower
+ * so (docs/benchmarks.md, session 29). Any grid gives the same numbers (batch invariance). */
 static void plan_grid(struct mm_task *t, int nth)
 {
     long best = -1;
@@ -212,7 +219,8 @@ static void plan_grid(struct mm_task *t, int nth)
     for (int gt = 1; gt <= max_t; gt++) {
         int gr = nth / gt;
         long cost = row_share(t, gr) * ((t->n_tok + gt - 1) / gt);
-        if (best < 0 || cost < best || (amx && cost == best)) {
+        if (best < 0 || cost < best ||
+            (amx && cost == best && t->n_tok / gt >= GRID_AMX_TOK)) {
             best = cost;
             t->grid_r = gr;
             t->grid_t = gt;

@@ -1277,7 +1277,8 @@ static void test_decode_spans(void)
 static void test_mat_amx(void)
 {
     const struct kwk_kernels *tables[] = {&kwk_kernels_ref, &kwk_kernels_avx2, &kwk_kernels_avx512};
-    const int types[] = {KWK_W_F32, KWK_W_F16, KWK_W_BF16, KWK_W_BF16P, KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
+    const int types[] = {KWK_W_F32, KWK_W_F16, KWK_W_BF16, KWK_W_BF16P,
+                         KWK_W_Q8,  KWK_W_Q4,  KWK_W_Q6};
     char *mem = calloc(64 * 64, 4);
     for (size_t t = 0; t < KWK_ARRAY_LEN(tables); t++)
         for (size_t i = 0; i < KWK_ARRAY_LEN(types); i++) {
