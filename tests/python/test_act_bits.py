@@ -16,7 +16,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import cli_env, cpu_has_amx_bf16, kwker_bin, rel_err, smollm2_gguf, token_by_token
+from conftest import (cli_env, cpu_flags, cpu_has_amx_bf16, kwker_bin, rel_err, smollm2_gguf,
+                      token_by_token)
 import tiny_models
 
 PRECS = ["balanced", "int4"]
@@ -308,19 +309,13 @@ def test_bench_json_act_bits(tiny, tmp_path):
     assert p.returncode == 0 and "8-bit activations" in p.stdout, p.stdout + p.stderr
 
 
-def cpu_has_bf16():
-    """AVX512_BF16 in /proc/cpuinfo (the kernel's name for it: avx512_bf16)."""
-    with open("/proc/cpuinfo") as f:
-        return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
-
-
 def test_bench_json_attention(tiny, tmp_path):
     """kwker bench names the attention kernels: bf16 products exactly for 8-bit activations on
     the AVX-512 path of an AVX512_BF16 CPU (on AMX where it has AMX-BF16), the instruction set's
     own tables otherwise (also when KWKER_ISA forces AVX2 or scalar on such a CPU)."""
     model, cache = tiny[0], ["--cache-dir", tmp_path]
     j8 = bench_json(model, "--precision", "int4", "--act-bits", "8", *cache)
-    bf16 = j8["isa"] == "avx512" and cpu_has_bf16()
+    bf16 = j8["isa"] == "avx512" and "avx512_bf16" in cpu_flags()
     amx = bf16 and cpu_has_amx_bf16() and os.environ.get("KWKER_AMX") != "off"
     assert j8["attn"] == ("amx-bf16" if amx else "avx512-bf16" if bf16 else j8["isa"]), j8
     j16 = bench_json(model, "--precision", "int4", "--act-bits", "16", *cache)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import supported_isas
+from conftest import cpu_flags, supported_isas
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "side_by_side.py"
@@ -73,8 +73,7 @@ def test_quick_run_writes_complete_json(tmp_path):
     assert rec["llama"]["base_rss_mib"] > 0
     # which int8 dot products each side's AVX2 code has: Kwker's from its log (AVX-VNNI where
     # the CPU has it), llama.cpp's from its build's system info
-    with open("/proc/cpuinfo") as f:
-        flags = next((ln.split() for ln in f if ln.startswith("flags")), [])
+    flags = cpu_flags()
     assert rec["kwker"]["avx2_dot"] == ("avx-vnni" if "avx_vnni" in flags else "maddubs")
     # and whether its AVX-512 prompt products ran on AMX (on CPUs with it, unless KWKER_AMX=off
     # or KWKER_ISA lowers the path)
