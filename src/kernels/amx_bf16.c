@@ -14,7 +14,12 @@
  * Layout: A is 16 weight rows x 32 columns read where they lie (the checkpoint's mapped rows, no
  * pack); B a 32-column chunk as 16 pairs x 16 columns, column 3j + s holding part s of token j
  * (5 tokens a tile, the 16th column zero); C 16 rows x those columns. A token's output is
- * (c0 + c1) + c2 of its three columns. Three columns for the parts rather than three multiplies
+ * (c0 + c1) + c2 of its three columns. Chunks start on the rows' 64-byte boundaries (struct
+ * chunks): safetensors places a tensor at any 8-byte offset (the bench checkpoints' at 8 or 32
+ * past a cache line), and a tile load whose 64-byte rows straddle cache lines reads two lines
+ * a row: prompts 31% slower, decode 5% (docs/benchmarks.md, session 30). So where the rows lie
+ * 64-byte multiples apart, chunk 0 holds the columns before the first boundary (zero-padded in
+ * front), the rest are read aligned, and the last is padded as before. Three columns for the parts rather than three multiplies
  * into one column: a decode step then takes one multiply per 16 x 32 weights, not three, and
  * the tile unit does not fall further behind memory (three multiplies: about 60% of the vector
  * decode's bandwidth in a first test; one: 75-90%, docs/benchmarks.md, session 28).
@@ -67,6 +72,46 @@ INLINE __mmask16 lanes16(int64_t n)
 INLINE __mmask32 lanes32(int64_t n)
 {
     return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? (__mmask32)0 : (__mmask32)((1u << n) - 1u);
+}
+
+/* Lanes i of 16 (32) elements from column k that lie in [0, cols): k is negative in a head
+ * chunk. */
+INLINE __mmask16 cols16(int64_t k, int64_t cols)
+{
+    return (__mmask16)(lanes16(cols - k) & ~lanes16(-k));
+}
+
+INLINE __mmask32 cols32(int64_t k, int64_t cols)
+{
+    return (__mmask32)(lanes32(cols - k) & ~lanes32(-k));
+}
+
+/* p moved by n bytes, n negative for a head chunk: its address may lie before the array, so it
+ * is formed in integers; the lanes there are masked off and never read. */
+INLINE const void *moved(const void *p, int64_t n)
+{
+    return (const void *)((uintptr_t)p + (uintptr_t)n);
+}
+
+/* How a matrix's columns fall into chunks: chunk c holds columns [32c - lead, 32c - lead + 32),
+ * so that chunks from 1 start on a 64-byte boundary of every row. Only where the rows lie a
+ * multiple of 64 bytes apart (cols a multiple of 32) do all rows share one boundary; otherwise
+ * lead is 0, the layout of an aligned matrix. Chunks [lo, hi) lie wholly inside the rows and are
+ * read where they lie; the head (lead > 0) and a tail are copied, zero-padded. The sums run over
+ * chunks in order, so a matrix's numbers depend on where it lies (as on which table runs it),
+ * never on the batch, the row range or the thread. */
+struct chunks {
+    int64_t lead, nk, lo, hi;
+};
+
+static struct chunks chunks_of(const struct kwk_mat *w)
+{
+    uintptr_t mis = (uintptr_t)w->data & 63;
+    int64_t lead = w->cols % CHUNK == 0 && mis % 2 == 0 ? (int64_t)(mis / 2) : 0;
+    return (struct chunks){.lead = lead,
+                           .nk = (w->cols + lead + CHUNK - 1) / CHUNK,
+                           .lo = lead > 0,
+                           .hi = (w->cols + lead) / CHUNK};
 }
 
 /* v rounded to bf16 (nearest even), as a float whose low 16 bits are zero. Integer arithmetic,
@@ -136,24 +181,26 @@ INLINE void transpose16(__m512i r[16])
         r[i] = t[i];
 }
 
-/* Chunks [c0, c1) of the B tile of tokens x[0 .. nt) (nt <= 5, rows cols apart) into dst[0 ..
- * c1 - c0); columns past the tokens' and elements past cols zero. */
-static void stage_tile(const float *x, int64_t cols, int nt, int64_t c0, int64_t c1, btile *dst)
+/* Chunks [c0, c1) (columns from 32c - lead) of the B tile of tokens x[0 .. nt) (nt <= 5, rows
+ * cols apart) into dst[0 .. c1 - c0); columns past the tokens' and elements outside [0, cols)
+ * zero. */
+static void stage_tile(const float *x, int64_t cols, int64_t lead, int nt, int64_t c0, int64_t c1,
+                       btile *dst)
 {
     const __m512i idx = _mm512_load_si512(HIGH_HALVES);
     for (int64_t c = c0; c < c1; c++) {
         __m512i r[16];
-        int64_t k = c * CHUNK;
-        __mmask16 mlo = lanes16(cols - k), mhi = lanes16(cols - k - 16);
+        int64_t k = c * CHUNK - lead;
+        __mmask16 mlo = cols16(k, cols), mhi = cols16(k + 16, cols);
         for (int j = 0; j < TILE_TOKS; j++) {
             if (j >= nt) {
                 r[3 * j] = r[3 * j + 1] = r[3 * j + 2] = _mm512_setzero_si512();
                 continue;
             }
-            const float *p = x + (int64_t)j * cols + k;
+            const float *row = x + (int64_t)j * cols;
             __m512 l1, l2, l3, h1, h2, h3;
-            split3(_mm512_maskz_loadu_ps(mlo, p), &l1, &l2, &l3);
-            split3(_mm512_maskz_loadu_ps(mhi, p + 16), &h1, &h2, &h3);
+            split3(_mm512_maskz_loadu_ps(mlo, moved(row, k * 4)), &l1, &l2, &l3);
+            split3(_mm512_maskz_loadu_ps(mhi, moved(row, (k + 16) * 4)), &h1, &h2, &h3);
             r[3 * j] = pairs(l1, h1, idx);
             r[3 * j + 1] = pairs(l2, h2, idx);
             r[3 * j + 2] = pairs(l3, h3, idx);
@@ -165,19 +212,22 @@ static void stage_tile(const float *x, int64_t cols, int nt, int64_t c0, int64_t
     }
 }
 
-/* A for rows [rb, rb + nrows) and chunk c: where the rows lie, or for a partial row block or the
- * last partial chunk (c >= full) a zero-padded copy in abuf. Returns the rows' stride. */
-INLINE const void *a_src(const struct kwk_mat *w, int64_t rb, int nrows, int64_t c, int64_t full,
-                         uint16_t (*abuf)[CHUNK], long *stride)
+/* A for rows [rb, rb + nrows) and chunk c: where the rows lie, or for a partial row block, the
+ * head or a partial last chunk (c outside [g->lo, g->hi)) a zero-padded copy in abuf. Returns
+ * the rows' stride. */
+INLINE const void *a_src(const struct kwk_mat *w, const struct chunks *g, int64_t rb, int nrows,
+                         int64_t c, uint16_t (*abuf)[CHUNK], long *stride)
 {
-    const uint16_t *base = (const uint16_t *)w->data + rb * w->cols + c * CHUNK;
-    if (nrows == 16 && c < full) {
+    int64_t k = c * CHUNK - g->lead; /* the chunk's first column */
+    const uint16_t *rows = (const uint16_t *)w->data + rb * w->cols;
+    if (nrows == 16 && c >= g->lo && c < g->hi) {
         *stride = (long)(w->cols * 2);
-        return base;
+        return rows + k;
     }
-    __mmask32 m = lanes32(w->cols - c * CHUNK);
+    __mmask32 m = cols32(k, w->cols);
     for (int i = 0; i < 16; i++)
-        _mm512_storeu_si512(abuf[i], i < nrows ? _mm512_maskz_loadu_epi16(m, base + i * w->cols)
+        _mm512_storeu_si512(abuf[i], i < nrows ? _mm512_maskz_loadu_epi16(
+                                                     m, moved(rows + i * w->cols, k * 2))
                                                 : _mm512_setzero_si512());
     /* GCC's tileloadd is an asm without a memory operand: the copy must be stored before it */
     __asm__ volatile("" ::: "memory");
@@ -208,13 +258,14 @@ INLINE void put(float (*cbuf)[16], float *y, long ldy, int64_t rb, int nrows, in
     }
 }
 
-/* A prompt block's column block: chunks [c0, c1) of nk (full: those whose A loads straight
- * from the rows), staged B tiles st[tile][c - c0] (width chunks each), and where C tiles wait
+/* A prompt block's column block: chunks [c0, c1) of g->nk, staged B tiles st[tile][c - c0]
+ * (width chunks each), and where C tiles wait
  * between column blocks (spill[row block][tile], 16 x 16 floats; unused with one column block:
  * a tile store and load is exact, so the sums go on as if never stopped). */
 struct cblock {
     const struct kwk_mat *w;
-    int64_t c0, c1, nk, full, width;
+    const struct chunks *g;
+    int64_t c0, c1, width;
     const btile *st;
     float (*spill)[16][16];
     int tiles; /* spill's tiles a row block */
@@ -233,7 +284,7 @@ struct cblock {
 /* ... and after the last column block into y (rows rb, tokens t), else kept */
 #define C_END(tc, i, j, rb, nrows, t, nt)                                                          \
     do {                                                                                           \
-        if (cb->c1 == cb->nk)                                                                      \
+        if (cb->c1 == cb->g->nk)                                                                      \
             PUT(tc, rb, nrows, t, nt);                                                             \
         else                                                                                       \
             _tile_stored(tc, cb->spill[(i) * cb->tiles + (j)], 64);                                \
@@ -259,7 +310,7 @@ INLINE void block(const struct cblock *cb, int64_t i, int j, int64_t rb, int nr0
         C_START(TC3, i + 1, j + 1);
     for (int64_t c = cb->c0; c < cb->c1; c++) {
         long s0, s1;
-        const void *a0 = a_src(cb->w, rb, nr0, c, cb->full, abuf[0], &s0);
+        const void *a0 = a_src(cb->w, cb->g, rb, nr0, c, abuf[0], &s0);
         _tile_loadd(TA0, a0, s0);
         _tile_loadd(TB0, b0[c - cb->c0], 64);
         _tile_dpbf16ps(TC0, TA0, TB0);
@@ -268,7 +319,7 @@ INLINE void block(const struct cblock *cb, int64_t i, int j, int64_t rb, int nr0
             _tile_dpbf16ps(TC1, TA0, TB1);
         }
         if (RB > 1) {
-            const void *a1 = a_src(cb->w, rb + 16, nr1, c, cb->full, abuf[1], &s1);
+            const void *a1 = a_src(cb->w, cb->g, rb + 16, nr1, c, abuf[1], &s1);
             _tile_loadd(TA1, a1, s1);
             _tile_dpbf16ps(TC2, TA1, TB0);
             if (NT > 1)
@@ -300,15 +351,15 @@ static const block_fn BLOCKS[2][2] = {{block_1_1, block_1_2}, {block_2_1, block_
 /* G row blocks from rb (rows [rb, r1)) x one token tile over every chunk: a decode step's
  * shape. The B chunk is loaded once for the G multiplies. b NULL: each chunk is staged here from
  * x (nt tokens) as it is needed, the same numbers without a staging buffer. */
-INLINE void group(const struct kwk_mat *w, const btile *b, const float *x, int nt, int64_t rb,
-                  int64_t r1, int64_t nk, int64_t full, float *y, long ldy, int t, int G)
+INLINE void group(const struct kwk_mat *w, const struct chunks *g, const btile *b, const float *x,
+                  int nt, int64_t rb, int64_t r1, float *y, long ldy, int t, int G)
 {
     _Alignas(64) uint16_t abuf[2][16][CHUNK];
     _Alignas(64) float cbuf[16][16];
     _Alignas(64) btile one[1];
     int nr[4];
-    for (int g = 0; g < 4; g++)
-        nr[g] = (int)KWK_MIN(16, r1 - rb - 16 * g);
+    for (int i = 0; i < 4; i++)
+        nr[i] = (int)KWK_MIN(16, r1 - rb - 16 * i);
     _tile_zero(TC0);
     if (G > 1)
         _tile_zero(TC1);
@@ -316,27 +367,27 @@ INLINE void group(const struct kwk_mat *w, const btile *b, const float *x, int n
         _tile_zero(TC2);
     if (G > 3)
         _tile_zero(TC3);
-    for (int64_t c = 0; c < nk; c++) {
+    for (int64_t c = 0; c < g->nk; c++) {
         long s;
         if (b) {
             _tile_loadd(TB0, b[c], 64);
         } else {
-            stage_tile(x, w->cols, nt, c, c + 1, one);
+            stage_tile(x, w->cols, g->lead, nt, c, c + 1, one);
             __asm__ volatile("" ::: "memory");
             _tile_loadd(TB0, one[0], 64);
         }
-        _tile_loadd(TA0, a_src(w, rb, nr[0], c, full, abuf[0], &s), s);
+        _tile_loadd(TA0, a_src(w, g, rb, nr[0], c, abuf[0], &s), s);
         _tile_dpbf16ps(TC0, TA0, TB0);
         if (G > 1) {
-            _tile_loadd(TA1, a_src(w, rb + 16, nr[1], c, full, abuf[1], &s), s);
+            _tile_loadd(TA1, a_src(w, g, rb + 16, nr[1], c, abuf[1], &s), s);
             _tile_dpbf16ps(TC1, TA1, TB0);
         }
         if (G > 2) {
-            _tile_loadd(TA0, a_src(w, rb + 32, nr[2], c, full, abuf[0], &s), s);
+            _tile_loadd(TA0, a_src(w, g, rb + 32, nr[2], c, abuf[0], &s), s);
             _tile_dpbf16ps(TC2, TA0, TB0);
         }
         if (G > 3) {
-            _tile_loadd(TA1, a_src(w, rb + 48, nr[3], c, full, abuf[1], &s), s);
+            _tile_loadd(TA1, a_src(w, g, rb + 48, nr[3], c, abuf[1], &s), s);
             _tile_dpbf16ps(TC3, TA1, TB0);
         }
     }
@@ -349,14 +400,14 @@ INLINE void group(const struct kwk_mat *w, const btile *b, const float *x, int n
         PUT(TC3, rb + 48, nr[3], t, nt);
 }
 
-typedef void (*group_fn)(const struct kwk_mat *, const btile *, const float *, int, int64_t,
-                         int64_t, int64_t, int64_t, float *, long, int);
+typedef void (*group_fn)(const struct kwk_mat *, const struct chunks *, const btile *,
+                         const float *, int, int64_t, int64_t, float *, long, int);
 #define GROUP_FN(G)                                                                                \
-    static void group_##G(const struct kwk_mat *w, const btile *b, const float *x, int nt,         \
-                          int64_t rb, int64_t r1, int64_t nk, int64_t full, float *y, long ldy,    \
+    static void group_##G(const struct kwk_mat *w, const struct chunks *g, const btile *b,         \
+                          const float *x, int nt, int64_t rb, int64_t r1, float *y, long ldy,      \
                           int t)                                                                   \
     {                                                                                              \
-        group(w, b, x, nt, rb, r1, nk, full, y, ldy, t, G);                                        \
+        group(w, g, b, x, nt, rb, r1, y, ldy, t, G);                                               \
     }
 GROUP_FN(1)
 GROUP_FN(2)
@@ -372,13 +423,13 @@ static int group_blocks(int64_t cols)
 }
 
 /* One token tile (b, tokens t .. t + nt - 1) over rows [r0, r1), in decode groups. */
-static void tile_rows(const struct kwk_mat *w, const btile *b, const float *x, int nt, int64_t r0,
-                      int64_t r1, int64_t nk, int64_t full, float *y, long ldy, int t)
+static void tile_rows(const struct kwk_mat *w, const struct chunks *g, const btile *b,
+                      const float *x, int nt, int64_t r0, int64_t r1, float *y, long ldy, int t)
 {
     int G = group_blocks(w->cols);
     for (int64_t rb = r0; rb < r1; rb += 16 * G) {
-        int g = (int)KWK_MIN(G, (r1 - rb + 15) / 16);
-        GROUPS[g](w, b, x, nt, rb, r1, nk, full, y, ldy, t);
+        int n = (int)KWK_MIN(G, (r1 - rb + 15) / 16);
+        GROUPS[n](w, g, b, x, nt, rb, r1, y, ldy, t);
     }
 }
 
@@ -424,19 +475,25 @@ void kwk_bf16_amx_test_no_scratch(int on)
     no_scratch = on;
 }
 
+int64_t kwk_bf16_amx_test_lead(const struct kwk_mat *w)
+{
+    return chunks_of(w).lead;
+}
+
 void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                          int64_t r0, int64_t r1)
 {
-    int64_t cols = w->cols, nk = (cols + CHUNK - 1) / CHUNK, full = cols / CHUNK;
+    const struct chunks g = chunks_of(w);
+    int64_t cols = w->cols, nk = g.nk;
     int tiles = (n_tok + TILE_TOKS - 1) / TILE_TOKS;
     _tile_loadconfig(&TILES16_CONFIG);
     if (tiles == 1) { /* a decode step's shape: groups of whole rows under one B tile */
         btile *st = stage_buffer((size_t)nk);
         if (st) {
-            stage_tile(x, cols, n_tok, 0, nk, st);
+            stage_tile(x, cols, g.lead, n_tok, 0, nk, st);
             __asm__ volatile("" ::: "memory"); /* staged before the tile loads */
         }
-        tile_rows(w, st, x, n_tok, r0, r1, nk, full, y, ldy, 0);
+        tile_rows(w, &g, st, x, n_tok, r0, r1, y, ldy, 0);
         _tile_release();
         return;
     }
@@ -454,13 +511,13 @@ void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, flo
     if (!st) {
         for (int i = 0; i < tiles; i++) {
             int t = i * TILE_TOKS;
-            tile_rows(w, NULL, x + (int64_t)t * cols, KWK_MIN(TILE_TOKS, n_tok - t), r0, r1, nk,
-                      full, y, ldy, t);
+            tile_rows(w, &g, NULL, x + (int64_t)t * cols, KWK_MIN(TILE_TOKS, n_tok - t), r0, r1,
+                      y, ldy, t);
         }
         _tile_release();
         return;
     }
-    struct cblock cb = {.w = w, .nk = nk, .full = full, .width = width, .st = st,
+    struct cblock cb = {.w = w, .g = &g, .width = width, .st = st,
                         .spill = (float(*)[16][16])(void *)(st + staged), .tiles = per_block,
                         .y = y, .ldy = ldy};
     for (int i0 = 0; i0 < tiles; i0 += per_block) {
@@ -469,8 +526,8 @@ void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, flo
             cb.c1 = KWK_MIN(nk, cb.c0 + width);
             for (int j = 0; j < nb; j++) {
                 int t = (i0 + j) * TILE_TOKS;
-                stage_tile(x + (int64_t)t * cols, cols, KWK_MIN(TILE_TOKS, n_tok - t), cb.c0,
-                           cb.c1, st + (size_t)j * (size_t)width);
+                stage_tile(x + (int64_t)t * cols, cols, g.lead, KWK_MIN(TILE_TOKS, n_tok - t),
+                           cb.c0, cb.c1, st + (size_t)j * (size_t)width);
             }
             __asm__ volatile("" ::: "memory"); /* staged before the tile loads */
             /* pairs of row blocks x pairs of tiles: each A load feeds two multiplies, each B

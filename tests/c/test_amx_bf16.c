@@ -2,7 +2,9 @@
  * that float holds exactly come out exactly), the double-precision sum to float rounding on
  * random data, batch invariance (a token alone, in batches of any size, over any row range:
  * bitwise), the chunk-by-chunk path without a staging buffer (bitwise the same), tails of rows
- * and columns that never read a neighbouring row, infinities and NaN carried through; and which
+ * and columns that never read a neighbouring row, matrices at every offset from a cache line
+ * (chunks then start on the rows' 64-byte boundaries: the head chunk never reads before a row),
+ * infinities and NaN carried through; and which
  * table KWKER_AMX_PRESERVE chooses. On a CPU without AMX-BF16 only the choice is checked (and
  * said so). The AVX-512 table on this path runs all of test_kernels too (ctest
  * test_kernels_amx_preserve). */
@@ -34,10 +36,25 @@ static double bf16_val(uint16_t h)
     return f;
 }
 
-/* A rows x cols bf16 matrix of random weights in [-1, 1). */
-static uint16_t *random_weights(int64_t rows, int64_t cols)
+#define BF16_NAN 0x7fc0
+
+/* Room for a rows x cols bf16 matrix that starts off elements (0-31) past a 64-byte boundary,
+ * as checkpoints place their tensors (at any 8-byte offset); the 64 bytes before and after it
+ * hold NaN, which a read outside the matrix would carry into the sums. *base is what to free. */
+static uint16_t *placed(int64_t rows, int64_t cols, int off, void **base)
 {
-    uint16_t *w = malloc((size_t)(rows * cols) * sizeof *w);
+    size_t n = (size_t)(rows * cols) + 64;
+    uint16_t *b = aligned_alloc(64, (n * sizeof *b + 63) / 64 * 64);
+    for (size_t i = 0; i < n; i++)
+        b[i] = BF16_NAN;
+    *base = b;
+    return b + 32 + off;
+}
+
+/* ... holding random weights in [-1, 1) */
+static uint16_t *random_weights(int64_t rows, int64_t cols, int off, void **base)
+{
+    uint16_t *w = placed(rows, cols, off, base);
     for (int64_t i = 0; i < rows * cols; i++)
         w[i] = bf16_of(t_frand(-1.0f, 1.0f)); /* truncated: a bf16 value */
     return w;
@@ -63,11 +80,14 @@ static void fill(float *y, size_t n)
  * must be the exact sum, bitwise (one bf16 part alone would lose the low bits). */
 static void test_exact(void)
 {
-    static const int64_t cols_list[] = {1, 7, 31, 32};
+    /* with 64 columns at offsets: a head, an aligned chunk and a tail */
+    static const int64_t cols_list[] = {1, 7, 31, 32, 32, 64, 64};
+    static const int offs[] = {0, 0, 0, 0, 13, 1, 31};
     for (size_t a = 0; a < KWK_ARRAY_LEN(cols_list); a++) {
         int64_t rows = 37, cols = cols_list[a];
         int n_tok = 12;
-        uint16_t *w = malloc((size_t)(rows * cols) * sizeof *w);
+        void *base;
+        uint16_t *w = placed(rows, cols, offs[a], &base);
         float *x = malloc((size_t)(n_tok * cols) * sizeof *x);
         float *y = malloc((size_t)(n_tok * rows) * sizeof *y);
         for (int64_t i = 0; i < rows * cols; i++)
@@ -84,9 +104,9 @@ static void test_exact(void)
                     s += bf16_val(w[r * cols + k]) * (double)x[t * cols + k];
                 wrong += (double)y[t * rows + r] != s;
             }
-        T_CHECK(wrong == 0, "exact sums, cols=%lld: %ld of %lld differ", (long long)cols, wrong,
-                (long long)(rows * n_tok));
-        free(w);
+        T_CHECK(wrong == 0, "exact sums, cols=%lld offset %d: %ld of %lld differ",
+                (long long)cols, offs[a], wrong, (long long)(rows * n_tok));
+        free(base);
         free(x);
         free(y);
     }
@@ -94,9 +114,10 @@ static void test_exact(void)
 
 /* Against the double sum on random data, rows [r0, r1) only (the rest and ldy's gap untouched),
  * every token alone bitwise the batch's, every row sub-range bitwise the whole. */
-static void check_case(int64_t rows, int64_t cols, int n_tok, int64_t r0, int64_t r1)
+static void check_case(int64_t rows, int64_t cols, int n_tok, int64_t r0, int64_t r1, int off)
 {
-    uint16_t *w = random_weights(rows, cols);
+    void *base;
+    uint16_t *w = random_weights(rows, cols, off, &base);
     float *x = random_x(n_tok, cols);
     long ldy = (long)rows + 5;
     size_t ny = (size_t)n_tok * (size_t)ldy;
@@ -133,9 +154,10 @@ static void check_case(int64_t rows, int64_t cols, int n_tok, int64_t r0, int64_
                           (size_t)(r1 - r0) * sizeof *y1) != 0;
     }
     T_CHECK(bad == 0 && touched == 0 && variant == 0,
-            "rows=%lld cols=%lld n_tok=%d [%lld,%lld): %ld wrong (worst %.3g of the magnitude), "
-            "%ld touched outside, %ld tokens differ alone", (long long)rows, (long long)cols,
-            n_tok, (long long)r0, (long long)r1, bad, worst, touched, variant);
+            "rows=%lld cols=%lld n_tok=%d [%lld,%lld) offset %d: %ld wrong (worst %.3g of the "
+            "magnitude), %ld touched outside, %ld tokens differ alone", (long long)rows,
+            (long long)cols, n_tok, (long long)r0, (long long)r1, off, bad, worst, touched,
+            variant);
     /* without the staging buffer: the same bits */
     float *y2 = malloc(ny * sizeof *y2);
     fill(y2, ny);
@@ -143,9 +165,9 @@ static void check_case(int64_t rows, int64_t cols, int n_tok, int64_t r0, int64_
     kwk_bf16_matmul_amx(&m, x, n_tok, y2, ldy, r0, r1);
     kwk_bf16_amx_test_no_scratch(0);
     T_CHECK(memcmp(y, y2, ny * sizeof *y) == 0,
-            "rows=%lld cols=%lld n_tok=%d: chunk-by-chunk staging changed the numbers",
-            (long long)rows, (long long)cols, n_tok);
-    free(w);
+            "rows=%lld cols=%lld n_tok=%d offset %d: chunk-by-chunk staging changed the numbers",
+            (long long)rows, (long long)cols, n_tok, off);
+    free(base);
     free(x);
     free(y);
     free(y1);
@@ -165,28 +187,32 @@ static void test_random(void)
             int n = toks_list[b];
             if (cols > 1000 && n > 11)
                 continue; /* the double reference's time */
-            check_case(67, cols, n, 0, 67);   /* row blocks of 4, 2 and 1, partial */
-            check_case(9, cols, n, 0, 9);     /* fewer rows than a tile */
-            check_case(150, cols, n, 3, 141); /* a range not on block edges */
+            int off = (int)(a + b) % 32; /* cols a multiple of 32: a head chunk from 1 */
+            check_case(67, cols, n, 0, 67, off);   /* row blocks of 4, 2 and 1, partial */
+            check_case(9, cols, n, 0, 9, 0);       /* fewer rows than a tile */
+            check_case(150, cols, n, 3, 141, 31);  /* a range not on block edges */
         }
     /* token blocks of 12 tiles take rows in column blocks of 85 chunks (2720 columns; 1 MiB
      * staged), their C tiles spilled between: two and three column blocks, a partial token
-     * block after */
-    check_case(40, 2900, 64, 5, 37);
-    check_case(20, 6000, 60, 0, 20);
+     * block after; aligned, and with a head chunk (the column blocks then cut at other
+     * columns) */
+    check_case(40, 2900, 64, 5, 37, 0);
+    check_case(20, 6000, 60, 0, 20, 0);
+    check_case(40, 2912, 64, 5, 37, 4);
+    check_case(20, 6016, 60, 0, 20, 16);
+    check_case(33, 64, 23, 0, 33, 1);
 }
 
 /* A range's rows and columns are all that is read: the rows around [r0, r1) are NaN, and a
  * column tail that read on into the next row would meet them (times zero: NaN). */
-static void test_no_read_outside(void)
+static void no_read_case(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int n_tok, int off)
 {
-    int64_t rows = 40, cols = 45, r0 = 8, r1 = 27;
-    int n_tok = 7;
-    uint16_t *w = random_weights(rows, cols);
+    void *base;
+    uint16_t *w = random_weights(rows, cols, off, &base);
     for (int64_t r = 0; r < rows; r++)
         if (r < r0 || r >= r1)
             for (int64_t k = 0; k < cols; k++)
-                w[r * cols + k] = 0x7fc0; /* NaN */
+                w[r * cols + k] = BF16_NAN;
     float *x = random_x(n_tok, cols), *y = malloc((size_t)(n_tok * rows) * sizeof *y);
     fill(y, (size_t)(n_tok * rows));
     struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = rows, .cols = cols, .data = w};
@@ -195,11 +221,45 @@ static void test_no_read_outside(void)
     for (int t = 0; t < n_tok; t++)
         for (int64_t r = r0; r < r1; r++)
             nonfinite += !isfinite(y[t * rows + r]);
-    T_CHECK(nonfinite == 0, "rows outside [%lld,%lld) leaked into %ld outputs", (long long)r0,
-            (long long)r1, nonfinite);
-    free(w);
+    T_CHECK(nonfinite == 0, "cols=%lld offset %d: rows outside [%lld,%lld) leaked into %ld outputs",
+            (long long)cols, off, (long long)r0, (long long)r1, nonfinite);
+    free(base);
     free(x);
     free(y);
+}
+
+/* Where the rows lie 64 bytes apart, chunk 1 starts on a cache line of every row (the point of
+ * the head chunk: a tile load of lines straddling rows read 31% slower); elsewhere there is no
+ * head. Checked for every 2-byte offset from a line. */
+static void test_chunks_aligned(void)
+{
+    long wrong = 0;
+    for (int off = 0; off < 32; off++) {
+        void *base;
+        uint16_t *w = placed(3, 64, off, &base);
+        struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = 3, .cols = 64, .data = w};
+        int64_t lead = kwk_bf16_amx_test_lead(&m);
+        for (int64_t r = 0; r < 3; r++)
+            wrong += lead < 0 || lead > 31 ||
+                     (lead > 0 && (uintptr_t)(w + r * 64 + 32 - lead) % 64 != 0) ||
+                     (lead == 0 && (uintptr_t)(w + r * 64) % 64 != 0);
+        m.cols = 63; /* rows 126 bytes apart: no common boundary, no head */
+        wrong += kwk_bf16_amx_test_lead(&m) != 0;
+        free(base);
+    }
+    T_CHECK(wrong == 0, "chunk 1 off a 64-byte boundary (or a head without one): %ld", wrong);
+}
+
+static void test_no_read_outside(void)
+{
+    no_read_case(40, 45, 8, 27, 7, 0);
+    /* every offset from a cache line, with a head chunk (the lanes before column 0 are the row
+     * before's, or the NaN before the matrix) and the tail: decode steps and a prompt, the
+     * range from the first row and to the last */
+    for (int off = 0; off < 32; off++) {
+        no_read_case(40, 96, 8, 27, 1, off);
+        no_read_case(40, 96, 0, 40, 13, off);
+    }
 }
 
 /* An infinite activation times positive weights gives +inf (not inf - inf's NaN from its
@@ -208,7 +268,8 @@ static void test_inf_nan(void)
 {
     int64_t rows = 16, cols = 64;
     int n_tok = 3;
-    uint16_t *w = malloc((size_t)(rows * cols) * sizeof *w);
+    void *base;
+    uint16_t *w = placed(rows, cols, 0, &base);
     for (int64_t i = 0; i < rows * cols; i++)
         w[i] = bf16_of(0.5f);
     float *x = random_x(n_tok, cols), *y = malloc((size_t)(n_tok * rows) * sizeof *y);
@@ -220,7 +281,7 @@ static void test_inf_nan(void)
     for (int64_t r = 0; r < rows; r++)
         wrong += !(isinf(y[r]) && y[r] > 0) + !isnan(y[rows + r]) + !isfinite(y[2 * rows + r]);
     T_CHECK(wrong == 0, "inf / NaN activations: %ld outputs wrong", wrong);
-    free(w);
+    free(base);
     free(x);
     free(y);
 }
@@ -275,6 +336,7 @@ int main(void)
     }
     test_exact();
     test_random();
+    test_chunks_aligned();
     test_no_read_outside();
     test_inf_nan();
     return t_report("test_amx_bf16");
