@@ -18,8 +18,9 @@
  * chunks): safetensors places a tensor at any 8-byte offset (the bench checkpoints' at 8 or 32
  * past a cache line), and a tile load whose 64-byte rows straddle cache lines reads two lines
  * a row: prompts 31% slower, decode 5% (docs/benchmarks.md, session 30). So where the rows lie
- * 64-byte multiples apart, chunk 0 holds the columns before the first boundary (zero-padded in
- * front), the rest are read aligned, and the last is padded as before. Three columns for the parts rather than three multiplies
+ * 64-byte multiples apart and are long (HEAD_MIN_COLS), chunk 0 holds the columns before the
+ * first boundary (zero-padded in front), the rest are read aligned, and the last is padded as
+ * before. Three columns for the parts rather than three multiplies
  * into one column: a decode step then takes one multiply per 16 x 32 weights, not three, and
  * the tile unit does not fall further behind memory (three multiplies: about 60% of the vector
  * decode's bandwidth in a first test; one: 75-90%, docs/benchmarks.md, session 28).
@@ -104,10 +105,19 @@ struct chunks {
     int64_t lead, nk, lo, hi;
 };
 
+/* Rows shorter than this keep lead 0 wherever they lie: a head and a tail are two copied chunks
+ * a row group, and a tile load of a fresh copy waits for its stores; on short rows that costs a
+ * decode step more than the aligned reads save (in-model, session 30: SmolLM2-135M's 576 and
+ * 1536 columns 8% slower decode, 360M's 960 and 2560 3%; SmolLM2-1.7B's 2048 and 8192 8% faster
+ * decode and 28% faster prompts). */
+#define HEAD_MIN_COLS 2048
+static int64_t head_min_cols = HEAD_MIN_COLS; /* kwk_bf16_amx_test_head_cols */
+
 static struct chunks chunks_of(const struct kwk_mat *w)
 {
     uintptr_t mis = (uintptr_t)w->data & 63;
-    int64_t lead = w->cols % CHUNK == 0 && mis % 2 == 0 ? (int64_t)(mis / 2) : 0;
+    int head = w->cols >= head_min_cols && w->cols % CHUNK == 0 && mis % 2 == 0;
+    int64_t lead = head ? (int64_t)(mis / 2) : 0;
     return (struct chunks){.lead = lead,
                            .nk = (w->cols + lead + CHUNK - 1) / CHUNK,
                            .lo = lead > 0,
@@ -478,6 +488,11 @@ void kwk_bf16_amx_test_no_scratch(int on)
 int64_t kwk_bf16_amx_test_lead(const struct kwk_mat *w)
 {
     return chunks_of(w).lead;
+}
+
+void kwk_bf16_amx_test_head_cols(int64_t cols)
+{
+    head_min_cols = cols > 0 ? cols : HEAD_MIN_COLS;
 }
 
 void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,

@@ -20,5 +20,8 @@ void kwk_bf16_amx_test_no_scratch(int on);
 /* Tests only: the columns w's chunk 0 holds before column 0 (0-31): chunk 1 starts at column
  * 32 - lead, on a 64-byte boundary of every row when it is not 0. */
 int64_t kwk_bf16_amx_test_lead(const struct kwk_mat *w);
+/* Tests only: rows from this many columns get a head chunk (so that small matrices exercise
+ * it); 0 restores the default. Not thread safe. */
+void kwk_bf16_amx_test_head_cols(int64_t cols);
 
 #endif

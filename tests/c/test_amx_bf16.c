@@ -231,23 +231,42 @@ static void no_read_case(int64_t rows, int64_t cols, int64_t r0, int64_t r1, int
 /* Where the rows lie 64 bytes apart, chunk 1 starts on a cache line of every row (the point of
  * the head chunk: a tile load of lines straddling rows read 31% slower); elsewhere there is no
  * head. Checked for every 2-byte offset from a line. */
-static void test_chunks_aligned(void)
+static long chunks_aligned(int64_t cols)
 {
     long wrong = 0;
     for (int off = 0; off < 32; off++) {
         void *base;
-        uint16_t *w = placed(3, 64, off, &base);
-        struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = 3, .cols = 64, .data = w};
+        uint16_t *w = placed(3, cols, off, &base);
+        struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = 3, .cols = cols, .data = w};
         int64_t lead = kwk_bf16_amx_test_lead(&m);
         for (int64_t r = 0; r < 3; r++)
             wrong += lead < 0 || lead > 31 ||
-                     (lead > 0 && (uintptr_t)(w + r * 64 + 32 - lead) % 64 != 0) ||
-                     (lead == 0 && (uintptr_t)(w + r * 64) % 64 != 0);
-        m.cols = 63; /* rows 126 bytes apart: no common boundary, no head */
+                     (lead > 0 && (uintptr_t)(w + r * cols + 32 - lead) % 64 != 0) ||
+                     (lead == 0 && (uintptr_t)(w + r * cols) % 64 != 0);
+        m.cols = cols - 1; /* rows an odd number of halves apart: no common boundary, no head */
         wrong += kwk_bf16_amx_test_lead(&m) != 0;
         free(base);
     }
-    T_CHECK(wrong == 0, "chunk 1 off a 64-byte boundary (or a head without one): %ld", wrong);
+    return wrong;
+}
+
+static void test_chunks_aligned(void)
+{
+    /* by default from HEAD_MIN_COLS (2048) columns; shorter rows keep no head */
+    kwk_bf16_amx_test_head_cols(0);
+    long wrong = chunks_aligned(2048), short_heads = 0;
+    for (int off = 1; off < 32; off++) {
+        void *base;
+        uint16_t *w = placed(3, 1024, off, &base);
+        struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = 3, .cols = 1024, .data = w};
+        short_heads += kwk_bf16_amx_test_lead(&m) != 0;
+        free(base);
+    }
+    kwk_bf16_amx_test_head_cols(32);
+    wrong += chunks_aligned(64);
+    T_CHECK(wrong == 0 && short_heads == 0,
+            "chunk 1 off a 64-byte boundary (or a head without one): %ld; heads on 1024-column "
+            "rows: %ld", wrong, short_heads);
 }
 
 static void test_no_read_outside(void)
@@ -334,6 +353,9 @@ int main(void)
         printf("test_amx_bf16: no AMX-BF16 in use here: only the choice was checked\n");
         return t_report("test_amx_bf16");
     }
+    /* heads from 32 columns, so that the small matrices below take them (test_chunks_aligned
+     * checks the default) */
+    kwk_bf16_amx_test_head_cols(32);
     test_exact();
     test_random();
     test_chunks_aligned();
