@@ -11,19 +11,19 @@
  * chains is the order of the float sums: the same rounding error's size, not its bits (and
  * parts and products below float's normal range are flushed, as tdpbf16ps does).
  *
- * Layout: A is 16 weight rows x 32 columns read where they lie (the checkpoint's mapped rows, no
- * pack); B a 32-column chunk as 16 pairs x 16 columns, column 3j + s holding part s of token j
- * (5 tokens a tile, the 16th column zero); C 16 rows x those columns. A token's output is
+ * Layout: A is 16 weight rows x 32 columns read where they lie (the checkpoint's mapped rows,
+ * no pack); B a 32-column chunk as 16 pairs x 16 columns, column 3j + s holding part s of token
+ * j (5 tokens a tile, the 16th column zero); C 16 rows x those columns. A token's output is
  * (c0 + c1) + c2 of its three columns. Chunks start on the rows' 64-byte boundaries (struct
  * chunks): safetensors places a tensor at any 8-byte offset (the bench checkpoints' at 8 or 32
- * past a cache line), and a tile load whose 64-byte rows straddle cache lines reads two lines
- * a row: prompts 31% slower, decode 5% (docs/benchmarks.md, session 30). So where the rows lie
+ * past a cache line), and a tile load whose 64-byte rows straddle cache lines reads two lines a
+ * row: prompts 31% slower, decode 5% (docs/benchmarks.md, session 30). So where the rows lie
  * 64-byte multiples apart and are long (HEAD_MIN_COLS), chunk 0 holds the columns before the
  * first boundary (zero-padded in front), the rest are read aligned, and the last is padded as
- * before. Three columns for the parts rather than three multiplies
- * into one column: a decode step then takes one multiply per 16 x 32 weights, not three, and
- * the tile unit does not fall further behind memory (three multiplies: about 60% of the vector
- * decode's bandwidth in a first test; one: 75-90%, docs/benchmarks.md, session 28).
+ * before. Three columns for the parts rather than three multiplies into one column: a decode
+ * step then takes one multiply per 16 x 32 weights, not three, and the tile unit does not fall
+ * further behind memory (three multiplies: about 60% of the vector decode's bandwidth in a
+ * first test; one: 75-90%, docs/benchmarks.md, session 28).
  *
  * Batch invariance (kernels.h): a C element sums over all chunks in order, and each multiply's
  * sum depends only on the element's A row and B column, never on the tile's other rows and
@@ -294,7 +294,7 @@ struct cblock {
 /* ... and after the last column block into y (rows rb, tokens t), else kept */
 #define C_END(tc, i, j, rb, nrows, t, nt)                                                          \
     do {                                                                                           \
-        if (cb->c1 == cb->g->nk)                                                                      \
+        if (cb->c1 == cb->g->nk)                                                                   \
             PUT(tc, rb, nrows, t, nt);                                                             \
         else                                                                                       \
             _tile_stored(tc, cb->spill[(i) * cb->tiles + (j)], 64);                                \
