@@ -39,11 +39,12 @@ static double bf16_val(uint16_t h)
 #define BF16_NAN 0x7fc0
 
 /* Room for a rows x cols bf16 matrix that starts off elements (0-31) past a 64-byte boundary,
- * as checkpoints place their tensors (at any 8-byte offset); the 64 bytes before and after it
- * hold NaN, which a read outside the matrix would carry into the sums. *base is what to free. */
+ * as checkpoints place their tensors (at any 8-byte offset); at least 64 bytes before and after
+ * it hold NaN, which a read outside the matrix would carry into the sums. *base is what to
+ * free. */
 static uint16_t *placed(int64_t rows, int64_t cols, int off, void **base)
 {
-    size_t n = (size_t)(rows * cols) + 64;
+    size_t n = (size_t)(rows * cols) + 96; /* 32 before, off <= 31 of lead-in, 33+ after */
     uint16_t *b = aligned_alloc(64, (n * sizeof *b + 63) / 64 * 64);
     for (size_t i = 0; i < n; i++)
         b[i] = BF16_NAN;
