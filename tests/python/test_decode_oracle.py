@@ -201,6 +201,22 @@ def test_reference_checkpoints_have_the_advertised_layout(oracle_refs):
         assert ("rope_theta" in cfg) == legacy and ("rope_parameters" in cfg) == (not legacy)
 
 
+def test_reference_wide_bf16_rows_lie_off_cache_lines():
+    """llama_bf16_wide_ff's down_proj rows (2048 bf16 columns, amx_bf16.c's HEAD_MIN_COLS) start
+    32 bytes past a 64-byte boundary of the file (so of the mapping: pages are 4096 bytes), as in
+    the bench checkpoints: on the AMX path their first columns go through a head chunk."""
+    import json
+    p = tiny_models.build("llama_bf16_wide_ff")
+    with open(p / "model.safetensors", "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        hdr = json.loads(f.read(n))
+    down = {k: v for k, v in hdr.items() if k.endswith("mlp.down_proj.weight")}
+    assert len(down) == tiny_models.SPECS["llama_bf16_wide_ff"]["layers"]
+    for k, v in down.items():
+        assert v["dtype"] == "BF16" and v["shape"] == [64, 2048], (k, v)
+        assert (8 + n + v["data_offsets"][0]) % 64 == 32, (k, n, v["data_offsets"])
+
+
 length_params = [pytest.param(m, k, i, id="%s@%d-%s" % (m, k, i))
                  for m, k in LENGTH_CASES for i in ISAS]
 

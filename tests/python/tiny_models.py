@@ -33,7 +33,8 @@ BUILDER_VERSION = 4
 # name -> spec. Keys: arch (llama|mistral|qwen2|qwen3), hidden, heads, kv, inter, vocab, layers,
 # tie, style (v5|legacy), dtype (float32|bfloat16|float16), optional head_dim, theta, eps,
 # rope (dict of rope_parameters beyond type default), sliding_window, shard (max_shard_size),
-# max_pos, seed, bos, eos.
+# max_pos, seed, bos, eos, data_at (the safetensors data made to start that many bytes past a
+# 64-byte boundary of the file, the header padded with spaces as safetensors pads it to 8).
 SPECS = {
     "llama_tied": dict(arch="llama", hidden=64, heads=4, kv=2, inter=128, vocab=512, layers=2,
                        tie=True, style="v5", theta=10000.0, eps=1e-5, seed=1),
@@ -64,6 +65,11 @@ SPECS = {
     # wide enough that generation's row chunks are several 16-row blocks a thread (d_ff: 48)
     "llama_wide": dict(arch="llama", hidden=256, heads=4, kv=2, inter=768, vocab=512, layers=2,
                        tie=False, style="v5", theta=10000.0, eps=1e-5, seed=11),
+    # bf16 rows of 2048 columns lying 32 bytes past a cache line, as safetensors leaves the bench
+    # checkpoints: preserve on AMX reads down_proj through its head chunk (amx_bf16.c, chunks_of)
+    "llama_bf16_wide_ff": dict(arch="llama", hidden=64, heads=4, kv=2, inter=2048, vocab=512,
+                               layers=2, tie=False, style="v5", theta=10000.0, eps=1e-5, seed=12,
+                               dtype="bfloat16", data_at=32),
 }
 
 # Architectures with a GGUF export (all of them: "mistral" is written as llama.cpp's "llama").
@@ -164,6 +170,17 @@ def _legacy_config(cfg, spec):
     return cfg
 
 
+def place_data(path, at):
+    """Rewrite a safetensors file so that its data starts `at` (a multiple of 8) bytes past a
+    64-byte boundary: the JSON header is padded with spaces (the format allows it; safetensors
+    pads to 8 bytes), so every tensor keeps its bytes and moves by the same amount."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + n].rstrip(b" ")
+    header += b" " * ((at - 8 - len(header)) % 64)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n:])
+
+
 def build(name, root=None):
     """Path of the folder for SPECS[name], building it when missing."""
     spec = SPECS[name]
@@ -189,6 +206,9 @@ def build(name, root=None):
         if spec.get("shard"):
             kw["max_shard_size"] = spec["shard"]
         model.save_pretrained(str(tmp), **kw)
+        if spec.get("data_at") is not None:
+            for f in tmp.glob("*.safetensors"):
+                place_data(f, spec["data_at"])
         gen = transformers.GenerationConfig(bos_token_id=cfg.bos_token_id,
                                             eos_token_id=cfg.eos_token_id, do_sample=False)
         gen.save_pretrained(str(tmp))
