@@ -1,7 +1,8 @@
 /* bench_kernels.c - the pool's synchronization cost (an empty task's round trip, an in-task
  * barrier), then matmul speed per instruction set and weight type (f32, f16, bf16, and bf16
  * panels, kernels/panel.h): GB/s of weights streamed for one token (decode) and GFLOP/s for 64
- * tokens (prompt; BENCH_TOKENS=N for another count), on 1 thread and on the whole pool; or
+ * tokens (prompt; BENCH_TOKENS=N for another count), on 1 thread and on the whole pool, the
+ * plain matrices on 64-byte boundaries or BENCH_OFFSET=N bytes (even, below 64) past them; or
  * (`quant`) the quantized matmul with 8-bit against 16-bit activations on SmolLM2-135M's shapes
  * (or others; for one token over copies cycled through DRAM, with GB/s).
  * Prints; asserts nothing. Single-threaded driver. Usage: bench_kernels [rows cols | pool | quant
@@ -242,6 +243,14 @@ int main(int argc, char **argv)
                     argc > 4 ? argv[4] : NULL, argc > 5 ? argv[5] : NULL);
         return 0;
     }
+    /* Where a checkpoint's tensors lie: safetensors aligns them to 8 bytes only (the bench
+     * checkpoints' tensors lie 32 bytes past a cache line, docs/benchmarks.md, session 30), and kernels
+     * that read the weights in place may care. Packs (bf16 panels) are Kwker's own, aligned. */
+    long offset = getenv("BENCH_OFFSET") ? atol(getenv("BENCH_OFFSET")) : 0;
+    if (offset < 0 || offset >= 64 || offset % 2) {
+        fprintf(stderr, "bench_kernels: BENCH_OFFSET must be even, 0 to 62 (bytes)\n");
+        return 1;
+    }
     bench_pool();
     if (argc == 2 && strcmp(argv[1], "pool") == 0)
         return 0;
@@ -252,7 +261,8 @@ int main(int argc, char **argv)
         max_tok = 64;
     size_t n_el = (size_t)(rows * cols);
     int n_mats = (int)(WORKING_SET / ((double)n_el * 4)) + 1;
-    uint8_t *buf = kwk_malloc_aligned(n_el * 4 * (size_t)n_mats);
+    size_t buf_bytes = n_el * 4 * (size_t)n_mats + 64;
+    uint8_t *buf = kwk_malloc_aligned(buf_bytes);
     float *x = kwk_malloc_aligned((size_t)(max_tok * cols) * 4);
     float *y = kwk_malloc_aligned((size_t)(max_tok * rows) * 4);
     struct kwk_mat *mats = kwk_calloc((size_t)n_mats, sizeof *mats);
@@ -260,11 +270,12 @@ int main(int argc, char **argv)
         return 1;
     /* f32 values that also read as sane f16 / bf16 pairs: the timing does not depend on them. */
     float *f = (float *)buf;
-    for (size_t i = 0; i < n_el * (size_t)n_mats; i++)
+    for (size_t i = 0; i < buf_bytes / 4; i++)
         f[i] = 1.0f + (float)(i % 255) * (1.0f / 256);
     for (int64_t i = 0; i < max_tok * cols; i++)
         x[i] = (float)(i % 97) * 0.01f;
-    printf("matrix %lldx%lld, %d copies cycled\n", (long long)rows, (long long)cols, n_mats);
+    printf("matrix %lldx%lld, %d copies cycled, plain types %ld bytes past a cache line\n",
+           (long long)rows, (long long)cols, n_mats, offset);
     int n_threads[2] = {1, kwk_default_threads()};
     for (int isa = 0; isa <= kwk_isa(); isa++) {
         const struct kwk_kernels *k = kwk_kernels_for(isa);
@@ -286,7 +297,8 @@ int main(int argc, char **argv)
                     mats[i] = (struct kwk_mat){.wtype = wt,
                                                .rows = rows,
                                                .cols = cols,
-                                               .data = buf + (size_t)i * stride};
+                                               .data = buf + (size_t)i * stride +
+                                                       (wt == KWK_W_BF16P ? 0 : offset)};
                 double bytes = (double)stride;
                 struct job j = {k, &mats[0], x, y, 1};
                 double s1 = time_job(p, &j, mats, n_mats);
