@@ -25,13 +25,17 @@
  * further behind memory (three multiplies: about 60% of the vector decode's bandwidth in a
  * first test; one: 75-90%, docs/benchmarks.md, session 28).
  *
+ * A decode step (one token) does not use the tile unit: it computes the same sums bit for bit
+ * with AVX-512 FMAs on vector loads ("a decode step on vector loads" below), which stream
+ * faster.
+ *
  * Batch invariance (kernels.h): a C element sums over all chunks in order, and each multiply's
  * sum depends only on the element's A row and B column, never on the tile's other rows and
- * columns or on which column holds the token; so a (row, token) gives the same bits alone, in a
- * batch, in any row range. Each sum is one chain over the whole row: a decode step reads a
- * group of row blocks' whole rows (passes over column slices, added in y, read memory 10-28%
- * slower), and a prompt's column blocks keep their C tiles in memory between blocks, which a
- * tile store and load do exactly. */
+ * columns or on which column holds the token; so a (row, token) gives the same bits alone (on
+ * the vector engine), in a batch, in any row range. Each sum is one chain over the whole row: a
+ * decode group of row blocks reads whole rows (passes over column slices, added in y, read
+ * memory 10-28% slower), and a prompt's column blocks keep their C tiles in memory between
+ * blocks, which a tile store and load do exactly. */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -480,9 +484,162 @@ static btile *stage_buffer(size_t n)
     return p;
 }
 
+/* ---- a decode step on vector loads: the tile unit's numbers without its tile loads.
+ *
+ * What tdpbf16ps computes, bit for bit (a probe over 7 million outputs against the hardware,
+ * values from the underflow boundary to overflow, zeros, denormals, infinities; session 31;
+ * the SDM's pseudocode says the same): each C element takes two float FMA chains from zero over
+ * its 16 pairs, one through the pairs' even elements and one through their odd elements, with
+ * nearest-even rounding, inputs and outputs below float's normal range flushed to zero (DAZ,
+ * FTZ), then C + (even + odd). Only NaNs may carry other payloads. So a decode step (one
+ * token) takes the same numbers from AVX-512 FMAs with 16 rows in a vector's lanes (a 16 x 16
+ * transpose of each chunk), under MXCSR's DAZ and FTZ: it reads its weights through vector
+ * loads, which stream about 15% more a core than tile loads (docs/benchmarks.md, sessions
+ * 30-31), and a token gets the same bits alone as in a prompt's tiles (batch invariance holds
+ * across the two engines). Each lane is one stream of consecutive rows (rows r0 + i * run + j),
+ * prefetched ahead as the vector tables' decode is (float_rows.h), not 16 rows of one block.
+ * Two tokens already run slower this way than on tiles (their FMAs double; the transpose and
+ * the parts' three chains bound it: 33 against 55 GFLOP/s a core from cache). */
+
+#define VEC_PF_BYTES 1024 /* each stream's prefetch distance */
+
+/* A token's parts as the tile path's B tiles hold them (pairs() keeps a float's high half),
+ * chunk by chunk: dst[(s * nk + c) * CHUNK + i] is part s of column 32c - lead + i, zero outside
+ * [0, cols). Runs under the caller's MXCSR, as stage_tile. */
+static void stage_parts(const float *x, int64_t cols, int64_t lead, int64_t nk, float *dst)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t c = 0; c < nk; c++)
+        for (int h = 0; h < 2; h++) {
+            int64_t k = c * CHUNK - lead + 16 * h;
+            __m512 p[3];
+            split3(_mm512_maskz_loadu_ps(cols16(k, cols), moved(x, k * 4)), &p[0], &p[1], &p[2]);
+            for (int s = 0; s < 3; s++)
+                _mm512_store_ps(dst + (s * nk + c) * CHUNK + 16 * h,
+                                _mm512_castsi512_ps(
+                                    _mm512_and_si512(_mm512_castps_si512(p[s]), high)));
+        }
+}
+
+#define MXCSR_DAZ_FTZ 0x8040u
+
+/* A chunk's 64 bytes of 16 rows, lane i's at q + i * S (bytes; S3 = 3 * S): four base
+ * addresses and the stride, so that the 16 addresses need no registers of their own. n: the
+ * lanes that hold rows (the others read nothing and stay zero); m: the chunk's columns inside
+ * the row (all 32 where the chunk lies wholly inside). pf: prefetch each lane VEC_PF_BYTES on
+ * (past a stream's end too: a prefetch never faults). Addresses are formed in integers, as
+ * moved(): a head chunk's and an idle lane's may lie outside the matrix, masked off. */
+INLINE void load16(uintptr_t q, int64_t S, int64_t S3, int n, __mmask32 m, int pf, int pf_l2,
+                   __m512i v[16], int FULL)
+{
+    const uintptr_t b[4] = {q, q + (uintptr_t)(4 * S), q + (uintptr_t)(8 * S),
+                            q + (uintptr_t)(12 * S)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const uintptr_t a[4] = {b[j], b[j] + (uintptr_t)S, b[j] + (uintptr_t)(2 * S),
+                                b[j] + (uintptr_t)S3};
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            if (pf)
+                kwk_prefetch((const void *)(a[i] + VEC_PF_BYTES), pf_l2);
+            if (FULL)
+                v[4 * j + i] = _mm512_loadu_si512((const void *)a[i]);
+            else
+                v[4 * j + i] =
+                    _mm512_maskz_loadu_epi16(4 * j + i < n ? m : 0, (const void *)a[i]);
+        }
+    }
+}
+
+/* 16 lanes of rows, lane i's row at row0 + i * S bytes (n of them real: the rest read nothing),
+ * times the staged parts: the tile path's (c0 + c1) + c2, lane by lane. csr: the caller's MXCSR,
+ * the state the tile path's last sums run in (its C tiles' own sums flush as DAZ and FTZ do).
+ * FULL: all 16 lanes real, and the chunks in [lo, hi) read by plain loads, prefetched. */
+INLINE __m512 vec_group(const struct kwk_mat *w, const struct chunks *g, const char *row0,
+                        int64_t S, int n, const float *parts, unsigned csr, int pf_l2, int FULL)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    int64_t nk = g->nk, cols = w->cols, S3 = 3 * S;
+    __m512 acc[3] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    _mm_setcsr(csr | MXCSR_DAZ_FTZ);
+    for (int64_t c = 0; c < nk; c++) {
+        int64_t k = c * CHUNK - g->lead;
+        uintptr_t q = (uintptr_t)row0 + (uintptr_t)(k * 2);
+        __m512i v[16];
+        if (c >= g->lo && c < g->hi)
+            load16(q, S, S3, n, (__mmask32)~0u, FULL, pf_l2, v, FULL);
+        else /* the head or a partial last chunk: zeros outside the row, as a_src's copy */
+            load16(q, S, S3, n, cols32(k, cols), 0, pf_l2, v, 0);
+        transpose16(v); /* v[p]: pair p of the 16 rows */
+        __m512 e[3], o[3];
+        for (int s = 0; s < 3; s++)
+            e[s] = o[s] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int p = 0; p < 16; p++) {
+            __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v[p], 16));
+            __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v[p], high));
+#pragma GCC unroll 3
+            for (int s = 0; s < 3; s++) {
+                const float *x = parts + (s * nk + c) * CHUNK + 2 * p;
+                e[s] = _mm512_fmadd_ps(we, _mm512_set1_ps(x[0]), e[s]);
+                o[s] = _mm512_fmadd_ps(wo, _mm512_set1_ps(x[1]), o[s]);
+            }
+        }
+        for (int s = 0; s < 3; s++)
+            acc[s] = _mm512_add_ps(acc[s], _mm512_add_ps(e[s], o[s]));
+    }
+    _mm_setcsr(csr);
+    return _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), acc[2]);
+}
+
+static __m512 vec_group_full(const struct kwk_mat *w, const struct chunks *g, const char *row0,
+                             int64_t S, const float *parts, unsigned csr, int pf_l2)
+{
+    return vec_group(w, g, row0, S, 16, parts, csr, pf_l2, 1);
+}
+
+static __m512 vec_group_part(const struct kwk_mat *w, const struct chunks *g, const char *row0,
+                             int64_t S, int n, const float *parts, unsigned csr)
+{
+    return vec_group(w, g, row0, S, n, parts, csr, 0, 0);
+}
+
+/* Rows [r0, r1) of one token's staged parts into y: 16 streams of run consecutive rows (lane i
+ * row r0 + i * run + j at step j: each lane reads one long run, as the vector tables' decode
+ * does, float_rows.h), then the rest (under 16 rows) as one group of fewer lanes. */
+static void vec_rows(const struct kwk_mat *w, const struct chunks *g, const float *parts, float *y,
+                     int64_t r0, int64_t r1)
+{
+    int64_t row_bytes = w->cols * 2, run = (r1 - r0) / 16, rest0 = r0 + 16 * run;
+    const char *base = w->data;
+    unsigned csr = _mm_getcsr();
+    int pf_l2 = kwk_cpu_prefetch_l2();
+    _Alignas(64) float lane[16];
+    for (int64_t j = 0; j < run; j++) {
+        _mm512_store_ps(lane, vec_group_full(w, g, base + (r0 + j) * row_bytes, run * row_bytes,
+                                             parts, csr, pf_l2));
+        for (int i = 0; i < 16; i++)
+            y[r0 + i * run + j] = lane[i];
+    }
+    if (rest0 < r1) {
+        int n = (int)(r1 - rest0);
+        _mm512_store_ps(lane, vec_group_part(w, g, base + rest0 * row_bytes, row_bytes, n, parts,
+                                             csr));
+        for (int i = 0; i < n; i++)
+            y[rest0 + i] = lane[i];
+    }
+}
+
+static int no_vec; /* kwk_bf16_amx_test_engine */
+
 void kwk_bf16_amx_test_no_scratch(int on)
 {
     no_scratch = on;
+}
+
+void kwk_bf16_amx_test_engine(int tiles_only)
+{
+    no_vec = tiles_only;
 }
 
 int64_t kwk_bf16_amx_test_lead(const struct kwk_mat *w)
@@ -501,6 +658,15 @@ void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, flo
     const struct chunks g = chunks_of(w);
     int64_t cols = w->cols, nk = g.nk;
     int tiles = (n_tok + TILE_TOKS - 1) / TILE_TOKS;
+    if (n_tok == 1 && !no_vec) { /* a decode step: the vector engine */
+        size_t bytes = 3 * (size_t)nk * CHUNK * sizeof(float);
+        float *parts = (float *)stage_buffer((bytes + sizeof(btile) - 1) / sizeof(btile));
+        if (parts) {
+            stage_parts(x, cols, g.lead, nk, parts);
+            vec_rows(w, &g, parts, y, r0, r1);
+            return;
+        }
+    }
     _tile_loadconfig(&TILES16_CONFIG);
     if (tiles == 1) { /* a decode step's shape: groups of whole rows under one B tile */
         btile *st = stage_buffer((size_t)nk);

@@ -17,6 +17,10 @@ void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, flo
 /* Tests only: 1 makes every call stage chunk by chunk, as when its staging buffer cannot be
  * allocated (the same numbers); 0 restores. Not thread safe. */
 void kwk_bf16_amx_test_no_scratch(int on);
+/* Tests only: 1 makes every call take the tile engine, also a decode step's (one token), which
+ * otherwise takes the vector engine (AVX-512 FMAs computing the tile unit's sums); 0 restores.
+ * Not thread safe. */
+void kwk_bf16_amx_test_engine(int tiles_only);
 /* Tests only: the columns w's chunk 0 holds before column 0 (0-31): chunk 1 starts at column
  * 32 - lead, on a 64-byte boundary of every row when it is not 0. */
 int64_t kwk_bf16_amx_test_lead(const struct kwk_mat *w);

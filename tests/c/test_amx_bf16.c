@@ -4,7 +4,8 @@
  * bitwise), the chunk-by-chunk path without a staging buffer (bitwise the same), tails of rows
  * and columns that never read a neighbouring row, matrices at every offset from a cache line
  * (chunks then start on the rows' 64-byte boundaries: the head chunk never reads before a row),
- * infinities and NaN carried through; and which
+ * infinities and NaN carried through, a decode step's vector engine bitwise the tile
+ * engine over the whole float range; and which
  * table KWKER_AMX_PRESERVE chooses. On a CPU without AMX-BF16 only the choice is checked (and
  * said so). The AVX-512 table on this path runs all of test_kernels too (ctest
  * test_kernels_amx_preserve). */
@@ -306,6 +307,96 @@ static void test_inf_nan(void)
     free(y);
 }
 
+/* u with an exponent e + [-4, 4], kept in 0-254 (no infinity or NaN) */
+static uint32_t near_exp(uint32_t u, int e)
+{
+    int f = e + rand() % 9 - 4;
+    f = f < 0 ? 0 : f > 254 ? 254 : f;
+    return (u & 0x807fffffu) | (uint32_t)f << 23;
+}
+
+/* Random bits over the whole range: every exponent from zero (denormals, which the tile unit
+ * reads as zero) to overflow, both signs, some zeros, infinities and NaNs when specials. */
+static uint32_t wide_bits(int specials)
+{
+    uint32_t u = (uint32_t)rand() << 16 ^ (uint32_t)rand();
+    if (specials && rand() % 64 == 0) {
+        static const uint32_t sp[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0, 0x80000000u};
+        return sp[rand() % 5];
+    }
+    uint32_t e = (uint32_t)(rand() % 255); /* 0-254: no infinity or NaN */
+    return (u & 0x807fffffu) | e << 23;
+}
+
+/* A decode step (one token) on the vector engine (AVX-512 FMAs computing the tile unit's sums)
+ * against the tile engine on the same call, bitwise (NaN against NaN): weights and activations
+ * over the whole float range, so that sums underflow (flushed as the tile unit flushes them),
+ * denormal weights and activation parts are read as zero, and products overflow. */
+static void engines_case(int64_t rows, int64_t cols, int off, int specials)
+{
+    const int n_tok = 1;
+    void *base;
+    uint16_t *w = placed(rows, cols, off, &base);
+    float *x = malloc((size_t)(n_tok * cols) * sizeof *x);
+    size_t ny = (size_t)(n_tok * rows);
+    float *yv = malloc(ny * sizeof *yv), *yt = malloc(ny * sizeof *yt);
+    /* a scale a row and a token, so that each sum stays in one region of the range */
+    for (int64_t r = 0; r < rows; r++) {
+        int e = 1 + rand() % 254;
+        for (int64_t k = 0; k < cols; k++) {
+            uint32_t u = wide_bits(specials);
+            if (!specials || rand() % 16) /* near the row's exponent; with specials not all */
+                u = near_exp(u, e);
+            w[r * cols + k] = (uint16_t)(u >> 16);
+        }
+    }
+    for (int t = 0; t < n_tok; t++) {
+        int e = 1 + rand() % 60; /* small: sums of rows of small weights underflow */
+        for (int64_t k = 0; k < cols; k++) {
+            uint32_t u = wide_bits(specials);
+            if (!specials || rand() % 16)
+                u = near_exp(u, e);
+            memcpy(&x[t * cols + k], &u, 4);
+        }
+    }
+    struct kwk_mat m = {.wtype = KWK_W_BF16, .rows = rows, .cols = cols, .data = w};
+    kwk_bf16_matmul_amx(&m, x, n_tok, yv, (long)rows, 0, rows);
+    kwk_bf16_amx_test_engine(1);
+    kwk_bf16_matmul_amx(&m, x, n_tok, yt, (long)rows, 0, rows);
+    kwk_bf16_amx_test_engine(0);
+    long differ = 0, zeros = 0, nans = 0;
+    for (size_t i = 0; i < ny; i++) {
+        uint32_t a, b;
+        memcpy(&a, &yv[i], 4);
+        memcpy(&b, &yt[i], 4);
+        differ += a != b && !(isnan(yv[i]) && isnan(yt[i]));
+        zeros += yt[i] == 0;
+        nans += isnan(yt[i]) != 0;
+    }
+    T_CHECK(differ == 0,
+            "rows=%lld cols=%lld offset %d%s: %ld of %zu outputs differ between the vector and "
+            "the tile engine", (long long)rows, (long long)cols, off,
+            specials ? " (infinities, NaN)" : "", differ, ny);
+    /* the premise: these sums reach the edges (some underflow to zero; NaN with specials) */
+    if (cols >= 64 && !specials)
+        T_CHECK(zeros > 0, "rows=%lld cols=%lld: no sum underflowed", (long long)rows,
+                (long long)cols);
+    if (cols >= 64 && specials)
+        T_CHECK(nans > 0, "rows=%lld cols=%lld: no NaN", (long long)rows, (long long)cols);
+    free(base);
+    free(x);
+    free(yv);
+    free(yt);
+}
+
+static void test_engines_agree(void)
+{
+    static const int64_t cols_list[] = {1, 31, 32, 33, 77, 576, 2112};
+    for (size_t a = 0; a < KWK_ARRAY_LEN(cols_list); a++)
+        for (int sp = 0; sp < 2; sp++) /* 67 rows: 16 streams of 4, and 3 more */
+            engines_case(67, cols_list[a], (int)(a * 7 + (size_t)sp) % 32, sp);
+}
+
 /* kwk_cpu_amx_preserve() in a child with KWKER_AMX_PRESERVE (and KWKER_AMX) set: the library
  * reads them once, so these run before this process detects anything. */
 static int preserve_with_env(const char *value, const char *amx)
@@ -362,5 +453,6 @@ int main(void)
     test_chunks_aligned();
     test_no_read_outside();
     test_inf_nan();
+    test_engines_agree();
     return t_report("test_amx_bf16");
 }
