@@ -3,7 +3,8 @@
  * prompts sharing a prefix), requests submitted from several threads while the engine's own
  * thread steps, cancellation, freeing an engine with requests in flight, bad submissions, and
  * act_bits (8-bit activations on balanced / int4: the same tokens alone and batched; bad values
- * refused). Main thread plus the submitter threads it starts. */
+ * refused), and bf16 weights under preserve (on AMX-BF16 too: ctest test_engine_amx_preserve).
+ * Main thread plus the submitter threads it starts. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,12 +45,21 @@ static float *buf(struct tmodel *t, size_t n, float base, float scale)
     return w;
 }
 
+static int bf16_mats; /* mat() makes bf16 matrices, as a bf16 checkpoint holds */
+
 static struct kwk_mat mat(struct tmodel *t, int64_t rows, int64_t cols)
 {
-    return (struct kwk_mat){.wtype = KWK_W_F32,
-                            .rows = rows,
-                            .cols = cols,
-                            .data = buf(t, (size_t)(rows * cols), 0, 0.5f)};
+    float *w = buf(t, (size_t)(rows * cols), 0, 0.5f);
+    if (bf16_mats) { /* the floats' high halves, in place */
+        uint16_t *h = (uint16_t *)(void *)w;
+        for (int64_t i = 0; i < rows * cols; i++) {
+            uint32_t u;
+            memcpy(&u, &w[i], 4);
+            h[i] = (uint16_t)(u >> 16);
+        }
+    }
+    return (struct kwk_mat){
+        .wtype = bf16_mats ? KWK_W_BF16 : KWK_W_F32, .rows = rows, .cols = cols, .data = w};
 }
 
 static void model_init(struct tmodel *t)
@@ -487,5 +497,14 @@ int main(void)
     test_cancel_and_free(&t.m);
     test_bad_submissions(&t.m);
     model_free(&t);
+    /* bf16 weights, multiplied where they lie by preserve: on AMX-BF16 with KWKER_AMX_PRESERVE=on
+     * (ctest test_engine_amx_preserve) a one-token step takes the vector engine and a batched
+     * step the tiles, which must give the same bits, hence the same tokens */
+    static struct tmodel tb;
+    bf16_mats = 1;
+    model_init(&tb);
+    test_stepped(&tb.m, 0, KWK_PRECISION_PRESERVE, 0);
+    test_stepped(&tb.m, 1, KWK_PRECISION_PRESERVE, 0);
+    model_free(&tb);
     return t_report("engine");
 }
