@@ -244,8 +244,9 @@ int main(int argc, char **argv)
         return 0;
     }
     /* Where a checkpoint's tensors lie: safetensors aligns them to 8 bytes only (the bench
-     * checkpoints' tensors lie 32 bytes past a cache line, docs/benchmarks.md, session 30), and kernels
-     * that read the weights in place may care. Packs (bf16 panels) are Kwker's own, aligned. */
+     * checkpoints' tensors lie 32 bytes past a cache line, docs/benchmarks.md, session 30), and
+     * kernels that read the weights in place may care. Packs (bf16 panels) are Kwker's own,
+     * aligned. */
     long offset = getenv("BENCH_OFFSET") ? atol(getenv("BENCH_OFFSET")) : 0;
     if (offset < 0 || offset >= 64 || offset % 2) {
         fprintf(stderr, "bench_kernels: BENCH_OFFSET must be even, 0 to 62 (bytes)\n");
