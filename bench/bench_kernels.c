@@ -13,6 +13,7 @@
 
 #include "base/base.h"
 #include "base/pool.h"
+#include "kernels/bf16t.h"
 #include "kernels/kernels.h"
 #include "kernels/panel.h"
 #include "kernels/quant.h"
@@ -284,13 +285,18 @@ int main(int argc, char **argv)
             if (ti == 1 && n_threads[1] == 1)
                 break;
             struct kwk_pool *p = kwk_pool_new(n_threads[ti]);
-            /* the plain types, then bf16 panels (the same bytes read as panels) */
-            static const int wts[] = {KWK_W_F32, KWK_W_F16, KWK_W_BF16, KWK_W_BF16P};
-            static const char *const wt_names[] = {"f32", "f16", "bf16", "bf16p"};
+            /* the plain types, then bf16 panels and bf16 in tile order (the same bytes read
+             * so; the tile order on the AVX-512 table only: the others run its specification) */
+            static const int wts[] = {KWK_W_F32, KWK_W_F16, KWK_W_BF16, KWK_W_BF16P,
+                                      KWK_W_BF16T};
+            static const char *const wt_names[] = {"f32", "f16", "bf16", "bf16p", "bf16t"};
             for (size_t wi = 0; wi < KWK_ARRAY_LEN(wts); wi++) {
                 int wt = wts[wi];
                 size_t esz = wt == KWK_W_F32 ? 4 : 2, stride = n_el * esz;
                 if (wt == KWK_W_BF16P && kwk_panel_bytes(rows, cols, &stride))
+                    continue;
+                if (wt == KWK_W_BF16T &&
+                    (isa != KWK_ISA_AVX512 || kwk_bf16t_bytes(rows, cols, &stride)))
                     continue;
                 if (stride > n_el * 4)
                     continue; /* a panel of fewer than 8 rows: larger than the buffer's share */
@@ -299,7 +305,7 @@ int main(int argc, char **argv)
                                                .rows = rows,
                                                .cols = cols,
                                                .data = buf + (size_t)i * stride +
-                                                       (wt == KWK_W_BF16P ? 0 : offset)};
+                                                       (wt >= KWK_W_COUNT ? 0 : offset)};
                 double bytes = (double)stride;
                 struct job j = {k, &mats[0], x, y, 1};
                 double s1 = time_job(p, &j, mats, n_mats);

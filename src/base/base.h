@@ -139,11 +139,17 @@ int kwk_cpu_amx(void);
  * declines it too. Detected once; any thread. */
 int kwk_cpu_amx_bf16(void);
 
-/* Whether the AVX-512 table multiplies bf16 matrices (preserve) on AMX-BF16 (amx_bf16.c: exact
- * products, summed in the tile unit's order): kwk_cpu_amx_bf16() and KWKER_AMX_PRESERVE=on
- * (on|off, default off; "on" where it cannot be is warned about and ignored). Detected once;
- * any thread. */
+/* Whether the AVX-512 table multiplies row-major bf16 matrices (preserve reading a checkpoint
+ * in place) on AMX-BF16 (amx_bf16.c: exact products, summed in the tile unit's order):
+ * kwk_cpu_amx_bf16() and KWKER_AMX_PRESERVE=on (on|off; unset, only packs take AMX:
+ * kwk_cpu_amx_preserve_pack; "on" where it cannot be is warned about and ignored). Detected
+ * once; any thread. */
 int kwk_cpu_amx_preserve(void);
+
+/* Whether preserve packs bf16 matrices in AMX tile order (KWK_W_BF16T, kernels/bf16t.h) for the
+ * AVX-512 table where it packs (a pack cache): kwk_cpu_amx_bf16() and KWKER_AMX_PRESERVE not
+ * "off" (the default). Detected once; any thread. */
+int kwk_cpu_amx_preserve_pack(void);
 
 /* Whether the CPU has AVX512_BF16 (vdpbf16ps) and AVX-512 is usable (not whether kwk_isa()
  * chose it). Detected once; any thread. */

@@ -36,6 +36,7 @@ static int use_avxvnni;
 static int use_amx;
 static int use_amx_bf16; /* use_amx, AMX-BF16 and AVX512_BF16: the act8 attention on AMX */
 static int use_amx_preserve; /* use_amx_bf16 and KWKER_AMX_PRESERVE=on: preserve's products */
+static int use_amx_preserve_pack; /* use_amx_bf16 and not KWKER_AMX_PRESERVE=off: its packs */
 
 /* XCR0: which register states the OS saves on context switch. Only valid when OSXSAVE is set. */
 static uint64_t xgetbv0(void)
@@ -157,13 +158,15 @@ static void detect(void)
                                   "prompts run on AVX-512 VNNI");
     }
     use_amx_bf16 = use_amx && cpu.amx_bf16 && cpu.bf16;
-    /* Preserve's bf16 products on AMX-BF16 (amx_bf16.c): prompts about twice as fast, every
-     * product still exact, but their sums in the tile unit's order (not the FMA chains every
-     * other path computes bitwise), and a generated token 10-20% slower here (tile loads
-     * stream a row-major matrix slower than vector loads: docs/benchmarks.md, session 28).
-     * So asked for, not the default. */
+    /* Preserve's bf16 products on AMX-BF16: every product still exact, but their sums in the
+     * tile unit's order (not the FMA chains of the vector tables). Packed in tile order
+     * (bf16t.h, amx_bf16t.c) prompts run 2-3x as fast and a generated token about as fast as
+     * on the vector tables, so that is the default where preserve packs (a pack cache).
+     * Row-major in place (amx_bf16.c) a generated token is 3-27% slower (docs/benchmarks.md,
+     * sessions 28-31): asked for with KWKER_AMX_PRESERVE=on; =off keeps both off. */
     int ap = kwk_env_word("KWKER_AMX_PRESERVE", on_off, 2);
     use_amx_preserve = ap == 0 && use_amx_bf16;
+    use_amx_preserve_pack = ap != 1 && use_amx_bf16;
     if (ap == 0 && !use_amx_bf16)
         kwk_log(KWK_LOG_WARN, "KWKER_AMX_PRESERVE=on: no AMX-BF16 in use here (CPU, OS, "
                               "KWKER_ISA or KWKER_AMX); ignored");
@@ -178,7 +181,7 @@ static void detect(void)
             use_amx_bf16                          ? "amx"
             : isa == KWK_ISA_AVX512 && cpu.bf16 ? "vector"
                                                 : "none",
-            use_amx_preserve ? "amx" : "vector");
+            use_amx_preserve ? "amx" : use_amx_preserve_pack ? "amx-packed" : "vector");
 }
 
 int kwk_isa(void)
@@ -221,6 +224,12 @@ int kwk_cpu_amx_preserve(void)
 {
     pthread_once(&isa_once, detect);
     return use_amx_preserve;
+}
+
+int kwk_cpu_amx_preserve_pack(void)
+{
+    pthread_once(&isa_once, detect);
+    return use_amx_preserve_pack;
 }
 
 int kwk_cpu_bf16(void)

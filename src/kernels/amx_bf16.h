@@ -4,6 +4,7 @@
 #ifndef KWK_AMX_BF16_H
 #define KWK_AMX_BF16_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/kernels.h"
@@ -13,6 +14,12 @@
  * invariant as kernels.h asks: a (row, token) sum depends only on that row and that token. */
 void kwk_bf16_matmul_amx(const struct kwk_mat *w, const float *x, int n_tok, float *y, long ldy,
                          int64_t r0, int64_t r1);
+
+/* The calling thread's staging buffer, at least bytes long (64-byte aligned), kept and grown
+ * across calls and freed when the thread ends; NULL when it cannot be had (the caller then
+ * stages piece by piece) or under kwk_bf16_amx_test_no_scratch. Valid until the thread's next
+ * call of it. */
+void *kwk_amx_stage(size_t bytes);
 
 /* Tests only: 1 makes every call stage chunk by chunk, as when its staging buffer cannot be
  * allocated (the same numbers); 0 restores. Not thread safe. */

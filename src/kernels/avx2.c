@@ -5,6 +5,7 @@
 
 #include "base/base.h"
 #include "kernels/avx2_exp.h"
+#include "kernels/bf16t.h"
 #include "kernels/float_rows.h"
 #include "kernels/kernels.h"
 #include "kernels/panel.h"
@@ -218,6 +219,9 @@ static void avx2_matmul(const struct kwk_mat *w, const float *x, int n_tok, floa
     case KWK_W_BF16P:
         kwk_panel_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
         break;
+    case KWK_W_BF16T: /* packed for the AVX-512 table (bf16t.h): the specification serves */
+        kwk_bf16t_matmul_ref(w, x, n_tok, y, ldy, r0, r1);
+        break;
     case KWK_W_F16:
         if (n_tok == 1)
             kwk_dec_gemm(w, x, y, r0, r1, decs_f16);
@@ -258,6 +262,9 @@ static void avx2_mat_row(const struct kwk_mat *w, int64_t r, float *out)
         break;
     case KWK_W_BF16P:
         kwk_panel_mat_row(w, r, out);
+        break;
+    case KWK_W_BF16T:
+        kwk_bf16t_mat_row(w, r, out);
         break;
     case KWK_W_F16:
         widen_row(kwk_row_ptr(w, r, KWK_W_F16), w->cols, out, KWK_W_F16);

@@ -6,6 +6,7 @@
 #include "base/base.h"
 #include "kernels/amx_bf16.h"
 #include "kernels/avx512_exp.h"
+#include "kernels/bf16t.h"
 #include "kernels/float_rows.h"
 #include "kernels/kernels.h"
 #include "kernels/panel.h"
@@ -235,6 +236,9 @@ static void avx512_matmul(const struct kwk_mat *w, const float *x, int n_tok, fl
     case KWK_W_BF16P: /* preserve packs panels for the AVX2 table only (kernels.h) */
         kwk_panel_matmul_avx2(w, x, n_tok, y, ldy, r0, r1);
         break;
+    case KWK_W_BF16T: /* preserve's pack where kwk_cpu_amx_preserve() */
+        kwk_bf16t_matmul_avx512(w, x, n_tok, y, ldy, r0, r1);
+        break;
     case KWK_W_F16:
         if (n_tok == 1)
             kwk_dec_gemm(w, x, y, r0, r1, decs_f16);
@@ -266,6 +270,10 @@ static void avx512_mat_row(const struct kwk_mat *w, int64_t r, float *out)
     }
     if (w->wtype == KWK_W_BF16P) {
         kwk_panel_mat_row(w, r, out);
+        return;
+    }
+    if (w->wtype == KWK_W_BF16T) {
+        kwk_bf16t_mat_row(w, r, out);
         return;
     }
     int64_t n = w->cols, k = 0;

@@ -1,6 +1,7 @@
 /* dispatch.c - picks the kernel table for an instruction set, and says where a matrix's rows
  * lie. Any thread: the tables are const and kwk_isa() detects once. */
 #include "base/base.h"
+#include "kernels/bf16t.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
@@ -50,6 +51,15 @@ int kwk_mat_rows_span(const struct kwk_mat *w, int64_t r0, int64_t r1, const voi
         unit = 2;
         count = (r1 - r0 + 15) / 16 * 16;
         break;
+    case KWK_W_BF16T: /* [rows/16][cols/32] tiles of 1 KiB */
+        if (r0 % 16 != 0 || (r1 % 16 != 0 && r1 != w->rows) ||
+            kwk_bf16t_bytes(16, w->cols, &unit))
+            return -1;
+        first = r0 / 16;
+        count = (r1 - r0 + 15) / 16;
+        *p = (const char *)w->data + (size_t)first * unit;
+        *n = (size_t)count * unit;
+        return 0;
     default:
         if (!kwk_quant_group(w->wtype) || r0 % KWK_QROWS != 0 ||
             (r1 % KWK_QROWS != 0 && r1 != w->rows) ||
@@ -73,6 +83,8 @@ int kwk_mat_amx(const struct kwk_kernels *k, const struct kwk_mat *w)
         return 0;
     if (w->wtype == KWK_W_BF16)
         return kwk_cpu_amx_preserve();
+    if (w->wtype == KWK_W_BF16T) /* its prompts take tiles wherever AMX-BF16 is in use */
+        return kwk_cpu_amx_bf16();
     return kwk_quant_group(w->wtype) && kwk_cpu_amx();
 }
 
@@ -83,12 +95,15 @@ int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, i
     size_t bytes;
     if (max < 1 || r1 <= r0 || kwk_mat_rows_span(w, r0, r1, &all, &bytes))
         return 0;
-    /* runs are cut in rows, or in panels of 16 rows */
-    int64_t unit = w->wtype == KWK_W_BF16P ? 16 : 1, units = (r1 - r0 + unit - 1) / unit;
+    /* runs are cut in rows, or in panels or tile blocks of 16 rows */
+    int blocked = w->wtype == KWK_W_BF16P || w->wtype == KWK_W_BF16T;
+    int64_t unit = blocked ? 16 : 1, units = (r1 - r0 + unit - 1) / unit;
     /* quantized matrices, and bf16 ones on AMX (amx_bf16.c: groups of row blocks from r0), are
      * read in order */
     int in_order = kwk_quant_group(w->wtype) || (w->wtype == KWK_W_BF16 && kwk_mat_amx(k, w));
-    int runs = in_order ? 1 : KWK_MAX(1, k->dec_runs);
+    int runs = in_order                   ? 1
+               : w->wtype == KWK_W_BF16T ? KWK_BF16T_DEC_RUNS
+                                         : KWK_MAX(1, k->dec_runs);
     int64_t run = units / runs;
     if (run == 0) /* fewer units than runs: the kernels read them one after the other */
         runs = 1;
@@ -99,4 +114,13 @@ int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, i
         n[i] = KWK_MIN(run_bytes, budget / (size_t)runs);
     }
     return runs;
+}
+
+int kwk_preserve_wtype(const struct kwk_kernels *k)
+{
+    if (k->bf16_panels)
+        return KWK_W_BF16P;
+    if (k == &kwk_kernels_avx512 && kwk_cpu_amx_preserve_pack())
+        return KWK_W_BF16T;
+    return KWK_W_BF16;
 }

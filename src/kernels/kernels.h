@@ -19,7 +19,9 @@ enum kwk_wtype {
     KWK_W_Q4 = 17, /* int4 with a half scale and offset per 32 columns */
     KWK_W_Q6 = 18, /* int6 with a half scale per 32 columns (mix_bits=6) */
     /* bf16 in 16-row panels (kernels/panel.h): data is [rows/16][cols][16] halves. */
-    KWK_W_BF16P = 19
+    KWK_W_BF16P = 19,
+    /* bf16 in AMX-BF16 B tiles (kernels/bf16t.h): data is [rows/16][cols/32][16][16] pairs. */
+    KWK_W_BF16T = 20
 };
 
 /* A weight matrix: rows x cols, row-major ([rows][cols]), borrowed (mmapped or model-owned).
@@ -118,6 +120,11 @@ int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, i
  * whose kernels stage each thread's tokens themselves (the prompt planner's token split, and the
  * bf16 decode's read order, follow it). */
 int kwk_mat_amx(const struct kwk_kernels *k, const struct kwk_mat *w);
+
+/* The layout preserve packs bf16 matrices into for table k, where it packs (a pack cache):
+ * KWK_W_BF16P for the AVX2 table's panels, KWK_W_BF16T where the AVX-512 table's products run on
+ * AMX-BF16 (kwk_cpu_amx_preserve_pack), else KWK_W_BF16 (the checkpoint's rows, read in place). */
+int kwk_preserve_wtype(const struct kwk_kernels *k);
 
 /* The table for an ISA (enum kwk_isa); falls back to the best lower one compiled in. */
 const struct kwk_kernels *kwk_kernels_for(int isa);

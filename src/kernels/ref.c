@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "base/base.h"
+#include "kernels/bf16t.h"
 #include "kernels/kernels.h"
 #include "kernels/panel.h"
 #include "kernels/quant.h"
@@ -57,6 +58,10 @@ static void ref_matmul(const struct kwk_mat *w, const float *x, int n_tok, float
         kwk_panel_matmul_ref(w, x, n_tok, y, ldy, r0, r1);
         return;
     }
+    if (w->wtype == KWK_W_BF16T) {
+        kwk_bf16t_matmul_ref(w, x, n_tok, y, ldy, r0, r1);
+        return;
+    }
     for (int t = 0; t < n_tok; t++)
         for (int64_t r = r0; r < r1; r++)
             y[(int64_t)t * ldy + r] = row_dot(w, r, x + (int64_t)t * w->cols);
@@ -70,6 +75,10 @@ static void ref_mat_row(const struct kwk_mat *w, int64_t r, float *out)
     }
     if (w->wtype == KWK_W_BF16P) {
         kwk_panel_mat_row(w, r, out);
+        return;
+    }
+    if (w->wtype == KWK_W_BF16T) {
+        kwk_bf16t_mat_row(w, r, out);
         return;
     }
     int64_t n = w->cols;

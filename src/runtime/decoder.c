@@ -117,7 +117,9 @@ kwk_decoder *kwk_decoder_new(const kwk_model *m, const struct kwk_decoder_params
     return kwk_decoder_new_slots(m, p, 1, 0, err);
 }
 
-/* Whether preserve runs m's matrices as bf16 panels: the table wants them, every matrix is bf16
+/* Whether preserve runs m's matrices packed (bf16 panels for the AVX2 table, AMX tile order
+ * where the AVX-512 table's products run on AMX: kwk_preserve_wtype): the table wants them,
+ * every matrix is bf16
  * (a float32 checkpoint or a GGUF keeps its row-major matrices), and there is a pack cache to
  * keep them in. Without one the panels would be a private copy made at every load (SmolLM2-360M:
  * 1.3 s, most of it the kernel zeroing 724 MB of fresh pages) beside weights a caller may
@@ -129,7 +131,7 @@ static int preserve_panels(const struct kwk_kernels *k, const struct kwk_model *
     int want = kwk_env_word("KWKER_BF16_PANELS", (const char *const[]){"0", "1"}, 2);
     if (want < 0)
         want = cache_dir && cache_dir[0];
-    return want && k->bf16_panels && kwk_packed_panels_apply(m);
+    return want && kwk_preserve_wtype(k) != KWK_W_BF16 && kwk_packed_panels_apply(m);
 }
 
 struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
@@ -216,7 +218,8 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
         goto out_err;
     }
     if (p->precision == KWK_PRECISION_PRESERVE && preserve_panels(d->k, m, p->cache_dir)) {
-        /* the same bf16 values in the layout this table multiplies fastest (kernels/panel.h) */
+        /* the same bf16 values in the layout this table multiplies fastest (kernels/panel.h,
+         * kernels/bf16t.h) */
         d->packed = kwk_packed_new(m, p->precision, NULL, &cache, d->pool, err);
         if (!d->packed)
             goto out_err;

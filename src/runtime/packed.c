@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16t.h"
 #include "kernels/panel.h"
 #include "kernels/quant.h"
 #include "runtime/calib.h"
@@ -81,11 +82,14 @@ static int packed_bytes(int wtype, int64_t rows, int64_t cols, size_t *out)
 {
     if (wtype == KWK_W_BF16P)
         return kwk_panel_bytes(rows, cols, out);
+    if (wtype == KWK_W_BF16T)
+        return kwk_bf16t_bytes(rows, cols, out);
     return kwk_quant_bytes(wtype, rows, cols, out);
 }
 
 /* Units of 16 rows: a row block of the quantized formats, a panel. */
-_Static_assert(KWK_PANEL_ROWS == KWK_QROWS, "panels and row blocks are both 16 rows");
+_Static_assert(KWK_PANEL_ROWS == KWK_QROWS && KWK_BF16T_ROWS == KWK_QROWS,
+               "panels, tile blocks and row blocks are all 16 rows");
 
 struct pack_job {
     const struct kwk_mat *src;
@@ -123,6 +127,8 @@ static void pack_run(void *ctx, int ith, int nth)
             t->k->mat_row(job->src, r, buf + (size_t)(r - rb * KWK_QROWS) * (size_t)cols);
         if (job->dst->wtype == KWK_W_BF16P)
             kwk_panel_pack_rows((void *)job->dst->data, rows, cols, rb, buf, (long)cols);
+        else if (job->dst->wtype == KWK_W_BF16T)
+            kwk_bf16t_pack_rows((void *)job->dst->data, rows, cols, rb, buf, (long)cols);
         else
             kwk_quant_pack_rows(job->dst->wtype, (void *)job->dst->data, rows, cols, rb, buf,
                                 (long)cols);
@@ -617,6 +623,11 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                     "(no mix_bits, calibration, gptq or act8)");
         return NULL;
     }
+    if (panels && kwk_preserve_wtype(kwk_kernels()) == KWK_W_BF16) {
+        kwk_err_set(err, KWK_EARG, "preserve has no packed form for the %s kernels (they read "
+                    "the checkpoint's rows in place)", kwk_kernels()->name);
+        return NULL;
+    }
     if (!panels && precision != KWK_PRECISION_BALANCED && precision != KWK_PRECISION_INT4) {
         kwk_err_set(err, KWK_EARG, "precision %d has no packed form", precision);
         return NULL;
@@ -648,7 +659,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     /* calibration's vectors: each layer's, then the output norm (at V_COUNT * n_layers) */
     int calib = qo.n_calib > 0, n_vecs = calib ? V_COUNT * n_layers + 1 : 0;
     unsigned keep8 = precision == KWK_PRECISION_INT4 ? keep8_mask(qo.mix_bits) : 0;
-    int wide = panels                          ? KWK_W_BF16P
+    int wide = panels                          ? kwk_preserve_wtype(kwk_kernels())
                : precision == KWK_PRECISION_INT4 ? mix_wtype(m, qo.mix_bits)
                                                  : KWK_W_Q8;
     struct pack_job *jobs = NULL;

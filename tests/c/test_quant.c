@@ -13,6 +13,7 @@
 
 #include "base/base.h"
 #include "base/pool.h"
+#include "kernels/bf16t.h"
 #include "kernels/kernels.h"
 #include "kernels/panel.h"
 #include "kernels/quant.h"
@@ -1151,7 +1152,7 @@ static void written_range(const unsigned char *a, const unsigned char *b, size_t
  * that cut a block or leave the matrix are refused. */
 static void test_rows_span(void)
 {
-    static const int types[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6, KWK_W_BF16P};
+    static const int types[] = {KWK_W_Q8, KWK_W_Q4, KWK_W_Q6, KWK_W_BF16P, KWK_W_BF16T};
     const int64_t rows = 45, cols = 70; /* 3 row blocks, the last one short; groups padded */
     float *src = malloc(sizeof(float) * 16 * (size_t)cols), *zero = calloc(16 * (size_t)cols, 4);
     for (int i = 0; i < 16 * cols; i++)
@@ -1159,13 +1160,16 @@ static void test_rows_span(void)
     for (size_t t = 0; t < KWK_ARRAY_LEN(types); t++) {
         int wt = types[t];
         size_t bytes;
-        T_EQ(wt == KWK_W_BF16P ? kwk_panel_bytes(rows, cols, &bytes)
-                               : kwk_quant_bytes(wt, rows, cols, &bytes),
+        T_EQ(wt == KWK_W_BF16P   ? kwk_panel_bytes(rows, cols, &bytes)
+             : wt == KWK_W_BF16T ? kwk_bf16t_bytes(rows, cols, &bytes)
+                                 : kwk_quant_bytes(wt, rows, cols, &bytes),
              0);
         unsigned char *a = kwk_malloc_aligned(bytes), *b = kwk_malloc_aligned(bytes);
         for (int64_t blk = 0; blk * 16 < rows; blk++) {
             if (wt == KWK_W_BF16P)
                 kwk_panel_pack_rows(a, rows, cols, blk, zero, (long)cols);
+            else if (wt == KWK_W_BF16T)
+                kwk_bf16t_pack_rows(a, rows, cols, blk, zero, (long)cols);
             else
                 kwk_quant_pack_rows(wt, a, rows, cols, blk, zero, (long)cols);
         }
@@ -1174,6 +1178,8 @@ static void test_rows_span(void)
             memcpy(b, a, bytes);
             if (wt == KWK_W_BF16P)
                 kwk_panel_pack_rows(b, rows, cols, blk, src, (long)cols);
+            else if (wt == KWK_W_BF16T)
+                kwk_bf16t_pack_rows(b, rows, cols, blk, src, (long)cols);
             else
                 kwk_quant_pack_rows(wt, b, rows, cols, blk, src, (long)cols);
             size_t lo, hi, blk_bytes = bytes / 3;
@@ -1258,6 +1264,16 @@ static void test_decode_spans(void)
             T_TRUE(p[i] == (const char *)b.data + (size_t)(2 + i * pruns) * panel);
             T_EQ(n[i], (size_t)pruns * panel);
         }
+        /* tile order: KWK_BF16T_DEC_RUNS runs of whole 16-row blocks, whatever the table */
+        struct kwk_mat tb = {.wtype = KWK_W_BF16T, .rows = rows, .cols = cols, .data = mem};
+        got = kwk_mat_decode_spans(k, &tb, 32, 200, (size_t)1 << 30, p, n, 4);
+        T_EQ(got, KWK_BF16T_DEC_RUNS);
+        size_t tblock = (size_t)kwk_bf16t_chunks(cols) * KWK_BF16T_TILE_BYTES;
+        int64_t truns = (13 - 2) / got;
+        for (int i = 0; i < got; i++) {
+            T_TRUE(p[i] == (const char *)tb.data + (size_t)(2 + i * truns) * tblock);
+            T_EQ(n[i], (size_t)truns * tblock);
+        }
         /* quantized: one span from r0, whatever the table */
         struct kwk_mat q = {.wtype = KWK_W_Q8, .rows = rows, .cols = cols, .data = mem};
         size_t rb;
@@ -1271,22 +1287,25 @@ static void test_decode_spans(void)
     free(mem);
 }
 
-/* kwk_mat_amx: the AVX-512 table on AMX tiles, quantized matrices where kwk_cpu_amx() and
- * row-major bf16 where kwk_cpu_amx_preserve(); no other table or type. And decode_spans reads a
+/* kwk_mat_amx: the AVX-512 table on AMX tiles, quantized matrices where kwk_cpu_amx(),
+ * row-major bf16 where kwk_cpu_amx_preserve() and bf16 in tile order where kwk_cpu_amx_bf16();
+ * no other table or type. And decode_spans reads a
  * bf16 matrix in order exactly where it says AMX. */
 static void test_mat_amx(void)
 {
     const struct kwk_kernels *tables[] = {&kwk_kernels_ref, &kwk_kernels_avx2, &kwk_kernels_avx512};
     const int types[] = {KWK_W_F32, KWK_W_F16, KWK_W_BF16, KWK_W_BF16P,
-                         KWK_W_Q8,  KWK_W_Q4,  KWK_W_Q6};
+                         KWK_W_BF16T, KWK_W_Q8, KWK_W_Q4, KWK_W_Q6};
     char *mem = calloc(64 * 64, 4);
     for (size_t t = 0; t < KWK_ARRAY_LEN(tables); t++)
         for (size_t i = 0; i < KWK_ARRAY_LEN(types); i++) {
             struct kwk_mat w = {.wtype = types[i], .rows = 64, .cols = 64, .data = mem};
             int want = 0;
             if (tables[t] == &kwk_kernels_avx512)
-                want = types[i] == KWK_W_BF16 ? kwk_cpu_amx_preserve()
-                                              : kwk_quant_group(types[i]) ? kwk_cpu_amx() : 0;
+                want = types[i] == KWK_W_BF16    ? kwk_cpu_amx_preserve()
+                       : types[i] == KWK_W_BF16T ? kwk_cpu_amx_bf16()
+                       : kwk_quant_group(types[i]) ? kwk_cpu_amx()
+                                                   : 0;
             T_CHECK(kwk_mat_amx(tables[t], &w) == want, "table %zu type %d: %d", t, types[i],
                     kwk_mat_amx(tables[t], &w));
             if (types[i] == KWK_W_BF16) {

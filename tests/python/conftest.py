@@ -96,9 +96,13 @@ def best_isa():
     return supported_isas()[-1]
 
 
-# A kernel path beyond KWKER_ISA's: "avx512+amx" is the AVX-512 table with preserve's bf16
-# products on AMX-BF16 (KWKER_AMX_PRESERVE=on), a path of its own numbers.
+# Kernel paths beyond KWKER_ISA's: "avx512+amx" is the AVX-512 table with preserve's row-major
+# bf16 products on AMX-BF16 (KWKER_AMX_PRESERVE=on), a path of its own numbers; "avx512+bf16t"
+# the same table with preserve's bf16 matrices packed in AMX tile order (kernels/bf16t.h: what
+# preserve runs by default on AMX-BF16 CPUs with a pack cache; KWKER_BF16_PANELS=1 packs
+# without one), the tile unit's numbers again.
 AMX_PRESERVE = "avx512+amx"
+AMX_PACKED = "avx512+bf16t"
 
 
 def cpu_has_amx():
@@ -112,13 +116,19 @@ def cpu_has_amx_bf16():
 
 
 def isa_env(env, isa):
-    """env (a dict) set for the kernel path isa: KWKER_ISA, and for AMX_PRESERVE
-    KWKER_AMX_PRESERVE=on too; None: the library's own choice."""
+    """env (a dict) set for the kernel path isa: KWKER_ISA, for AMX_PRESERVE
+    KWKER_AMX_PRESERVE=on too, for AMX_PACKED KWKER_BF16_PANELS=1; None: the library's own
+    choice. The other paths read bf16 checkpoints in place (the runner's decoders have no pack
+    cache), on the vector tables."""
     env.pop("KWKER_ISA", None)
     env.pop("KWKER_AMX_PRESERVE", None)
+    env.pop("KWKER_BF16_PANELS", None)
     if isa == AMX_PRESERVE:
         env["KWKER_ISA"] = "avx512"
         env["KWKER_AMX_PRESERVE"] = "on"
+    elif isa == AMX_PACKED:
+        env["KWKER_ISA"] = "avx512"
+        env["KWKER_BF16_PANELS"] = "1"
     elif isa is not None:
         env["KWKER_ISA"] = isa
     return env

@@ -81,10 +81,12 @@ def test_quick_run_writes_complete_json(tmp_path):
            and os.environ.get("KWKER_AMX", "on") != "off"
            and os.environ.get("KWKER_ISA", "avx512") == "avx512")
     assert rec["kwker"]["prompt_tiles"] == ("amx" if amx else "vector")
-    # preserve's products: the vector path unless KWKER_AMX_PRESERVE=on asked for AMX
+    # preserve's products: on AMX-BF16 CPUs packed in tile order where preserve packs (unless
+    # KWKER_AMX_PRESERVE=off), row-major in place too with KWKER_AMX_PRESERVE=on; else vector
+    ap = os.environ.get("KWKER_AMX_PRESERVE")
+    amx_bf16 = amx and {"amx_bf16", "avx512_bf16"} <= flags
     assert rec["kwker"]["preserve_products"] == (
-        "amx" if amx and os.environ.get("KWKER_AMX_PRESERVE") == "on" and "amx_bf16" in flags
-        else "vector")
+        "vector" if not amx_bf16 or ap == "off" else "amx" if ap == "on" else "amx-packed")
     assert isinstance(rec["llama"]["avx_vnni"], bool)
     # llama.cpp at its best: by default each run measures flash attention on and off and keeps
     # each column's faster figure, saying which

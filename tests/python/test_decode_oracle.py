@@ -1,7 +1,8 @@
 """Kwker's decoder against transformers' float32 forward on tiny random checkpoints, on every
 kernel path this CPU has (KWKER_ISA=scalar|avx2|avx512, each in its own child process; where the
 CPU has AMX-BF16 also "avx512+amx": KWKER_AMX_PRESERVE=on, the bf16 checkpoints' products on
-AMX, exact products in the tile unit's order of sums).
+AMX, exact products in the tile unit's order of sums, and "avx512+bf16t": the bf16 checkpoints
+packed in AMX tile order, the same products from kernels/amx_bf16t.c).
 
 For each model of tiny_models.SPECS and each ISA:
 - logits at every prompt position (KwkDecoder.forward) within 1e-5 of the reference's logit
@@ -23,11 +24,11 @@ import numpy as np
 import pytest
 
 import tiny_models
-from conftest import (AMX_PRESERVE, REL_TOL, cpu_has_amx_bf16, describe_diff, first_token_diff,
+from conftest import (AMX_PACKED, AMX_PRESERVE, REL_TOL, cpu_has_amx_bf16, describe_diff, first_token_diff,
                       rel_err, supported_isas)
 
 MODELS = list(tiny_models.SPECS)
-ISAS = supported_isas() + ([AMX_PRESERVE] if cpu_has_amx_bf16() else [])
+ISAS = supported_isas() + ([AMX_PRESERVE, AMX_PACKED] if cpu_has_amx_bf16() else [])
 
 
 # Prompt lengths at the edges: 2 ids (decode from the second position on) and 100 ids (past
