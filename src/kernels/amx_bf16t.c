@@ -36,11 +36,11 @@
  * pair]), or a C tile's 16 x 16 floats */
 typedef uint32_t tile[16][16];
 
-static int engine; /* kwk_bf16t_test_engine: 0 auto, 1 vector, 2 tiles */
+static int vector_only; /* kwk_bf16t_test_vector */
 
-void kwk_bf16t_test_engine(int which)
+void kwk_bf16t_test_vector(int on)
 {
-    engine = which;
+    vector_only = on;
 }
 
 /* Block b's chunk c. */
@@ -200,6 +200,75 @@ BLOCK_FN(2, 1)
 BLOCK_FN(2, 2)
 static const block_fn BLOCKS[2][2] = {{block_1_1, block_1_2}, {block_2_1, block_2_2}};
 
+/* Each stream of a decode group prefetches this far ahead (bytes): 3-8% more tokens/s in the
+ * model than none or 4 KiB (SmolLM2-135M, Qwen2.5-0.5B, SmolLM2-1.7B; noisy, session 32). */
+#define DEC_PF_BYTES 1024
+
+/* A decode step's shape on tiles (one A tile, up to 5 tokens): G row blocks from b share each
+ * chunk's A load, each block a stream of its own. Four blocks: a generated token about as fast
+ * as on the vector tables; two 6% slower, the vector engine 2-13% (in the model, session 32). */
+INLINE void dec_group(const struct pblock *pb, int64_t b, int G)
+{
+    _Alignas(64) tile abuf[1];
+    _Alignas(64) float cbuf[16][16];
+    const int pf_l2 = kwk_cpu_prefetch_l2();
+    int nt = KWK_MIN(TILE_TOKS, pb->n_tok);
+    _tile_zero(TC0);
+    if (G > 1)
+        _tile_zero(TC1);
+    if (G > 2)
+        _tile_zero(TC2);
+    if (G > 3)
+        _tile_zero(TC3);
+    for (int64_t c = 0; c < pb->nk; c++) {
+        for (int g = 0; g < G; g++)
+            kwk_prefetch_bytes((const void *)((uintptr_t)wtile(pb->w, pb->nk, b + g, c) +
+                                              (uintptr_t)DEC_PF_BYTES),
+                               sizeof(tile), pf_l2);
+        _tile_loadd(TA0, a_tile(pb, 0, c, &abuf[0]), 64);
+        _tile_loadd(TB0, wtile(pb->w, pb->nk, b, c), 64);
+        _tile_dpbf16ps(TC0, TA0, TB0);
+        if (G > 1) {
+            _tile_loadd(TB1, wtile(pb->w, pb->nk, b + 1, c), 64);
+            _tile_dpbf16ps(TC1, TA0, TB1);
+        }
+        if (G > 2) {
+            _tile_loadd(TB0, wtile(pb->w, pb->nk, b + 2, c), 64);
+            _tile_dpbf16ps(TC2, TA0, TB0);
+        }
+        if (G > 3) {
+            _tile_loadd(TB1, wtile(pb->w, pb->nk, b + 3, c), 64);
+            _tile_dpbf16ps(TC3, TA0, TB1);
+        }
+    }
+    _tile_stored(TC0, cbuf, 64);
+    put_c(pb, cbuf, b * 16, 0, nt);
+    if (G > 1) {
+        _tile_stored(TC1, cbuf, 64);
+        put_c(pb, cbuf, (b + 1) * 16, 0, nt);
+    }
+    if (G > 2) {
+        _tile_stored(TC2, cbuf, 64);
+        put_c(pb, cbuf, (b + 2) * 16, 0, nt);
+    }
+    if (G > 3) {
+        _tile_stored(TC3, cbuf, 64);
+        put_c(pb, cbuf, (b + 3) * 16, 0, nt);
+    }
+}
+
+typedef void (*dec_fn)(const struct pblock *, int64_t);
+#define DEC_FN(G)                                                                                  \
+    static void dec_##G(const struct pblock *pb, int64_t b)                                        \
+    {                                                                                              \
+        dec_group(pb, b, G);                                                                       \
+    }
+DEC_FN(1)
+DEC_FN(2)
+DEC_FN(3)
+DEC_FN(4)
+static const dec_fn DECS[5] = {NULL, dec_1, dec_2, dec_3, dec_4};
+
 /* Token tiles [0, nb) of pb (its x, y and n_tok start at the token block) over row blocks
  * [b0, b1), for each column block. */
 static void token_block(struct pblock *pb, int nb, int64_t b1)
@@ -239,6 +308,16 @@ static void tiles_matmul(const struct kwk_mat *w, const float *x, int n_tok, flo
         per_block = tiles;
     }
     _tile_loadconfig(&TILES16_CONFIG);
+    if (tiles == 1) { /* one A tile: groups of row blocks under it */
+        if (st) {
+            stage_a(x, w->cols, n_tok, 0, nk, st);
+            __asm__ volatile("" ::: "memory"); /* staged before the tile loads */
+        }
+        for (int64_t b = b0; b < b1; b += 4)
+            DECS[KWK_MIN(4, b1 - b)](&pb, b);
+        _tile_release();
+        return;
+    }
     for (int i0 = 0; i0 < tiles; i0 += per_block) {
         int nb = KWK_MIN(per_block, tiles - i0);
         pb.x = x + (int64_t)i0 * TILE_TOKS * w->cols;
@@ -255,8 +334,9 @@ static void tiles_matmul(const struct kwk_mat *w, const float *x, int n_tok, flo
 
 /* Blocks a thread reads side by side in a decode step (its blocks cut into this many runs). */
 #define DEC_STREAMS KWK_BF16T_DEC_RUNS
-#include <stdlib.h>
-static int pf_kib = -1; /* THROWAWAY */
+/* Each stream prefetches this far ahead (bytes): 2 KiB read 15% faster than none, 1 KiB or 4-8
+ * KiB about as fast (bench_kernels, session 32). */
+#define VEC_PF_BYTES 2048
 
 /* Chunks [c0, c1) of a token's parts as the A tiles hold them (high halves), for FMA
  * broadcasts: dst[((c - c0) * 3 + s) * CHUNK + i] = part s of column 32c + i, zero past cols.
@@ -298,10 +378,9 @@ INLINE void vec_blocks(const tile *const *blk, int64_t nk, const float *parts, c
             _mm_setcsr(csr | MXCSR_DAZ_FTZ);
             xp = here;
         }
-        if (pf_kib > 0)
-            for (int b = 0; b < NB; b++)
-                kwk_prefetch_bytes((const void *)((uintptr_t)blk[b][c] + (uintptr_t)pf_kib * 1024),
-                                   sizeof(tile), pf_l2);
+        for (int b = 0; b < NB; b++)
+            kwk_prefetch_bytes((const void *)((uintptr_t)blk[b][c] + VEC_PF_BYTES), sizeof(tile),
+                               pf_l2);
         __m512 e[DEC_STREAMS][3], o[DEC_STREAMS][3];
         for (int b = 0; b < NB; b++)
             for (int s = 0; s < 3; s++)
@@ -347,8 +426,6 @@ static void vec_matmul(const struct kwk_mat *w, const float *x, float *y, int64_
 {
     int64_t cols = w->cols, nk = kwk_bf16t_chunks(cols), b0 = r0 / 16, b1 = (r1 + 15) / 16;
     unsigned csr = _mm_getcsr();
-    if (pf_kib < 0)
-        pf_kib = getenv("PFK") ? atoi(getenv("PFK")) : 2;
     float *parts = kwk_amx_stage((size_t)nk * 3 * CHUNK * sizeof(float));
     const float *xs = NULL; /* staged chunk by chunk (no buffer) */
     if (parts)
@@ -379,10 +456,10 @@ void kwk_bf16t_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok,
 {
     if (r1 <= r0 || n_tok <= 0)
         return;
-    if (kwk_cpu_amx_bf16() && engine != 1 && (n_tok > 1 || engine == 2)) {
+    if (kwk_cpu_amx_bf16() && !vector_only) {
         tiles_matmul(w, x, n_tok, y, ldy, r0, r1);
         return;
     }
-    for (int t = 0; t < n_tok; t++) /* one token (or no tiles here): the vector engine */
+    for (int t = 0; t < n_tok; t++) /* no tiles here: the vector engine, a token at a time */
         vec_matmul(w, x + (int64_t)t * w->cols, y + (int64_t)t * ldy, r0, r1);
 }

@@ -35,8 +35,9 @@
 #define KWK_BF16T_CHUNK 32 /* columns a chunk (a tile multiply's 16 pairs) */
 #define KWK_BF16T_TILE_BYTES 1024 /* one block's chunk: [16 pairs][16 rows] x 2 bf16 */
 
-/* A one-token product reads a thread's blocks as this many runs side by side (amx_bf16t.c;
- * kwk_mat_decode_spans). */
+/* A one-token product on the vector engine (where AMX-BF16 is not in use) reads a thread's
+ * blocks as this many runs side by side (amx_bf16t.c; kwk_mat_decode_spans). On tiles it
+ * reads them in order, four blocks at a time. */
 #define KWK_BF16T_DEC_RUNS 2
 
 /* Chunks a row of cols columns takes. */
@@ -65,9 +66,8 @@ void kwk_bf16t_mat_row(const struct kwk_mat *w, int64_t r, float *out);
 void kwk_bf16t_matmul_avx512(const struct kwk_mat *w, const float *x, int n_tok, float *y,
                              long ldy, int64_t r0, int64_t r1);
 
-/* Tests only: 1 makes kwk_bf16t_matmul_avx512 run every call on the vector engine (prompts
- * too), 2 every call on tiles (decode steps too, where AMX-BF16 is in use), 0 restores. Not
- * thread safe. */
-void kwk_bf16t_test_engine(int which);
+/* Tests only: 1 makes kwk_bf16t_matmul_avx512 run every call on the vector engine (what it
+ * runs where AMX-BF16 is not in use), 0 restores. Not thread safe. */
+void kwk_bf16t_test_vector(int on);
 
 #endif

@@ -100,7 +100,8 @@ int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, i
     int64_t unit = blocked ? 16 : 1, units = (r1 - r0 + unit - 1) / unit;
     /* quantized matrices, and bf16 ones on AMX (amx_bf16.c: groups of row blocks from r0), are
      * read in order */
-    int in_order = kwk_quant_group(w->wtype) || (w->wtype == KWK_W_BF16 && kwk_mat_amx(k, w));
+    int in_order = kwk_quant_group(w->wtype) ||
+                   ((w->wtype == KWK_W_BF16 || w->wtype == KWK_W_BF16T) && kwk_mat_amx(k, w));
     int runs = in_order                   ? 1
                : w->wtype == KWK_W_BF16T ? KWK_BF16T_DEC_RUNS
                                          : KWK_MAX(1, k->dec_runs);

@@ -214,18 +214,16 @@ static void spec_case(int64_t rows, int64_t cols, int n_tok, int specials)
         nans += isnan(ys[i]) != 0;
     }
     if (has_avx512) {
-        kwk_bf16t_test_engine(1);
+        kwk_bf16t_test_vector(1);
         kwk_bf16t_matmul_avx512(&p.m_t, x, n_tok, yv, (long)rows, 0, rows);
-        kwk_bf16t_test_engine(0);
+        kwk_bf16t_test_vector(0);
         T_CHECK(differ(ys, yv, ny) == 0,
                 "rows=%lld cols=%lld tokens %d%s: %ld of %zu differ, vector engine vs spec",
                 (long long)rows, (long long)cols, n_tok, specials ? " (inf, NaN)" : "",
                 differ(ys, yv, ny), ny);
     }
     if (has_amx) {
-        kwk_bf16t_test_engine(2);
         kwk_bf16t_matmul_avx512(&p.m_t, x, n_tok, yt, (long)rows, 0, rows);
-        kwk_bf16t_test_engine(0);
         kwk_bf16_amx_test_engine(1); /* the row-major path on tiles, decode steps too */
         kwk_bf16_matmul_amx(&p.m_rm, x, n_tok, yh, (long)rows, 0, rows);
         kwk_bf16_amx_test_engine(0);
@@ -302,7 +300,7 @@ static void range_case(int64_t rows, int64_t cols, int n_tok, int64_t r0, int64_
     free(y1);
 }
 
-static void test_ranges(void)
+static void ranges(void)
 {
     range_case(37, 77, 1, 0, 37);
     range_case(37, 77, 6, 0, 37);
@@ -312,6 +310,15 @@ static void test_ranges(void)
     /* 13 token tiles: a token block of 12 and one of 1; 129 chunks: two column blocks of at
      * most 85 (1 MiB of staged tiles), C tiles spilled between */
     range_case(40, 4127, 64, 0, 40);
+}
+
+static void test_ranges(void)
+{
+    for (int v = 0; v < 2; v++) { /* the default engine (tiles where AMX), the vector one */
+        kwk_bf16t_test_vector(v);
+        ranges();
+    }
+    kwk_bf16t_test_vector(0);
 }
 
 /* Products whose float sums are exact (weights in {-1, 0, 1}, activations with up to 19

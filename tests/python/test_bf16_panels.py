@@ -1,9 +1,10 @@
-"""Preserve on a bf16 checkpoint runs its matrices as 16-row panels where the kernels ask for
-them (the AVX2 table; kernels/panel.h) and there is a pack cache to keep them in (or
-KWKER_BF16_PANELS=1): a pack file as large as the weights appears in the cache directory, the
-numbers stay within float32 rounding of the row-major path and the greedy tokens are the same.
-Without a cache, with KWKER_BF16_PANELS=0, and on the scalar table the checkpoint is read in
-place. Each run is a child process (kwk_isa() detects once per process)."""
+"""Preserve on a bf16 checkpoint runs its matrices packed where the kernels ask for it (the
+AVX2 table: 16-row panels, kernels/panel.h; the AVX-512 table on AMX-BF16 CPUs: AMX tile order,
+kernels/bf16t.h) and there is a pack cache to keep them in (or KWKER_BF16_PANELS=1): a pack
+file as large as the weights appears in the cache directory, the numbers stay within float32
+rounding of the row-major path and the greedy tokens are the same. Without a cache, with
+KWKER_BF16_PANELS=0, and on the scalar table (and AVX-512 without AMX-BF16) the checkpoint is
+read in place. Each run is a child process (kwk_isa() detects once per process)."""
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 import gguf_export
 import tiny_models
-from conftest import PY_DIR, supported_isas
+from conftest import PY_DIR, cpu_has_amx_bf16, supported_isas
 
 CHILD = r"""
 import json, sys
@@ -29,6 +30,11 @@ print(json.dumps({"logits": logits.tolist(), "greedy": [int(t) for t in d.genera
                   "bits": d.bits_per_weight()}))
 """
 
+def packs_for(isa):
+    """Whether preserve packs bf16 matrices on this kernel path (with a cache)."""
+    return isa == "avx2" or (isa == "avx512" and cpu_has_amx_bf16())
+
+
 IDS = "3,17,250,9,77,1,300,42,5,8,13,21,34,55,89,144,233,377,61,98,7,2,19,400,11,6"
 
 
@@ -37,6 +43,7 @@ def run_child(tmp_path, isa, panels_env, cached, model=None):
     model defaults to the llama_bf16 folder."""
     env = dict(os.environ, KWKER_ISA=isa)
     env.pop("KWKER_BF16_PANELS", None)
+    env.pop("KWKER_AMX_PRESERVE", None)
     if panels_env is not None:
         env["KWKER_BF16_PANELS"] = panels_env
     model = model or tiny_models.build("llama_bf16")
@@ -56,8 +63,8 @@ def test_panels_where_the_table_wants_them(tmp_path, isa):
     cached, packs = run_child(tmp_path, isa, None, True)
     in_place, none = run_child(tmp_path, isa, "0", True)
     assert none == []
-    # the AVX2 table asks for panels; scalar and AVX-512 read the checkpoint in place
-    if isa == "avx2":
+    # the AVX2 table asks for panels, AVX-512 on AMX-BF16 for tile order; else in place
+    if packs_for(isa):
         assert len(packs) == 1 and packs[0].endswith(".kwkpack") and "-preserve-" in packs[0]
     else:
         assert packs == []
@@ -66,8 +73,8 @@ def test_panels_where_the_table_wants_them(tmp_path, isa):
     assert a.shape == b.shape and a.shape[0] == len(IDS.split(","))
     span = b.max() - b.min()
     assert np.abs(a - b).max() <= 1e-5 * span, np.abs(a - b).max() / span
-    # another summation order: on AVX2 the panels really ran
-    assert np.array_equal(a, b) == (isa != "avx2")
+    # another summation order: the pack really ran
+    assert np.array_equal(a, b) == (not packs_for(isa))
     assert cached["greedy"] == in_place["greedy"]
 
 
@@ -88,14 +95,14 @@ def test_no_cache_reads_in_place_unless_asked(tmp_path):
 def test_bf16_gguf_keeps_bf16_and_panels(tmp_path, isa):
     """A llama GGUF stores attn_q / attn_k rows permuted; the loader puts them back in a bf16
     copy (moving rows is exact), so the file runs as bf16 throughout: 16.0 bits a weight (a
-    float32 copy of q / k made it more), panels on AVX2, and the same logits and greedy tokens
+    float32 copy of q / k made it more), packed where the table asks, and the same logits and greedy tokens
     as the folder's bf16 weights (the export writes those very numbers)."""
     folder = tiny_models.build("llama_bf16")
     path = gguf_export.build_gguf(folder, "bf16")
     from_gguf, packs = run_child(tmp_path, isa, None, True, model=path)
     from_folder, _ = run_child(tmp_path, isa, None, True)
     assert from_gguf["bits"] == 16.0
-    assert (len(packs) == 1) == (isa == "avx2"), packs
+    assert (len(packs) == 1) == packs_for(isa), packs
     # the same weights, the same kernels: bitwise (the folder is bf16 too)
     assert np.array_equal(from_gguf["logits"], from_folder["logits"])
     assert from_gguf["greedy"] == from_folder["greedy"]
