@@ -1,20 +1,21 @@
 /* amx_bf16t.c - preserve's products of bf16 weights packed in tile order (KWK_W_BF16T,
- * bf16t.h), every product exact, in the tile unit's sums: prompts on AMX-BF16 tiles where
- * kwk_cpu_amx_bf16(), a decode step (one token; and every call where AMX is not in use) on
- * AVX-512 FMAs that compute the same sums bit for bit (amx_bf16.c says how tdpbf16ps was
- * found to sum). Pure functions; any thread (a tile call loads its own configuration).
+ * bf16t.h), every product exact, in the tile unit's sums: on AMX-BF16 tiles where
+ * kwk_cpu_amx_bf16(), prompts and decode steps alike; elsewhere on AVX-512 FMAs that compute the
+ * same sums bit for bit (amx_bf16.c says how tdpbf16ps was found to sum). Pure functions; any
+ * thread (a tile call loads its own configuration).
  *
- * Prompts: B is a packed 1 KiB, 16 weight rows as its columns; A 16 rows of 32 columns, row
+ * Tiles: B is a packed 1 KiB, 16 weight rows as its columns; A 16 rows of 32 columns, row
  * 3j + s holding part s of token j (5 tokens a tile, row 15 zero); C [token part][weight row],
  * and a token's outputs are (C[3j] + C[3j+1]) + C[3j+2], a row of 16 outputs (nothing to
- * transpose). Every tile load reads 1 KiB of contiguous memory. The blocking is amx_bf16.c's:
- * token blocks of up to 12 tiles, column blocks whose staged tiles fit in 1 MiB, 2 row blocks x
- * 2 token tiles a step, C tiles spilled between column blocks (exact).
+ * transpose). Every tile load reads 1 KiB of contiguous memory. Prompts block as amx_bf16.c
+ * does: token blocks of up to 12 tiles, column blocks whose staged tiles fit in 1 MiB, 2 row
+ * blocks x 2 token tiles a step, C tiles spilled between column blocks (exact). A decode step
+ * (one A tile) runs four row blocks under each chunk's A load, four streams.
  *
- * A decode step: pair p of a block's 16 rows is one 64-byte vector (its even columns in the low
- * halves, its odd ones in the high halves), so the tile unit's even and odd chains are FMAs
- * with 16 rows in the lanes, under MXCSR's DAZ and FTZ, with no transpose; a thread's blocks are
- * read as DEC_STREAMS sequential streams side by side. */
+ * The vector engine (no AMX): pair p of a block's 16 rows is one 64-byte vector (its even
+ * columns in the low halves, its odd ones in the high halves), so the tile unit's even and odd
+ * chains are FMAs with 16 rows in the lanes, under MXCSR's DAZ and FTZ, with no transpose; a
+ * thread's blocks are read as DEC_STREAMS sequential streams side by side. */
 #include <immintrin.h>
 #include <stdint.h>
 

@@ -95,8 +95,8 @@ def test_no_cache_reads_in_place_unless_asked(tmp_path):
 def test_bf16_gguf_keeps_bf16_and_panels(tmp_path, isa):
     """A llama GGUF stores attn_q / attn_k rows permuted; the loader puts them back in a bf16
     copy (moving rows is exact), so the file runs as bf16 throughout: 16.0 bits a weight (a
-    float32 copy of q / k made it more), packed where the table asks, and the same logits and greedy tokens
-    as the folder's bf16 weights (the export writes those very numbers)."""
+    float32 copy of q / k made it more), packed where the table asks, and the same logits and
+    greedy tokens as the folder's bf16 weights (the export writes those very numbers)."""
     folder = tiny_models.build("llama_bf16")
     path = gguf_export.build_gguf(folder, "bf16")
     from_gguf, packs = run_child(tmp_path, isa, None, True, model=path)

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 import tiny_models
-from conftest import (AMX_PACKED, AMX_PRESERVE, REL_TOL, cpu_has_amx_bf16, describe_diff, first_token_diff,
-                      rel_err, supported_isas)
+from conftest import (AMX_PACKED, AMX_PRESERVE, REL_TOL, cpu_has_amx_bf16, describe_diff,
+                      first_token_diff, rel_err, supported_isas)
 
 MODELS = list(tiny_models.SPECS)
 ISAS = supported_isas() + ([AMX_PRESERVE, AMX_PACKED] if cpu_has_amx_bf16() else [])
