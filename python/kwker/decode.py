@@ -320,9 +320,9 @@ class KwkDecoder:
     Not thread-safe: use one decoder per thread (they may load the same files).
     max_batch: the slots of the serving engine that generate_batch() uses (default 8).
     cache_dir (balanced / int4; preserve with a cache runs a bf16 checkpoint as panels on AVX2
-    CPUs, without one in place): None or False packs at every load; True keeps packed
-    weights in default_cache_dir() ($KWKER_CACHE or ~/.cache/kwker/packs); a path uses that
-    directory. cache_max_bytes: its size limit (None: $KWKER_CACHE_MAX or 16 GiB), least
+    CPUs and in AMX tile order on AMX-BF16 CPUs, without one in place): None or False packs at
+    every load; True keeps packed weights in default_cache_dir() ($KWKER_CACHE or
+    ~/.cache/kwker/packs); a path uses that directory. cache_max_bytes: its size limit (None: $KWKER_CACHE_MAX or 16 GiB), least
     recently used packs removed first. A cache that cannot be used only logs a warning.
     mix_bits (int4 only): bits of the matrices int4 keeps wider (the lm_head, and the value and
     down projections of a third of the layers): 8, 6 or 4 (none); None = 6 from a billion
