@@ -4,11 +4,11 @@
  * bitwise), the chunk-by-chunk path without a staging buffer (bitwise the same), tails of rows
  * and columns that never read a neighbouring row, matrices at every offset from a cache line
  * (chunks then start on the rows' 64-byte boundaries: the head chunk never reads before a row),
- * infinities and NaN carried through, a decode step's vector engine bitwise the tile
- * engine over the whole float range; and which
- * table KWKER_AMX_PRESERVE chooses. On a CPU without AMX-BF16 only the choice is checked (and
- * said so). The AVX-512 table on this path runs all of test_kernels too (ctest
- * test_kernels_amx_preserve). */
+ * infinities and NaN carried through, a decode step's vector engine bitwise the tile engine
+ * over the whole float range; and what KWKER_AMX_PRESERVE chooses (row-major matrices in place
+ * when "on"; packs in tile order, bf16t.h, unless "off"). On a CPU without AMX-BF16 only the
+ * choice is checked (and said so). The AVX-512 table on this path runs all of test_kernels too
+ * (ctest test_kernels_amx_preserve). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,9 +397,10 @@ static void test_engines_agree(void)
             engines_case(67, cols_list[a], (int)(a * 7 + (size_t)sp) % 32, sp);
 }
 
-/* kwk_cpu_amx_preserve() in a child with KWKER_AMX_PRESERVE (and KWKER_AMX) set: the library
- * reads them once, so these run before this process detects anything. */
-static int preserve_with_env(const char *value, const char *amx)
+/* kwk_cpu_amx_preserve() (pack: kwk_cpu_amx_preserve_pack()) in a child with
+ * KWKER_AMX_PRESERVE (and KWKER_AMX) set: the library reads them once, so these run before this
+ * process detects anything. */
+static int choice_with_env(const char *value, const char *amx, int pack)
 {
     pid_t pid = fork();
     if (pid == 0) {
@@ -411,7 +412,7 @@ static int preserve_with_env(const char *value, const char *amx)
             setenv("KWKER_AMX", amx, 1);
         else
             unsetenv("KWKER_AMX");
-        _exit(kwk_cpu_amx_preserve());
+        _exit(pack ? kwk_cpu_amx_preserve_pack() : kwk_cpu_amx_preserve());
     }
     int st = 0;
     if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
@@ -419,7 +420,13 @@ static int preserve_with_env(const char *value, const char *amx)
     return WEXITSTATUS(st);
 }
 
-/* has: whether "on" is taken with KWKER_AMX as amx leaves it */
+static int preserve_with_env(const char *value, const char *amx)
+{
+    return choice_with_env(value, amx, 0);
+}
+
+/* has: whether "on" is taken with KWKER_AMX as amx leaves it. Row-major matrices in place take
+ * AMX only when asked; packs in tile order (kernels/bf16t.h) by default, unless "off". */
 static void test_choice(int has, const char *amx)
 {
     T_EQ(preserve_with_env(NULL, amx), 0); /* not the default */
@@ -427,6 +434,11 @@ static void test_choice(int has, const char *amx)
     T_EQ(preserve_with_env("yes", amx), 0);
     T_EQ(preserve_with_env("on", amx), has);
     T_EQ(preserve_with_env("on", "off"), 0);
+    T_EQ(choice_with_env(NULL, amx, 1), has); /* the default */
+    T_EQ(choice_with_env("on", amx, 1), has);
+    T_EQ(choice_with_env("yes", amx, 1), has); /* not a word it takes: the default */
+    T_EQ(choice_with_env("off", amx, 1), 0);
+    T_EQ(choice_with_env(NULL, "off", 1), 0);
 }
 
 int main(void)
