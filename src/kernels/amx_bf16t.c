@@ -98,7 +98,7 @@ static void stage_a(const float *x, int64_t cols, int nt, int64_t c0, int64_t c1
 struct pblock {
     const struct kwk_mat *w;
     int64_t nk, c0, c1, width, b0, r0, r1;
-    const tile *st;
+    tile *st;
     tile *spill;
     int tiles; /* spill's tiles a row block */
     const float *x;
@@ -281,7 +281,7 @@ static void token_block(struct pblock *pb, int nb, int64_t b1)
                 int t = j * TILE_TOKS;
                 stage_a(pb->x + (int64_t)t * pb->w->cols, pb->w->cols,
                         KWK_MIN(TILE_TOKS, pb->n_tok - t), pb->c0, pb->c1,
-                        (tile *)pb->st + (size_t)j * (size_t)pb->width);
+                        pb->st + (size_t)j * (size_t)pb->width);
             }
             __asm__ volatile("" ::: "memory"); /* staged before the tile loads */
         }
@@ -297,7 +297,10 @@ static void tiles_matmul(const struct kwk_mat *w, const float *x, int n_tok, flo
     int64_t nk = kwk_bf16t_chunks(w->cols), b0 = r0 / 16, b1 = (r1 + 15) / 16;
     int tiles = (n_tok + TILE_TOKS - 1) / TILE_TOKS;
     int per_block = KWK_MIN(MAX_TILES, tiles);
-    int64_t width = KWK_MIN(nk, KWK_MAX(1, (int64_t)(STAGE_BYTES / sizeof(tile)) / per_block));
+    /* one A tile (a decode step's shape) is staged whole row at once: no column blocks */
+    int64_t width = tiles == 1 ? nk
+                               : KWK_MIN(nk, KWK_MAX(1, (int64_t)(STAGE_BYTES / sizeof(tile)) /
+                                                            per_block));
     size_t staged = (size_t)per_block * (size_t)width;
     size_t spills = width < nk ? (size_t)(b1 - b0) * (size_t)per_block : 0;
     tile *st = kwk_amx_stage((staged + spills) * sizeof(tile));
@@ -372,12 +375,13 @@ INLINE void vec_blocks(const tile *const *blk, int64_t nk, const float *parts, c
             acc[b][s] = _mm512_setzero_ps();
     _mm_setcsr(csr | MXCSR_DAZ_FTZ);
     for (int64_t c = 0; c < nk; c++) {
-        const float *xp = parts + c * 3 * CHUNK;
+        const float *xp = here;
         if (x) {
             _mm_setcsr(csr);
             stage_parts(x, cols, c, c + 1, here);
             _mm_setcsr(csr | MXCSR_DAZ_FTZ);
-            xp = here;
+        } else {
+            xp = parts + c * 3 * CHUNK;
         }
         for (int b = 0; b < NB; b++)
             kwk_prefetch_bytes((const void *)((uintptr_t)blk[b][c] + VEC_PF_BYTES), sizeof(tile),

@@ -310,6 +310,9 @@ static void ranges(void)
     /* 13 token tiles: a token block of 12 and one of 1; 129 chunks: two column blocks of at
      * most 85 (1 MiB of staged tiles), C tiles spilled between */
     range_case(40, 4127, 64, 0, 40);
+    /* rows past 1 MiB of staged tiles (1251 chunks) under one A tile: staged whole */
+    range_case(20, 40000, 1, 0, 20);
+    range_case(20, 40000, 3, 0, 20);
 }
 
 static void test_ranges(void)
@@ -361,7 +364,7 @@ static void test_exact(void)
 
 /* Without a staging buffer (kwk_amx_stage refused) every call stages piece by piece: the same
  * numbers. */
-static void test_no_scratch(void)
+static void no_scratch(void)
 {
     int64_t rows = 70, cols = 200;
     int n_tok = 13;
@@ -382,6 +385,15 @@ static void test_no_scratch(void)
     free(x);
     free(y);
     free(y0);
+}
+
+static void test_no_scratch(void)
+{
+    for (int v = 0; v < 2; v++) { /* the default engine (tiles where AMX), the vector one */
+        kwk_bf16t_test_vector(v);
+        no_scratch();
+    }
+    kwk_bf16t_test_vector(0);
 }
 
 /* The scalar, AVX2 and AVX-512 tables' matmul on a packed matrix: the same bits. */
