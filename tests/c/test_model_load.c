@@ -165,6 +165,29 @@ static int64_t expected_params(int tied)
     return (int64_t)V * D * (tied ? 1 : 2) + D + NL * layer;
 }
 
+/* KiB of path's pages mapped into this process (Rss summed over its mappings in
+ * /proc/self/smaps; -1 when that cannot be read). */
+static long mapped_kib(const char *path)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[1024];
+    long kib = 0;
+    int mine = 0;
+    size_t n = strlen(path);
+    while (fgets(line, sizeof line, f)) {
+        long v;
+        char *slash = strchr(line, '/');
+        if (strchr(line, '-') == line + strspn(line, "0123456789abcdef")) /* a mapping's line */
+            mine = slash && !strncmp(slash, path, n) && slash[n] == '\n';
+        else if (mine && sscanf(line, "Rss: %ld kB", &v) == 1)
+            kib += v;
+    }
+    fclose(f);
+    return kib;
+}
+
 static void test_folder(void)
 {
     char dir[512], path[600];
@@ -180,6 +203,11 @@ static void test_folder(void)
     T_CHECK(m != NULL, "load: %s", err.msg);
     if (!m)
         return;
+    /* the load read headers and norms through the mapping, and leaves none of its pages
+     * mapped (on 2 MiB page cache folios each such read would keep a whole 2 MiB) */
+    T_EQ(mapped_kib(path), 0);
+    T_TRUE(m->n_st == 1 && m->st[0].map.size > 0 && m->st[0].map.data[8] == '{');
+    T_TRUE(mapped_kib(path) > 0); /* the check sees a page read through the mapping */
     struct kwk_model_info info;
     kwk_model_get_info(m, &info);
     T_EQ(info.arch, KWK_ARCH_LLAMA);
@@ -545,6 +573,7 @@ static void test_gguf_model(void)
     T_CHECK(m != NULL, "gguf: %s", err.msg);
     if (!m)
         return;
+    T_EQ(mapped_kib(path), 0); /* as for a folder: metadata and norms read, nothing left mapped */
     struct kwk_model_info info;
     kwk_model_get_info(m, &info);
     T_STREQ(info.arch_name, "llama");
