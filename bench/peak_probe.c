@@ -1,14 +1,15 @@
 /* peak_probe.c - arithmetic peak of this CPU for the operations Kwker's matmuls are made of, so
  * that prompt speeds can be stated as a share of what the cores can do (docs/benchmarks.md):
  * float32 fused multiply-adds (preserve), int8 dot products (vpdpbusd with AVX-512 VNNI;
- * maddubs + madd with AVX2), and the same operations in the act8 prompt tiles' shape (below).
- * Each thread runs long chains of independent register-only instructions (or the tile shapes on
- * data in L1); the main thread starts and joins them.
+ * maddubs + madd with AVX2), the same operations in the act8 prompt tiles' shape (below), and
+ * AMX tile multiplies (bf16 and int8). Each thread runs long chains of independent
+ * register-only instructions (or the tile shapes on data in L1); the main thread starts and
+ * joins them.
  *
- *   peak_probe [-t threads] [-s seconds] [--json]
+ *   peak_probe [-t threads] [-s seconds] [--only NAME[,NAME..]] [--json]
  *
- * Prints, per operation, the best of 5 passes in giga multiply-accumulates per second over all
- * threads. Instruction sets are chosen per function with target attributes; operations the CPU
+ * Prints, per operation, the best and the median of 5 passes in giga multiply-accumulates per
+ * second over all threads (JSON: NAME and NAME_median). Instruction sets are chosen per function with target attributes; operations the CPU
  * lacks are reported as absent. */
 #include <pthread.h>
 #include <stdint.h>
@@ -16,9 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
 
+#define PASSES 5  /* passes an operation: the best and the median are printed */
 #define CHAINS 12 /* independent accumulators: enough to cover latency x ports on current cores */
 
 static double now_s(void)
@@ -287,6 +292,70 @@ __attribute__((target("avx2,fma,f16c"))) static float tile256_pmaddwd(long n)
     return tile256(n, PMADDWD);
 }
 
+/* ---- the AMX tile unit: register-only tile multiplies ----------------------------------------
+ * Four C tiles from two A and two B tiles (the 2 x 2 block of kernels/amx_bf16t.c and
+ * amx_quant.c, without their loads): the tile unit's own rate. One unit serves a physical core,
+ * so where a hypervisor's vCPU is one hardware thread, the tenant on its sibling thread shares it
+ * (docs/benchmarks.md, session 33): the median of the passes shows that, the best the unit
+ * alone. Each trip is four multiplies, 16 x 16 x 32 bf16 pairs or 16 x 16 x 64 int8 products. */
+struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+static const _Alignas(64) struct amx_config AMX_CONFIG = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+static _Alignas(64) uint8_t amx_data[2][1024];
+
+/* 1 where the tile unit can run here: CPUID's AMX bits and the kernel's permission for the tile
+ * state (asked for once a process). */
+static int amx_ok(int int8)
+{
+    static int perm = -1;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) ||
+        !(d & (1u << (int8 ? 25 : 22))))
+        return 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    if (perm < 0) /* ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA */
+        perm = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return perm;
+#else
+    return 0;
+#endif
+}
+
+#define AMX_PROBE(NAME, TARGET, OP)                                                                \
+    __attribute__((target(TARGET))) static float NAME(long n)                                     \
+    {                                                                                              \
+        _tile_loadconfig(&AMX_CONFIG);                                                             \
+        _tile_loadd(4, amx_data[0], 64);                                                           \
+        _tile_loadd(5, amx_data[1], 64);                                                           \
+        _tile_loadd(6, amx_data[1], 64);                                                           \
+        _tile_loadd(7, amx_data[0], 64);                                                           \
+        _tile_zero(0);                                                                             \
+        _tile_zero(1);                                                                             \
+        _tile_zero(2);                                                                             \
+        _tile_zero(3);                                                                             \
+        for (long t = 0; t < n; t++) {                                                             \
+            OP(0, 4, 6);                                                                           \
+            OP(1, 4, 7);                                                                           \
+            OP(2, 5, 6);                                                                           \
+            OP(3, 5, 7);                                                                           \
+        }                                                                                          \
+        _Alignas(64) float c[16][16];                                                              \
+        _tile_stored(0, c, 64);                                                                    \
+        _tile_release();                                                                           \
+        return c[0][0];                                                                            \
+    }
+AMX_PROBE(bf16_amx, "amx-tile,amx-bf16", _tile_dpbf16ps)
+AMX_PROBE(int8_amx, "amx-tile,amx-int8", _tile_dpbssd)
+
 struct op {
     const char *name;
     const char *feature; /* __builtin_cpu_supports name(s) needed, comma-separated */
@@ -306,6 +375,8 @@ static const struct op ops[] = {
     {"int8_tile_avx2", "avx2,fma", tile256_sign, 0, 16 * 4 * 32},
     {"int8_tile_avx2_nosign", "avx2,fma", tile256_nosign, 0, 16 * 4 * 32},
     {"int16_tile_avx2_pmaddwd", "avx2,fma", tile256_pmaddwd, 0, 16 * 4 * 32},
+    {"bf16_amx", "amx-bf16", bf16_amx, 0, 4 * 16 * 16 * 32},
+    {"int8_amx", "amx-int8", int8_amx, 0, 4 * 16 * 16 * 64},
 };
 
 static int cpu_has(const char *features)
@@ -319,11 +390,24 @@ static int cpu_has(const char *features)
                  : !strcmp(f, "avx512bw")   ? __builtin_cpu_supports("avx512bw")
                  : !strcmp(f, "avx512vnni") ? __builtin_cpu_supports("avx512vnni")
                  : !strcmp(f, "avx512bf16") ? __builtin_cpu_supports("avx512bf16")
+                 : !strcmp(f, "amx-bf16")   ? amx_ok(0)
+                 : !strcmp(f, "amx-int8")   ? amx_ok(1)
                                             : 0;
         if (!ok)
             return 0;
     }
     return 1;
+}
+
+/* 1 where name is one of list's comma-separated names. */
+static int listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        if (strcspn(p, ",") == n && !strncmp(p, name, n))
+            return 1;
+    }
+    return 0;
 }
 
 struct job {
@@ -366,6 +450,7 @@ static double pass(const struct op *op, int n_threads, long trips)
 int main(int argc, char **argv)
 {
     int n_threads = 1, json = 0;
+    const char *only = NULL;
     double seconds = 0.3;
     tile_data();
     for (int i = 1; i < argc; i++) {
@@ -375,8 +460,11 @@ int main(int argc, char **argv)
             seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--json"))
             json = 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: peak_probe [-t threads] [-s seconds per pass] [--json]\n");
+            fprintf(stderr, "usage: peak_probe [-t threads] [-s seconds per pass] "
+                            "[--only NAME[,NAME..]] [--json]\n");
             return 2;
         }
     }
@@ -388,6 +476,8 @@ int main(int argc, char **argv)
         printf("{\"threads\": %d", n_threads);
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         const struct op *op = &ops[k];
+        if (only && !listed(only, op->name))
+            continue;
         if (!cpu_has(op->feature)) {
             if (json)
                 printf(", \"%s\": null", op->name);
@@ -409,17 +499,22 @@ int main(int argc, char **argv)
             }
             trips *= 2;
         }
-        double best = 1e30;
-        for (int r = 0; r < 5; r++) {
+        double t[PASSES];
+        for (int r = 0; r < PASSES; r++) { /* insertion-sorted */
             double tp = pass(op, n_threads, trips);
-            best = tp < best ? tp : best;
+            int i = r;
+            for (; i > 0 && t[i - 1] > tp; i--)
+                t[i] = t[i - 1];
+            t[i] = tp;
         }
         double per_trip = op->trip_macs > 0 ? op->trip_macs : CHAINS * op->macs;
-        double gmacs = (double)trips * per_trip * n_threads / best * 1e-9;
+        double gmacs = (double)trips * per_trip * n_threads / t[0] * 1e-9;
+        double median = (double)trips * per_trip * n_threads / t[PASSES / 2] * 1e-9;
         if (json)
-            printf(", \"%s\": %.1f", op->name, gmacs);
+            printf(", \"%s\": %.1f, \"%s_median\": %.1f", op->name, gmacs, op->name, median);
         else
-            printf("%-24s %8.1f GMAC/s (%d threads)\n", op->name, gmacs, n_threads);
+            printf("%-24s %8.1f GMAC/s (%d threads; median pass %.1f)\n", op->name, gmacs,
+                   n_threads, median);
     }
     if (json)
         printf("}\n");

@@ -4,16 +4,17 @@
   python3 bench/side_by_side.py [--models smollm2-135m,smollm2-360m,smollm2-1.7b,qwen2.5-0.5b,
       smollm2-135m-instruct] [--precisions preserve,balanced,int4] [--runs 5] [-p 512] [-n 128]
       [-t 2] [--isa native|avx2|avxvnni] [--models-dir .cache/bench-models] [--json FILE] [--resume]
-      [--report] [--quick] [--probe-pattern best|stream|streams4]
+      [--report] [--quick] [--probe-pattern best|stream|streams4] [--peak-probe PATH|none]
 
 For each model and each precision pair (Kwker preserve vs llama.cpp BF16, balanced vs Q8_0,
 int4 vs Q4_0 and vs Q4_K_M) it runs `kwker bench --json` and llama.cpp (llama-cpp-python's
 low-level API: the prompt in llama_decode calls of 512 tokens, then n single-token decodes),
 each run a fresh process, alternately A B A B, --runs times each, with a read-bandwidth probe
-(bench/bw_probe.c) right before and after every run. It prints medians, the ratio
-Kwker / llama.cpp, the peak resident memory of each run, and the percentage of the bandwidth
-ceiling (probe GB/s / bytes read per generated token: weights and KV cache) as a Markdown
-table ready for docs/benchmarks.md. bench/README.md says what each number means and how it is
+(bench/bw_probe.c) right before and after every run, and on CPUs with AMX a probe of the tile
+unit (bench/peak_probe.c) beside it. It prints medians, the ratio Kwker / llama.cpp, the peak
+resident memory of each run, and the percentage of the bandwidth ceiling (probe GB/s / bytes
+read per generated token: weights and KV cache) as a Markdown table ready for
+docs/benchmarks.md. bench/README.md says what each number means and how it is
 counted.
 
 Internal: `--llama-worker JSON` is the llama.cpp side of one run (run by the chosen Python, so
@@ -616,6 +617,23 @@ def probe_all(a, sizes):
             for mib in sorted(set(sizes.values()))}
 
 
+def tile_probe(a, op):
+    """GMAC/s a thread of the AMX tile unit right now (peak_probe's median pass of register-only
+    tile multiplies: `bf16_amx` for preserve, whose products use the bf16 tiles, `int8_amx` for
+    the quantized precisions), or None without the probe or the unit. One unit serves a physical
+    core and its sibling hardware thread, so a neighbour using it halves what Kwker's prompts on
+    tiles get while the vector units run at full speed (docs/benchmarks.md, session 33); the
+    figure says which state a run saw."""
+    if a.peak_probe is None:
+        return None
+    rc, out, err = run_child([str(a.peak_probe), "-t", str(a.threads), "-s", "0.05", "--only",
+                              op, "--json"], timeout=120)
+    if rc != 0:
+        raise RuntimeError("peak_probe failed (%d): %s" % (rc, err.strip()))
+    v = json.loads(out).get(op + "_median")
+    return v / a.threads if v else None
+
+
 def cpu_ticks():
     """(stolen, total) CPU ticks of the whole machine so far (/proc/stat's first line), or None
     where there is no such file. Stolen time is what the hypervisor gave other guests while this
@@ -645,20 +663,25 @@ def measure_pair(a, model, files, kp, lf, bw_state):
     mib = probe_sizes(a, kpath, lpath, kp)
     if set(bw_state.get("last") or {}) != set(mib.values()):
         bw_state["last"] = probe_all(a, mib)
+    tile_op = "bf16_amx" if kp == "preserve" else "int8_amx"
+    tile = tile_probe(a, tile_op)
     for r in range(a.runs):
         for side in ("kwker", "llama"):
-            before = bw_state["last"][mib[side]]
+            before, tile_before = bw_state["last"][mib[side]], tile
             t0 = cpu_ticks()
             res = run_kwker(a, kpath, kp) if side == "kwker" else run_llama(a, lpath)
             stolen = steal_pct(t0, cpu_ticks())
             bw_state["last"] = probe_all(a, mib)
+            tile = tile_probe(a, tile_op)
             after = bw_state["last"][mib[side]]
-            res.update(bw_before=before, bw_after=after, steal_pct=stolen)
+            res.update(bw_before=before, bw_after=after, steal_pct=stolen,
+                       tile_before=tile_before, tile_after=tile)
             runs[side].append(res)
             log("  %s %-8s run %d: pp %.1f tg %.2f tok/s, peak RSS %.0f MiB, bw %.1f/%.1f GB/s, "
-                "stolen %s%%" % (model, kp if side == "kwker" else lf, r + 1, res["pp_tps"],
-                                 res["tg_tps"], res["peak_rss_kib"] / 1024, before, after,
-                                 fmt(stolen)))
+                "stolen %s%%, tile unit %s/%s GMAC/s a thread"
+                % (model, kp if side == "kwker" else lf, r + 1, res["pp_tps"], res["tg_tps"],
+                   res["peak_rss_kib"] / 1024, before, after, fmt(stolen), fmt(tile_before, 0),
+                   fmt(tile, 0)))
     kbytes = None
     if kp == "preserve":
         kbytes = kwker_preserve_bytes(kpath)
@@ -694,6 +717,10 @@ def measure_pair(a, model, files, kp, lf, bw_state):
              "kv_bytes_per_token": kv[side]}
         stolen = [x["steal_pct"] for x in rs if x.get("steal_pct") is not None]
         s["steal_pct"] = statistics.median(stolen) if stolen else None
+        tiles = [(x["tile_before"] + x["tile_after"]) / 2 for x in rs
+                 if x.get("tile_before") and x.get("tile_after")]
+        s["tile_gmacs"] = statistics.median(tiles) if len(tiles) == len(rs) else None
+        s["tile_op"] = tile_op if s["tile_gmacs"] else None
         if nbytes:
             s["pct_ceiling"] = statistics.median(
                 100.0 * x["tg_tps"] * nbytes / ((x["bw_before"] + x["bw_after"]) / 2 * 1e9)
@@ -728,6 +755,11 @@ def markdown(recs, a):
              "peak RSS MiB Kwker / llama.cpp (Python) | CPU stolen %% Kwker / llama.cpp |"
              % (a.n_prompt, a.n_prompt, a.n_gen, a.n_gen),
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    # the AMX tile unit's rate around the runs: a column only where some run has it
+    tiles = any(r["kwker"].get("tile_gmacs") for r in recs)
+    if tiles:
+        lines[0] += " AMX tile unit GMAC/s a thread (probe) Kwker / llama.cpp |"
+        lines[1] += "---:|"
     for r in recs:
         k, l_ = r["kwker"], r["llama"]
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s (%s) / %s (%s) | "
@@ -744,6 +776,9 @@ def markdown(recs, a):
                          fmt(k["peak_rss_mib"], 0), fmt(l_["peak_rss_mib"], 0),
                          fmt(l_["base_rss_mib"], 0),
                          fmt(k.get("steal_pct")), fmt(l_.get("steal_pct"))))
+        if tiles:
+            lines[-1] += " %s / %s |" % (fmt(k.get("tile_gmacs"), 0),
+                                         fmt(l_.get("tile_gmacs"), 0))
     return "\n".join(lines)
 
 
@@ -780,6 +815,9 @@ def parse_args(argv):
     ap.add_argument("--models-dir", default=str(REPO / ".cache" / "bench-models"))
     ap.add_argument("--kwker-bin", default=None, help="default $KWKER_BIN, else build/kwker")
     ap.add_argument("--bw-probe", default=None, help="default $KWK_BW_PROBE, else build/bw_probe")
+    ap.add_argument("--peak-probe", default=None,
+                    help="the AMX tile unit's probe: default $KWK_PEAK_PROBE, else build/peak_probe "
+                         "(beside kwker); 'none' measures without it")
     ap.add_argument("--probe-mib", default="auto",
                     help="the probe's buffer in MiB; auto (default): the model's bytes read per "
                          "token, so that it sits in the caches as the weights do (before "
@@ -839,6 +877,15 @@ def main(argv=None):
     a.bw_probe = find_bin(a.bw_probe, "KWK_BW_PROBE", ["bw_probe"])
     if not a.bw_probe.is_file() and (a.kwker_bin.parent / "bw_probe").is_file():
         a.bw_probe = a.kwker_bin.parent / "bw_probe"  # built beside kwker in the same tree
+    if a.peak_probe == "none":
+        a.peak_probe = None
+    else:
+        a.peak_probe = find_bin(a.peak_probe, "KWK_PEAK_PROBE", ["peak_probe"])
+        if not a.peak_probe.is_file() and (a.kwker_bin.parent / "peak_probe").is_file():
+            a.peak_probe = a.kwker_bin.parent / "peak_probe"
+        if not a.report and not a.peak_probe.is_file():
+            raise SystemExit("peak_probe not found at %s: build it (ninja -C build peak_probe), "
+                             "pass its path, or --peak-probe none" % a.peak_probe)
     for p, what in ((a.kwker_bin, "kwker"), (a.bw_probe, "bw_probe")):
         if not a.report and not Path(p).is_file():
             raise SystemExit("%s not found at %s: build it (ninja -C build %s) or pass its path"

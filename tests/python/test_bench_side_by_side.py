@@ -96,7 +96,19 @@ def test_quick_run_writes_complete_json(tmp_path):
         best = ctx["flash_attn_" + col]
         assert best in ("on", "off")
         assert ctx["per_flash_attn"][best][i] == max(v[i] for v in ctx["per_flash_attn"].values())
-    # the Markdown table (stdout and JSON) has the header, the separator and the one row
+    # the AMX tile unit's rate (int8 tiles for int4) around every run, where the CPU has it
+    for side in ("kwker", "llama"):
+        for r in rec["runs"][side]:
+            if "amx_int8" in flags:
+                assert r["tile_before"] > 0 and r["tile_after"] > 0, (side, r)
+            else:
+                assert r["tile_before"] is None and r["tile_after"] is None, (side, r)
+        assert rec[side]["tile_op"] == ("int8_amx" if "amx_int8" in flags else None)
+    # the Markdown table (stdout and JSON) has the header, the separator and the one row, with a
+    # column for the tile unit where there is one
     table = data["markdown"].splitlines()
     assert len(table) == 3 and table[2].startswith("| smollm2-135m | int4 mix4 | Q4_0 |")
+    tiles = "AMX tile unit" in table[0]
+    assert tiles == ("amx_int8" in flags)
+    assert table[2].count("|") == table[1].count("|") == (15 if tiles else 14)
     assert data["markdown"] in proc.stdout
