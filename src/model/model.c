@@ -579,7 +579,7 @@ struct kwk_model *kwk_model_load_ex(const char *path_or_id, int lazy, struct kwk
     open_emb_file(m);
     /* Loading read the headers and copied the norms and biases, a few bytes each, from pages
      * spread over the whole file. Where the page cache holds the file in 2 MiB folios (a run
-     * that read it in huge pages before) each of those reads maps a whole 2 MiB page: 122 MiB
+     * that read it in huge pages before) each of those reads maps a whole 2 MiB page: 117 MiB
      * of SmolLM2-135M's 257 resident after loading, still there while a pack is mapped beside
      * them (the peak of a cached pack's load). Nothing of the file needs to stay mapped now;
      * whoever reads matrices in place faults them in again (or kwk_model_huge_pages). */
