@@ -356,6 +356,51 @@ static int amx_ok(int int8)
 AMX_PROBE(bf16_amx, "amx-tile,amx-bf16", _tile_dpbf16ps)
 AMX_PROBE(int8_amx, "amx-tile,amx-int8", _tile_dpbssd)
 
+/* float32 FMAs with int8 tile multiplies beside them on the same thread: 4 multiplies and
+ * 4 x FMA_ROUNDS x CHAINS FMAs a trip, reported as the FMAs' rate. The quantized AMX tiles hand
+ * every 32-column group's sums to a vector epilogue (kernels/amx_quant.c), so what they cost is
+ * the tile work and the epilogue's time together where the two take turns on a core, and the
+ * larger of them where they overlap. With 384 FMAs (about twice a free tile unit's time for the
+ * 4 multiplies) this equals fp32_fma_avx512 where they overlap fully; about half of it where
+ * they take turns (session 34, docs/benchmarks.md). */
+#define FMA_ROUNDS 8
+__attribute__((target("amx-tile,amx-int8,avx512f"))) static float fma_beside_amx(long n)
+{
+    _tile_loadconfig(&AMX_CONFIG);
+    _tile_loadd(4, amx_data[0], 64);
+    _tile_loadd(5, amx_data[1], 64);
+    _tile_loadd(6, amx_data[1], 64);
+    _tile_loadd(7, amx_data[0], 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    __m512 acc[CHAINS], a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
+    for (int i = 0; i < CHAINS; i++)
+        acc[i] = _mm512_set1_ps((float)i);
+#define FMA_ROUND                                                                                  \
+    for (int r = 0; r < FMA_ROUNDS; r++)                                                           \
+        for (int i = 0; i < CHAINS; i++)                                                           \
+            acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+    for (long t = 0; t < n; t++) {
+        _tile_dpbssd(0, 4, 6);
+        FMA_ROUND
+        _tile_dpbssd(1, 4, 7);
+        FMA_ROUND
+        _tile_dpbssd(2, 5, 6);
+        FMA_ROUND
+        _tile_dpbssd(3, 5, 7);
+        FMA_ROUND
+        __asm__ volatile("" : "+v"(a));
+    }
+#undef FMA_ROUND
+    _tile_release();
+    __m512 s = acc[0];
+    for (int i = 1; i < CHAINS; i++)
+        s = _mm512_add_ps(s, acc[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
 struct op {
     const char *name;
     const char *feature; /* __builtin_cpu_supports name(s) needed, comma-separated */
@@ -377,6 +422,7 @@ static const struct op ops[] = {
     {"int16_tile_avx2_pmaddwd", "avx2,fma", tile256_pmaddwd, 0, 16 * 4 * 32},
     {"bf16_amx", "amx-bf16", bf16_amx, 0, 4 * 16 * 16 * 32},
     {"int8_amx", "amx-int8", int8_amx, 0, 4 * 16 * 16 * 64},
+    {"fp32_fma_beside_amx", "amx-int8", fma_beside_amx, 0, 4 * FMA_ROUNDS * CHAINS * 16},
 };
 
 static int cpu_has(const char *features)
