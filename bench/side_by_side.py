@@ -444,6 +444,7 @@ def run_kwker(a, model, precision):
             "avx2_dot": dot.group(1) if dot else None,
             "prompt_tiles": tiles.group(1) if tiles else None,
             "preserve_products": pres.group(1) if pres else None,
+            "matmul": res.get("matmul"),
             "bits_per_weight": res.get("bits_per_weight"),
             "packed_bytes": float(m.group(4)) * 1e6 if m else None,
             "pack": None if not m else "mapped from the pack cache" if m.group(1) else "packed"}
@@ -731,6 +732,7 @@ def measure_pair(a, model, files, kp, lf, bw_state):
             s["avx2_dot"] = rs[0].get("avx2_dot")  # its AVX2 kernels' dot products (log)
             s["prompt_tiles"] = rs[0].get("prompt_tiles")  # AMX or vector (log)
             s["preserve_products"] = rs[0].get("preserve_products")  # KWKER_AMX_PRESERVE
+            s["matmul"] = rs[0].get("matmul")  # what this run's prompt products ran on (JSON)
         if side == "llama":
             s["base_rss_mib"] = statistics.median(x["base_rss_kib"] for x in rs) / 1024
             s["avx512"] = rs[0].get("avx512")

@@ -197,6 +197,12 @@ KWK_API int kwk_decoder_kv_bits(const kwk_decoder *d);
  * or "avx512-bf16" when 8-bit activations on an AVX512_BF16 CPU take attention's products in
  * bfloat16. A static string. */
 KWK_API const char *kwk_decoder_attn_name(const kwk_decoder *d);
+/* The kernels a decoder's prompt products (every layer's matrices) run on: "amx-int8" where
+ * AMX's tile multiplies take balanced / int4 prompts, "amx-bf16" where they take preserve's bf16
+ * products, otherwise the kernel table's instruction set ("scalar", "avx2", "avx512"). A
+ * generated token's products run on that instruction set's vector kernels either way (on
+ * preserve's tile-ordered weights a step of 2+ tokens takes tiles). A static string. */
+KWK_API const char *kwk_decoder_matmul_name(const kwk_decoder *d);
 /* Keep the first n positions of the KV cache (0 empties it). Returns 0 or KWK_ERANGE. */
 KWK_API int kwk_decoder_truncate(kwk_decoder *d, int n);
 /* The token ids held in the KV cache (kwk_decoder_pos of them), valid until the next call. */

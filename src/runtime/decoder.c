@@ -277,6 +277,16 @@ const char *kwk_decoder_attn_name(const kwk_decoder *d)
     return d->ak->name;
 }
 
+const char *kwk_decoder_matmul_name(const kwk_decoder *d)
+{
+    /* every layer's matrices take the same path: quantized ones all AMX or none (kwk_mat_amx),
+     * preserve's all of the checkpoint's one storage type */
+    const struct kwk_mat *w = &d->layers[0].wq;
+    if (kwk_mat_amx(d->k, w))
+        return kwk_quant_group(w->wtype) ? "amx-int8" : "amx-bf16";
+    return d->k->name;
+}
+
 double kwk_decoder_bits_per_weight(const kwk_decoder *d)
 {
     if (!d)

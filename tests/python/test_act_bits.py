@@ -331,6 +331,40 @@ def test_bench_json_attention(tiny, tmp_path):
             assert j["attn"] == isa, j
 
 
+def test_bench_json_matmul(tiny, tmp_path):
+    """kwker bench names the prompt products' kernels: AMX's int8 tiles for balanced and int4 on
+    the AVX-512 path of a CPU with AMX-INT8 (unless KWKER_AMX=off), AMX-BF16 for preserve's
+    packed bf16 weights there (unless KWKER_AMX_PRESERVE=off), the instruction set's own
+    kernels otherwise (float32 checkpoints, KWKER_ISA=avx2 or scalar)."""
+    model, cache = tiny[0], ["--cache-dir", tmp_path]
+    base = cli_env()
+    for k in ("KWKER_AMX", "KWKER_AMX_PRESERVE"):
+        base.pop(k, None)
+
+    def matmul(m, *args, **env):
+        p = run("bench", "--model", m, "-p", "8", "-n", "2", "-r", "1", "-t", "2", "--json",
+                *args, *cache, env=dict(base, **env))
+        assert p.returncode == 0, p.stderr
+        j = json.loads(p.stdout)
+        return j["isa"], j["matmul"]
+
+    amx = {"amx_tile", "amx_int8", "avx512f"} <= cpu_flags()
+    for prec, act in (("int4", "8"), ("balanced", "16")):
+        isa, name = matmul(model, "--precision", prec, "--act-bits", act)
+        assert name == ("amx-int8" if amx and isa == "avx512" else isa), (prec, isa, name)
+        assert matmul(model, "--precision", prec, "--act-bits", act, KWKER_AMX="off") == \
+            (isa, isa)
+        for forced in ("avx2", "scalar"):
+            isa_f, name_f = matmul(model, "--precision", prec, KWKER_ISA=forced)
+            assert name_f == isa_f, (forced, isa_f, name_f)
+    isa, name = matmul(model, "--precision", "preserve")
+    assert name == isa  # float32 weights: the vector kernels
+    bf16 = tiny_models.build("llama_bf16")
+    isa, name = matmul(bf16, "--precision", "preserve")
+    assert name == ("amx-bf16" if cpu_has_amx_bf16() and isa == "avx512" else isa), (isa, name)
+    assert matmul(bf16, "--precision", "preserve", KWKER_AMX_PRESERVE="off") == (isa, isa)
+
+
 def test_generate_equals_python(tmp_path):
     """kwker generate --act-bits 8 on SmolLM2 gives the Python decoder's act_bits=8 tokens."""
     import kwker

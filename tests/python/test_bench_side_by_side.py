@@ -81,6 +81,8 @@ def test_quick_run_writes_complete_json(tmp_path):
            and os.environ.get("KWKER_AMX", "on") != "off"
            and os.environ.get("KWKER_ISA", "avx512") == "avx512")
     assert rec["kwker"]["prompt_tiles"] == ("amx" if amx else "vector")
+    # and what this pair's int4 prompts ran on, from kwker bench --json
+    assert rec["kwker"]["matmul"] == ("amx-int8" if amx else rec["runs"]["kwker"][0]["isa"])
     # preserve's products: on AMX-BF16 CPUs packed in tile order where preserve packs (unless
     # KWKER_AMX_PRESERVE=off), row-major in place too with KWKER_AMX_PRESERVE=on; else vector
     ap = os.environ.get("KWKER_AMX_PRESERVE")

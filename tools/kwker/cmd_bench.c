@@ -212,21 +212,21 @@ int cmd_bench(int argc, char **argv)
                "\"reps\": %d, \"load_s\": %.3f, \"decoder_s\": %.3f, \"pp_tps\": %.2f, "
                "\"tg_tps\": %.2f, "
                "\"peak_rss_kib\": %ld, \"bits_per_weight\": %.4f, \"act_bits\": %d, "
-               "\"kv_bits\": %d, \"attn\": \"%s\"}\n",
+               "\"kv_bits\": %d, \"attn\": \"%s\", \"matmul\": \"%s\"}\n",
                (long long)info.n_params, o.params.precision, precision_name(o.params.precision),
                isa, threads, o.n_prompt, o.n_gen, o.reps, t_load, t_decoder, pp_tps, tg_tps, rss,
                kwk_decoder_bits_per_weight(d), act_bits, kwk_decoder_kv_bits(d),
-               kwk_decoder_attn_name(d));
+               kwk_decoder_attn_name(d), kwk_decoder_matmul_name(d));
     } else {
         printf("model %s (%s, %.1fM params), precision %s (%.3f bits per weight, %d-bit "
-               "activations, %d-bit KV cache), isa %s (attention %s), %d threads, load %.2f s, "
-               "decoder %.2f s\n"
+               "activations, %d-bit KV cache), isa %s (prompt products %s, attention %s), "
+               "%d threads, load %.2f s, decoder %.2f s\n"
                "pp%d: %.2f tokens/s\ntg%d: %.2f tokens/s   (medians of %d)\n"
                "peak resident memory: %.1f MiB\n",
                o.model, info.arch_name, info.n_params / 1e6, precision_name(o.params.precision),
                kwk_decoder_bits_per_weight(d), act_bits, kwk_decoder_kv_bits(d), isa,
-               kwk_decoder_attn_name(d), threads, t_load, t_decoder, o.n_prompt, pp_tps, o.n_gen,
-               tg_tps, o.reps, rss / 1024.0);
+               kwk_decoder_matmul_name(d), kwk_decoder_attn_name(d), threads, t_load, t_decoder,
+               o.n_prompt, pp_tps, o.n_gen, tg_tps, o.reps, rss / 1024.0);
     }
     rc = 0;
 out:
