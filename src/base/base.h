@@ -117,6 +117,13 @@ double kwk_time_s(void);
  * KWKER_PREFETCH=l1|l2 overrides. Detected once; any thread. */
 int kwk_cpu_prefetch_l2(void);
 
+/* The same choice for a model whose generated token reads `bytes` of weights: L2 where the CPU's
+ * default says so, and also where they are more than the last-level cache holds (they stream
+ * from DRAM: an Intel Xeon with a 300 MiB L3 generated 2-3.5% faster so on SmolLM2-1.7B and
+ * Qwen2.5-0.5B, and 5% slower so on SmolLM2-135M, whose weights its L3 holds; session 34);
+ * KWKER_PREFETCH=l1|l2 overrides both. Any thread. */
+int kwk_cpu_prefetch_l2_for(double bytes);
+
 /* Whether the int8 decode tiles of an ISA's kernels (KWK_ISA_AVX2 or KWK_ISA_AVX512) prefetch
  * at all: not AVX-512's on AMD Zen 5 and later, where the hardware prefetcher alone reads
  * faster (cpu.c). KWKER_PREFETCH_INT8=on|off overrides for both. Detected once; any thread. */

@@ -212,7 +212,7 @@ INLINE void dec_group(const struct pblock *pb, int64_t b, int G)
 {
     _Alignas(64) tile abuf[1];
     _Alignas(64) float cbuf[16][16];
-    const int pf_l2 = kwk_cpu_prefetch_l2();
+    const int pf_l2 = kwk_mat_prefetch_l2(pb->w);
     int nt = KWK_MIN(TILE_TOKS, pb->n_tok);
     _tile_zero(TC0);
     if (G > 1)
@@ -364,9 +364,8 @@ static void stage_parts(const float *x, int64_t cols, int64_t c0, int64_t c1, fl
  * chunk, or (x non-NULL) staged here chunk by chunk. csr: the caller's MXCSR, in which the parts
  * are made and the last (C1 + C2) + C3 summed, as the tile path does. */
 INLINE void vec_blocks(const tile *const *blk, int64_t nk, const float *parts, const float *x,
-                       int64_t cols, unsigned csr, __m512 *out, int NB)
+                       int64_t cols, unsigned csr, int pf_l2, __m512 *out, int NB)
 {
-    const int pf_l2 = kwk_cpu_prefetch_l2();
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     _Alignas(64) float here[3 * CHUNK];
     __m512 acc[DEC_STREAMS][3];
@@ -413,15 +412,15 @@ INLINE void vec_blocks(const tile *const *blk, int64_t nk, const float *parts, c
 }
 
 static void vec_one(const tile *const *blk, int64_t nk, const float *parts, const float *x,
-                    int64_t cols, unsigned csr, __m512 *out)
+                    int64_t cols, unsigned csr, int pf_l2, __m512 *out)
 {
-    vec_blocks(blk, nk, parts, x, cols, csr, out, 1);
+    vec_blocks(blk, nk, parts, x, cols, csr, pf_l2, out, 1);
 }
 
 static void vec_streams(const tile *const *blk, int64_t nk, const float *parts, const float *x,
-                        int64_t cols, unsigned csr, __m512 *out)
+                        int64_t cols, unsigned csr, int pf_l2, __m512 *out)
 {
-    vec_blocks(blk, nk, parts, x, cols, csr, out, DEC_STREAMS);
+    vec_blocks(blk, nk, parts, x, cols, csr, pf_l2, out, DEC_STREAMS);
 }
 
 /* One token x into y over rows [r0, r1): the thread's blocks as DEC_STREAMS runs side by side,
@@ -431,6 +430,7 @@ static void vec_matmul(const struct kwk_mat *w, const float *x, float *y, int64_
 {
     int64_t cols = w->cols, nk = kwk_bf16t_chunks(cols), b0 = r0 / 16, b1 = (r1 + 15) / 16;
     unsigned csr = _mm_getcsr();
+    int pf_l2 = kwk_mat_prefetch_l2(w);
     float *parts = kwk_amx_stage((size_t)nk * 3 * CHUNK * sizeof(float));
     const float *xs = NULL; /* staged chunk by chunk (no buffer) */
     if (parts)
@@ -443,7 +443,7 @@ static void vec_matmul(const struct kwk_mat *w, const float *x, float *y, int64_
         const tile *blk[DEC_STREAMS];
         for (int i = 0; i < DEC_STREAMS; i++)
             blk[i] = wtile(w, nk, b0 + i * run + j, 0);
-        vec_streams(blk, nk, parts, xs, cols, csr, out);
+        vec_streams(blk, nk, parts, xs, cols, csr, pf_l2, out);
         for (int i = 0; i < DEC_STREAMS; i++) {
             int64_t rb = (b0 + i * run + j) * 16;
             _mm512_mask_storeu_ps(y + rb, rows_in(rb, r0, r1), out[i]);
@@ -451,7 +451,7 @@ static void vec_matmul(const struct kwk_mat *w, const float *x, float *y, int64_
     }
     for (int64_t b = b0 + DEC_STREAMS * run; b < b1; b++) {
         const tile *blk[1] = {wtile(w, nk, b, 0)};
-        vec_one(blk, nk, parts, xs, cols, csr, out);
+        vec_one(blk, nk, parts, xs, cols, csr, pf_l2, out);
         _mm512_mask_storeu_ps(y + b * 16, rows_in(b * 16, r0, r1), out[0]);
     }
 }

@@ -728,7 +728,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
     const uint8_t *pass = (const uint8_t *)w->data + g0 * (int64_t)f->bsz;
     a.stride = (size_t)ng * f->bsz;
     a.pf = nt == 1 && (w->wtype != KWK_W_Q8 || kwk_cpu_prefetch_int8(KWK_ISA_AVX2));
-    a.pf_l2 = nt == 1 && kwk_cpu_prefetch_l2();
+    a.pf_l2 = nt == 1 && kwk_mat_prefetch_l2(w);
     if (nt == 1) {
         int64_t n_tiles = (rb1 - rb0) / DEC_BLOCKS;
         a.t = 0;

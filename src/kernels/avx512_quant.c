@@ -587,7 +587,7 @@ static void run_pass(const struct kwk_mat *w, const struct fmt *f, const struct 
     struct tile_args a = {
         .x = *x, .ng = (int)(g1 - g0), .ldy = ldy, .r0 = r0, .r1 = r1, .first = g0 == 0};
     a.pf = nt == 1 && (w->wtype != KWK_W_Q8 || kwk_cpu_prefetch_int8(KWK_ISA_AVX512));
-    a.pf_l2 = nt == 1 && kwk_cpu_prefetch_l2();
+    a.pf_l2 = nt == 1 && kwk_mat_prefetch_l2(w);
     for (int64_t rb = rb0; rb < rb1;) {
         int R = (nt == 1 || f->tr == 4) && rb + 4 <= rb1 ? 4 : rb + 2 <= rb1 ? 2 : 1;
         for (int i = 0; i < R; i++)

@@ -88,6 +88,11 @@ int kwk_mat_amx(const struct kwk_kernels *k, const struct kwk_mat *w)
     return kwk_quant_group(w->wtype) && kwk_cpu_amx();
 }
 
+int kwk_mat_prefetch_l2(const struct kwk_mat *w)
+{
+    return w->prefetch ? w->prefetch == 2 : kwk_cpu_prefetch_l2();
+}
+
 int kwk_mat_decode_spans(const struct kwk_kernels *k, const struct kwk_mat *w, int64_t r0,
                          int64_t r1, size_t budget, const void **p, size_t *n, int max)
 {

@@ -36,6 +36,10 @@ struct kwk_mat {
      * speed); 0 = 16 bits. Ignored by the plain types. Last, so {wt, rows, cols, data}
      * initializers would leave it 0, but -Wextra wants designated ones. */
     int act8;
+    /* Where a decode step's software prefetches of these weights go: 0 as the CPU's default
+     * (kwk_cpu_prefetch_l2), 1 L1, 2 L2; a pack chooses for its matrices from the bytes a token
+     * reads (kwk_cpu_prefetch_l2_for). */
+    int prefetch;
 };
 
 struct kwk_qact; /* kernels/quant.h */
@@ -84,8 +88,12 @@ struct kwk_kernels {
 };
 
 /* A decode tile's software prefetch of weights it reads soon: into L2 (pf_l2, PREFETCHT1) or L1
- * (PREFETCHT0), as kwk_cpu_prefetch_l2() (base.h) chose for this CPU; the caller reads that once
- * a call, since the hint must be a constant. */
+ * (PREFETCHT0), as kwk_mat_prefetch_l2 says for the matrix (the CPU's default, kwk_cpu_prefetch_l2
+ * in base.h, or its pack's choice); the caller reads that once a call, since the hint must be a
+ * constant. */
+/* 1 where a decode step prefetches w's weights into L2, 0 into L1 (kwk_mat.prefetch). */
+int kwk_mat_prefetch_l2(const struct kwk_mat *w);
+
 static inline __attribute__((always_inline)) void kwk_prefetch(const void *p, int pf_l2)
 {
     if (pf_l2)

@@ -862,8 +862,12 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     }
     /* After packing or mapping: the activations' width is how the kernels read the blocks,
      * not what the blocks hold (nor what the fitting measured) */
-    for (int i = 0; i < n_jobs; i++)
+    /* and where a generated token's prefetches go, from what a token reads (base.h) */
+    int prefetch = kwk_cpu_prefetch_l2_for((double)p->n_bytes) ? 2 : 1;
+    for (int i = 0; i < n_jobs; i++) {
         jobs[i].dst->act8 = qo.act8;
+        jobs[i].dst->prefetch = prefetch;
+    }
     p->out_norm = calib ? (const float *)vec_dst[V_COUNT * n_layers].data : m->out_norm;
     for (int L = 0; L < n_layers && calib; L++) {
         p->layers[L].attn_norm = (float *)vec_dst[L * V_COUNT + V_ATTN_NORM].data;
@@ -872,11 +876,12 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
             p->layers[L].bv = (float *)vec_dst[L * V_COUNT + V_BV].data;
     }
     kwk_log(KWK_LOG_INFO,
-            "%s %s: %lld weights in %.1f MB, %.3f bits per weight, %d-bit activations, %.2f s",
+            "%s %s: %lld weights in %.1f MB, %.3f bits per weight, %d-bit activations, "
+            "decode prefetch to %s, %.2f s",
             cached == KWK_PACKCACHE_HIT ? "mapped packed" : "packed", label,
             (long long)p->n_weights, (double)p->n_bytes / 1e6,
             8.0 * (double)p->n_bytes / (double)p->n_weights, qo.act8 ? 8 : 16,
-            kwk_time_s() - t0);
+            prefetch == 2 ? "L2" : "L1", kwk_time_s() - t0);
     goto out;
 out_nomem:
     kwk_err_set(err, -ENOMEM, "out of memory packing the model");

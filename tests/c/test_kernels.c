@@ -456,6 +456,37 @@ static void test_prefetch_int8_env(void)
     T_EQ(prefetch_int8_with_env(""), dflt);
 }
 
+/* The decode prefetch level for a model's bytes a token (kwk_cpu_prefetch_l2_for), as bits:
+ * 1 the CPU's default, 2 for 1 KiB, 4 for half the last-level cache, 8 for twice it (or for
+ * 1 PB where the size is unknown), 16 a matrix asking L1, 32 one asking L2, 64 one asking
+ * nothing (the default). */
+static int prefetch_for_probe(void)
+{
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    double big = llc > 0 ? 2.0 * (double)llc : 1e15, half = llc > 0 ? 0.5 * (double)llc : 1024;
+    struct kwk_mat l1 = {.wtype = KWK_W_Q8, .prefetch = 1}, l2 = {.wtype = KWK_W_Q8, .prefetch = 2},
+                   dflt = {.wtype = KWK_W_Q8};
+    return kwk_cpu_prefetch_l2() | kwk_cpu_prefetch_l2_for(1024) << 1 |
+           kwk_cpu_prefetch_l2_for(half) << 2 | kwk_cpu_prefetch_l2_for(big) << 3 |
+           kwk_mat_prefetch_l2(&l1) << 4 | kwk_mat_prefetch_l2(&l2) << 5 |
+           kwk_mat_prefetch_l2(&dflt) << 6;
+}
+
+/* The CPU's default where weights fit the last-level cache, L2 where they exceed it (when its
+ * size is known); KWKER_PREFETCH=l1|l2 decides all; a matrix's own choice wins over the CPU's. */
+static void test_prefetch_for_bytes(void)
+{
+    int r = in_child_with_env("KWKER_PREFETCH", NULL, prefetch_for_probe);
+    T_TRUE(r >= 0);
+    int dflt = r & 1;
+    T_EQ(r >> 1 & 1, dflt);
+    T_EQ(r >> 2 & 1, dflt);
+    T_EQ(r >> 3 & 1, sysconf(_SC_LEVEL3_CACHE_SIZE) > 0 ? 1 : dflt);
+    T_EQ(r >> 4 & 7, 2 | dflt << 2); /* L1 asked: 0; L2 asked: 1; none: the CPU's */
+    T_EQ(in_child_with_env("KWKER_PREFETCH", "l1", prefetch_for_probe), 0 | 1 << 5);
+    T_EQ(in_child_with_env("KWKER_PREFETCH", "l2", prefetch_for_probe), 0x0f | 1 << 5 | 1 << 6);
+}
+
 /* Whether the AVX2 quantized kernels use AVX-VNNI: the CPU's answer unless KWKER_AVXVNNI=off;
  * "on" cannot add what the CPU lacks, and other values are warned about and ignored. */
 static int avxvnni_with_env(const char *value)
@@ -586,6 +617,7 @@ int main(void)
     /* before this process calls kwk_isa(), so the children detect afresh */
     test_isa_env();
     test_prefetch_int8_env();
+    test_prefetch_for_bytes();
     test_avxvnni_env();
     test_amx_env();
     int isa = kwk_isa();

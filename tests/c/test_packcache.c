@@ -113,6 +113,21 @@ static int same_blocks(const struct kwk_packed *a, const struct kwk_packed *b)
     return 1;
 }
 
+/* Whether every packed matrix of p asks its decode prefetches where the CPU's default puts
+ * them: a tiny model's bytes are far below any last-level cache (kwk_cpu_prefetch_l2_for). */
+static int prefetch_default(const struct kwk_packed *p)
+{
+    int want = kwk_cpu_prefetch_l2() ? 2 : 1, ok = kwk_packed_lm_head(p)->prefetch == want;
+    for (int L = 0; L < N_LAYERS; L++) {
+        const struct kwk_layer *l = &kwk_packed_layers(p)[L];
+        const struct kwk_mat *x[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
+                                     &l->w_down};
+        for (int w = 0; w < 7; w++)
+            ok &= x[w]->prefetch == want;
+    }
+    return ok;
+}
+
 /* The pack files of dir (not temporaries): how many, and the name of the one with `label`. */
 static int list_packs(const char *dir, const char *label, char *name, size_t cap)
 {
@@ -225,6 +240,9 @@ static void test_round_trip(const char *dir, int prec, const char *label)
     struct kwk_packed *second = pack(&t, prec, dir, 0); /* hit: maps it */
     T_TRUE(same_file(held, path));
     T_TRUE(ref && first && second && same_blocks(ref, first) && same_blocks(ref, second));
+    /* packed, packed into the cache, mapped from it: each sets its matrices' prefetch level */
+    T_TRUE(ref && first && second && prefetch_default(ref) && prefetch_default(first) &&
+           prefetch_default(second));
     kwk_packed_free(second);
 
     /* a changed checkpoint gets a file of its own */
