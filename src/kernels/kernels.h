@@ -87,13 +87,13 @@ struct kwk_kernels {
     int dec_runs;
 };
 
-/* A decode tile's software prefetch of weights it reads soon: into L2 (pf_l2, PREFETCHT1) or L1
- * (PREFETCHT0), as kwk_mat_prefetch_l2 says for the matrix (the CPU's default, kwk_cpu_prefetch_l2
- * in base.h, or its pack's choice); the caller reads that once a call, since the hint must be a
- * constant. */
-/* 1 where a decode step prefetches w's weights into L2, 0 into L1 (kwk_mat.prefetch). */
+/* 1 where a decode step prefetches w's weights into L2, 0 into L1: kwk_mat.prefetch, or where
+ * it is 0 the CPU's default (kwk_cpu_prefetch_l2, base.h). */
 int kwk_mat_prefetch_l2(const struct kwk_mat *w);
 
+/* A decode tile's software prefetch of weights it reads soon: into L2 (pf_l2, PREFETCHT1) or L1
+ * (PREFETCHT0), as kwk_mat_prefetch_l2 says; the caller reads that once a call, since the hint
+ * must be a constant. */
 static inline __attribute__((always_inline)) void kwk_prefetch(const void *p, int pf_l2)
 {
     if (pf_l2)

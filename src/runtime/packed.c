@@ -861,8 +861,8 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         kwk_packcache_commit(p->cache, pool);
     }
     /* After packing or mapping: the activations' width is how the kernels read the blocks,
-     * not what the blocks hold (nor what the fitting measured) */
-    /* and where a generated token's prefetches go, from what a token reads (base.h) */
+     * not what the blocks hold (nor what the fitting measured); and where a generated token's
+     * prefetches go, from the bytes a token reads (kwk_cpu_prefetch_l2_for) */
     int prefetch = kwk_cpu_prefetch_l2_for((double)p->n_bytes) ? 2 : 1;
     for (int i = 0; i < n_jobs; i++) {
         jobs[i].dst->act8 = qo.act8;
