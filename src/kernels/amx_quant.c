@@ -20,7 +20,8 @@
  * Groups of 32 columns use half of what one tile multiply could take (K = 64) and its time, and
  * every multiply's 1 KiB of sums goes through memory to its own epilogue: those stores and the
  * epilogue, not the multiply, bound these tiles, and they do not overlap the tile unit's work
- * (docs/benchmarks.md, session 26). */
+ * (docs/benchmarks.md, session 26): while tile multiplies run, the core's 512-bit FMA rate halves
+ * (session 34; 256-bit FMAs keep theirs, but do half the lanes, and 32 ymm accumulators spill). */
 #include <immintrin.h>
 #include <stdint.h>
 
