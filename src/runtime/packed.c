@@ -880,7 +880,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
             "decode prefetch to %s, %.2f s",
             cached == KWK_PACKCACHE_HIT ? "mapped packed" : "packed", label,
             (long long)p->n_weights, (double)p->n_bytes / 1e6,
-            8.0 * (double)p->n_bytes / (double)p->n_weights, qo.act8 ? 8 : 16,
+            8.0 * (double)p->n_bytes / (double)p->n_weights, panels ? 32 : qo.act8 ? 8 : 16,
             prefetch == 2 ? "L2" : "L1", kwk_time_s() - t0);
     goto out;
 out_nomem:
