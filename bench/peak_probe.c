@@ -330,18 +330,24 @@ static int amx_ok(int int8)
 #endif
 }
 
+/* The probes' tiles: A in 4 and 5, B in 6 and 7 (from amx_data), C 0-3 zeroed. */
+__attribute__((target("amx-tile"), always_inline)) static inline void amx_tiles_init(void)
+{
+    _tile_loadconfig(&AMX_CONFIG);
+    _tile_loadd(4, amx_data[0], 64);
+    _tile_loadd(5, amx_data[1], 64);
+    _tile_loadd(6, amx_data[1], 64);
+    _tile_loadd(7, amx_data[0], 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
 #define AMX_PROBE(NAME, TARGET, OP)                                                                \
     __attribute__((target(TARGET))) static float NAME(long n)                                     \
     {                                                                                              \
-        _tile_loadconfig(&AMX_CONFIG);                                                             \
-        _tile_loadd(4, amx_data[0], 64);                                                           \
-        _tile_loadd(5, amx_data[1], 64);                                                           \
-        _tile_loadd(6, amx_data[1], 64);                                                           \
-        _tile_loadd(7, amx_data[0], 64);                                                           \
-        _tile_zero(0);                                                                             \
-        _tile_zero(1);                                                                             \
-        _tile_zero(2);                                                                             \
-        _tile_zero(3);                                                                             \
+        amx_tiles_init();                                                                          \
         for (long t = 0; t < n; t++) {                                                             \
             OP(0, 4, 6);                                                                           \
             OP(1, 4, 7);                                                                           \
@@ -366,15 +372,7 @@ AMX_PROBE(int8_amx, "amx-tile,amx-int8", _tile_dpbssd)
 #define FMA_ROUNDS 8
 __attribute__((target("amx-tile,amx-int8,avx512f"))) static float fma_beside_amx(long n)
 {
-    _tile_loadconfig(&AMX_CONFIG);
-    _tile_loadd(4, amx_data[0], 64);
-    _tile_loadd(5, amx_data[1], 64);
-    _tile_loadd(6, amx_data[1], 64);
-    _tile_loadd(7, amx_data[0], 64);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    amx_tiles_init();
     __m512 acc[CHAINS], a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
     for (int i = 0; i < CHAINS; i++)
         acc[i] = _mm512_set1_ps((float)i);

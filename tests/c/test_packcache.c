@@ -84,25 +84,29 @@ static struct kwk_packed *pack(const struct tmodel *t, int prec, const char *dir
     return p;
 }
 
+#define N_MATS (7 * N_LAYERS + 1)
+
+/* Every packed matrix of p: each layer's seven, then the lm_head. */
+static void mats_of(const struct kwk_packed *p, const struct kwk_mat *m[N_MATS])
+{
+    int n = 0;
+    for (int L = 0; L < N_LAYERS; L++) {
+        const struct kwk_layer *l = &kwk_packed_layers(p)[L];
+        const struct kwk_mat *x[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
+                                     &l->w_down};
+        for (int w = 0; w < 7; w++)
+            m[n++] = x[w];
+    }
+    m[n] = kwk_packed_lm_head(p);
+}
+
 /* Every packed matrix of a and b: same type, shape and bytes. */
 static int same_blocks(const struct kwk_packed *a, const struct kwk_packed *b)
 {
-    const struct kwk_mat *ma[7 * N_LAYERS + 1], *mb[7 * N_LAYERS + 1];
-    int n = 0;
-    for (int L = 0; L < N_LAYERS; L++) {
-        const struct kwk_layer *la = &kwk_packed_layers(a)[L], *lb = &kwk_packed_layers(b)[L];
-        const struct kwk_mat *xa[] = {&la->wq, &la->wk, &la->wv, &la->wo, &la->w_gate,
-                                      &la->w_up, &la->w_down};
-        const struct kwk_mat *xb[] = {&lb->wq, &lb->wk, &lb->wv, &lb->wo, &lb->w_gate,
-                                      &lb->w_up, &lb->w_down};
-        for (int w = 0; w < 7; w++, n++) {
-            ma[n] = xa[w];
-            mb[n] = xb[w];
-        }
-    }
-    ma[n] = kwk_packed_lm_head(a);
-    mb[n++] = kwk_packed_lm_head(b);
-    for (int i = 0; i < n; i++) {
+    const struct kwk_mat *ma[N_MATS], *mb[N_MATS];
+    mats_of(a, ma);
+    mats_of(b, mb);
+    for (int i = 0; i < N_MATS; i++) {
         size_t bytes;
         if (ma[i]->wtype != mb[i]->wtype || ma[i]->rows != mb[i]->rows ||
             ma[i]->cols != mb[i]->cols || ma[i]->data == mb[i]->data ||
@@ -117,14 +121,11 @@ static int same_blocks(const struct kwk_packed *a, const struct kwk_packed *b)
  * them: a tiny model's bytes are far below any last-level cache (kwk_cpu_prefetch_l2_for). */
 static int prefetch_default(const struct kwk_packed *p)
 {
-    int want = kwk_cpu_prefetch_l2() ? 2 : 1, ok = kwk_packed_lm_head(p)->prefetch == want;
-    for (int L = 0; L < N_LAYERS; L++) {
-        const struct kwk_layer *l = &kwk_packed_layers(p)[L];
-        const struct kwk_mat *x[] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up,
-                                     &l->w_down};
-        for (int w = 0; w < 7; w++)
-            ok &= x[w]->prefetch == want;
-    }
+    const struct kwk_mat *m[N_MATS];
+    mats_of(p, m);
+    int want = kwk_cpu_prefetch_l2() ? 2 : 1, ok = 1;
+    for (int i = 0; i < N_MATS; i++)
+        ok &= m[i]->prefetch == want;
     return ok;
 }
 
