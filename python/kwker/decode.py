@@ -192,6 +192,9 @@ def _bind():
     L.kwk_decoder_bits_per_weight.restype = ctypes.c_double
     L.kwk_decoder_kv_bits.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_kv_bits.restype = ctypes.c_int
+    for f in (L.kwk_decoder_attn_name, L.kwk_decoder_matmul_name):
+        f.argtypes = [ctypes.c_void_p]
+        f.restype = ctypes.c_char_p
     L.kwk_decoder_pos.argtypes = [ctypes.c_void_p]
     L.kwk_decoder_truncate.argtypes = [ctypes.c_void_p, ctypes.c_int]
     L.kwk_decoder_tokens.restype = _I32P
@@ -423,6 +426,16 @@ class KwkDecoder:
         scales included: e.g. 8.5 for balanced, about 6.1 for int4 with 8-bit kept matrices,
         32 for preserve of a float32 checkpoint."""
         return float(self._lib.kwk_decoder_bits_per_weight(self._dec))
+
+    def kernels(self):
+        """Where this decoder's work runs, as `kwker bench` reports it: {"isa": the kernel
+        table's instruction set ("scalar", "avx2", "avx512"), "matmul": the prompt products'
+        kernels ("amx-int8", "amx-bf16" or the instruction set), "attention": attention's
+        ("avx512-bf16" or the instruction set)}."""
+        L = self._lib
+        return {"isa": L.kwk_isa_name(L.kwk_isa()).decode(),
+                "matmul": L.kwk_decoder_matmul_name(self._dec).decode(),
+                "attention": L.kwk_decoder_attn_name(self._dec).decode()}
 
     def cached_tokens(self):
         """The token ids whose keys and values fill the KV cache (what prompt reuse matches)."""

@@ -6,7 +6,9 @@
  * 18-21); alternating the variant every evaluation does not. With -DKWK_AB=ON,
  * kwk_decoder_eval turns variant KWKER_AB_VARIANT=v on for every other call, counting one-token
  * calls (decode) and longer ones (prompt) apart, times both halves, and prints at exit, per
- * kind, the time a token with the variant divided by the time without. Code under test asks
+ * kind, the time a token with the variant divided by the time without, as a ratio of the sums
+ * and of the per-call medians (a neighbour's burst moves a sum more). A kind's first call is a
+ * warm-up (first touches of the weights and the cache): it runs without the variant, untimed. Code under test asks
  * KWK_AB(v), e.g. `if (KWK_AB(1)) prefetch = 0;`; variant 0 changes nothing (the null test).
  * Without the option KWK_AB(v) is the constant 0. The flag is written by the evaluating thread
  * before it hands work to the pool (whose run is the synchronization) and read by any thread. */

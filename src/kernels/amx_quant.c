@@ -98,35 +98,40 @@ KWK_INLINE void scales(int wtype, const void *blk, int g, __m512 *d, __m512 *m)
         *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pm));
 }
 
-/* Token t + j's numbers of group g (the VNNI tiles' XD / XS / XM). */
+/* Token t + j's numbers of group g (the VNNI tiles' XD / XS). */
 #define XD(x, t, g) ((x)->d[(long)(t) * (x)->ldg + (g)])
 #define XS(x, t, g) ((x)->s[(long)(t) * (x)->ldg + (g)])
-#define XM(x, t, g) ((x)->m[(long)(t) * (x)->ldg + (g)])
 
-/* The epilogue of group g for the tile's 16 tokens from t: ch (and in 16-bit mode cl) the
- * stored C rows. The VNNI tiles' operations, in their order (avx512_quant.c: tile_q8, tile_nib,
- * tile8_q8, tile8_nib). */
-KWK_INLINE void epilogue(int wtype, int act8, const void *blk, const struct kwk_qact *x, int t,
-                         int g, const int32_t *ch, const int32_t *cl, const float *ds, int ng,
-                         __m512 *facc)
-{
-    __m512 d, m = _mm512_setzero_ps();
-    scales(wtype, blk, g, &d, &m);
-    const __m512i c254 = _mm512_set1_epi32(254);
-    for (int j = 0; j < KWK_AMX_TOKS; j++) {
-        __m512i v = _mm512_load_si512(ch + KWK_QROWS * j);
-        if (!act8)
-            v = _mm512_add_epi32(_mm512_mullo_epi32(v, c254),
-                                 _mm512_load_si512(cl + KWK_QROWS * j));
-        float xd = XD(x, t + j, g);
-        __m512 s = _mm512_cvtepi32_ps(v);
-        facc[j] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_set1_ps(xd)), facc[j]);
-        if (wtype == KWK_W_Q4) {
-            float dsx = act8 ? XM(x, t + j, g) : ds[(long)j * ng + g];
-            facc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(dsx), facc[j]);
-        }
-    }
-}
+/* The epilogue of group g for the tile's 16 tokens from t, on the stored C rows ch (and in
+ * 16-bit mode cl): the VNNI tiles' operations, in their order (avx512_quant.c: tile_q8,
+ * tile_nib, tile8_q8, tile8_nib). The 16 tokens' accumulators are named variables f0..f15 of
+ * the enclosing tile, not an array: GCC keeps an array of 16 vectors in memory, a load and a
+ * store around every FMA (SmolLM2-1.7B's int4 prompt 8% faster without them, session 35). */
+#define EPI_TOKEN(j)                                                                               \
+    do {                                                                                           \
+        __m512i v_ = _mm512_load_si512(ch_ + KWK_QROWS * (j));                                     \
+        if (!act8)                                                                                 \
+            v_ = _mm512_add_epi32(_mm512_mullo_epi32(v_, _mm512_set1_epi32(254)),                  \
+                                  _mm512_load_si512(cl_ + KWK_QROWS * (j)));                       \
+        __m512 xd_ = _mm512_set1_ps(pd_[(long)(j) * ldg_]);                                        \
+        f##j = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v_), _mm512_mul_ps(d_, xd_), f##j);              \
+        if (wtype == KWK_W_Q4)                                                                     \
+            f##j = _mm512_fmadd_ps(m_, _mm512_set1_ps(po_[(long)(j) * ldo_]), f##j);               \
+    } while (0)
+#define EPILOGUE(g, ch, cl)                                                                        \
+    do {                                                                                           \
+        __m512 d_, m_ = _mm512_setzero_ps();                                                       \
+        scales(wtype, blk, (g), &d_, &m_);                                                         \
+        const int32_t *ch_ = (ch), *cl_ = (cl);                                                    \
+        long ldg_ = x->ldg, ldo_ = act8 ? ldg_ : ng;                                               \
+        /* d_x, and int4's offset factor: d_x * sum(v) (act8: XM; 16-bit: ds) */                  \
+        const float *pd_ = x->d + (long)t * ldg_ + (g);                                            \
+        const float *po_ = act8 ? x->m + (long)t * ldg_ + (g) : ds + (g);                          \
+        EPI_TOKEN(0); EPI_TOKEN(1); EPI_TOKEN(2); EPI_TOKEN(3);                                    \
+        EPI_TOKEN(4); EPI_TOKEN(5); EPI_TOKEN(6); EPI_TOKEN(7);                                    \
+        EPI_TOKEN(8); EPI_TOKEN(9); EPI_TOKEN(10); EPI_TOKEN(11);                                  \
+        EPI_TOKEN(12); EPI_TOKEN(13); EPI_TOKEN(14); EPI_TOKEN(15);                                \
+    } while (0)
 
 /* Tile multiplies hand their sums to the vector epilogue only through memory, and tile registers
  * are not renamed, so the groups are software pipelined over four C tiles: with 8-bit
@@ -134,7 +139,8 @@ KWK_INLINE void epilogue(int wtype, int act8, const void *blk, const struct kwk_
  * ahead of its epilogue; with 16-bit activations (two multiplies a group, a C pair each) one
  * group ahead of each. Measured on one thread of a Xeon with AMX (docs/benchmarks.md, session
  * 26): 4% faster than one group at a time; the tile work and the epilogue still take about the
- * sum of their times. */
+ * sum of their times. A step's tile registers are constants, so each step is a case of a switch
+ * on i % 4 (or i % 2), and the epilogue after it is one copy in the loop. */
 
 /* Group i's multiply into C tile c with A tile a and B tile b (act8: one pass). */
 #define MUL8(i, c, a, b)                                                                           \
@@ -143,6 +149,7 @@ KWK_INLINE void epilogue(int wtype, int act8, const void *blk, const struct kwk_
         _tile_loadd(a, xh + (long)(i) * KWK_QACT_GROUP, x->ldh);                                   \
         _tile_zero(c);                                                                             \
         _tile_dpbssd(c, a, b);                                                                     \
+        PF_STEP(i);                                                                                \
     } while (0)
 /* Group i's two multiplies (high and low halves) into C tiles ch, cl with B tile b. */
 #define MUL16(i, ch, cl, b)                                                                        \
@@ -154,75 +161,91 @@ KWK_INLINE void epilogue(int wtype, int act8, const void *blk, const struct kwk_
         _tile_zero(cl);                                                                            \
         _tile_dpbssd(ch, TAH, b);                                                                  \
         _tile_dpbssd(cl, TAL, b);                                                                  \
+        PF_STEP(i);                                                                                \
     } while (0)
 
-/* One pipeline step of 8-bit activations: slot k of 4 (C tile k), step i = base + k. */
-#define STEP8(k, c, a, b, cs)                                                                      \
+/* Lines to prefetch into L2 during a tile: n lines from p, per at each group step. */
+struct pf {
+    const uint8_t *p;
+    int n, per;
+};
+
+#define PF_STEP(i)                                                                                 \
     do {                                                                                           \
-        int i_ = base + (k);                                                                       \
-        if (i_ < ng)                                                                               \
-            MUL8(i_, c, a, b);                                                                     \
-        if (i_ - 2 >= 0 && i_ - 2 < ng)                                                            \
-            _tile_stored(cs, cb[(k + 2) % 4], KWK_QROWS * 4);                                      \
-        if (i_ - 3 >= 0 && i_ - 3 < ng)                                                            \
-            epilogue(wtype, 1, blk, x, t, i_ - 3, cb[(k + 1) % 4], NULL, ds, ng, facc);            \
+        for (int l_ = (i) * pf->per, e_ = KWK_MIN(pf->n, l_ + pf->per); l_ < e_; l_++)            \
+            _mm_prefetch((const char *)pf->p + 64 * l_, _MM_HINT_T1);                              \
     } while (0)
-/* One pipeline step of 16-bit activations: slot k of 2 (C pair k), step i = base + k. */
+
+/* 8-bit step i: multiply group i into C tile i % 4 (A, B tiles alternating), store group i - 2
+ * (C tile (i - 2) % 4 to cb[(i - 2) % 4]). */
+#define STEP8(k, c, a, b, cs)                                                                      \
+    case k:                                                                                        \
+        if (i < ng)                                                                                \
+            MUL8(i, c, a, b);                                                                      \
+        if (i >= 2 && i - 2 < ng)                                                                  \
+            _tile_stored(cs, cb[(k + 2) % 4], KWK_QROWS * 4);                                      \
+        break
+/* 16-bit step i: multiply group i into C pair i % 2, store group i - 1 (pair (i - 1) % 2 to cb
+ * pair (i - 1) % 2). */
 #define STEP16(k, ch, cl, b, csh, csl)                                                             \
-    do {                                                                                           \
-        int i_ = base + (k);                                                                       \
-        if (i_ < ng)                                                                               \
-            MUL16(i_, ch, cl, b);                                                                  \
-        if (i_ - 1 >= 0 && i_ - 1 < ng) {                                                          \
+    case k:                                                                                        \
+        if (i < ng)                                                                                \
+            MUL16(i, ch, cl, b);                                                                   \
+        if (i >= 1 && i - 1 < ng) {                                                                \
             _tile_stored(csh, cb[2 * ((k + 1) % 2)], KWK_QROWS * 4);                               \
             _tile_stored(csl, cb[2 * ((k + 1) % 2) + 1], KWK_QROWS * 4);                           \
         }                                                                                          \
-        if (i_ - 2 >= 0 && i_ - 2 < ng)                                                            \
-            epilogue(wtype, 0, blk, x, t, i_ - 2, cb[2 * (k % 2)], cb[2 * (k % 2) + 1], ds, ng,    \
-                     facc);                                                                        \
-    } while (0)
+        break
 
 /* One tile: row block rb (blk its first block of the pass, st its staged weights), tokens
  * [t, t + 16) over the pass's ng groups. */
 KWK_INLINE void tile(int wtype, int act8, const void *blk, const stage_group *st,
                      const struct kwk_qact *x, int t, int ng, const float *ds, float *y, long ldy,
-                     int64_t rb, int64_t r0, int64_t r1, int first)
+                     int64_t rb, int64_t r0, int64_t r1, int first, const struct pf *pf)
 {
     _Alignas(64) int32_t cb[4][KWK_AMX_TOKS * KWK_QROWS];
-    __m512 facc[KWK_AMX_TOKS];
-    for (int j = 0; j < KWK_AMX_TOKS; j++)
-        facc[j] = _mm512_setzero_ps();
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0,
+           f7 = f0, f8 = f0, f9 = f0, f10 = f0, f11 = f0, f12 = f0, f13 = f0, f14 = f0, f15 = f0;
     const int8_t *xh = x->h + (long)t * x->ldh, *xl = x->l + (long)t * x->ldh;
     if (act8) {
-        /* step i: multiply group i, store group i - 2 (C tile (i - 2) % 4 to cb[(i - 2) % 4]),
-         * epilogue of group i - 3 */
-        for (int base = 0; base < ng + 3; base += 4) {
-            STEP8(0, TC0, TAH, TB0, TC2);
-            STEP8(1, TC1, TAL, TB1, TC3);
-            STEP8(2, TC2, TAH, TB0, TC0);
-            STEP8(3, TC3, TAL, TB1, TC1);
+        /* step i, then the epilogue of group i - 3 */
+        for (int i = 0; i < ng + 3; i++) {
+            switch (i & 3) {
+                STEP8(0, TC0, TAH, TB0, TC2);
+                STEP8(1, TC1, TAL, TB1, TC3);
+                STEP8(2, TC2, TAH, TB0, TC0);
+                STEP8(3, TC3, TAL, TB1, TC1);
+            }
+            if (i >= 3)
+                EPILOGUE(i - 3, cb[(i - 3) & 3], NULL);
         }
     } else {
-        /* step i: multiply group i into C pair i % 2, store group i - 1 (pair (i - 1) % 2 to
-         * cb pair (i - 1) % 2), epilogue of group i - 2 */
-        for (int base = 0; base < ng + 2; base += 2) {
-            STEP16(0, TC0, TC1, TB0, TC2, TC3);
-            STEP16(1, TC2, TC3, TB1, TC0, TC1);
+        /* step i, then the epilogue of group i - 2 */
+        for (int i = 0; i < ng + 2; i++) {
+            switch (i & 1) {
+                STEP16(0, TC0, TC1, TB0, TC2, TC3);
+                STEP16(1, TC2, TC3, TB1, TC0, TC1);
+            }
+            if (i >= 2)
+                EPILOGUE(i - 2, cb[2 * (i & 1)], cb[2 * (i & 1) + 1]);
         }
     }
+    const __m512 f[KWK_AMX_TOKS] = {f0, f1, f2,  f3,  f4,  f5,  f6,  f7,
+                                    f8, f9, f10, f11, f12, f13, f14, f15};
     for (int j = 0; j < KWK_AMX_TOKS; j++)
-        put(y + (long)(t + j) * ldy, rb, r0, r1, facc[j], first);
+        put(y + (long)(t + j) * ldy, rb, r0, r1, f[j], first);
 }
 
 /* One function per (format, activation mode), so that the epilogue's branches are constants. */
 typedef void (*tile_fn)(const void *, const stage_group *, const struct kwk_qact *, int, int,
-                        const float *, float *, long, int64_t, int64_t, int64_t, int);
+                        const float *, float *, long, int64_t, int64_t, int64_t, int,
+                        const struct pf *);
 #define TILE(NAME, WT, A8)                                                                         \
     static void NAME(const void *blk, const stage_group *st, const struct kwk_qact *x, int t,     \
                      int ng, const float *ds, float *y, long ldy, int64_t rb, int64_t r0,         \
-                     int64_t r1, int first)                                                        \
+                     int64_t r1, int first, const struct pf *pf)                                   \
     {                                                                                              \
-        tile(WT, A8, blk, st, x, t, ng, ds, y, ldy, rb, r0, r1, first);                            \
+        tile(WT, A8, blk, st, x, t, ng, ds, y, ldy, rb, r0, r1, first, pf);                        \
     }
 TILE(tile_q8, KWK_W_Q8, 0)
 TILE(tile_q4, KWK_W_Q4, 0)
@@ -258,14 +281,32 @@ void kwk_quant_pass_amx(const struct kwk_mat *w, const struct kwk_qact *x, int n
             for (int t = 0; t < tn; t++)
                 for (int g = 0; g < ng; g++)
                     ds[t * ng + g] = XD(x, tc + t, g) * (float)XS(x, tc + t, g);
+        /* The next row block's weights are prefetched into L2 during this one's tiles, a few
+         * lines at each group step: staging otherwise waits on memory at every row block (half
+         * of this function's own time in a profile of SmolLM2-1.7B's int4 prompt), since a row
+         * block's ng blocks are a short run the hardware prefetchers do not run ahead of; all of
+         * them at once at the start of a tile fill the line-fill buffers and stall the core
+         * there instead. 3-5% of that prompt (session 35). */
+        size_t lines = ((size_t)ng * bsz + 63) / 64;
+        int ntile = (tn + KWK_AMX_TOKS - 1) / KWK_AMX_TOKS;
+        int per_tile = (int)((lines + ntile - 1) / ntile);
         for (int64_t rb = rb0; rb < rb1; rb++) {
-            const void *blk = (const uint8_t *)w->data + (size_t)(rb * ngt + g0) * bsz;
+            const uint8_t *blk = (const uint8_t *)w->data + (size_t)(rb * ngt + g0) * bsz;
+            const uint8_t *next = rb + 1 < rb1 ? blk + (size_t)ngt * bsz : NULL;
             stage(w->wtype, blk, ng, st);
             /* GCC's tileloadd is an asm without a memory operand: the staged stores must not
              * be moved past it or dropped */
             __asm__ volatile("" ::: "memory");
-            for (int t = tc; t < tc + tn; t += KWK_AMX_TOKS)
-                fn(blk, st, x, t, ng, ds + (t - tc) * ng, y, ldy, rb, r0, r1, g0 == 0);
+            for (int t = tc, i = 0; t < tc + tn; t += KWK_AMX_TOKS, i++) {
+                struct pf pf = {NULL, 0, 0};
+                if (next) {
+                    long l0 = (long)i * per_tile, l1 = KWK_MIN((long)lines, l0 + per_tile);
+                    if (l1 > l0)
+                        pf = (struct pf){next + 64 * l0, (int)(l1 - l0),
+                                         (int)((l1 - l0 + ng - 1) / ng)};
+                }
+                fn(blk, st, x, t, ng, ds + (t - tc) * ng, y, ldy, rb, r0, r1, g0 == 0, &pf);
+            }
         }
     }
     /* back to the initial state: a thread that holds no tile data costs no 8 KiB at a
