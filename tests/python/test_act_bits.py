@@ -367,41 +367,38 @@ def test_bench_json_matmul(tiny, tmp_path):
 
 
 def test_python_kernels_equal_bench(tiny, tmp_path):
-    """KwkDecoder.kernels() names what kwker bench names for the same model and settings, in this
-    process (the CPU's own choice) and in one with KWKER_ISA=avx2 and KWKER_AMX=off."""
-    model, env = tiny[0], cli_env()
-    for k in ("KWKER_AMX", "KWKER_AMX_PRESERVE", "KWKER_ISA"):
-        env.pop(k, None)
+    """KwkDecoder.kernels() names what kwker bench names for the same model, settings and
+    environment: in this process (whatever KWKER_ISA / KWKER_AMX it runs under) and in a child
+    with KWKER_ISA=avx2 and KWKER_AMX=off."""
+    model = tiny[0]
     settings = (("int4", 8), ("balanced", 16), ("preserve", None))
 
     def bench(prec, act, **extra):
         args = ["--act-bits", act] if act else []
         p = run("bench", "--model", model, "--precision", prec, *args, "-p", "4", "-n", "1",
-                "-r", "1", "--json", "--cache-dir", tmp_path, env=dict(env, **extra))
+                "-r", "1", "--json", "--cache-dir", tmp_path, env=cli_env(**extra))
         assert p.returncode == 0, p.stderr
         j = json.loads(p.stdout)
         return {"isa": j["isa"], "matmul": j["matmul"], "attention": j["attn"]}
 
-    if os.environ.get("KWKER_ISA") is None and os.environ.get("KWKER_AMX") is None:
-        for prec, act in settings:
-            with decoder(model, prec, act_bits=act, cache_dir=tmp_path) as d:
-                assert d.kernels() == bench(prec, act), (prec, act)
+    for prec, act in settings:
+        with decoder(model, prec, act_bits=act, cache_dir=tmp_path) as d:
+            assert d.kernels() == bench(prec, act), (prec, act)
     script = ("import json, sys\n"
               "sys.path.insert(0, sys.argv[5])\n"
               "import kwker.decode as k\n"
               "d = k.KwkDecoder(sys.argv[1], max_cache_len=64, precision=sys.argv[2],\n"
               "                 act_bits=int(sys.argv[3]) or None, cache_dir=sys.argv[4])\n"
               "print(json.dumps(d.kernels()))\n")
-    # a Python child keeps this interpreter's environment (ASan's leak checks off: cli_env)
-    forced = {k: v for k, v in os.environ.items() if k != "KWKER_AMX_PRESERVE"}
-    forced.update(KWKER_ISA="avx2", KWKER_AMX="off")
+    forced = {"KWKER_ISA": "avx2", "KWKER_AMX": "off"}
     for prec, act in settings:
+        # a Python child keeps this interpreter's environment (ASan's leak checks off: cli_env)
         p = subprocess.run([sys.executable, "-c", script, str(model), prec, str(act or 0),
                             str(tmp_path), str(PY_DIR)], capture_output=True, text=True,
-                           timeout=300, env=forced)
+                           timeout=300, env=dict(os.environ, **forced))
         assert p.returncode == 0, p.stderr
         got = json.loads(p.stdout)
-        assert got == bench(prec, act, KWKER_ISA="avx2", KWKER_AMX="off"), (prec, act)
+        assert got == bench(prec, act, **forced), (prec, act)
         assert got["matmul"] == got["isa"] == "avx2", got
 
 
