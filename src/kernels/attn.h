@@ -39,6 +39,9 @@ struct kwk_attn_args {
     const void *const *v_rows;         /* [n_rows] the same for V */
     const int *first, *last;           /* [n_rows] attended positions first..last (inclusive):
                                           causal (last = row's position), sliding window (first) */
+    /* kwk_attn_split's shares: whole kv groups even where there are few (a decode step) rather
+     * than single heads. Set from the table's whole_groups (kwk_attn_kernel). */
+    int whole_groups;
 };
 
 struct kwk_attn_kernel {
@@ -66,6 +69,12 @@ struct kwk_attn_kernel {
      * is read with kwk_attn_args.k_bf16 / v_bf16, and no tile rounds them again (about a third
      * of a generation step's attention at 500 positions). */
     void (*half_to_bf16)(uint16_t *dst, const uint16_t *src, long n);
+    /* 1: a tile costs about the same for 1 and for 16 queries of a kv group (the AMX table: its
+     * multiplies always hold 16 query rows), so a decode step's items are best shared out by
+     * whole kv groups (kwk_attn_args.whole_groups): splitting a group between threads reads its
+     * keys and values twice and saves a thread no multiplies. 0: a tile's cost grows with its
+     * queries, and single heads balance the threads better. */
+    int whole_groups;
 };
 
 /* Queries (row, head) whose scores a table may hold at once: a prompt chunk's neighbouring rows
@@ -98,7 +107,8 @@ size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos);
 /* Thread ith's share [*i0, *i1) of the n_rows * n_heads items, balanced by work (positions
  * attended) rather than by count: a prompt chunk's last rows attend many more positions than its
  * first. Shares are whole kv groups (which share loads), or single heads when there are fewer
- * than 4 groups per thread (a decode step). Deterministic; reads only a->first, a->last and the head counts.
+ * than 4 groups per thread (a decode step) and a->whole_groups is 0. Deterministic; reads only
+ * a->first, a->last, a->whole_groups and the head counts.
  * Any split gives the same outputs (batch invariance), so this only moves time. Any thread. */
 void kwk_attn_split(const struct kwk_attn_args *a, int n_rows, int ith, int nth, long *i0,
                     long *i1);

@@ -27,7 +27,8 @@ static double row_cost(const struct kwk_attn_args *a, int r)
 }
 
 /* The first item of share t: the first unit (a kv group, or a head when there are too few groups
- * to go round evenly, as in a decode step) before which t/nth of the total work lies. */
+ * to go round evenly, as in a decode step, unless the table wants whole groups) before which
+ * t/nth of the total work lies. */
 static long split_at(const struct kwk_attn_args *a, int n_rows, double total, int t, int nth)
 {
     long n_items = (long)n_rows * a->n_heads;
@@ -36,7 +37,7 @@ static long split_at(const struct kwk_attn_args *a, int n_rows, double total, in
     if (t >= nth)
         return n_items;
     int unit = a->n_heads / a->n_kv_heads;
-    if ((long)n_rows * a->n_kv_heads < 4L * nth)
+    if ((long)n_rows * a->n_kv_heads < 4L * nth && !a->whole_groups)
         unit = 1;
     int per_row = a->n_heads / unit;
     double target = total * (double)t / (double)nth, done = 0.0;

@@ -723,7 +723,8 @@ static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task
                               .k_rows = d->att_k,
                               .v_rows = d->att_v,
                               .first = d->att_first,
-                              .last = d->att_last};
+                              .last = d->att_last,
+                              .whole_groups = d->ak->whole_groups};
     struct att_task t = {.d = d, .a = &a, .n = n, .after = after};
     kwk_pool_run(d->pool, attend_run, &t);
 }

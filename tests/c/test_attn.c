@@ -557,7 +557,8 @@ static void check_chunk(const struct kwk_attn_kernel *k)
 
 /* kwk_attn_split: the shares tile [0, n_items) in order, start on kv group boundaries, and each
  * holds about 1/nth of the work (positions attended + 16 per item), within one group's work; a
- * single row (decode) is split by head. */
+ * single row (decode) is split by head, or by whole groups where the table asks for them
+ * (whole_groups: the AMX table). */
 static void check_split(void)
 {
     struct setup s;
@@ -598,6 +599,38 @@ static void check_split(void)
     kwk_attn_split(&s.a, 1, 1, 2, &i0, &i1);
     T_EQ(i0, 5);
     T_EQ(i1, 9);
+    /* whole groups: the same row as groups 0-1 and 2 (the first share takes the group that
+     * crosses half the work); on 1-5 threads every share starts on a group and they tile the
+     * row in order, so at most 3 threads get work */
+    s.a.whole_groups = 1;
+    kwk_attn_split(&s.a, 1, 0, 2, &i0, &i1);
+    T_EQ(i0, 0);
+    T_EQ(i1, 6);
+    kwk_attn_split(&s.a, 1, 1, 2, &i0, &i1);
+    T_EQ(i0, 6);
+    T_EQ(i1, 9);
+    for (int nth = 1; nth <= 5; nth++) {
+        long at = 0;
+        int bad = 0, busy = 0;
+        for (int ith = 0; ith < nth; ith++) {
+            kwk_attn_split(&s.a, 1, ith, nth, &i0, &i1);
+            bad += i0 != at || i1 < i0 || i0 % 3 != 0 || i1 % 3 != 0;
+            busy += i1 > i0;
+            at = i1;
+        }
+        T_CHECK(bad == 0 && at == 9 && busy == KWK_MIN(nth, 3),
+                "whole groups in %d: %d bad shares, ends at %ld, %d busy", nth, bad, at, busy);
+    }
+    /* a prompt chunk is shared by groups either way: the same shares as without the flag */
+    for (int nth = 1; nth <= 5; nth++)
+        for (int ith = 0; ith < nth; ith++) {
+            long j0, j1;
+            kwk_attn_split(&s.a, s.n_rows, ith, nth, &i0, &i1);
+            s.a.whole_groups = 0;
+            kwk_attn_split(&s.a, s.n_rows, ith, nth, &j0, &j1);
+            s.a.whole_groups = 1;
+            T_CHECK(i0 == j0 && i1 == j1, "chunk split %d/%d moved by whole_groups", ith, nth);
+        }
     setup_free(&s);
 }
 
