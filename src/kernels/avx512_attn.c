@@ -1075,9 +1075,9 @@ static void amx_bf16_items(const struct kwk_attn_args *a, long i0, long i1, floa
  * SmolLM2-135M's three groups on two threads as 2 + 1 groups rather than 5 + 4 heads (four
  * tiles, one group's keys and values read by both threads), which took 1-5% off a generated
  * token of SmolLM2-135M and 360M int4 (token by token; on the vector tables the same split was
- * 2-4% slower: docs/benchmarks.md, session 36). On many threads no fewer tiles run side by side
- * than with single heads (a group's tile costs what one head's does). Head sizes off 32 take
- * the float tiles, where it costs some balance only. */
+ * 2-4% slower: docs/benchmarks.md, session 36). On many threads the step still takes one
+ * tile's time, on fewer threads (a group's tile costs what one head's does). Head sizes off 32
+ * take the float tiles, where it costs some balance only. */
 const struct kwk_attn_kernel kwk_attn_amx_bf16 = {.name = "amx-bf16",
                                                   .items = amx_bf16_items,
                                                   .half_to_bf16 = half_to_bf16,
