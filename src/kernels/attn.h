@@ -69,13 +69,19 @@ struct kwk_attn_kernel {
      * is read with kwk_attn_args.k_bf16 / v_bf16, and no tile rounds them again (about a third
      * of a generation step's attention at 500 positions). */
     void (*half_to_bf16)(uint16_t *dst, const uint16_t *src, long n);
-    /* 1: a tile costs about the same for 1 and for 16 queries of a kv group (the AMX table: its
-     * multiplies always hold 16 query rows), so a decode step's items are best shared out by
-     * whole kv groups (kwk_attn_args.whole_groups): splitting a group between threads reads its
-     * keys and values twice and saves a thread no multiplies. 0: a tile's cost grows with its
-     * queries, and single heads balance the threads better. */
+    /* n > 0: for head sizes a multiple of n, a tile costs about the same for 1 and for 16
+     * queries of a kv group (the AMX table, n = 32: its multiplies always hold 16 query rows), so
+     * a decode step's items are best shared out by whole kv groups (kwk_attn_args.whole_groups):
+     * splitting a group between threads reads its keys and values twice and saves a thread no
+     * multiplies. 0 (and other head sizes, which such a table runs on float tiles): a tile's cost
+     * grows with its queries, and single heads balance the threads better. Read it through
+     * kwk_attn_whole_groups. */
     int whole_groups;
 };
+
+/* Whether table k wants a decode step of heads of head_dim elements shared by whole kv groups
+ * (its whole_groups, above): the value for kwk_attn_args.whole_groups. */
+int kwk_attn_whole_groups(const struct kwk_attn_kernel *k, int head_dim);
 
 /* Queries (row, head) whose scores a table may hold at once: a prompt chunk's neighbouring rows
  * read the same keys and values, so a table shares those loads across their heads. */

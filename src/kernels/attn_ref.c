@@ -52,6 +52,11 @@ static long split_at(const struct kwk_attn_args *a, int n_rows, double total, in
     return n_items;
 }
 
+int kwk_attn_whole_groups(const struct kwk_attn_kernel *k, int head_dim)
+{
+    return k->whole_groups > 0 && head_dim > 0 && head_dim % k->whole_groups == 0;
+}
+
 void kwk_attn_split(const struct kwk_attn_args *a, int n_rows, int ith, int nth, long *i0,
                     long *i1)
 {

@@ -1077,8 +1077,8 @@ static void amx_bf16_items(const struct kwk_attn_args *a, long i0, long i1, floa
  * token of SmolLM2-135M and 360M int4 (token by token; on the vector tables the same split was
  * 2-4% slower: docs/benchmarks.md, session 36). On many threads the step still takes one
  * tile's time, on fewer threads (a group's tile costs what one head's does). Head sizes off 32
- * take the float tiles, where it costs some balance only. */
+ * take the float tiles, whose cost follows their queries: single heads there (whole_groups 32). */
 const struct kwk_attn_kernel kwk_attn_amx_bf16 = {.name = "amx-bf16",
                                                   .items = amx_bf16_items,
                                                   .half_to_bf16 = half_to_bf16,
-                                                  .whole_groups = 1};
+                                                  .whole_groups = 32};

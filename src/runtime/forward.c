@@ -724,7 +724,7 @@ static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task
                               .v_rows = d->att_v,
                               .first = d->att_first,
                               .last = d->att_last,
-                              .whole_groups = d->ak->whole_groups};
+                              .whole_groups = kwk_attn_whole_groups(d->ak, c->head_dim)};
     struct att_task t = {.d = d, .a = &a, .n = n, .after = after};
     kwk_pool_run(d->pool, attend_run, &t);
 }

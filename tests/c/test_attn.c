@@ -632,6 +632,17 @@ static void check_split(void)
             T_CHECK(i0 == j0 && i1 == j1, "chunk split %d/%d moved by whole_groups", ith, nth);
         }
     setup_free(&s);
+    /* which tables ask for it: the AMX table on the head sizes its tiles take (multiples of 32),
+     * not on the others (its float tiles) nor any vector table */
+    int sizes[] = {32, 64, 80, 96, 128, 48, 16, 0};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        int hd = sizes[i];
+        T_EQ(kwk_attn_whole_groups(&kwk_attn_amx_bf16, hd), hd > 0 && hd % 32 == 0);
+        T_EQ(kwk_attn_whole_groups(&kwk_attn_avx512_bf16, hd), 0);
+        T_EQ(kwk_attn_whole_groups(&kwk_attn_avx512, hd), 0);
+        T_EQ(kwk_attn_whole_groups(&kwk_attn_avx2, hd), 0);
+        T_EQ(kwk_attn_whole_groups(&kwk_attn_ref, hd), 0);
+    }
 }
 
 /* The table follows kwk_isa() and so KWKER_ISA; each value is tried in a child process since
