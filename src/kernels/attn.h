@@ -77,7 +77,33 @@ struct kwk_attn_kernel {
      * grows with its queries, and single heads balance the threads better. Read it through
      * kwk_attn_whole_groups. */
     int whole_groups;
+    /* 0, or (the AMX table, for head sizes its whole_groups takes) the positions of a span: the
+     * table's softmax runs over a row's positions in spans of this many from its first, each
+     * with its own max, sum and weighted values, merged in order. So a long row's spans can be
+     * computed by different threads (span_part for each kv group and span, then span_merge once
+     * all the row's parts are done) and give bitwise the outputs its items give: a decode step
+     * with fewer kv groups than threads, or not a multiple of them, is shared by positions
+     * (flash-decoding's split) and stays batch invariant. Read it through kwk_attn_span. */
+    int span;
+    /* Span s of kv group g of row row: its parts (for each of the group's query heads: the
+     * span's max, its sum, its head_dim weighted values) into parts, the row's
+     * kwk_attn_parts_floats, at the group's and span's place. scratch as items'. Any thread;
+     * different (g, s) write different floats. */
+    void (*span_part)(const struct kwk_attn_args *a, int row, int g, int s, float *parts,
+                      float *scratch);
+    /* Query heads [h0, h1) of row row: the parts of all its groups' spans merged into out. */
+    void (*span_merge)(const struct kwk_attn_args *a, int row, int h0, int h1,
+                       const float *parts);
 };
+
+/* Table k's span for heads of head_dim elements (its span where kwk_attn_whole_groups, else 0). */
+int kwk_attn_span(const struct kwk_attn_kernel *k, int head_dim);
+/* Floats of span parts of one row attending at most max_pos positions. */
+size_t kwk_attn_parts_floats(const struct kwk_attn_args *a, int span, int max_pos);
+/* Thread ith's share [*u0, *u1) of a row's span units (kv group g, span s as unit g * n_spans +
+ * s, n_spans = ceil(n / span) for its n positions), contiguous and balanced by positions. */
+void kwk_attn_span_split(const struct kwk_attn_args *a, int row, int span, int ith, int nth,
+                         long *u0, long *u1);
 
 /* Whether table k wants a decode step of heads of head_dim elements shared by whole kv groups
  * (its whole_groups, above): the value for kwk_attn_args.whole_groups. */
@@ -106,8 +132,9 @@ void kwk_attn_tiles(const struct kwk_attn_args *a, long i0, long i1, kwk_attn_ti
  * KWK_ATTN_TILE_QUERIES queries (or of one kv group's query heads, if more), each padded to a
  * multiple of 16, those queries transposed (KWK_ATTN_TILE_QUERIES * head_dim), a block of 16
  * keys widened from half (16 * head_dim), the bf16 table's values of one key range
- * interleaved (max(4096, 8 * head_dim)) and the AMX table's second form of 16 queries' weights
- * (16 * max_pos, padded as the scores). Same for every table. */
+ * interleaved (max(4096, 8 * head_dim)), the AMX table's second form of 16 queries' weights
+ * (16 * max_pos, padded as the scores) and its values of a span (16 * head_dim). Same for every
+ * table. */
 size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos);
 
 /* Thread ith's share [*i0, *i1) of the n_rows * n_heads items, balanced by work (positions

@@ -14,9 +14,10 @@ size_t kwk_attn_scratch_floats(const struct kwk_attn_args *a, int max_pos)
     size_t queries = KWK_MAX(group, (size_t)KWK_ATTN_TILE_QUERIES);
     size_t hd = (size_t)(a->head_dim > 0 ? a->head_dim : 0);
     /* + the bf16 table's interleaved values of one key range (kwk_attn_avx512_bf16), + the AMX
-     * table's second form of 16 queries' weights (kwk_attn_amx_bf16) */
+     * table's second form of 16 queries' weights and its values of a span (kwk_attn_amx_bf16) */
     return (queries + KWK_ATTN_TILE_QUERIES) * KWK_MAX(padded, (size_t)16) +
-           (KWK_ATTN_TILE_QUERIES + 16) * hd + KWK_MAX((size_t)4096, 8 * hd);
+           (KWK_ATTN_TILE_QUERIES + 16) * hd + KWK_MAX((size_t)4096, 8 * hd) +
+           KWK_ATTN_TILE_QUERIES * hd;
 }
 
 /* Work of one item of row r: its positions plus a fixed cost (the softmax, the output). */
@@ -55,6 +56,48 @@ static long split_at(const struct kwk_attn_args *a, int n_rows, double total, in
 int kwk_attn_whole_groups(const struct kwk_attn_kernel *k, int head_dim)
 {
     return k->whole_groups > 0 && head_dim > 0 && head_dim % k->whole_groups == 0;
+}
+
+int kwk_attn_span(const struct kwk_attn_kernel *k, int head_dim)
+{
+    return k->span > 0 && k->span_part && k->span_merge && kwk_attn_whole_groups(k, head_dim)
+               ? k->span
+               : 0;
+}
+
+size_t kwk_attn_parts_floats(const struct kwk_attn_args *a, int span, int max_pos)
+{
+    if (span <= 0 || max_pos <= 0)
+        return 0;
+    size_t spans = ((size_t)max_pos + (size_t)span - 1) / (size_t)span;
+    return spans * (size_t)a->n_heads * (size_t)(a->head_dim + 2);
+}
+
+void kwk_attn_span_split(const struct kwk_attn_args *a, int row, int span, int ith, int nth,
+                         long *u0, long *u1)
+{
+    long n = (long)a->last[row] - a->first[row] + 1, ns = n > 0 ? (n + span - 1) / span : 0;
+    long units = ns * a->n_kv_heads;
+    *u0 = *u1 = 0;
+    if (nth < 1 || ith < 0 || ith >= nth || units == 0)
+        return;
+    /* a unit's work: its positions plus a fixed cost (its softmax, its parts, the tile's set-up) */
+    double total = (double)n * a->n_kv_heads + 64.0 * (double)units, done = 0.0;
+    long at[2] = {units, units};
+    for (int e = 0; e < 2; e++) {
+        double target = total * (double)(ith + e) / (double)nth;
+        done = 0.0;
+        for (long u = 0; u < units; u++) {
+            if (done >= target - 1e-9) {
+                at[e] = u;
+                break;
+            }
+            long s = u % ns;
+            done += (double)KWK_MIN((long)span, n - s * span) + 64.0;
+        }
+    }
+    *u0 = ith == 0 ? 0 : at[0];
+    *u1 = ith + 1 >= nth ? units : at[1];
 }
 
 void kwk_attn_split(const struct kwk_attn_args *a, int n_rows, int ith, int nth, long *i0,

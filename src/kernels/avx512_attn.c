@@ -815,10 +815,11 @@ static void values_interleave(const struct tile *t, int j0, int j1, uint16_t *vi
 
 /* softmax_bf's weights for the AMX values, both forms kwk_attn_amx_values reads: p[j] the
  * rounded weight as a float (its bf16 in the high half), pe[j] its bits >> 16, zero from n to nz
- * (a multiple of 16). Returns softmax_bf's sum. */
-static float softmax_amx(float *p, float *pe, int n, int nz)
+ * (a multiple of 16). Returns softmax_bf's sum; *max: the largest score, which it subtracts. */
+static float softmax_amx(float *p, float *pe, int n, int nz, float *max)
 {
     __m512 mx = row_max(p, n), sum = _mm512_setzero_ps();
+    *max = _mm512_cvtss_f32(mx);
     for (int b = 0; b < nz; b += 32) {
         __m512i w0, w1;
         weights_bf(p, b, n, mx, &w0, &w1, &sum);
@@ -847,11 +848,11 @@ static void values_block_bf(const struct tile *t, int b, int nk, uint16_t *vb)
     memset(vb + (long)nk * t->hd, 0, (size_t)(KB - nk) * (size_t)t->hd * sizeof *vb);
 }
 
-/* The AMX table's values: out = the weights (wo, we: softmax_amx's forms, rows ldw apart) times
- * the values, divided by the sums; 64 elements of every query a pass. vb: a block's room
- * (16 * hd bf16). */
+/* The AMX table's values: dst[x * lddst + e] = the weights of query x (wo, we: softmax_amx's
+ * forms, rows ldw apart) times the values' element e, undivided; 64 elements of every query a
+ * pass. vb: a block's room (16 * hd bf16). */
 static void values_amx(const struct tile *t, const float *wo, const float *we, long ldw,
-                       uint16_t *vb)
+                       uint16_t *vb, float *dst, long lddst)
 {
     int hd = t->hd, ntile = t->n[t->nq - 1], whole = t->vbf ? ntile & ~(KB - 1) : 0;
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -866,16 +867,14 @@ static void values_amx(const struct tile *t, const float *wo, const float *we, l
             values_block_bf(t, b, KWK_MIN(KB, ntile - b), vb);
             kwk_attn_amx_values(wo + b, we + b, ldw, vb + c0, hd, nch, KB, acc);
         }
-        for (int x = 0; x < t->nq; x++) {
-            __m512 sv = _mm512_set1_ps(t->sums[x]);
+        for (int x = 0; x < t->nq; x++)
             for (int c = 0; c < nch; c++) {
                 __m512 ev = _mm512_load_ps(acc[2 * c] + x * 16);
                 __m512 od = _mm512_load_ps(acc[2 * c + 1] + x * 16);
-                float *o = t->out[x] + c0 + 32 * c;
-                _mm512_storeu_ps(o, _mm512_div_ps(_mm512_permutex2var_ps(ev, lo, od), sv));
-                _mm512_storeu_ps(o + 16, _mm512_div_ps(_mm512_permutex2var_ps(ev, hi, od), sv));
+                float *o = dst + x * lddst + c0 + 32 * c;
+                _mm512_storeu_ps(o, _mm512_permutex2var_ps(ev, lo, od));
+                _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(ev, hi, od));
             }
-        }
     }
 }
 
@@ -909,10 +908,9 @@ static void values_tile_bf_n(int nh, int nc, const struct tile *t, int x0, const
         values_tile_bf(6, 4, 0, t, x0, pb, ldpb, vi, c0, j0, j1);
 }
 
-/* One tile (kwk_attn_tile_fn, attn.h): query heads h0 .. h0+nh-1 of one kv group over rows
- * row0 .. row0+nr-1, which read the same keys; BF: the bf16 table's products (1), on AMX (2). */
-INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
-                    float *scratch)
+/* Tile of query heads h0 .. h0+nh-1 of one kv group over rows row0 .. row0+nr-1 (tile_go). */
+INLINE void tile_init(int BF, const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                      struct tile *tp)
 {
     int hd = a->head_dim, first = a->first[row0];
     size_t kv_off = (size_t)first * (size_t)a->ld_pos +
@@ -936,17 +934,167 @@ INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int
             t.n[x] = a->last[row] - first + 1;
         }
     t.ldp = (t.n[t.nq - 1] + KB - 1) / KB * KB;
+    *tp = t;
+}
+
+/* ---- the AMX table's spans ------------------------------------------------------------------
+ * A row's positions, from its first, go in spans of AMX_SPAN: each span's weights are exp(score -
+ * the span's own max) rounded to bf16, with their sum and weighted values, and the spans merge in
+ * order, each scaled by exp(its max - the row's max) (span_scale; the sums and values folded by
+ * span_sum and span_fold, then divided). So a long decode row's spans can go to different threads
+ * (span_part, then span_merge: kwk_attn_kernel) and give the bits its tile gives: a score depends
+ * only on its key and query, and the merge runs the same operations in the same order. */
+#define AMX_SPAN 256
+
+static float span_scale(float max, float row_max)
+{
+    return expf(max - row_max);
+}
+
+static float span_sum(float sum, float part, float scale)
+{
+    return fmaf(part, scale, sum);
+}
+
+/* tot += acc * scale, one rounding an element; hd a multiple of 32. */
+static void span_fold(float *tot, const float *acc, float scale, int hd)
+{
+    __m512 sv = _mm512_set1_ps(scale);
+    for (int e = 0; e < hd; e += 16)
+        _mm512_storeu_ps(tot + e, _mm512_fmadd_ps(_mm512_loadu_ps(acc + e), sv,
+                                                  _mm512_loadu_ps(tot + e)));
+}
+
+static void span_divide(float *out, float sum, int hd)
+{
+    __m512 sv = _mm512_set1_ps(sum);
+    for (int e = 0; e < hd; e += 16)
+        _mm512_storeu_ps(out + e, _mm512_div_ps(_mm512_loadu_ps(out + e), sv));
+}
+
+/* Tile t's positions [b0, b0 + AMX_SPAN) as a tile of their own: its keys and values from b0,
+ * each query's count of them (0 for a query that ends before b0). */
+static struct tile span_tile(const struct tile *t, int b0)
+{
+    struct tile u = *t;
+    size_t at = (size_t)b0 * (size_t)t->ldk * (t->half ? sizeof(uint16_t) : sizeof(float));
+    u.k = (const char *)t->k + at;
+    u.v = (const char *)t->v + at;
+    for (int x = 0; x < t->nq; x++)
+        u.n[x] = KWK_MAX(0, KWK_MIN(t->n[x] - b0, AMX_SPAN));
+    u.ldp = (u.n[u.nq - 1] + KB - 1) / KB * KB;
+    return u;
+}
+
+/* The AMX table after its scores (p, rows t->ldp apart, every position of the tile): span by
+ * span, the weights in both forms (the second after all 16 query slots' rows of p: the
+ * multiplies read 16 rows), the weighted values into a room after them, folded into t->out; a
+ * value block's room where the keys' was. */
+static void amx_spans(const struct tile *t, float *p, float *scratch)
+{
+    int hd = t->hd, nmax = t->n[t->nq - 1];
+    float *pe = p + (size_t)MAXQ * t->ldp, *acc = pe + (size_t)MAXQ * t->ldp;
+    uint16_t *vb = (uint16_t *)(scratch + (size_t)MAXQ * hd);
+    float rmax[MAXQ], sums[MAXQ], scale[MAXQ];
+    for (int x = 0; x < t->nq; x++) {
+        rmax[x] = -INFINITY;
+        for (int b0 = 0; b0 < t->n[x]; b0 += AMX_SPAN)
+            rmax[x] = fmaxf(rmax[x], _mm512_cvtss_f32(row_max(p + x * t->ldp + b0,
+                                                               KWK_MIN(t->n[x] - b0, AMX_SPAN))));
+        sums[x] = 0.0f;
+        memset(t->out[x], 0, (size_t)hd * sizeof(float));
+    }
+    for (int b0 = 0; b0 < nmax; b0 += AMX_SPAN) {
+        struct tile u = span_tile(t, b0);
+        for (int x = 0; x < t->nq; x++)
+            if (u.n[x] > 0) {
+                float m, part = softmax_amx(p + x * t->ldp + b0, pe + x * t->ldp + b0, u.n[x],
+                                            (int)u.ldp, &m);
+                scale[x] = span_scale(m, rmax[x]);
+                sums[x] = span_sum(sums[x], part, scale[x]);
+            }
+        values_amx(&u, p + b0, pe + b0, t->ldp, vb, acc, hd);
+        for (int x = 0; x < t->nq; x++)
+            if (u.n[x] > 0)
+                span_fold(t->out[x], acc + (size_t)x * hd, scale[x], hd);
+    }
+    for (int x = 0; x < t->nq; x++)
+        span_divide(t->out[x], sums[x], hd);
+}
+
+/* Where, in a row's parts, span s of group g of a row with n positions keeps its query x's: the
+ * span's max, its sum, then hd weighted values (kwk_attn_parts_floats). */
+static size_t span_part_at(const struct kwk_attn_args *a, int n, int g, int s, int x)
+{
+    int gs = a->n_heads / a->n_kv_heads, ns = (n + AMX_SPAN - 1) / AMX_SPAN;
+    return (((size_t)g * (size_t)ns + (size_t)s) * (size_t)gs + (size_t)x) *
+           (size_t)(a->head_dim + 2);
+}
+
+/* kwk_attn_kernel.span_part: the tile of row's kv group g over span s alone (amx_spans' steps
+ * for that span), its parts stored instead of folded. */
+static void amx_span_part(const struct kwk_attn_args *a, int row, int g, int s, float *parts,
+                          float *scratch)
+{
+    int hd = a->head_dim, gs = a->n_heads / a->n_kv_heads;
+    struct tile t;
+    tile_init(2, a, row, 1, g * gs, gs, &t);
+    struct tile u = span_tile(&t, s * AMX_SPAN);
+    if (u.n[0] <= 0)
+        return;
+    float *p = scratch + (size_t)(MAXQ + 16) * hd, *pe = p + (size_t)MAXQ * u.ldp;
+    float *acc = pe + (size_t)MAXQ * u.ldp;
+    kwk_attn_amx_begin();
+    scores_bf(1, &u, p, scratch);
+    for (int x = 0; x < gs; x++) {
+        float *at = parts + span_part_at(a, t.n[0], g, s, x);
+        at[1] = softmax_amx(p + x * u.ldp, pe + x * u.ldp, u.n[x], (int)u.ldp, &at[0]);
+    }
+    values_amx(&u, p, pe, u.ldp, (uint16_t *)(scratch + (size_t)MAXQ * hd), acc, hd);
+    kwk_attn_amx_end();
+    for (int x = 0; x < gs; x++)
+        memcpy(parts + span_part_at(a, t.n[0], g, s, x) + 2, acc + (size_t)x * hd,
+               (size_t)hd * sizeof(float));
+}
+
+/* kwk_attn_kernel.span_merge: amx_spans' fold over the parts, head by head. */
+static void amx_span_merge(const struct kwk_attn_args *a, int row, int h0, int h1,
+                           const float *parts)
+{
+    int hd = a->head_dim, gs = a->n_heads / a->n_kv_heads;
+    int n = a->last[row] - a->first[row] + 1, ns = (n + AMX_SPAN - 1) / AMX_SPAN;
+    for (int h = h0; h < h1; h++) {
+        float *out = a->out + row * a->ldo + (long)h * hd, rmax = -INFINITY, sum = 0.0f;
+        memset(out, 0, (size_t)hd * sizeof(float));
+        if (n <= 0)
+            continue;
+        for (int s = 0; s < ns; s++)
+            rmax = fmaxf(rmax, parts[span_part_at(a, n, h / gs, s, h % gs)]);
+        for (int s = 0; s < ns; s++) {
+            const float *at = parts + span_part_at(a, n, h / gs, s, h % gs);
+            float scale = span_scale(at[0], rmax);
+            sum = span_sum(sum, at[1], scale);
+            span_fold(out, at + 2, scale, hd);
+        }
+        span_divide(out, sum, hd);
+    }
+}
+
+/* One tile (kwk_attn_tile_fn, attn.h): query heads h0 .. h0+nh-1 of one kv group over rows
+ * row0 .. row0+nr-1, which read the same keys; BF: the bf16 table's products (1), on AMX (2). */
+INLINE void tile_go(int BF, const struct kwk_attn_args *a, int row0, int nr, int h0, int nh,
+                    float *scratch)
+{
+    int hd = a->head_dim;
+    struct tile t;
+    tile_init(BF, a, row0, nr, h0, nh, &t);
     float *p = scratch + (size_t)(MAXQ + 16) * hd; /* after the transposed queries, the keys */
     if (BF)
         scores_bf(BF == 2, &t, p, scratch);
     else
         scores(&t, p, scratch);
-    if (BF == 2) { /* AMX: the weights' second form after all 16 query slots' rows of p (the
-                      multiplies read 16 rows), a value block's room where the keys' was */
-        float *pe = p + (size_t)MAXQ * t.ldp;
-        for (int x = 0; x < t.nq; x++)
-            t.sums[x] = softmax_amx(p + x * t.ldp, pe + x * t.ldp, t.n[x], (int)t.ldp);
-        values_amx(&t, p, pe, t.ldp, (uint16_t *)(scratch + (size_t)MAXQ * hd));
+    if (BF == 2) {
+        amx_spans(&t, p, scratch);
         return;
     }
     for (int x = 0; x < t.nq; x++)
@@ -1081,4 +1229,7 @@ static void amx_bf16_items(const struct kwk_attn_args *a, long i0, long i1, floa
 const struct kwk_attn_kernel kwk_attn_amx_bf16 = {.name = "amx-bf16",
                                                   .items = amx_bf16_items,
                                                   .half_to_bf16 = half_to_bf16,
-                                                  .whole_groups = 32};
+                                                  .whole_groups = 32,
+                                                  .span = AMX_SPAN,
+                                                  .span_part = amx_span_part,
+                                                  .span_merge = amx_span_merge};

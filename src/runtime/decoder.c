@@ -49,6 +49,7 @@ void kwk_decoder_free(kwk_decoder *d)
         kwk_free_aligned(bufs[i]);
     kwk_free_aligned(d->qact_mem);
     kwk_free_aligned(d->kv_stage);
+    kwk_free_aligned(d->att_parts);
     kwk_free(d);
 }
 
@@ -204,6 +205,14 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
     if (p->act_bits == 8)
         d->ak = kwk_attn_kernel_act8();
     d->bf16_kv = d->kv_half && d->ak->half_to_bf16 && c->head_dim % 32 == 0 && bf16_kv_on();
+    d->att_span = kwk_attn_span(d->ak, c->head_dim);
+    if (d->att_span) {
+        struct kwk_attn_args shape = {.head_dim = c->head_dim, .n_heads = c->n_heads,
+                                      .n_kv_heads = c->n_kv_heads};
+        if (alloc_floats(&d->att_parts, kwk_attn_parts_floats(&shape, d->att_span, d->max_len),
+                         1))
+            goto out_nomem;
+    }
     d->pool = kwk_pool_new(d->n_threads);
     if (!d->pool)
         goto out_nomem;

@@ -602,6 +602,38 @@ static void attend_run(void *ctx, int ith, int nth)
     prefetch_next(t->after, t->d->pool, ith);
 }
 
+/* A decode step shared by positions: each thread computes a balanced run of the row's (kv
+ * group, span) parts, then, after a barrier, merges its share of the heads (the table's
+ * span_part and span_merge: the bits its items give). */
+static void attend_spans_run(void *ctx, int ith, int nth)
+{
+    struct att_task *t = ctx;
+    struct kwk_decoder *d = t->d;
+    float *scratch = d->scores + (size_t)ith * d->scores_per_thread;
+    long u0, u1, h0, h1, ns = (t->a->last[0] - t->a->first[0] + d->att_span) / d->att_span;
+    kwk_attn_span_split(t->a, 0, d->att_span, ith, nth, &u0, &u1);
+    for (long u = u0; u < u1; u++)
+        d->ak->span_part(t->a, 0, (int)(u / ns), (int)(u % ns), d->att_parts, scratch);
+    kwk_pool_barrier(d->pool);
+    kwk_split_range(t->a->n_heads, ith, nth, 1, &h0, &h1);
+    if (h0 < h1)
+        d->ak->span_merge(t->a, 0, (int)h0, (int)h1, d->att_parts);
+    prefetch_next(t->after, d->pool, ith);
+}
+
+/* Positions from which a decode step whose kv groups do not go evenly round the threads is shared
+ * by positions (attend_spans_run) rather than by whole groups: below, the barrier and the merge
+ * cost about what the balance saves. */
+#define KWK_SPAN_SPLIT_MIN 1024
+
+static int span_split_wanted(const struct kwk_decoder *d, int n)
+{
+    int nth = kwk_pool_size(d->pool), groups = d->c->n_kv_heads;
+    if (n != 1 || !d->att_span || nth < 2 || groups % nth == 0 || groups >= 4 * nth)
+        return 0;
+    return d->att_last[0] - d->att_first[0] + 1 >= KWK_SPAN_SPLIT_MIN;
+}
+
 /* Rows from which a prompt chunk over a half cache reads its slot's keys and values widened. */
 #define KWK_STAGE_ROWS 16
 
@@ -726,7 +758,7 @@ static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task
                               .last = d->att_last,
                               .whole_groups = kwk_attn_whole_groups(d->ak, c->head_dim)};
     struct att_task t = {.d = d, .a = &a, .n = n, .after = after};
-    kwk_pool_run(d->pool, attend_run, &t);
+    kwk_pool_run(d->pool, span_split_wanted(d, n) ? attend_spans_run : attend_run, &t);
 }
 
 /* ---- elementwise work on n rows of the residual stream ---------------------------------------- */

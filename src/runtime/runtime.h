@@ -58,6 +58,10 @@ struct kwk_decoder {
     float *gate;   /* [n_batch][d_ff] */
     float *up;     /* [n_batch][d_ff] */
     float *scores; /* [n_threads][scores_per_thread] attention scratch per thread */
+    /* The attention table's span for this head size (kwk_attn_span; 0: none) and one row's span
+     * parts (kwk_attn_parts_floats), for a decode step shared out by positions (forward.c). */
+    int att_span;
+    float *att_parts;
     size_t scores_per_thread;
     const struct kwk_attn_kernel *ak; /* attention kernels (kernels/attn.h) */
     const void **att_k, **att_v;      /* [n_batch] each row's K / V cache for the layer */

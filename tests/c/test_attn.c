@@ -144,7 +144,7 @@ static int near_bf16_tie(float x)
  * far an output may move because a weight near a rounding tie (which the table's float scores
  * and exp may round the other way) took its other neighbour: that weight's bfloat16 step, times
  * 2 (v - out, values in [-1, 1]) over the sum. */
-static void item_double(const struct kwk_attn_args *a, long item, double *out, int bf,
+static void item_double(const struct kwk_attn_args *a, long item, double *out, int bf, int span,
                         double *slack)
 {
     int row = (int)(item / a->n_heads), h = (int)(item % a->n_heads), hd = a->head_dim;
@@ -161,15 +161,25 @@ static void item_double(const struct kwk_attn_args *a, long item, double *out, i
         w[j] = d * a->scale;
         mx = w[j] > mx ? w[j] : mx;
     }
+    /* with spans (the AMX table): each span's weights are exp(s - the span's max), rounded,
+     * then scaled by exp(the span's max - the row's) */
     double steps = 0.0;
-    for (int j = 0; j < n; j++) {
-        w[j] = exp(w[j] - mx);
-        if (bf) {
-            if (near_bf16_tie((float)w[j]))
-                steps += ldexp(1.0, ilogb(w[j]) - 7); /* a bfloat16 step: 8 significant bits */
-            w[j] = bf16((float)w[j]);
+    for (int j0 = 0; j0 < n; j0 += span > 0 ? span : n) {
+        int j1 = span > 0 ? KWK_MIN(n, j0 + span) : n;
+        double m = span > 0 ? -INFINITY : mx;
+        for (int j = j0; j < j1 && span > 0; j++)
+            m = w[j] > m ? w[j] : m;
+        double scale = exp(m - mx);
+        for (int j = j0; j < j1; j++) {
+            w[j] = exp(w[j] - m);
+            if (bf) {
+                if (near_bf16_tie((float)w[j]))
+                    steps += scale * ldexp(1.0, ilogb(w[j]) - 7); /* a bfloat16 step: 8 bits */
+                w[j] = bf16((float)w[j]);
+            }
+            w[j] *= scale;
+            sum += w[j];
         }
-        sum += w[j];
     }
     *slack = n > 0 ? 2.0 * steps / sum : 0.0;
     for (int e = 0; e < hd; e++)
@@ -193,13 +203,13 @@ static void check_values(const struct kwk_attn_kernel *k, struct setup *s, float
 {
     const struct kwk_attn_args *a = &s->a;
     long n_items = (long)s->n_rows * a->n_heads;
-    int bf = rounds_bf16(k, a);
+    int bf = rounds_bf16(k, a), span = kwk_attn_span(k, a->head_dim);
     k->items(a, 0, n_items, scratch);
     double *want = malloc(sizeof(double) * (size_t)a->head_dim);
     double worst = 0.0, slack = 0.0;
     long off = 0, total = 0;
     for (long i = 0; i < n_items; i++) {
-        item_double(a, i, want, bf, &slack);
+        item_double(a, i, want, bf, span, &slack);
         const float *got = a->out + (i / a->n_heads) * a->ldo + (i % a->n_heads) * a->head_dim;
         for (int e = 0; e < a->head_dim; e++) {
             double d = fabs(got[e] - want[e]);
@@ -555,6 +565,109 @@ static void check_chunk(const struct kwk_attn_kernel *k)
     T_EQ(bad, 0);
 }
 
+/* A one-row step shared out by spans (kwk_attn_kernel.span_part, span_merge), as a decode step
+ * goes to threads by positions: each kv group's span computed alone, in reverse order, then the
+ * row's heads merged in two ranges. The outputs must be bitwise the row's items', over float
+ * caches and over half caches rounded to bf16 (the decoder's), for rows of 1 to MAX_LEN
+ * positions from position 0 and from inside the cache (a sliding window's). */
+static void check_spans(const struct kwk_attn_kernel *k)
+{
+    static const struct {
+        int hd, n_heads, n_kv;
+    } shapes[] = {{64, 9, 3}, {128, 7, 1}, {64, 15, 5}, {32, 4, 2}, {96, 6, 3}, {80, 4, 2}};
+    static const int lens[] = {1, 17, 255, 256, 257, 300, 511, 512, 513, 563, 600};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int hd = shapes[si].hd, nh = shapes[si].n_heads, nkv = shapes[si].n_kv;
+        int span = kwk_attn_span(k, hd);
+        if (span == 0) { /* only the AMX table has spans, and only on its tiles' head sizes */
+            T_CHECK(k != &kwk_attn_amx_bf16 || hd % 32 != 0, "%s hd %d: no spans", k->name, hd);
+            continue;
+        }
+        struct setup s;
+        setup_new(&s, hd, nh, nkv, 2, 0, 1.0f, 1);
+        float *scratch = malloc(sizeof(float) * kwk_attn_scratch_floats(&s.a, MAX_LEN));
+        float *parts = malloc(sizeof(float) * kwk_attn_parts_floats(&s.a, span, MAX_LEN));
+        size_t bytes = sizeof(float) * (size_t)nh * hd;
+        float *want = malloc(bytes);
+        int bad = 0, tried = 0;
+        for (int bf = 0; bf < 2; bf++) {
+            struct copy c;
+            if (bf) { /* the decoder's bf16 cache: halves rounded by the table's half_to_bf16 */
+                copy_new(&c, &s, 1);
+                size_t cache = (size_t)N_SLOTS * MAX_LEN * (size_t)s.kv_dim;
+                k->half_to_bf16(c.k, c.k, (long)cache);
+                k->half_to_bf16(c.v, c.v, (long)cache);
+                s.a.k_rows = c.kr;
+                s.a.v_rows = c.vr;
+                s.a.kv_half = s.a.k_bf16 = s.a.v_bf16 = 1;
+            }
+            for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+                for (int first = 0; first <= 37; first += 37) {
+                    if (first + lens[li] > MAX_LEN)
+                        continue;
+                    s.first[0] = first;
+                    s.last[0] = first + lens[li] - 1;
+                    k->items(&s.a, 0, nh, scratch);
+                    memcpy(want, s.out, bytes);
+                    memset(s.out, 0xff, bytes);
+                    int ns = (lens[li] + span - 1) / span;
+                    for (int u = nkv * ns - 1; u >= 0; u--)
+                        k->span_part(&s.a, 0, u / ns, u % ns, parts, scratch);
+                    k->span_merge(&s.a, 0, 0, nh / 2, parts);
+                    k->span_merge(&s.a, 0, nh / 2, nh, parts);
+                    bad += memcmp(want, s.out, bytes) != 0;
+                    tried++;
+                }
+            if (bf) {
+                s.a.k_rows = s.k_rows;
+                s.a.v_rows = s.v_rows;
+                s.a.kv_half = s.a.k_bf16 = s.a.v_bf16 = 0;
+                copy_free(&c);
+            }
+        }
+        T_CHECK(bad == 0 && tried > 0, "%s hd %d heads %d/%d: %d of %d rows by spans differ "
+                "from their items", k->name, hd, nh, nkv, bad, tried);
+        free(want);
+        free(parts);
+        free(scratch);
+        setup_free(&s);
+    }
+}
+
+/* kwk_attn_span_split: a row's (group, span) units go to the threads in order, whole, each share
+ * within one unit's work of 1/nth of the row's. */
+static void check_span_split(void)
+{
+    struct setup s;
+    setup_new(&s, 64, 9, 3, 2, 0, 1.0f, 1);
+    static const int lens[] = {1, 255, 256, 257, 600};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int nth = 1; nth <= 12; nth++) {
+            int n = lens[li], ns = (n + 255) / 256;
+            s.first[0] = 0;
+            s.last[0] = n - 1;
+            long at = 0;
+            int bad = 0;
+            double total = 3.0 * n + 64.0 * 3 * ns;
+            for (int ith = 0; ith < nth; ith++) {
+                long u0, u1;
+                kwk_attn_span_split(&s.a, 0, 256, ith, nth, &u0, &u1);
+                double w = 0.0;
+                for (long u = u0; u < u1; u++)
+                    w += KWK_MIN(256, n - (u % ns) * 256) + 64.0;
+                bad += u0 != at || u1 < u0 || fabs(w - total / nth) > 256.0 + 64.0;
+                at = u1;
+            }
+            T_CHECK(bad == 0 && at == 3L * ns, "span split of %d positions in %d: %d bad "
+                    "shares, ends at %ld of %d", n, nth, bad, at, 3 * ns);
+        }
+    long u0, u1;
+    s.last[0] = s.first[0] - 1; /* nothing attended: no units */
+    kwk_attn_span_split(&s.a, 0, 256, 0, 2, &u0, &u1);
+    T_CHECK(u0 == 0 && u1 == 0, "empty row: units %ld..%ld", u0, u1);
+    setup_free(&s);
+}
+
 /* kwk_attn_split: the shares tile [0, n_items) in order, start on kv group boundaries, and each
  * holds about 1/nth of the work (positions attended + 16 per item), within one group's work; a
  * single row (decode) is split by head, or by whole groups where the table asks for them
@@ -672,6 +785,7 @@ int main(void)
     T_EQ(table_matches_env("avx2"), 0);
     T_EQ(table_matches_env("avx512"), 0);
     check_split();
+    check_span_split();
     int isa = kwk_isa();
     T_STREQ(kwk_attn_kernel()->name, kwk_isa_name(isa));
     const struct kwk_attn_kernel *tables[] = {&kwk_attn_ref, &kwk_attn_avx2, &kwk_attn_avx512,
@@ -695,6 +809,7 @@ int main(void)
         check_lengths(tables[i]);
         check_table(tables[i]);
         check_chunk(tables[i]);
+        check_spans(tables[i]);
     }
     return t_report("test_attn");
 }

@@ -452,3 +452,33 @@ def test_serve_with_act_bits_8(tmp_path):
     finally:
         s.stop()
     assert len(packs(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("prec", PRECS)
+def test_8_long_decode_steps_shared_by_positions(prec):
+    """A decode step of 1024 positions or more whose kv groups do not go evenly round the threads
+    (llama_wide: 2 groups; on 3 threads) is shared by positions where attention runs on AMX
+    (forward.c attend_spans_run: each thread a run of the table's span parts, then a merge):
+    its logits are bitwise the prompt's rows, and those of 1 and 2 threads (whole groups). On
+    hosts without AMX-BF16 the same checks cover the tables' plain split."""
+    from kwker.decode import KwkDecoder
+    model = tiny_models.build("llama_wide")
+    ids = np.asarray(tiny_models.prompt_ids("llama_wide", n=1100), dtype=np.int32)
+    keep = 1090
+    outs = {}
+    for n in (1, 2, 3):
+        with KwkDecoder(model, max_cache_len=1104, precision=prec, act_bits=8,
+                        n_threads=n) as d:
+            if cpu_has_amx_bf16() and os.environ.get("KWKER_AMX", "on") != "off":
+                assert d.kernels()["attention"] == "amx-bf16", d.kernels()
+            whole = np.array(d.forward(ids), copy=True)
+            d._lib.kwk_decoder_truncate(d._dec, keep)
+            out = np.empty((1, d.vocab_size), dtype=np.float32)
+            steps = []
+            for t in ids[keep:]:
+                d._eval(np.asarray([t], dtype=np.int32), 2, out)
+                steps.append(out[0].copy())
+            outs[n] = (whole, np.stack(steps))
+    for n in (1, 2, 3):
+        assert np.array_equal(outs[n][1], outs[n][0][keep:]), n
+        assert np.array_equal(outs[n][0], outs[1][0]), n
