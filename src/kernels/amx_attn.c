@@ -95,14 +95,21 @@ void kwk_attn_amx_scores(const uint32_t *qt, const uint16_t *k, long ldk, int hd
     } while (0)
 
 void kwk_attn_amx_values(const float *wo, const float *we, long ldw, const uint16_t *v, long ldv,
-                         int nch, int nk, float (*acc)[256])
+                         int nch, int nk, int fresh, float (*acc)[256])
 {
     __asm__ volatile("" ::: "memory");
-    _tile_loadd(TC0, acc[0], 64);
-    _tile_loadd(TC1, acc[1], 64);
-    if (nch > 1) {
-        _tile_loadd(TC2, acc[2], 64);
-        _tile_loadd(TC3, acc[3], 64);
+    if (fresh) {
+        _tile_zero(TC0);
+        _tile_zero(TC1);
+        _tile_zero(TC2);
+        _tile_zero(TC3);
+    } else {
+        _tile_loadd(TC0, acc[0], 64);
+        _tile_loadd(TC1, acc[1], 64);
+        if (nch > 1) {
+            _tile_loadd(TC2, acc[2], 64);
+            _tile_loadd(TC3, acc[3], 64);
+        }
     }
     for (int j = 0; j < nk; j += 16) {
         _tile_loadd(TA0, wo + j, ldw * 4);

@@ -24,8 +24,9 @@ void kwk_attn_amx_scores(const uint32_t *qt, const uint16_t *k, long ldk, int hd
  * weight w(x, j) rounded to bf16 is given twice, rows ldw apart: wo[x * ldw + j] as a float (its
  * bf16 in the high half) and we[...] with it in the low half (its bits >> 16); every weight of
  * keys a query does not attend zero. Each sum runs over the 16-key blocks in order, from acc
- * (read and written as 16 x 16 floats). */
+ * (read and written as 16 x 16 floats), or from zero if fresh (acc then written only: a tile
+ * load right after the stores of zeros would wait for them). */
 void kwk_attn_amx_values(const float *wo, const float *we, long ldw, const uint16_t *v, long ldv,
-                         int nch, int nk, float (*acc)[256]);
+                         int nch, int nk, int fresh, float (*acc)[256]);
 
 #endif

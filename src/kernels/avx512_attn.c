@@ -860,12 +860,12 @@ static void values_amx(const struct tile *t, const float *wo, const float *we, l
     for (int c0 = 0; c0 < hd; c0 += 64) {
         int nch = KWK_MIN(2, (hd - c0) / 32);
         _Alignas(64) float acc[4][256];
-        memset(acc, 0, sizeof acc);
         if (whole) /* bf16 rows where they lie */
-            kwk_attn_amx_values(wo, we, ldw, (const uint16_t *)t->v + c0, t->ldk, nch, whole, acc);
+            kwk_attn_amx_values(wo, we, ldw, (const uint16_t *)t->v + c0, t->ldk, nch, whole, 1,
+                                acc);
         for (int b = whole; b < ntile; b += KB) {
             values_block_bf(t, b, KWK_MIN(KB, ntile - b), vb);
-            kwk_attn_amx_values(wo + b, we + b, ldw, vb + c0, hd, nch, KB, acc);
+            kwk_attn_amx_values(wo + b, we + b, ldw, vb + c0, hd, nch, KB, b == 0, acc);
         }
         for (int x = 0; x < t->nq; x++)
             for (int c = 0; c < nch; c++) {
@@ -944,7 +944,7 @@ INLINE void tile_init(int BF, const struct kwk_attn_args *a, int row0, int nr, i
  * span_sum and span_fold, then divided). So a long decode row's spans can go to different threads
  * (span_part, then span_merge: kwk_attn_kernel) and give the bits its tile gives: a score depends
  * only on its key and query, and the merge runs the same operations in the same order. */
-#define AMX_SPAN 256
+#define AMX_SPAN 512
 
 static float span_scale(float max, float row_max)
 {

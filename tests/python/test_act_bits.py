@@ -456,18 +456,18 @@ def test_serve_with_act_bits_8(tmp_path):
 
 @pytest.mark.parametrize("prec", PRECS)
 def test_8_long_decode_steps_shared_by_positions(prec):
-    """A decode step of 1024 positions or more whose kv groups do not go evenly round the threads
+    """A decode step of 2048 positions or more whose kv groups do not go evenly round the threads
     (llama_wide: 2 groups; on 3 threads) is shared by positions where attention runs on AMX
     (forward.c attend_spans_run: each thread a run of the table's span parts, then a merge):
     its logits are bitwise the prompt's rows, and those of 1 and 2 threads (whole groups). On
     hosts without AMX-BF16 the same checks cover the tables' plain split."""
     from kwker.decode import KwkDecoder
     model = tiny_models.build("llama_wide")
-    ids = np.asarray(tiny_models.prompt_ids("llama_wide", n=1100), dtype=np.int32)
-    keep = 1090
+    ids = np.asarray(tiny_models.prompt_ids("llama_wide", n=2100), dtype=np.int32)
+    keep = 2090
     outs = {}
     for n in (1, 2, 3):
-        with KwkDecoder(model, max_cache_len=1104, precision=prec, act_bits=8,
+        with KwkDecoder(model, max_cache_len=2104, precision=prec, act_bits=8,
                         n_threads=n) as d:
             if cpu_has_amx_bf16() and os.environ.get("KWKER_AMX", "on") != "off":
                 assert d.kernels()["attention"] == "amx-bf16", d.kernels()
