@@ -1032,7 +1032,8 @@ static size_t span_part_at(const struct kwk_attn_args *a, int n, int g, int s, i
 }
 
 /* kwk_attn_kernel.span_part: the tile of row's kv group g over span s alone (amx_spans' steps
- * for that span), its parts stored instead of folded. */
+ * for that span), its parts stored instead of folded (the group's queries' parts lie hd + 2
+ * floats apart, so the values go straight to theirs). */
 static void amx_span_part(const struct kwk_attn_args *a, int row, int g, int s, float *parts,
                           float *scratch)
 {
@@ -1043,18 +1044,15 @@ static void amx_span_part(const struct kwk_attn_args *a, int row, int g, int s, 
     if (u.n[0] <= 0)
         return;
     float *p = scratch + (size_t)(MAXQ + 16) * hd, *pe = p + (size_t)MAXQ * u.ldp;
-    float *acc = pe + (size_t)MAXQ * u.ldp;
+    float *at = parts + span_part_at(a, t.n[0], g, s, 0);
     kwk_attn_amx_begin();
     scores_bf(1, &u, p, scratch);
     for (int x = 0; x < gs; x++) {
-        float *at = parts + span_part_at(a, t.n[0], g, s, x);
-        at[1] = softmax_amx(p + x * u.ldp, pe + x * u.ldp, u.n[x], (int)u.ldp, &at[0]);
+        float *ax = at + (size_t)x * (size_t)(hd + 2);
+        ax[1] = softmax_amx(p + x * u.ldp, pe + x * u.ldp, u.n[x], (int)u.ldp, &ax[0]);
     }
-    values_amx(&u, p, pe, u.ldp, (uint16_t *)(scratch + (size_t)MAXQ * hd), acc, hd);
+    values_amx(&u, p, pe, u.ldp, (uint16_t *)(scratch + (size_t)MAXQ * hd), at + 2, hd + 2);
     kwk_attn_amx_end();
-    for (int x = 0; x < gs; x++)
-        memcpy(parts + span_part_at(a, t.n[0], g, s, x) + 2, acc + (size_t)x * hd,
-               (size_t)hd * sizeof(float));
 }
 
 /* kwk_attn_kernel.span_merge: amx_spans' fold over the parts, head by head. */

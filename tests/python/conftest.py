@@ -162,14 +162,15 @@ def describe_diff(got, ref):
                 " ".join("%.1e" % e for e in per_pos)))
 
 
-def token_by_token(d, ids):
-    """Logits of ids fed one token a call to a fresh sequence of decoder d (KwkDecoder): one row
+def token_by_token(d, ids, start=0):
+    """Logits of ids[start:] fed one token a call to decoder d (KwkDecoder) after its sequence is
+    cut to its first start tokens (0: a fresh sequence; else they must be ids[:start]): one row
     a matmul and every key and value read back from the cache, for batch-invariance checks."""
     import numpy as np
-    d._lib.kwk_decoder_truncate(d._dec, 0)
+    d._lib.kwk_decoder_truncate(d._dec, start)
     out = np.empty((1, d.vocab_size), dtype=np.float32)
     rows = []
-    for t in ids:
+    for t in ids[start:]:
         d._eval(np.asarray([t], dtype=np.int32), 2, out)
         rows.append(out[0].copy())
     return np.stack(rows)

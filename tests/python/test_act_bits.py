@@ -472,13 +472,7 @@ def test_8_long_decode_steps_shared_by_positions(prec):
             if cpu_has_amx_bf16() and os.environ.get("KWKER_AMX", "on") != "off":
                 assert d.kernels()["attention"] == "amx-bf16", d.kernels()
             whole = np.array(d.forward(ids), copy=True)
-            d._lib.kwk_decoder_truncate(d._dec, keep)
-            out = np.empty((1, d.vocab_size), dtype=np.float32)
-            steps = []
-            for t in ids[keep:]:
-                d._eval(np.asarray([t], dtype=np.int32), 2, out)
-                steps.append(out[0].copy())
-            outs[n] = (whole, np.stack(steps))
+            outs[n] = (whole, token_by_token(d, ids, start=keep))
     for n in (1, 2, 3):
         assert np.array_equal(outs[n][1], outs[n][0][keep:]), n
         assert np.array_equal(outs[n][0], outs[1][0]), n
