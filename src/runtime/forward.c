@@ -292,32 +292,50 @@ static void mm_run_dyn(struct mm_task *t, int ith)
  * preserve (AVX-512 rows and AVX2 panels, read as 4 runs). */
 #define PREFETCH_MAX (512 * 1024)
 
-/* Hands the pool what thread ith reads first in the planned product `after` (its own first
- * chunk: the start of each run the kernel reads side by side, kwk_mat_decode_spans), to be
- * asked for while this thread waits for the others or for the next task. The first job with
- * rows only: the kernels read jobs one after the other. */
-static void prefetch_next(const struct mm_task *after, struct kwk_pool *pool, int ith)
+/* Thread ith's first spans of the planned product `after` into s, at most max: its own first
+ * chunk's start of each run the kernel reads side by side (kwk_mat_decode_spans), of the first
+ * `jobs` jobs with rows (the kernels read jobs one after the other). Returns their count. */
+static int next_spans(const struct mm_task *after, int ith, int jobs, struct kwk_span *s, int max)
 {
     if (!after || !after->dyn || after->nth > MAX_OWN || ith >= after->nth)
-        return;
+        return 0;
     long u0, u1, lo[3], hi[3];
     chunk_units(after, ith, &u0, &u1);
     if (u0 >= u1)
-        return;
+        return 0;
     unit_rows(after, u0, u1, lo, hi);
-    for (int j = 0; j < after->n_jobs; j++) {
+    int n = 0;
+    for (int j = 0; j < after->n_jobs && jobs > 0 && n < max; j++) {
         if (lo[j] >= hi[j])
             continue;
         const void *p[KWK_POOL_SPANS];
         size_t bytes[KWK_POOL_SPANS];
-        int n = kwk_mat_decode_spans(after->k, after->jobs[j].w, lo[j], hi[j], PREFETCH_MAX, p,
-                                     bytes, KWK_POOL_SPANS);
-        struct kwk_span s[KWK_POOL_SPANS];
-        for (int i = 0; i < n; i++)
-            s[i] = (struct kwk_span){p[i], bytes[i]};
-        kwk_pool_prefetch(pool, ith, s, n);
-        return;
+        int got = kwk_mat_decode_spans(after->k, after->jobs[j].w, lo[j], hi[j], PREFETCH_MAX, p,
+                                       bytes, KWK_MIN(max - n, KWK_POOL_SPANS));
+        for (int i = 0; i < got; i++)
+            s[n++] = (struct kwk_span){p[i], bytes[i]};
+        jobs--;
     }
+    return n;
+}
+
+/* Hands the pool what thread ith reads first in the planned product `after`, to be asked for
+ * while this thread waits for the others or for the next task; and, where spans are left, the
+ * first rows of every job of `then`, the product after it (NULL: none). A decode step's
+ * attention shared by whole kv groups that do not go evenly round the threads (SmolLM2-135M's
+ * three on two threads: 2 + 1) leaves a thread idle for a third of it; asking for the gate/up
+ * product's rows there as well took 1-2% off a generated token, token by token (135M int4:
+ * 1.007-1.016 of the time without at 512-640 positions, 1.021-1.024 at 1024-1152; 360M, whose
+ * o-product share fills more of that wait, 1.003-1.006; session 38). */
+static void prefetch_next(const struct mm_task *after, const struct mm_task *then,
+                          struct kwk_pool *pool, int ith)
+{
+    struct kwk_span s[KWK_POOL_SPANS];
+    int n = next_spans(after, ith, 1, s, KWK_POOL_SPANS);
+    if (then)
+        n += next_spans(then, ith, then->n_jobs, s + n, KWK_POOL_SPANS - n);
+    if (n > 0)
+        kwk_pool_prefetch(pool, ith, s, n);
 }
 
 /* Rows are handed out in blocks of 16 (or whole units, multiples of 16) so SIMD kernels work on
@@ -335,7 +353,7 @@ static void mm_run(void *ctx, int ith, int nth)
     }
     if (t->dyn) {
         mm_run_dyn(t, ith);
-        prefetch_next(t->after, t->pool, ith);
+        prefetch_next(t->after, NULL, t->pool, ith);
         return;
     }
     if (ith >= t->grid_r * t->grid_t)
@@ -588,6 +606,7 @@ struct att_task {
     const struct kwk_attn_args *a;
     int n;
     const struct mm_task *after; /* the o-product, planned: see prefetch_next */
+    const struct mm_task *then;  /* the gate/up product after it, planned */
 };
 
 /* Items (row, head) are shared out by the positions they attend (a prompt chunk's last rows
@@ -599,7 +618,7 @@ static void attend_run(void *ctx, int ith, int nth)
     kwk_attn_split(t->a, t->n, ith, nth, &lo, &hi);
     if (lo < hi)
         t->d->ak->items(t->a, lo, hi, t->d->scores + (size_t)ith * t->d->scores_per_thread);
-    prefetch_next(t->after, t->d->pool, ith);
+    prefetch_next(t->after, t->then, t->d->pool, ith);
 }
 
 /* A decode step shared by positions: each thread computes a balanced run of the row's (kv
@@ -618,7 +637,7 @@ static void attend_spans_run(void *ctx, int ith, int nth)
     kwk_split_range(t->a->n_heads, ith, nth, 1, &h0, &h1);
     if (h0 < h1)
         d->ak->span_merge(t->a, 0, (int)h0, (int)h1, d->att_parts);
-    prefetch_next(t->after, d->pool, ith);
+    prefetch_next(t->after, t->then, d->pool, ith);
 }
 
 /* Positions from which a decode step whose kv groups do not go evenly round the threads is shared
@@ -725,8 +744,9 @@ static int stage_slot(struct kwk_decoder *d, int layer, int n)
 }
 
 /* Causal attention of the chunk's rows, with Mistral's sliding window when set; after: the
- * planned product that follows. */
-static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task *after)
+ * planned product that follows, then: the one after it. */
+static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task *after,
+                   const struct mm_task *then)
 {
     const struct kwk_config *c = d->c;
     for (int r = 0; r < n; r++) {
@@ -758,7 +778,7 @@ static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task
                               .first = d->att_first,
                               .last = d->att_last,
                               .whole_groups = kwk_attn_whole_groups(d->ak, c->head_dim)};
-    struct att_task t = {.d = d, .a = &a, .n = n, .after = after};
+    struct att_task t = {.d = d, .a = &a, .n = n, .after = after, .then = then};
     kwk_pool_run(d->pool, span_split_wanted(d, n) ? attend_spans_run : attend_run, &t);
 }
 
@@ -880,7 +900,7 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *
     mm_exec(d, &qkv, &o); /* the keys and values it writes are read next */
     if (!fused)
         run_tokens(d, n, qk_prepare_run, &tt);
-    attend(d, layer, n, &o);
+    attend(d, layer, n, &o, &gu);
 
     if (d->capture)
         kwk_capture_rows(d->capture, layer, KWK_SITE_O, d->att, n);
