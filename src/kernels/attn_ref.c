@@ -81,19 +81,22 @@ void kwk_attn_span_split(const struct kwk_attn_args *a, int row, int span, int i
     *u0 = *u1 = 0;
     if (nth < 1 || ith < 0 || ith >= nth || units == 0)
         return;
-    /* a unit's work: its positions plus a fixed cost (its softmax, its parts, the tile's set-up) */
-    double total = (double)n * a->n_kv_heads + 64.0 * (double)units, done = 0.0;
+    /* a unit's work: its positions plus a fixed cost (its softmax, its parts, the tile's set-up);
+     * each boundary at the unit edge nearest its target (rounding up gave the first thread of two
+     * SmolLM2-135M's first 1.9 kv groups at 1088 positions instead of 1.5: spans of 512 are
+     * coarse there) */
+    double total = (double)n * a->n_kv_heads + 64.0 * (double)units;
     long at[2] = {units, units};
     for (int e = 0; e < 2; e++) {
-        double target = total * (double)(ith + e) / (double)nth;
-        done = 0.0;
+        double target = total * (double)(ith + e) / (double)nth, done = 0.0;
         for (long u = 0; u < units; u++) {
-            if (done >= target - 1e-9) {
-                at[e] = u;
+            long s = u % ns;
+            double next = done + (double)KWK_MIN((long)span, n - s * span) + 64.0;
+            if (next > target) {
+                at[e] = target - done <= next - target ? u : u + 1;
                 break;
             }
-            long s = u % ns;
-            done += (double)KWK_MIN((long)span, n - s * span) + 64.0;
+            done = next;
         }
     }
     *u0 = ith == 0 ? 0 : at[0];

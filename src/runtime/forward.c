@@ -643,8 +643,11 @@ static void attend_spans_run(void *ctx, int ith, int nth)
 /* Positions from which a decode step whose kv groups do not go evenly round the threads is shared
  * by positions (attend_spans_run) rather than by whole groups. Token by token on two threads
  * (SmolLM2-135M / 360M int4, spans of 512): 4% / 1-3% less time a token at 2048 positions, 14% /
- * 7% at 4096, nothing at 1024, where the barrier and the merge cost what the balance saves. */
-#define KWK_SPAN_SPLIT_MIN 2048
+ * 7% at 4096 (session 37); with the shares' edges at the nearest span (kwk_attn_span_split,
+ * session 38) 0.975-0.980 of the time at 1024-1152 positions on 135M, 0.986-0.994 on 360M,
+ * 0.989-0.995 at 640-896 on 135M (360M 0.993-1.001 at 768-896), and 1.016 (slower) at 512-640,
+ * where 512-position spans cannot balance three groups and the barrier and merge cost more. */
+#define KWK_SPAN_SPLIT_MIN 768
 
 static int span_split_wanted(const struct kwk_decoder *d, int n)
 {

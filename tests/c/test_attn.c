@@ -634,34 +634,62 @@ static void check_spans(const struct kwk_attn_kernel *k)
     }
 }
 
-/* kwk_attn_span_split: a row's (group, span) units go to the threads in order, whole, each share
- * within one unit's work of 1/nth of the row's. */
+/* Work of a row's span units [0, u) when it attends n positions in spans of span: positions
+ * plus 64 a unit (kwk_attn_span_split's measure). */
+static double span_units_work(long u, int n, int span)
+{
+    int ns = (n + span - 1) / span;
+    double w = 0.0;
+    for (long i = 0; i < u; i++)
+        w += KWK_MIN(span, n - (int)(i % ns) * span) + 64.0;
+    return w;
+}
+
+/* kwk_attn_span_split: a row's (group, span) units go to the threads in order, whole, and each
+ * boundary between two shares is the unit edge nearest its even share of the work (so each share
+ * is within one unit's work of 1/nth of the row's). Before, a boundary rounded up: at 1088
+ * positions in spans of 512, three groups on two threads went as 5 + 4 units, 2112 + 1152
+ * positions. */
 static void check_span_split(void)
 {
     struct setup s;
     setup_new(&s, 64, 9, 3, 2, 0, 1.0f, 1);
-    static const int lens[] = {1, 255, 256, 257, 600};
-    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
-        for (int nth = 1; nth <= 12; nth++) {
-            int n = lens[li], ns = (n + 255) / 256;
-            s.first[0] = 0;
-            s.last[0] = n - 1;
-            long at = 0;
-            int bad = 0;
-            double total = 3.0 * n + 64.0 * 3 * ns;
-            for (int ith = 0; ith < nth; ith++) {
-                long u0, u1;
-                kwk_attn_span_split(&s.a, 0, 256, ith, nth, &u0, &u1);
-                double w = 0.0;
-                for (long u = u0; u < u1; u++)
-                    w += KWK_MIN(256, n - (u % ns) * 256) + 64.0;
-                bad += u0 != at || u1 < u0 || fabs(w - total / nth) > 256.0 + 64.0;
-                at = u1;
+    static const int lens[] = {1, 255, 256, 257, 600, 1088, 4100};
+    static const int spans[] = {256, 512};
+    for (size_t si = 0; si < sizeof spans / sizeof spans[0]; si++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (int nth = 1; nth <= 12; nth++) {
+                int n = lens[li], span = spans[si], ns = (n + span - 1) / span;
+                long units = 3L * ns;
+                s.first[0] = 0;
+                s.last[0] = n - 1;
+                long at = 0;
+                int bad = 0;
+                double total = span_units_work(units, n, span);
+                for (int ith = 0; ith < nth; ith++) {
+                    long u0, u1;
+                    kwk_attn_span_split(&s.a, 0, span, ith, nth, &u0, &u1);
+                    bad += u0 != at || u1 < u0;
+                    if (ith > 0) { /* the edge nearest the target: neither neighbour is nearer */
+                        double target = total * ith / nth;
+                        double off = fabs(span_units_work(u0, n, span) - target);
+                        if (u0 > 0)
+                            bad += fabs(span_units_work(u0 - 1, n, span) - target) < off;
+                        if (u0 < units)
+                            bad += fabs(span_units_work(u0 + 1, n, span) - target) < off;
+                    }
+                    at = u1;
+                }
+                T_CHECK(bad == 0 && at == units,
+                        "span split of %d positions (spans of %d) in %d: %d bad shares, ends at "
+                        "%ld of %ld", n, span, nth, bad, at, units);
             }
-            T_CHECK(bad == 0 && at == 3L * ns, "span split of %d positions in %d: %d bad "
-                    "shares, ends at %ld of %d", n, nth, bad, at, 3 * ns);
-        }
     long u0, u1;
+    s.first[0] = 0; /* the case that was off: 1088 positions, spans of 512, two threads */
+    s.last[0] = 1087;
+    kwk_attn_span_split(&s.a, 0, 512, 0, 2, &u0, &u1);
+    T_CHECK(u0 == 0 && u1 == 4, "1088 positions on two threads: the first share is units %ld..%ld "
+            "(want 0..4: group 0 and group 1's first span)", u0, u1);
     s.last[0] = s.first[0] - 1; /* nothing attended: no units */
     kwk_attn_span_split(&s.a, 0, 256, 0, 2, &u0, &u1);
     T_CHECK(u0 == 0 && u1 == 0, "empty row: units %ld..%ld", u0, u1);
