@@ -36,6 +36,24 @@ void kwk_attn_amx_end(void)
     _tile_release();
 }
 
+/* TILES16_CONFIG with the C and A tiles (registers 0-5) cut to m rows: the values' tiles of m
+ * queries (kwk_attn_amx_values_rows). */
+#define ROWS_CONFIG(m)                                                                             \
+    {                                                                                              \
+        .palette = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64},                                   \
+        .rows = {m, m, m, m, m, m, 16, 16},                                                        \
+    }
+static const _Alignas(64) struct kwk_amx_config ROWS_CONFIGS[16] = {
+    ROWS_CONFIG(1),  ROWS_CONFIG(2),  ROWS_CONFIG(3),  ROWS_CONFIG(4),
+    ROWS_CONFIG(5),  ROWS_CONFIG(6),  ROWS_CONFIG(7),  ROWS_CONFIG(8),
+    ROWS_CONFIG(9),  ROWS_CONFIG(10), ROWS_CONFIG(11), ROWS_CONFIG(12),
+    ROWS_CONFIG(13), ROWS_CONFIG(14), ROWS_CONFIG(15), ROWS_CONFIG(16)};
+
+void kwk_attn_amx_values_rows(int m)
+{
+    _tile_loadconfig(&ROWS_CONFIGS[m < 1 ? 0 : m > 16 ? 15 : m - 1]);
+}
+
 /* Block i's share of chunk c: its keys' 32 elements into A (alternate registers), multiplied
  * by the queries' chunk in B. */
 #define SCORES_BLOCK(T, TA, TB, i)                                                                 \
@@ -82,6 +100,43 @@ void kwk_attn_amx_scores(const uint32_t *qt, const uint16_t *k, long ldk, int hd
         _tile_stored(TC2, s + 512, 64);
     if (nb > 3)
         _tile_stored(TC3, s + 768, 64);
+    __asm__ volatile("" ::: "memory");
+}
+
+/* Block i of kwk_attn_amx_scores_run into accumulator T: zeroed, then its keys' chunks times the
+ * queries' (TB0, TB1), stored. */
+#define RUN_BLOCK(T, i)                                                                            \
+    do {                                                                                           \
+        _tile_zero(T);                                                                             \
+        _tile_loadd(TA0, k + (long)(i) * 16 * ldk, ldk * (long)sizeof *k);                         \
+        _tile_dpbf16ps(T, TA0, TB0);                                                               \
+        if (hd > 32) {                                                                             \
+            _tile_loadd(TA1, k + (long)(i) * 16 * ldk + 32, ldk * (long)sizeof *k);                \
+            _tile_dpbf16ps(T, TA1, TB1);                                                           \
+        }                                                                                          \
+        _tile_stored(T, s + (long)(i) * 256, 64);                                                  \
+    } while (0)
+
+void kwk_attn_amx_scores_run(const uint32_t *qt, const uint16_t *k, long ldk, int hd, int nb,
+                             float *s)
+{
+    __asm__ volatile("" ::: "memory");
+    _tile_loadd(TB0, qt, 64);
+    if (hd > 32)
+        _tile_loadd(TB1, qt + 256, 64);
+    int i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        RUN_BLOCK(TC0, i);
+        RUN_BLOCK(TC1, i + 1);
+        RUN_BLOCK(TC2, i + 2);
+        RUN_BLOCK(TC3, i + 3);
+    }
+    if (i < nb)
+        RUN_BLOCK(TC0, i);
+    if (i + 1 < nb)
+        RUN_BLOCK(TC1, i + 1);
+    if (i + 2 < nb)
+        RUN_BLOCK(TC2, i + 2);
     __asm__ volatile("" ::: "memory");
 }
 

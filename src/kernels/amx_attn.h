@@ -10,6 +10,12 @@
 /* Loads the tile configuration of the functions below; releases the tile state. */
 void kwk_attn_amx_begin(void);
 void kwk_attn_amx_end(void);
+/* Cuts the tiles kwk_attn_amx_values multiplies to its first m queries (1..16) until the next
+ * kwk_attn_amx_begin (which loads the full tiles; the tiles' contents are lost either way): a
+ * multiply's time follows its rows (the values kernel from L2, session 38: 13 TSC ticks a
+ * multiply with 1-4 rows, 17.5 with 8, 22 with 16; a configuration load costs about 130), and an
+ * element depends only on its own row and column, so the m queries' sums are the same bits. */
+void kwk_attn_amx_values_rows(int m);
 
 /* s[u * 16 + x] = the dot product of key u (bf16 row k + u * ldk, hd elements) and query x
  * (qt[p * 16 + x]: elements 2p, 2p + 1 of query x as a pair of bf16), for nb blocks of 16 keys
@@ -17,6 +23,15 @@ void kwk_attn_amx_end(void);
  * 32-element chunks in order and depends only on its key and query, never on the others. */
 void kwk_attn_amx_scores(const uint32_t *qt, const uint16_t *k, long ldk, int hd, int nb,
                          float *s);
+
+/* kwk_attn_amx_scores over nb blocks of 16 keys (any count) for head dims of one or two 32-element
+ * chunks (hd 32 or 64), block i's 16 x 16 scores at s + i * 256: the same sums, bitwise. The
+ * queries' chunks stay in their tiles and each block has its own accumulator in turn (four), so
+ * a block's multiplies and store overlap the next blocks' instead of waiting on them (16 TSC
+ * ticks a multiply from L2, the multiplies' own rate; kwk_attn_amx_scores' calls of 4 blocks,
+ * each waiting for its stores, spent about twice that in a decode step, session 38). */
+void kwk_attn_amx_scores_run(const uint32_t *qt, const uint16_t *k, long ldk, int hd, int nb,
+                             float *s);
 
 /* The weighted values of 16 queries x and 32 * nch elements (nch 1 or 2), over keys j < nk (a
  * multiple of 16): acc[2c][x * 16 + n] += sum over j of w(x, j) * v(j, 32c + 2n), and
