@@ -533,11 +533,23 @@ static void keys_bf(const struct tile *t, int b, int nk, uint16_t *kb)
 /* Every query's scores into its row of p (store_scores): up to 4 blocks of keys a call where
  * they can be read as they lie (whole blocks of bf16 keys), else a block at a time rounded or
  * copied into kb, 16 rows, the missing ones zero. qt: the queries as pairs (scores_bf_hd). */
+/* Blocks b, b + 16, ... (nb of them) of a few queries' scores from the tile multiplies' output s
+ * (16 x 16 floats a block, query x in column x): each query's column gathered, scaled and
+ * stored. Returns the position after them. */
+INLINE int store_gathered(const struct tile *t, const float *s, int nb, int b, __m512 sv, float *p)
+{
+    const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64,
+                                         48, 32, 16, 0); /* u * MAXQ */
+    for (int i = 0; i < nb; i++, b += KB)
+        for (int x = 0; x < t->nq; x++)
+            store_scores(t, x, b,
+                         _mm512_mul_ps(_mm512_i32gather_ps(col, s + i * KB * MAXQ + x, 4), sv), p);
+    return b;
+}
+
 static void scores_amx(const struct tile *t, const uint32_t *qt, uint16_t *kb, __m512 sv, float *p)
 {
     int hd = t->hd, nmax = t->n[t->nq - 1], b = 0;
-    const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64,
-                                         48, 32, 16, 0); /* u * MAXQ */
     if (t->kbf && t->nq <= 4 && (hd == 32 || hd == 64)) {
         /* a decode step's whole blocks, RUN_BLOCKS a call (kwk_attn_amx_scores_run), then each
          * query's columns gathered. With the values' tiles cut to the queries' rows (amx_spans):
@@ -548,12 +560,7 @@ static void scores_amx(const struct tile *t, const uint32_t *qt, uint16_t *kb, _
             int nb = KWK_MIN(RUN_BLOCKS, (whole - b) / KB);
             kwk_attn_amx_scores_run(qt, (const uint16_t *)t->k + (long)b * t->ldk, t->ldk, hd, nb,
                                     sr);
-            for (int i = 0; i < nb; i++, b += KB)
-                for (int x = 0; x < t->nq; x++)
-                    store_scores(t, x, b,
-                                 _mm512_mul_ps(_mm512_i32gather_ps(col, sr + i * KB * MAXQ + x, 4),
-                                               sv),
-                                 p);
+            b = store_gathered(t, sr, nb, b, sv, p);
         }
     }
     _Alignas(64) float s[4 * KB * MAXQ];
@@ -576,12 +583,7 @@ static void scores_amx(const struct tile *t, const uint32_t *qt, uint16_t *kb, _
         }
         kwk_attn_amx_scores(qt, kr, ldr, hd, nb, s);
         if (t->nq <= 4) { /* a decode step's few queries: each one's column gathered */
-            for (int i = 0; i < nb; i++, b += KB)
-                for (int x = 0; x < t->nq; x++)
-                    store_scores(t, x, b,
-                                 _mm512_mul_ps(_mm512_i32gather_ps(col, s + i * KB * MAXQ + x, 4),
-                                               sv),
-                                 p);
+            b = store_gathered(t, s, nb, b, sv, p);
             continue;
         }
         for (int i = 0; i < nb; i++, b += KB) {
