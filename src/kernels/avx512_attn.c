@@ -530,9 +530,6 @@ static void keys_bf(const struct tile *t, int b, int nk, uint16_t *kb)
  * (a +0 can only turn an exactly -0 sum into +0). head_dim a multiple of 32, else the float
  * tiles. */
 
-/* Every query's scores into its row of p (store_scores): up to 4 blocks of keys a call where
- * they can be read as they lie (whole blocks of bf16 keys), else a block at a time rounded or
- * copied into kb, 16 rows, the missing ones zero. qt: the queries as pairs (scores_bf_hd). */
 /* Blocks b, b + 16, ... (nb of them) of a few queries' scores from the tile multiplies' output s
  * (16 x 16 floats a block, query x in column x): each query's column gathered, scaled and
  * stored. Returns the position after them. */
@@ -547,6 +544,11 @@ INLINE int store_gathered(const struct tile *t, const float *s, int nb, int b, _
     return b;
 }
 
+/* Every query's scores into its row of p (store_scores): a decode step's few queries over whole
+ * blocks of bf16 keys in runs of RUN_BLOCKS blocks (kwk_attn_amx_scores_run; head dims of 32 or
+ * 64); otherwise up to 4 blocks of keys a call where they can be read as they lie (whole blocks
+ * of bf16 keys), else a block at a time rounded or copied into kb, 16 rows, the missing ones
+ * zero. qt: the queries as pairs (scores_bf_hd). */
 static void scores_amx(const struct tile *t, const uint32_t *qt, uint16_t *kb, __m512 sv, float *p)
 {
     int hd = t->hd, nmax = t->n[t->nq - 1], b = 0;
