@@ -459,8 +459,8 @@ def test_8_long_decode_steps_shared_by_positions(prec):
     """A decode step of 768 positions or more (here 2090-2099) whose kv groups do not go evenly
     round the threads (llama_wide: 2 groups; on 3 threads) is shared by positions where attention
     runs on AMX (forward.c attend_spans_run: each thread a run of the table's span parts, then a
-    merge): its logits are bitwise the prompt's rows, and those of 1 and 2 threads (whole groups). On
-    hosts without AMX-BF16 the same checks cover the tables' plain split."""
+    merge): its logits are bitwise the prompt's rows, and those of 1 and 2 threads (whole
+    groups). On hosts without AMX-BF16 the same checks cover the tables' plain split."""
     from kwker.decode import KwkDecoder
     model = tiny_models.build("llama_wide")
     ids = np.asarray(tiny_models.prompt_ids("llama_wide", n=2100), dtype=np.int32)
