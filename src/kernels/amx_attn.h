@@ -33,13 +33,14 @@ void kwk_attn_amx_scores(const uint32_t *qt, const uint16_t *k, long ldk, int hd
 void kwk_attn_amx_scores_run(const uint32_t *qt, const uint16_t *k, long ldk, int hd, int nb,
                              float *s);
 
-/* The weighted values of 16 queries x and 32 * nch elements (nch 1 or 2), over keys j < nk (a
+/* The weighted values of 16 queries x (or of the first m, read and written alone, after
+ * kwk_attn_amx_values_rows(m)) and 32 * nch elements (nch 1 or 2), over keys j < nk (a
  * multiple of 16): acc[2c][x * 16 + n] += sum over j of w(x, j) * v(j, 32c + 2n), and
  * acc[2c + 1][...] the same of element 32c + 2n + 1. v(j, e) = v[j * ldv + e], bf16 rows; the
  * weight w(x, j) rounded to bf16 is given twice, rows ldw apart: wo[x * ldw + j] as a float (its
  * bf16 in the high half) and we[...] with it in the low half (its bits >> 16); every weight of
  * keys a query does not attend zero. Each sum runs over the 16-key blocks in order, from acc
- * (read and written as 16 x 16 floats), or from zero if fresh (acc then written only: a tile
+ * (read and written as 16 (or m) x 16 floats), or from zero if fresh (acc then written only: a tile
  * load right after the stores of zeros would wait for them). */
 void kwk_attn_amx_values(const float *wo, const float *we, long ldw, const uint16_t *v, long ldv,
                          int nch, int nk, int fresh, float (*acc)[256]);

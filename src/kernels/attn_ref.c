@@ -76,8 +76,8 @@ size_t kwk_attn_parts_floats(const struct kwk_attn_args *a, int span, int max_po
 void kwk_attn_span_split(const struct kwk_attn_args *a, int row, int span, int ith, int nth,
                          long *u0, long *u1)
 {
-    long n = (long)a->last[row] - a->first[row] + 1, ns = n > 0 ? (n + span - 1) / span : 0;
-    long units = ns * a->n_kv_heads;
+    long n = (long)a->last[row] - a->first[row] + 1;
+    long ns = n > 0 && span > 0 ? (n + span - 1) / span : 0, units = ns * a->n_kv_heads;
     *u0 = *u1 = 0;
     if (nth < 1 || ith < 0 || ith >= nth || units == 0)
         return;

@@ -690,6 +690,8 @@ static void check_span_split(void)
     kwk_attn_span_split(&s.a, 0, 512, 0, 2, &u0, &u1);
     T_CHECK(u0 == 0 && u1 == 4, "1088 positions on two threads: the first share is units %ld..%ld "
             "(want 0..4: group 0 and group 1's first span)", u0, u1);
+    kwk_attn_span_split(&s.a, 0, 0, 0, 2, &u0, &u1); /* no span (a table without): no units */
+    T_CHECK(u0 == 0 && u1 == 0, "span 0: units %ld..%ld", u0, u1);
     s.last[0] = s.first[0] - 1; /* nothing attended: no units */
     kwk_attn_span_split(&s.a, 0, 256, 0, 2, &u0, &u1);
     T_CHECK(u0 == 0 && u1 == 0, "empty row: units %ld..%ld", u0, u1);
