@@ -124,6 +124,10 @@ int kwk_cpu_prefetch_l2(void);
  * KWKER_PREFETCH=l1|l2 overrides both. Any thread. */
 int kwk_cpu_prefetch_l2_for(double bytes);
 
+/* Whether `bytes` are more than the last-level cache holds, as the CPU (or the hypervisor)
+ * reports its size; 0 where the size is unknown. Any thread. */
+int kwk_cpu_past_llc(double bytes);
+
 /* Whether the int8 decode tiles of an ISA's kernels (KWK_ISA_AVX2 or KWK_ISA_AVX512) prefetch
  * at all: not AVX-512's on AMD Zen 5 and later, where the hardware prefetcher alone reads
  * faster (cpu.c). KWKER_PREFETCH_INT8=on|off overrides for both. Detected once; any thread. */

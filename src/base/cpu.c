@@ -209,7 +209,13 @@ int kwk_cpu_prefetch_l2_for(double bytes)
     pthread_once(&isa_once, detect);
     if (prefetch_forced >= 0)
         return prefetch_forced;
-    return prefetch_l2 || (llc_bytes > 0 && bytes > llc_bytes);
+    return prefetch_l2 || kwk_cpu_past_llc(bytes);
+}
+
+int kwk_cpu_past_llc(double bytes)
+{
+    pthread_once(&isa_once, detect);
+    return llc_bytes > 0 && bytes > llc_bytes;
 }
 
 int kwk_cpu_prefetch_int8(int isa)

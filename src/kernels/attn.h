@@ -77,6 +77,13 @@ struct kwk_attn_kernel {
      * grows with its queries, and single heads balance the threads better. Read it through
      * kwk_attn_whole_groups. */
     int whole_groups;
+    /* n > 0: the same for head sizes a multiple of n, but only where a generated token's weights
+     * are larger than the last-level cache (the bf16 vector table, whose cost grows with its
+     * queries). There each step's keys and values come from DRAM behind the weights,
+     * so a group split between threads costs its bytes twice, and the thread left without a group
+     * reads the next product ahead (prefetch_next in forward.c). Read it through
+     * kwk_attn_whole_groups_for. */
+    int whole_groups_past_llc;
     /* 0, or (the AMX table, for head sizes its whole_groups takes) the positions of a span: the
      * table's softmax runs over a row's positions in spans of this many from its first, each
      * with its own max, sum and weighted values, merged in order. So a long row's spans can be
@@ -108,6 +115,10 @@ void kwk_attn_span_split(const struct kwk_attn_args *a, int row, int span, int i
 /* Whether table k wants a decode step of heads of head_dim elements shared by whole kv groups
  * (its whole_groups, above): the value for kwk_attn_args.whole_groups. */
 int kwk_attn_whole_groups(const struct kwk_attn_kernel *k, int head_dim);
+/* The same for a decoder whose generated token reads token_bytes of weights (0: not known):
+ * kwk_attn_whole_groups, or the table's whole_groups_past_llc where those bytes exceed the
+ * last-level cache (kwk_cpu_past_llc). */
+int kwk_attn_whole_groups_for(const struct kwk_attn_kernel *k, int head_dim, double token_bytes);
 
 /* Queries (row, head) whose scores a table may hold at once: a prompt chunk's neighbouring rows
  * read the same keys and values, so a table shares those loads across their heads. */

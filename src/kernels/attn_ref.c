@@ -58,6 +58,14 @@ int kwk_attn_whole_groups(const struct kwk_attn_kernel *k, int head_dim)
     return k->whole_groups > 0 && head_dim > 0 && head_dim % k->whole_groups == 0;
 }
 
+int kwk_attn_whole_groups_for(const struct kwk_attn_kernel *k, int head_dim, double token_bytes)
+{
+    if (kwk_attn_whole_groups(k, head_dim))
+        return 1;
+    int n = k->whole_groups_past_llc;
+    return n > 0 && head_dim > 0 && head_dim % n == 0 && kwk_cpu_past_llc(token_bytes);
+}
+
 int kwk_attn_span(const struct kwk_attn_kernel *k, int head_dim)
 {
     return k->span > 0 && k->span_part && k->span_merge && kwk_attn_whole_groups(k, head_dim)

@@ -1230,10 +1230,17 @@ static void half_to_bf16(uint16_t *dst, const uint16_t *src, long n)
     }
 }
 
+/* Decode steps by whole kv groups where the weights are larger than the last-level cache: on an
+ * AMD Zen 4 host (32 MiB L3), token by token, SmolLM2-135M int4 / balanced and 360M int4 at
+ * 128-640 positions took 0.983-0.996 of the time a token with SmolLM2-135M's three groups as
+ * 2 + 1 rather than 5 + 4 heads (1024-1152 positions: within noise). Where the model sits in the
+ * cache (the Intel host's 300 MiB L3) the same split was 2-4% slower (docs/benchmarks.md,
+ * sessions 36 and 39). */
 const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {.name = "avx512-bf16",
                                                      .items = avx512_bf16_items,
                                                      .stage_bf16 = stage_bf16,
-                                                     .half_to_bf16 = half_to_bf16};
+                                                     .half_to_bf16 = half_to_bf16,
+                                                     .whole_groups_past_llc = 32};
 
 static void amx_bf16_items(const struct kwk_attn_args *a, long i0, long i1, float *scratch)
 {
@@ -1251,7 +1258,8 @@ static void amx_bf16_items(const struct kwk_attn_args *a, long i0, long i1, floa
  * SmolLM2-135M's three groups on two threads as 2 + 1 groups rather than 5 + 4 heads (four
  * tiles, one group's keys and values read by both threads), which took 1-5% off a generated
  * token of SmolLM2-135M and 360M int4 (token by token; on the vector tables the same split was
- * 2-4% slower: docs/benchmarks.md, session 36). On many threads the step still takes one
+ * 2-4% slower on that host, whose L3 holds these models: docs/benchmarks.md, session 36; past
+ * the L3 the bf16 table asks for it too, above). On many threads the step still takes one
  * tile's time, on fewer threads (a group's tile costs what one head's does). Head sizes off 32
  * take the float tiles, whose cost follows their queries: single heads there (whole_groups 32). */
 const struct kwk_attn_kernel kwk_attn_amx_bf16 = {.name = "amx-bf16",

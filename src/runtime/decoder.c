@@ -261,6 +261,10 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
         if (!d->qact_mem)
             goto out_nomem;
     }
+    /* A decode step's attention by whole kv groups where the table wants that for these heads and
+     * the bytes a token reads (those of a pack; unpacked float matrices count as none) */
+    d->att_whole_groups = kwk_attn_whole_groups_for(
+        d->ak, c->head_dim, d->packed ? (double)kwk_packed_bytes(d->packed) : 0.0);
     return d;
 out_nomem:
     kwk_err_set(err, -ENOMEM, "out of memory for a decoder with %d slots of %d cache positions",

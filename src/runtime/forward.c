@@ -780,7 +780,7 @@ static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task
                               .v_rows = d->att_v,
                               .first = d->att_first,
                               .last = d->att_last,
-                              .whole_groups = kwk_attn_whole_groups(d->ak, c->head_dim)};
+                              .whole_groups = d->att_whole_groups};
     struct att_task t = {.d = d, .a = &a, .n = n, .after = after, .then = then};
     kwk_pool_run(d->pool, span_split_wanted(d, n) ? attend_spans_run : attend_run, &t);
 }

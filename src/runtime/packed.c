@@ -923,6 +923,11 @@ double kwk_packed_bits_per_weight(const struct kwk_packed *p)
     return p->n_weights ? 8.0 * (double)p->n_bytes / (double)p->n_weights : 0.0;
 }
 
+size_t kwk_packed_bytes(const struct kwk_packed *p)
+{
+    return p->n_bytes;
+}
+
 const float *kwk_packed_out_norm(const struct kwk_packed *p)
 {
     return p->out_norm;

@@ -43,6 +43,8 @@ const struct kwk_layer *kwk_packed_layers(const struct kwk_packed *p);
 const struct kwk_mat *kwk_packed_lm_head(const struct kwk_packed *p);
 /* Bits per weight of the packed matrices (blocks and scales over weights). */
 double kwk_packed_bits_per_weight(const struct kwk_packed *p);
+/* Bytes of p's packed matrices: what a generated token reads of them. */
+size_t kwk_packed_bytes(const struct kwk_packed *p);
 /* [d_model] the output norm's weights to use with the packed lm_head. */
 const float *kwk_packed_out_norm(const struct kwk_packed *p);
 

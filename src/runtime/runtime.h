@@ -62,6 +62,9 @@ struct kwk_decoder {
      * parts (kwk_attn_parts_floats), for a decode step shared out by positions (forward.c). */
     int att_span;
     float *att_parts;
+    /* kwk_attn_args.whole_groups: the table's choice for this model's heads and bytes a token
+     * (kwk_attn_whole_groups_for) */
+    int att_whole_groups;
     size_t scores_per_thread;
     const struct kwk_attn_kernel *ak; /* attention kernels (kernels/attn.h) */
     const void **att_k, **att_v;      /* [n_batch] each row's K / V cache for the layer */

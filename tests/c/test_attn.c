@@ -786,6 +786,20 @@ static void check_split(void)
         T_EQ(kwk_attn_whole_groups(&kwk_attn_avx2, hd), 0);
         T_EQ(kwk_attn_whole_groups(&kwk_attn_ref, hd), 0);
     }
+    /* and for a model's bytes a token: the same where they fit the last-level cache (or are not
+     * known); past it, the bf16 vector table too, on the head sizes its tiles take */
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    double fits = llc > 0 ? 0.5 * (double)llc : 1024.0, past = llc > 0 ? 2.0 * (double)llc : 1e15;
+    const struct kwk_attn_kernel *tables[] = {&kwk_attn_amx_bf16, &kwk_attn_avx512_bf16,
+                                              &kwk_attn_avx512, &kwk_attn_avx2, &kwk_attn_ref};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++) {
+            int hd = sizes[i], own = kwk_attn_whole_groups(tables[t], hd);
+            int bf16_past = tables[t] == &kwk_attn_avx512_bf16 && llc > 0 && hd > 0 && hd % 32 == 0;
+            T_EQ(kwk_attn_whole_groups_for(tables[t], hd, 0.0), own);
+            T_EQ(kwk_attn_whole_groups_for(tables[t], hd, fits), own);
+            T_EQ(kwk_attn_whole_groups_for(tables[t], hd, past), own || bf16_past);
+        }
 }
 
 /* The table follows kwk_isa() and so KWKER_ISA; each value is tried in a child process since

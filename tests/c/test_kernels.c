@@ -472,6 +472,16 @@ static int prefetch_for_probe(void)
            kwk_mat_prefetch_l2(&dflt) << 6;
 }
 
+/* kwk_cpu_past_llc as bits: 1 for no bytes, 2 for 1 KiB, 4 for the last-level cache's size, 8
+ * for twice it (1 PB where the size is unknown). */
+static int past_llc_probe(void)
+{
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    double at = llc > 0 ? (double)llc : 1e15, twice = llc > 0 ? 2.0 * (double)llc : 1e15;
+    return kwk_cpu_past_llc(0.0) | kwk_cpu_past_llc(1024.0) << 1 | kwk_cpu_past_llc(at) << 2 |
+           kwk_cpu_past_llc(twice) << 3;
+}
+
 /* The CPU's default where weights fit the last-level cache, L2 where they exceed it (when its
  * size is known); KWKER_PREFETCH=l1|l2 decides all; a matrix's own choice wins over the CPU's. */
 static void test_prefetch_for_bytes(void)
@@ -485,6 +495,12 @@ static void test_prefetch_for_bytes(void)
     T_EQ(r >> 4 & 7, 2 | dflt << 2); /* L1 asked: 0; L2 asked: 1; none: the CPU's */
     T_EQ(in_child_with_env("KWKER_PREFETCH", "l1", prefetch_for_probe), 0 | 1 << 5);
     T_EQ(in_child_with_env("KWKER_PREFETCH", "l2", prefetch_for_probe), 0x0f | 1 << 5 | 1 << 6);
+    /* past the last-level cache: only beyond its size, and never where the size is unknown;
+     * KWKER_PREFETCH does not enter into it */
+    int past = sysconf(_SC_LEVEL3_CACHE_SIZE) > 0;
+    T_EQ(in_child_with_env("KWKER_PREFETCH", NULL, past_llc_probe), past << 3);
+    T_EQ(in_child_with_env("KWKER_PREFETCH", "l1", past_llc_probe), past << 3);
+    T_EQ(in_child_with_env("KWKER_PREFETCH", "l2", past_llc_probe), past << 3);
 }
 
 /* Whether the AVX2 quantized kernels use AVX-VNNI: the CPU's answer unless KWKER_AVXVNNI=off;
