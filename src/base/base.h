@@ -124,9 +124,24 @@ int kwk_cpu_prefetch_l2(void);
  * KWKER_PREFETCH=l1|l2 overrides both. Any thread. */
 int kwk_cpu_prefetch_l2_for(double bytes);
 
-/* Whether `bytes` are more than the last-level cache holds, as the CPU (or the hypervisor)
- * reports its size; 0 where the size is unknown. Any thread. */
+/* Whether `bytes` are more than the last-level cache holds (kwk_cpu_llc_bytes); 0 where its
+ * size is unknown. Any thread. */
 int kwk_cpu_past_llc(double bytes);
+
+/* Bytes of last-level cache the CPUs this process may run on can fill: each instance of the
+ * highest-level cache among them once, as Linux describes them (kwk_llc_bytes_from on
+ * /sys/devices/system/cpu), else sysconf(_SC_LEVEL3_CACHE_SIZE); 0 where neither says.
+ * Detected once; any thread. */
+double kwk_cpu_llc_bytes(void);
+
+/* llc.c. Bytes of a cache's size as sysfs writes it ("32768K", "1M", "512", a newline after):
+ * -1 for anything else. */
+long long kwk_cache_size_parse(const char *s);
+/* The sum of the sizes of the distinct instances (by the first CPU of their shared_cpu_list) of
+ * the highest-level data or unified cache of cpus[0..n_cpus) under root (a tree laid out as
+ * /sys/devices/system/cpu: cpuN/cache/indexI/{level,type,size,shared_cpu_list}); CPUs whose
+ * last level differs from the first one's are left out. 0 when none is described. */
+double kwk_llc_bytes_from(const char *root, const int *cpus, int n_cpus);
 
 /* Whether the int8 decode tiles of an ISA's kernels (KWK_ISA_AVX2 or KWK_ISA_AVX512) prefetch
  * at all: not AVX-512's on AMD Zen 5 and later, where the hardware prefetcher alone reads

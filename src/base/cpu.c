@@ -40,6 +40,27 @@ static int use_amx_bf16; /* use_amx, AMX-BF16 and AVX512_BF16: the act8 attentio
 static int use_amx_preserve; /* use_amx_bf16 and KWKER_AMX_PRESERVE=on: preserve's products */
 static int use_amx_preserve_pack; /* use_amx_bf16 and not KWKER_AMX_PRESERVE=off: its packs */
 
+/* The last-level cache the CPUs this process may run on can fill (llc.c), or where Linux does
+ * not describe its caches, what the CPU (or the hypervisor) reports through glibc; 0: unknown. */
+static double llc_of_process(void)
+{
+    cpu_set_t set;
+    int cpus[CPU_SETSIZE], n = 0;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &set))
+                cpus[n++] = c;
+    double bytes = kwk_llc_bytes_from("/sys/devices/system/cpu", cpus, n);
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (bytes <= 0) {
+        long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        bytes = l3 > 0 ? (double)l3 : 0.0;
+    }
+#endif
+    return bytes;
+}
+
 /* XCR0: which register states the OS saves on context switch. Only valid when OSXSAVE is set. */
 static uint64_t xgetbv0(void)
 {
@@ -130,10 +151,7 @@ static void detect(void)
     int pf = kwk_env_word("KWKER_PREFETCH", (const char *const[]){"l1", "l2"}, 2);
     if (pf >= 0)
         prefetch_l2 = prefetch_forced = pf;
-#ifdef _SC_LEVEL3_CACHE_SIZE
-    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE); /* what the CPU (or hypervisor) reports */
-    llc_bytes = l3 > 0 ? (double)l3 : 0.0;
-#endif
+    llc_bytes = llc_of_process();
     /* Zen 5 (family 1Ah, full-width AVX-512 datapaths): with the AVX-512 int8 decode tile's
      * prefetches off (two requests a line it loads: its blocks' group 4 ahead and the next
      * tile's), the hardware prefetcher alone, a balanced token took 7-22% less time at 8-bit
@@ -216,6 +234,12 @@ int kwk_cpu_past_llc(double bytes)
 {
     pthread_once(&isa_once, detect);
     return llc_bytes > 0 && bytes > llc_bytes;
+}
+
+double kwk_cpu_llc_bytes(void)
+{
+    pthread_once(&isa_once, detect);
+    return llc_bytes;
 }
 
 int kwk_cpu_prefetch_int8(int isa)

@@ -788,8 +788,8 @@ static void check_split(void)
     }
     /* and for a model's bytes a token: the same where they fit the last-level cache (or are not
      * known); past it, the bf16 vector table too, on the head sizes its tiles take */
-    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    double fits = llc > 0 ? 0.5 * (double)llc : 1024.0, past = llc > 0 ? 2.0 * (double)llc : 1e15;
+    double llc = kwk_cpu_llc_bytes(); /* test_llc checks it */
+    double fits = llc > 0 ? 0.5 * llc : 1024.0, past = llc > 0 ? 2.0 * llc : 1e15;
     const struct kwk_attn_kernel *tables[] = {&kwk_attn_amx_bf16, &kwk_attn_avx512_bf16,
                                               &kwk_attn_avx512, &kwk_attn_avx2, &kwk_attn_ref};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
