@@ -1235,7 +1235,8 @@ static void half_to_bf16(uint16_t *dst, const uint16_t *src, long n)
  * 128-640 positions took 0.983-0.996 of the time a token with SmolLM2-135M's three groups as
  * 2 + 1 rather than 5 + 4 heads (1024-1152 positions: within noise). Where the model sits in the
  * cache (the Intel host's 300 MiB L3) the same split was 2-4% slower (docs/benchmarks.md,
- * sessions 36 and 39). */
+ * sessions 36 and 39). Engaged by the cache's size as sysfs gives it (session 40), the split
+ * took 1.6-3.7% off a 135M int4 token there; 360M within noise. */
 const struct kwk_attn_kernel kwk_attn_avx512_bf16 = {.name = "avx512-bf16",
                                                      .items = avx512_bf16_items,
                                                      .stage_bf16 = stage_bf16,
