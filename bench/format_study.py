@@ -106,51 +106,48 @@ def trial_factors():
     return torch.linspace(1.0, 0.8, N_TRIALS).tolist()
 
 
+def best_of_trials(w, opt, quant):
+    """quant(t) -> dequantized w for trial factor t; opt: the least squared error per group
+    (row of w) over the trials, else the plain choice t = 1.0."""
+    if not opt:
+        return quant(1.0)
+    best, best_err = None, None
+    for t in trial_factors():
+        wq = quant(t)
+        err = ((wq - w) ** 2).sum(dim=1, keepdim=True)
+        if best is None:
+            best, best_err = wq, err
+        else:
+            better = err < best_err
+            best = torch.where(better, wq, best)
+            best_err = torch.where(better, err, best_err)
+    return best
+
+
 def q4a_groups(w, opt):
     """w [n, G]: asymmetric 4-bit; opt: shrink [min, max] about its midpoint by t."""
     lo = w.amin(dim=1, keepdim=True)
     hi = w.amax(dim=1, keepdim=True)
     mid, half = (lo + hi) * 0.5, (hi - lo) * 0.5
-    best, best_err = None, None
-    for t in (trial_factors() if opt else [1.0]):
+
+    def quant(t):
         lo_t, hi_t = (lo, hi) if t == 1.0 else (mid - half * t, mid + half * t)
         d = fp16((hi_t - lo_t) / 15)
         m = fp16(lo_t)
         inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-        q = torch.clamp(torch.round((w - m) * inv), 0, 15)
-        wq = d * q + m
-        if not opt:
-            return wq
-        err = ((wq - w) ** 2).sum(dim=1, keepdim=True)
-        if best is None:
-            best, best_err = wq, err
-        else:
-            better = err < best_err
-            best = torch.where(better, wq, best)
-            best_err = torch.where(better, err, best_err)
-    return best
+        return d * torch.clamp(torch.round((w - m) * inv), 0, 15) + m
+    return best_of_trials(w, opt, quant)
 
 
 def q4s_groups(w, opt):
     """w [n, G]: llama.cpp Q4_0: d = (value of largest magnitude) / -8; opt: d times t."""
-    idx = w.abs().argmax(dim=1, keepdim=True)
-    a = w.gather(1, idx)
-    best, best_err = None, None
-    for t in (trial_factors() if opt else [1.0]):
+    a = w.gather(1, w.abs().argmax(dim=1, keepdim=True))
+
+    def quant(t):
         d = fp16(a / -8 * t)
         inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-        q = torch.clamp(torch.round(w * inv) + 8, 0, 15)
-        wq = d * (q - 8)
-        if not opt:
-            return wq
-        err = ((wq - w) ** 2).sum(dim=1, keepdim=True)
-        if best is None:
-            best, best_err = wq, err
-        else:
-            better = err < best_err
-            best = torch.where(better, wq, best)
-            best_err = torch.where(better, err, best_err)
-    return best
+        return d * (torch.clamp(torch.round(w * inv) + 8, 0, 15) - 8)
+    return best_of_trials(w, opt, quant)
 
 
 def q8s_groups(w, half_scale):
