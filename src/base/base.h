@@ -142,6 +142,12 @@ long long kwk_cache_size_parse(const char *s);
  * /sys/devices/system/cpu: cpuN/cache/indexI/{level,type,size,shared_cpu_list}); CPUs whose
  * last level differs from the first one's are left out. 0 when none is described. */
 double kwk_llc_bytes_from(const char *root, const int *cpus, int n_cpus);
+/* Marks mark[c] = 1 for every CPU c < n_mark of a Linux CPU list ("0-3,8,10-11", a newline
+ * after or not): 0, or -1 (nothing marked) where s is not such a list. */
+int kwk_cpu_list_mark(const char *s, unsigned char *mark, int n_mark);
+/* The CPUs this process may run on (sched_getaffinity, sized for any number of CPUs), ascending,
+ * into a malloc'd *cpus: their count, or -1 (*cpus NULL) where it cannot tell. */
+int kwk_affinity_cpus(int **cpus);
 
 /* Whether the int8 decode tiles of an ISA's kernels (KWK_ISA_AVX2 or KWK_ISA_AVX512) prefetch
  * at all: not AVX-512's on AMD Zen 5 and later, where the hardware prefetcher alone reads

@@ -44,14 +44,9 @@ static int use_amx_preserve_pack; /* use_amx_bf16 and not KWKER_AMX_PRESERVE=off
  * not describe its caches, what the CPU (or the hypervisor) reports through glibc; 0: unknown. */
 static double llc_of_process(void)
 {
-    cpu_set_t set;
-    int cpus[CPU_SETSIZE], n = 0;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        for (int c = 0; c < CPU_SETSIZE; c++)
-            if (CPU_ISSET(c, &set))
-                cpus[n++] = c;
-    double bytes = kwk_llc_bytes_from("/sys/devices/system/cpu", cpus, n);
+    int *cpus, n = kwk_affinity_cpus(&cpus);
+    double bytes = n > 0 ? kwk_llc_bytes_from("/sys/devices/system/cpu", cpus, n) : 0.0;
+    free(cpus);
 #ifdef _SC_LEVEL3_CACHE_SIZE
     if (bytes <= 0) {
         long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
@@ -296,11 +291,8 @@ const char *kwk_isa_name(int isa)
 
 int kwk_default_threads(void)
 {
-    cpu_set_t set;
-    int n = 0;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        n = CPU_COUNT(&set);
+    int *cpus, n = kwk_affinity_cpus(&cpus); /* any number of CPUs, not cpu_set_t's 1024 */
+    free(cpus);
     if (n < 1) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         n = online > 0 ? (int)online : 1;

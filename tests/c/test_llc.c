@@ -3,6 +3,7 @@
  * list, instruction caches and missing files), and on this machine that kwk_cpu_llc_bytes is
  * what its own sysfs describes, not glibc's figure, where the two differ. Single-threaded. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,29 @@ static void test_parse(void)
     T_EQ(kwk_cache_size_parse("1KK"), -1);
     T_EQ(kwk_cache_size_parse("99999999999999999999K"), -1);
     T_EQ(kwk_cache_size_parse("9223372036854775807K"), -1);
+}
+
+static void test_lists(void)
+{
+    unsigned char m[16];
+    memset(m, 0, sizeof m);
+    T_EQ(kwk_cpu_list_mark("0-3,8,10-11\n", m, 16), 0);
+    const unsigned char want[16] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0};
+    T_TRUE(memcmp(m, want, 16) == 0);
+    memset(m, 0, sizeof m);
+    T_EQ(kwk_cpu_list_mark("5", m, 16), 0);
+    T_EQ(m[5], 1);
+    T_EQ(kwk_cpu_list_mark("14-40\n", m, 16), 0); /* past n_mark: left out */
+    T_EQ(m[15], 1);
+    /* malformed lists mark nothing, not even their well-formed start */
+    const char *bad[] = {"", "\n", "a", "1-", "-1", "3-1", "1,,2", "1,", "1 2", "0-3\n\n",
+                         "1-2-3", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(m, 0, sizeof m);
+        T_EQ(kwk_cpu_list_mark(bad[i], m, 16), -1);
+        unsigned char none[16] = {0};
+        T_TRUE(memcmp(m, none, 16) == 0);
+    }
 }
 
 static char root[64];
@@ -108,6 +132,38 @@ static void test_trees(void)
     put_cache(6, 1, 3, "Instruction\n", "64M\n", "6\n");
     int six[] = {6};
     T_EQ(kwk_llc_bytes_from(root, six, 1), 1.0 * (1 << 20));
+    /* a CPU covered by an instance already counted is not read: cpu 9's own files (a list
+     * naming only itself, another size) would count 16 MiB more */
+    put_core(8, "32M\n", "8-9\n");
+    put_core(9, "16M\n", "9\n");
+    int pair[] = {8, 9}, nine[] = {9};
+    T_EQ(kwk_llc_bytes_from(root, pair, 2), 32.0 * (1 << 20));
+    T_EQ(kwk_llc_bytes_from(root, nine, 1), 16.0 * (1 << 20));
+    /* a list longer than a small buffer (single CPUs apart, as SMT siblings on large machines):
+     * read whole; one longer than llc.c's buffer is not trusted (cpu 12 then counts alone, and
+     * cpu 13 is read) */
+    char *list = malloc(20000);
+    T_TRUE(list != NULL);
+    if (list) {
+        int k = 0;
+        for (int c = 10; c < 1200; c += 2)
+            k += snprintf(list + k, 20000 - k, "%s%d", c > 10 ? "," : "", c);
+        snprintf(list + k, 20000 - k, "\n");
+        put_core(10, "8M\n", list);
+        put_core(11, "4M\n", "11\n");
+        put_core(1000, "1M\n", "1000\n"); /* in cpu 10's list: not read */
+        int ten_eleven[] = {10, 11, 1000};
+        T_EQ(kwk_llc_bytes_from(root, ten_eleven, 3), 12.0 * (1 << 20));
+        k = 0;
+        for (int c = 12; c < 3000; c++) /* ~15 KB */
+            k += snprintf(list + k, 20000 - k, "%s%d", c > 12 ? "," : "", c);
+        snprintf(list + k, 20000 - k, "\n");
+        put_core(12, "2M\n", list);
+        put_core(13, "2M\n", "13\n");
+        int twelve[] = {12, 13};
+        T_EQ(kwk_llc_bytes_from(root, twelve, 2), 4.0 * (1 << 20));
+        free(list);
+    }
     /* unreadable or nonsense sizes, CPUs without caches, no CPUs: nothing */
     put_cache(7, 0, 3, "Unified\n", "lots\n", "7\n");
     int seven[] = {7}, absent[] = {42};
@@ -118,24 +174,39 @@ static void test_trees(void)
     remove_tree();
 }
 
-/* This machine: where sysfs describes cpu0's caches, the size kwk_cpu_llc_bytes gives is a whole
- * number of cpu0's last-level caches, at most one a CPU; else glibc's figure (or 0). */
+/* This machine: the CPUs the process may run on are those sched_getaffinity names; where sysfs
+ * describes their caches, kwk_cpu_llc_bytes is its sum over them, at least each one's own
+ * instance and at most one instance a CPU; else glibc's figure (or 0). */
 static void test_this_machine(void)
 {
     double llc = kwk_cpu_llc_bytes();
-    int cpu0[] = {0};
-    double own = kwk_llc_bytes_from("/sys/devices/system/cpu", cpu0, 1);
-    long n = sysconf(_SC_NPROCESSORS_CONF);
-    printf("  last-level cache: %.1f MiB (cpu0's instance %.1f MiB; glibc says %ld KiB)\n",
-           llc / (1 << 20), own / (1 << 20), sysconf(_SC_LEVEL3_CACHE_SIZE) >> 10);
+    int *cpus, n = kwk_affinity_cpus(&cpus);
+    T_TRUE(n >= 1 && cpus != NULL);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    T_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+    T_EQ(n, CPU_COUNT(&set)); /* this machine has fewer than CPU_SETSIZE CPUs */
+    for (int i = 0; i < n; i++)
+        T_TRUE(CPU_ISSET(cpus[i], &set) && (i == 0 || cpus[i] > cpus[i - 1]));
+    T_EQ(kwk_default_threads(), n); /* one thread a CPU we may run on */
+    double sum = n > 0 ? kwk_llc_bytes_from("/sys/devices/system/cpu", cpus, n) : 0.0;
+    printf("  last-level cache: %.1f MiB over %d CPUs (glibc says %ld KiB)\n", llc / (1 << 20),
+           n, sysconf(_SC_LEVEL3_CACHE_SIZE) >> 10);
     T_TRUE(llc >= 0.0);
-    if (own > 0) {
-        double k = llc / own;
-        T_TRUE(k >= 1.0 && k == (double)(long)k && k <= (double)(n > 0 ? n : 1));
+    if (sum > 0) {
+        T_EQ(llc, sum);
+        double most = 0.0;
+        for (int i = 0; i < n; i++) {
+            double own = kwk_llc_bytes_from("/sys/devices/system/cpu", cpus + i, 1);
+            T_TRUE(own <= llc);
+            most = own > most ? own : most;
+        }
+        T_TRUE(llc <= most * n);
     } else {
         long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
         T_EQ(llc, l3 > 0 ? (double)l3 : 0.0);
     }
+    free(cpus);
     /* and kwk_cpu_past_llc follows it */
     T_EQ(kwk_cpu_past_llc(0.0), 0);
     T_EQ(kwk_cpu_past_llc(llc > 0 ? llc : 1e15), 0);
@@ -145,6 +216,7 @@ static void test_this_machine(void)
 int main(void)
 {
     test_parse();
+    test_lists();
     test_trees();
     test_this_machine();
     return t_report("test_llc");
