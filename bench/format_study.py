@@ -51,10 +51,12 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ppl  # noqa: E402  (read_text, DEFAULT_TEXT: the text as llama-perplexity reads it)
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_TEXT = REPO.parent / "shared" / "data" / "text" / \
-    "wikitext-2-raw-v1.test.hf-rows-crlf.txt"
+DEFAULT_TEXT = ppl.DEFAULT_TEXT
 LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 N_TRIALS = 20
 
@@ -246,14 +248,6 @@ def load(model_path, log):
     return model, tok, add_bos
 
 
-def read_text(path):
-    """The bytes as llama.cpp's -f reads them (one trailing '\\n' dropped), decoded as UTF-8:
-    CRLF stays CRLF (no text-mode newline translation)."""
-    data = Path(path).read_bytes()
-    data = data[:-1] if data.endswith(b"\n") else data
-    return data.decode("utf-8")
-
-
 def check_tokens(model_path, text_bytes_path, ids, log):
     try:
         from llama_cpp import Llama
@@ -261,9 +255,7 @@ def check_tokens(model_path, text_bytes_path, ids, log):
         log("token check skipped: %s" % e)
         return
     llm = Llama(str(model_path), vocab_only=True, verbose=False)
-    data = Path(text_bytes_path).read_bytes()
-    data = data[:-1] if data.endswith(b"\n") else data
-    ref = llm.tokenize(data, add_bos=False, special=False)
+    ref = llm.tokenize(ppl.read_text(text_bytes_path), add_bos=False, special=False)
     same = list(ref) == list(ids)
     log("token check against llama.cpp: %s (%d vs %d tokens)" % (
         "identical" if same else "DIFFERENT", len(ids), len(ref)))
@@ -388,7 +380,7 @@ def main():
     torch.set_num_threads(args.threads)
     t_start = time.time()
     model, tok, add_bos = load(args.model, log)
-    text = read_text(args.text)
+    text = ppl.read_text(args.text).decode("utf-8")  # CRLF kept
     ids = tok(text, add_special_tokens=False)["input_ids"]
     log("%d tokens (%d CRLF in the text)" % (len(ids), text.count("\r\n")))
     if args.check_tokens:
