@@ -56,7 +56,6 @@ import ppl  # noqa: E402  (read_text, DEFAULT_TEXT: the text as llama-perplexity
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_TEXT = ppl.DEFAULT_TEXT
 LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 N_TRIALS = 20
 
@@ -356,7 +355,7 @@ def main():
     ap.add_argument("--list", action="store_true")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    ap.add_argument("--text", type=Path, default=ppl.DEFAULT_TEXT)
     ap.add_argument("--bos", choices=("auto", "always", "never"), default="auto",
                     help="replace each chunk's first token by BOS: auto = when the vocabulary "
                          "adds BOS (llama.cpp)")

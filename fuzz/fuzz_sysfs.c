@@ -45,7 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(text, data, size);
     text[size] = 0;
-    const char *list = text + strlen(text) + (strlen(text) < size); /* after the NUL, or "" */
+    size_t n_size = strlen(text);
+    const char *list = text + n_size + (n_size < size); /* after the NUL, or "" */
     if (kwk_cache_size_parse(text) < -1)
         abort(); /* -1 is the only refusal */
     unsigned char mark[N_MARK] = {0}, want[N_MARK] = {0};
