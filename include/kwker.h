@@ -88,6 +88,7 @@ enum kwk_arch {
     KWK_ARCH_MISTRAL = 2,
     KWK_ARCH_QWEN2 = 3,
     KWK_ARCH_QWEN3 = 4,
+    KWK_ARCH_GEMMA3 = 5, /* Gemma 3's text decoder (Gemma3ForCausalLM, GGUF gemma3) */
 };
 
 struct kwk_model_info {

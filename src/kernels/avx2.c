@@ -369,6 +369,25 @@ static void avx2_swiglu(float *g, const float *u, long n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* gelu_tanh(g) * u as x / (1 + exp(-x (A + B x^2))): kernels.h's geglu. */
+static void avx2_geglu(float *g, const float *u, long n)
+{
+    const float ca = 1.5957691216057308f, cb = 0.07135481627159862f;
+    const __m256 one = _mm256_set1_ps(1.0f), a = _mm256_set1_ps(ca), b = _mm256_set1_ps(cb);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 z = _mm256_mul_ps(x, _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(b, x), x)));
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), z));
+        __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        float x = g[i];
+        g[i] = x / (1.0f + expf(-x * (ca + cb * x * x))) * u[i];
+    }
+}
+
 /* kwk_f32_to_f16 eight at a time: the F16C conversion (nearest even), then its saturation and
  * NaN patched in 32-bit lanes and the lanes packed back to 16 bits. */
 static void avx2_to_half(uint16_t *y, const float *x, long n)
@@ -414,6 +433,7 @@ const struct kwk_kernels kwk_kernels_avx2 = {
     .rmsnorm = avx2_rmsnorm,
     .softmax = avx2_softmax,
     .swiglu = avx2_swiglu,
+    .geglu = avx2_geglu,
     .to_half = avx2_to_half,
     .from_half = avx2_from_half,
     .bf16_panels = 1,

@@ -388,6 +388,27 @@ INLINE __m512 swiglu16(__m512 g, __m512 u)
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
+/* gelu_tanh(g) * u as g / (1 + exp(-g (A + B g^2))): kernels.h's geglu. */
+INLINE __m512 geglu16(__m512 g, __m512 u)
+{
+    const __m512 a = _mm512_set1_ps(1.5957691216057308f), b = _mm512_set1_ps(0.07135481627159862f);
+    __m512 z = _mm512_mul_ps(g, _mm512_add_ps(a, _mm512_mul_ps(_mm512_mul_ps(b, g), g)));
+    __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+static void avx512_geglu(float *g, const float *u, long n)
+{
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(g + i, geglu16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = geglu16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i));
+        _mm512_mask_storeu_ps(g + i, m, v);
+    }
+}
+
 static void avx512_swiglu(float *g, const float *u, long n)
 {
     long i = 0;
@@ -441,6 +462,7 @@ const struct kwk_kernels kwk_kernels_avx512 = {
     .rmsnorm = avx512_rmsnorm,
     .softmax = avx512_softmax,
     .swiglu = avx512_swiglu,
+    .geglu = avx512_geglu,
     .to_half = avx512_to_half,
     .from_half = avx512_from_half,
     .dec_runs = KWK_DEC_STREAMS, /* float_rows.h; avx2_panel.c reads panels alike */

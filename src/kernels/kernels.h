@@ -72,6 +72,10 @@ struct kwk_kernels {
     void (*softmax)(float *x, long n);
     /* g[i] = silu(g[i]) * u[i] */
     void (*swiglu)(float *g, const float *u, long n);
+    /* g[i] = gelu_tanh(g[i]) * u[i] (Gemma's MLP). PyTorch's 0.5 x (1 + tanh(y)), y = sqrt(2/pi)
+     * (x + 0.044715 x^3), is computed as its equal x / (1 + exp(-2y)): SiLU's form, so the tables
+     * share their exp, and no 1 + tanh cancels where x is negative. */
+    void (*geglu)(float *g, const float *u, long n);
     /* y[i] = kwk_f32_to_f16(x[i]) (kernels/quant.h): nearest even, +-65504 beyond it, NaN as
      * sign | 0x7e00. The half KV cache's stores. */
     void (*to_half)(uint16_t *y, const float *x, long n);

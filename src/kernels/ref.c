@@ -144,6 +144,18 @@ static void ref_swiglu(float *g, const float *u, long n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* 2 sqrt(2/pi) and 2 sqrt(2/pi) 0.044715: gelu_tanh(x) = x / (1 + exp(-x (A + B x^2))). */
+#define GELU_A 1.5957691216057308f
+#define GELU_B 0.07135481627159862f
+
+static void ref_geglu(float *g, const float *u, long n)
+{
+    for (long i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = x / (1.0f + expf(-x * (GELU_A + GELU_B * x * x))) * u[i];
+    }
+}
+
 static void ref_to_half(uint16_t *y, const float *x, long n)
 {
     for (long i = 0; i < n; i++)
@@ -167,6 +179,7 @@ const struct kwk_kernels kwk_kernels_ref = {
     .rmsnorm = ref_rmsnorm,
     .softmax = ref_softmax,
     .swiglu = ref_swiglu,
+    .geglu = ref_geglu,
     .to_half = ref_to_half,
     .from_half = ref_from_half,
     .dec_runs = 1,

@@ -31,6 +31,7 @@ static void cfg_defaults(struct kwk_config *cfg)
     cfg->rope_theta = 10000.0f;
     cfg->rope_factor = 1.0f;
     cfg->bos_id = -1;
+    cfg->embed_scale = 1.0f;
 }
 
 struct arch_name {
@@ -43,6 +44,7 @@ static const struct arch_name archs[] = {
     {"MistralForCausalLM", "mistral", KWK_ARCH_MISTRAL},
     {"Qwen2ForCausalLM", "qwen2", KWK_ARCH_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", KWK_ARCH_QWEN3},
+    {"Gemma3ForCausalLM", "gemma3_text", KWK_ARCH_GEMMA3},
 };
 
 /* Sanity-check the numbers every later size computation relies on. */
@@ -73,7 +75,20 @@ static int cfg_validate(struct kwk_config *cfg, const char *label, struct kwk_er
                            label);
     if (cfg->max_position < 0)
         cfg->max_position = 0;
+    if (cfg->attn_scale == 0.0f)
+        cfg->attn_scale = 1.0f / sqrtf((float)cfg->head_dim);
     return 0;
+}
+
+/* Gemma 3's layer pattern: every pattern-th layer global, the others local (transformers'
+ * default for configs without layer_types; llama.cpp's for GGUF files). */
+static void cfg_window_pattern(struct kwk_config *cfg, int pattern)
+{
+    cfg->window_per_layer = 1;
+    memset(cfg->layer_local, 0, sizeof cfg->layer_local);
+    for (int L = 0; L < cfg->n_layers && L < KWK_MAX_LAYERS; L++)
+        if (pattern <= 0 || (L + 1) % pattern != 0)
+            cfg->layer_local[L / 8] |= (uint8_t)(1u << (L % 8));
 }
 
 /* ---- config.json ---------------------------------------------------------------------------*/
@@ -149,6 +164,9 @@ static int json_get_eos(const json_t *o, struct kwk_config *cfg, const char *lab
     return 1;
 }
 
+static int json_rope_scaling(const json_t *o, struct kwk_config *cfg, const char *label,
+                             struct kwk_err *err);
+
 /* rope_scaling (transformers 4) or rope_parameters (transformers 5). */
 static int json_rope(const json_t *root, struct kwk_config *cfg, const char *label,
                      struct kwk_err *err)
@@ -168,6 +186,14 @@ static int json_rope(const json_t *root, struct kwk_config *cfg, const char *lab
                                label);
         return 0;
     }
+    return json_rope_scaling(o, cfg, label, err);
+}
+
+/* The scaling an object of rope parameters names (rope_type or type, factor, ...). */
+static int json_rope_scaling(const json_t *o, struct kwk_config *cfg, const char *label,
+                             struct kwk_err *err)
+{
+    int rc;
     const json_t *t = json_object_get(o, "rope_type");
     if (!t)
         t = json_object_get(o, "type");
@@ -217,8 +243,11 @@ static void json_arch(const json_t *root, struct kwk_config *cfg)
     if (!name)
         name = json_is_string(mt) ? json_string_value(mt) : "(none given)";
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name);
+    if (!strcmp(name, "Gemma3ForConditionalGeneration"))
+        cfg_unsupported(cfg, "architecture %.64s (text and images) is not supported: Kwker runs "
+                        "Gemma 3's text decoder alone (Gemma3ForCausalLM)", name);
     cfg_unsupported(cfg, "architecture %.64s is not supported (supported: Llama, Mistral, Qwen2, "
-                    "Qwen3)", name);
+                    "Qwen3, Gemma3ForCausalLM)", name);
 }
 
 /* The dimensions every architecture has; a config without them is not a model config. */
@@ -261,12 +290,126 @@ static int json_dims(const json_t *root, struct kwk_config *cfg, const char *lab
     return 0;
 }
 
+/* Which layers of a Gemma 3 config are local: layer_types, else its sliding window pattern. */
+static int json_gemma3_layers(const json_t *root, struct kwk_config *cfg, const char *label,
+                              struct kwk_err *err)
+{
+    const json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers)
+            return kwk_err_set(err, KWK_EFORMAT, "%s: layer_types must list num_hidden_layers "
+                               "(%d) entries", label, cfg->n_layers);
+        cfg_window_pattern(cfg, 1); /* every bit clear: all global until the list says */
+        size_t i;
+        const json_t *it;
+        json_array_foreach(lt, i, it) {
+            const char *v = json_is_string(it) ? json_string_value(it) : "";
+            if (!strcmp(v, "sliding_attention"))
+                cfg->layer_local[i / 8] |= (uint8_t)(1u << (i % 8));
+            else if (strcmp(v, "full_attention"))
+                return kwk_err_set(err, KWK_EFORMAT, "%s: layer_types[%zu] is neither "
+                                   "\"sliding_attention\" nor \"full_attention\"", label, i);
+        }
+        return 0;
+    }
+    /* transformers' config keeps its pattern as _sliding_window_pattern, and takes a
+     * sliding_window_pattern argument over it */
+    int pattern = 6, rc;
+    if ((rc = json_get_int(root, "_sliding_window_pattern", &pattern, label, err)) < 0 ||
+        (rc = json_get_int(root, "sliding_window_pattern", &pattern, label, err)) < 0)
+        return rc;
+    if (pattern < 1)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: sliding_window_pattern must be positive",
+                           label);
+    cfg_window_pattern(cfg, pattern);
+    return 0;
+}
+
+/* Gemma 3's rotary bases: transformers 5 keeps one set of parameters per layer type
+ * (rope_parameters.full_attention / .sliding_attention), transformers 4 rope_theta and
+ * rope_scaling for global layers and rope_local_base_freq for local ones. */
+static int json_gemma3_rope(const json_t *root, struct kwk_config *cfg, const char *label,
+                            struct kwk_err *err)
+{
+    cfg->rope_theta_local = 10000.0f;
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    const json_t *full = json_is_object(rp) ? json_object_get(rp, "full_attention") : NULL;
+    const json_t *slid = json_is_object(rp) ? json_object_get(rp, "sliding_attention") : NULL;
+    int rc;
+    if (json_is_object(full) || json_is_object(slid)) {
+        if (json_is_object(full) &&
+            ((rc = json_get_float(full, "rope_theta", &cfg->rope_theta, label, err)) < 0 ||
+             (rc = json_rope_scaling(full, cfg, label, err)) < 0))
+            return rc;
+        if (json_is_object(slid)) {
+            if ((rc = json_get_float(slid, "rope_theta", &cfg->rope_theta_local, label, err)) < 0)
+                return rc;
+            const json_t *t = json_object_get(slid, "rope_type");
+            if (json_is_string(t) && strcmp(json_string_value(t), "default"))
+                cfg_unsupported(cfg, "rope type \"%.40s\" on sliding layers is not supported",
+                                json_string_value(t));
+        }
+    } else {
+        if ((rc = json_rope(root, cfg, label, err)) < 0 ||
+            (rc = json_get_float(root, "rope_local_base_freq", &cfg->rope_theta_local, label,
+                                 err)) < 0)
+            return rc;
+    }
+    if (!(cfg->rope_theta_local > 0.0f))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: the local rope base must be positive", label);
+    return 0;
+}
+
+/* Gemma 3's text decoder (transformers' Gemma3TextConfig): GELU-tanh MLP, norms of 1 + w around
+ * both blocks, q / k norms, scaled embeddings, local layers with a sliding window and their own
+ * rotary base. */
+static int json_gemma3(const json_t *root, struct kwk_config *cfg, const char *label,
+                       struct kwk_err *err)
+{
+    const json_t *act = json_object_get(root, "hidden_activation");
+    if (!act || json_is_null(act))
+        act = json_object_get(root, "hidden_act");
+    if (act && !json_is_null(act) &&
+        !(json_is_string(act) && !strcmp(json_string_value(act), "gelu_pytorch_tanh")))
+        cfg_unsupported(cfg, "hidden_activation %.40s is not supported (only gelu_pytorch_tanh)",
+                        json_is_string(act) ? json_string_value(act) : "(not a string)");
+    cfg->act = KWK_ACT_GELU_TANH;
+    cfg->qk_norm = 1;
+    cfg->post_norms = 1;
+    cfg->norm_plus_one = 1;
+    cfg->embed_scale = (float)sqrt((double)cfg->d_model);
+    int qpas = 256, bidir = 0, rc;
+    if ((rc = json_get_int(root, "query_pre_attn_scalar", &qpas, label, err)) < 0 ||
+        (rc = json_get_bool(root, "use_bidirectional_attention", &bidir, label, err)) < 0)
+        return rc;
+    if (qpas <= 0)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: query_pre_attn_scalar must be positive", label);
+    cfg->attn_scale = (float)pow((double)qpas, -0.5);
+    if (bidir)
+        cfg_unsupported(cfg, "use_bidirectional_attention=true is not supported (a decoder)");
+    static const char *const caps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (size_t i = 0; i < KWK_ARRAY_LEN(caps); i++) {
+        const json_t *v = json_object_get(root, caps[i]);
+        if (v && !json_is_null(v))
+            cfg_unsupported(cfg, "%s is not supported", caps[i]);
+    }
+    cfg->sliding_window = 4096; /* Gemma3TextConfig's default */
+    if ((rc = json_get_int(root, "sliding_window", &cfg->sliding_window, label, err)) < 0)
+        return rc;
+    if (cfg->sliding_window < 0)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: sliding_window is negative", label);
+    if ((rc = json_gemma3_layers(root, cfg, label, err)) < 0)
+        return rc;
+    return json_gemma3_rope(root, cfg, label, err);
+}
+
 /* Options that change the computation in ways Kwker does not implement. */
 static int json_options(const json_t *root, struct kwk_config *cfg, const char *label,
                         struct kwk_err *err)
 {
     const json_t *act = json_object_get(root, "hidden_act");
-    if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "silu")))
+    if (cfg->arch != KWK_ARCH_GEMMA3 && act &&
+        !(json_is_string(act) && !strcmp(json_string_value(act), "silu")))
         cfg_unsupported(cfg, "hidden_act %.40s is not supported (only silu)",
                         json_is_string(act) ? json_string_value(act) : "(not a string)");
     int attn_bias = 0, mlp_bias = 0, use_sw = 0, rc;
@@ -284,6 +427,8 @@ static int json_options(const json_t *root, struct kwk_config *cfg, const char *
         cfg->qk_norm = 1;
     /* Qwen configs carry a sliding_window that only applies when use_sliding_window is set. */
     int is_qwen = cfg->arch == KWK_ARCH_QWEN2 || cfg->arch == KWK_ARCH_QWEN3;
+    if (cfg->arch == KWK_ARCH_GEMMA3)
+        return json_gemma3(root, cfg, label, err);
     if (!is_qwen || use_sw) {
         if ((rc = json_get_int(root, "sliding_window", &cfg->sliding_window, label, err)) < 0)
             return rc;
@@ -360,7 +505,12 @@ int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err 
         goto out;
     /* transformers' defaults per architecture */
     cfg->max_position = cfg->arch == KWK_ARCH_LLAMA ? 2048 : 32768;
-    if ((rc = json_dims(root, cfg, path, err)) < 0 || (rc = json_rope(root, cfg, path, err)) < 0 ||
+    if (cfg->arch == KWK_ARCH_GEMMA3) {
+        cfg->max_position = 131072;
+        cfg->tie_embeddings = 1; /* Gemma3TextConfig's default */
+    }
+    if ((rc = json_dims(root, cfg, path, err)) < 0 ||
+        (cfg->arch != KWK_ARCH_GEMMA3 && (rc = json_rope(root, cfg, path, err)) < 0) ||
         (rc = json_options(root, cfg, path, err)) < 0)
         goto out;
     rc = load_generation_config(cfg, dir, err);
@@ -630,6 +780,31 @@ static void gguf_vocab(struct kwk_config *cfg, const struct kwk_gguf *g, const c
     gguf_int(g, a, "vocab_size", &cfg->n_vocab, NULL);
 }
 
+/* Gemma 3 as llama.cpp runs it: its converter added the 1 to every norm weight; every sixth
+ * layer is global; local layers rotate with base 10000 (or <arch>.rope.freq_base_swa) and no
+ * scaling; the softmax scale is 1/sqrt(key_length), but 1/sqrt(d_model / heads) for the 27B
+ * model (62 layers), whose query_pre_attn_scalar is that. The file keeps neither. */
+static int gguf_gemma3(struct kwk_config *cfg, const struct kwk_gguf *g, const char *a,
+                       struct kwk_err *err)
+{
+    cfg->act = KWK_ACT_GELU_TANH;
+    cfg->qk_norm = 1;
+    cfg->post_norms = 1;
+    cfg->norm_plus_one = 0;
+    cfg->embed_scale = sqrtf((float)cfg->d_model);
+    cfg->rope_theta_local = 10000.0f;
+    int rc = gguf_float(g, a, "rope.freq_base_swa", &cfg->rope_theta_local, err);
+    if (rc < 0)
+        return rc;
+    if (!(cfg->rope_theta_local > 0.0f))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: %s.rope.freq_base_swa must be positive",
+                           gpath(g), a);
+    int qk = cfg->n_layers == 62 && cfg->n_heads > 0 ? cfg->d_model / cfg->n_heads : cfg->head_dim;
+    cfg->attn_scale = qk > 0 ? 1.0f / sqrtf((float)qk) : 0.0f;
+    cfg_window_pattern(cfg, 6);
+    return 0;
+}
+
 int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struct kwk_err *err)
 {
     cfg_defaults(cfg);
@@ -649,13 +824,17 @@ int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struc
         cfg->arch = KWK_ARCH_QWEN2, cfg->qkv_bias = 1;
     else if (!strcmp(a, "qwen3"))
         cfg->arch = KWK_ARCH_QWEN3, cfg->qk_norm = 1;
+    else if (!strcmp(a, "gemma3"))
+        cfg->arch = KWK_ARCH_GEMMA3;
     else {
         cfg_unsupported(cfg, "GGUF architecture %s is not supported (supported: llama, qwen2, "
-                        "qwen3)", a);
+                        "qwen3, gemma3)", a);
         return 0;
     }
     int rc;
     if ((rc = gguf_dims(cfg, g, a, err)) < 0 || (rc = gguf_rope(cfg, g, a, err)) < 0)
+        return rc;
+    if (cfg->arch == KWK_ARCH_GEMMA3 && (rc = gguf_gemma3(cfg, g, a, err)) < 0)
         return rc;
     gguf_token_ids(cfg, g);
     gguf_vocab(cfg, g, a);

@@ -270,6 +270,14 @@ static int get_mat(struct loader *ld, const char *name, int64_t rows, int64_t co
 
 /* ---- the architecture's tensors ------------------------------------------------------------*/
 
+/* Gemma's norms scale by 1 + w, computed in float32 as transformers does: adding the 1 once at
+ * load gives the same floats. */
+static void norm_add_one(float *w, int64_t n)
+{
+    for (int64_t i = 0; w && i < n; i++)
+        w[i] = 1.0f + w[i];
+}
+
 static int load_layer(struct loader *ld, int i, struct kwk_layer *L)
 {
     const struct kwk_config *c = &ld->m->cfg;
@@ -294,6 +302,8 @@ static int load_layer(struct loader *ld, int i, struct kwk_layer *L)
             "mlp.up_proj.weight", "mlp.down_proj.weight"};
         for (int k = 0; k < 14; k++)
             snprintf(n[k], sizeof n[k], "model.layers.%d.%s", i, h[k]);
+        if (c->post_norms) /* the FFN's input norm */
+            snprintf(n[10], sizeof n[10], "model.layers.%d.pre_feedforward_layernorm.weight", i);
     }
     int rc;
     if ((rc = get_vec(ld, n[0], d, 0, &L->attn_norm)) ||
@@ -317,6 +327,25 @@ static int load_layer(struct loader *ld, int i, struct kwk_layer *L)
     if (ld->permute_qk && c->qkv_bias)
         return kwk_err_set(ld->err, KWK_EUNSUPPORTED, "%s: biases with permuted q/k rows",
                            ld->m->path);
+    if (c->post_norms) {
+        /* Gemma 3: around each block an input norm and an output norm; its pre_feedforward
+         * norm is what the index above named the FFN norm */
+        char pa[96], pf[96];
+        snprintf(pa, sizeof pa, ld->gguf ? "blk.%d.post_attention_norm.weight"
+                                         : "model.layers.%d.post_attention_layernorm.weight", i);
+        snprintf(pf, sizeof pf, ld->gguf ? "blk.%d.post_ffw_norm.weight"
+                                         : "model.layers.%d.post_feedforward_layernorm.weight", i);
+        if ((rc = get_vec(ld, pa, d, 0, &L->post_attn_norm)) ||
+            (rc = get_vec(ld, pf, d, 0, &L->post_ffn_norm)))
+            return rc;
+    }
+    if (c->norm_plus_one) {
+        float *v[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->post_attn_norm,
+                      L->post_ffn_norm};
+        int64_t len[] = {d, d, c->head_dim, c->head_dim, d, d};
+        for (size_t k = 0; k < KWK_ARRAY_LEN(v); k++)
+            norm_add_one(v[k], len[k]);
+    }
     return 0;
 }
 
@@ -341,6 +370,8 @@ static void count_params(struct kwk_model *m)
             n += q + 2 * kv;
         if (L->q_norm)
             n += 2 * (int64_t)c->head_dim;
+        if (L->post_attn_norm)
+            n += 2 * (int64_t)c->d_model;
     }
     m->n_params = n;
 }
@@ -363,6 +394,8 @@ static int assemble(struct loader *ld)
             return rc;
     if ((rc = get_vec(ld, norm, c->d_model, 0, &m->out_norm)))
         return rc;
+    if (c->norm_plus_one)
+        norm_add_one(m->out_norm, c->d_model);
     if (c->tie_embeddings) {
         m->lm_head = m->tok_emb;
         for (int i = 0; i < m->n_lazy; i++)

@@ -128,6 +128,11 @@ int kwk_gguf_arr_f64(const struct kwk_gguf_kv *kv, uint64_t i, double *out);
 /* ---- configuration -------------------------------------------------------------------------*/
 
 enum kwk_rope_type { KWK_ROPE_DEFAULT = 0, KWK_ROPE_LLAMA3 = 1, KWK_ROPE_LINEAR = 2 };
+/* The MLP's gate: SiLU (Llama, Qwen) or the tanh approximation of GELU (Gemma). */
+enum kwk_act { KWK_ACT_SILU = 0, KWK_ACT_GELU_TANH = 1 };
+
+/* Layers a config can describe: layer_local holds one bit each. */
+#define KWK_MAX_LAYERS 4096
 
 struct kwk_config {
     int arch;               /* enum kwk_arch */
@@ -140,6 +145,19 @@ struct kwk_config {
     float rope_low_freq_factor, rope_high_freq_factor;
     int rope_orig_max_position;
     int sliding_window;     /* 0 = none */
+    /* 0: sliding_window applies to every layer (Mistral). 1: only to the layers whose bit is set
+     * in layer_local (Gemma 3's local layers; the others attend to everything). */
+    int window_per_layer;
+    uint8_t layer_local[KWK_MAX_LAYERS / 8];
+    float rope_theta_local; /* > 0: local layers' rotary base, no scaling (Gemma 3) */
+    int act;                /* enum kwk_act */
+    float embed_scale;      /* embeddings are multiplied by this (Gemma: sqrt(d_model)), else 1 */
+    float attn_scale;       /* softmax(q.k * attn_scale): 1/sqrt(head_dim), or Gemma's
+                               query_pre_attn_scalar^-1/2 */
+    int post_norms;         /* Gemma 3: RMS norms on the attention's and the MLP's outputs, before
+                               each residual add */
+    int norm_plus_one;      /* Gemma's checkpoints store norm weights w for x * (1 + w); the
+                               loader adds the 1 (GGUF files have it added already) */
     int tie_embeddings;
     int qkv_bias;           /* Qwen2 */
     int qk_norm;            /* Qwen3 */
@@ -148,6 +166,21 @@ struct kwk_config {
     int eos_ids[8];
     char unsupported[256];  /* non-empty: why this model cannot run */
 };
+
+/* Whether layer L attends through a sliding window (of cfg->sliding_window positions). */
+static inline int kwk_config_layer_windowed(const struct kwk_config *cfg, int L)
+{
+    if (cfg->sliding_window <= 0)
+        return 0;
+    return !cfg->window_per_layer || (cfg->layer_local[L / 8] >> (L % 8) & 1);
+}
+
+/* Whether layer L rotates with the local base (rope_theta_local) rather than rope_theta. */
+static inline int kwk_config_layer_local_rope(const struct kwk_config *cfg, int L)
+{
+    return cfg->rope_theta_local > 0.0f && cfg->window_per_layer &&
+           (cfg->layer_local[L / 8] >> (L % 8) & 1);
+}
 
 /* Read config.json (and generation_config.json beside it, for eos ids) of a model folder. A
  * model Kwker cannot run is not an error here: cfg->unsupported says why. */
@@ -165,6 +198,8 @@ struct kwk_layer {
     float *bq, *bk, *bv;           /* [n_heads*head_dim], [n_kv*head_dim] x2; NULL without bias */
     float *q_norm, *k_norm;        /* [head_dim]; NULL without qk norm */
     float *ffn_norm;               /* [d_model] */
+    float *post_attn_norm;         /* [d_model] on the o-product's output; NULL without */
+    float *post_ffn_norm;          /* [d_model] on the down product's output; NULL without */
     struct kwk_mat w_gate, w_up;   /* [d_ff][d_model] */
     struct kwk_mat w_down;         /* [d_model][d_ff] */
 };

@@ -43,8 +43,10 @@ void kwk_decoder_free(kwk_decoder *d)
     kwk_free((void *)d->att_v);
     kwk_free(d->att_first);
     kwk_free(d->att_last);
-    void *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->rope_cs, d->x,  d->xn,     d->q,
-                    d->kx,      d->vx,      d->att,      d->gate,    d->up, d->scores, d->logits};
+    void *bufs[] = {d->k_cache, d->v_cache, d->inv_freq, d->rope_cs,        d->inv_freq_local,
+                    d->rope_cs_local,       d->x,        d->xn,             d->q,
+                    d->kx,      d->vx,      d->att,      d->gate,           d->up,
+                    d->scores,  d->logits};
     for (size_t i = 0; i < KWK_ARRAY_LEN(bufs); i++)
         kwk_free_aligned(bufs[i]);
     kwk_free_aligned(d->qact_mem);
@@ -92,6 +94,10 @@ static int decoder_alloc(struct kwk_decoder *d)
         kwk_mem_small_pages(d->kv_stage,
                             2 * (size_t)d->max_len * (size_t)d->kv_dim * sizeof(float));
     }
+    if (c->rope_theta_local > 0.0f &&
+        (alloc_floats(&d->inv_freq_local, (size_t)c->head_dim / 2 + 1, 1) ||
+         alloc_floats(&d->rope_cs_local, nb, (size_t)c->head_dim)))
+        return -1;
     return alloc_floats(&d->inv_freq, (size_t)c->head_dim / 2 + 1, 1) ||
            alloc_floats(&d->rope_cs, nb, (size_t)c->head_dim) ||
            alloc_floats(&d->x, nb, (size_t)c->d_model) ||
@@ -217,6 +223,8 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
     if (!d->pool)
         goto out_nomem;
     kwk_rope_freqs(c, d->inv_freq);
+    if (d->inv_freq_local)
+        kwk_rope_freqs_local(c, d->inv_freq_local);
     d->layers = m->layers;
     d->lm_head = &m->lm_head;
     d->out_norm = m->out_norm;

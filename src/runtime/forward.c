@@ -489,11 +489,13 @@ static void add_bias(float *y, const float *b, int n)
             y[i] += b[i];
 }
 
-/* The rotary table of token tok (cos, then sin, of its angles), made once a chunk for all its
- * heads and layers by kwk_forward_rows. */
+/* The rotary table of token tok (cos, then sin, of its angles) for the task's layer, made once
+ * a chunk for all its heads and layers by kwk_forward_rows (local layers' of Gemma 3 apart). */
 static const float *rope_table(const struct tok_task *t, int tok)
 {
-    return t->d->rope_cs + (size_t)tok * (size_t)t->d->c->head_dim;
+    const struct kwk_decoder *d = t->d;
+    const float *cs = kwk_config_layer_local_rope(d->c, t->layer) ? d->rope_cs_local : d->rope_cs;
+    return cs + (size_t)tok * (size_t)d->c->head_dim;
 }
 
 /* Bias, q norm and rotary of query head h of token tok (cs: its rotary table). */
@@ -746,20 +748,21 @@ static int stage_slot(struct kwk_decoder *d, int layer, int n)
     return bf ? 2 : 1;
 }
 
-/* Causal attention of the chunk's rows, with Mistral's sliding window when set; after: the
+/* Causal attention of the chunk's rows, with a sliding window where the layer has one (every
+ * layer of Mistral's, Gemma 3's local layers); after: the
  * planned product that follows, then: the one after it. */
 static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task *after,
                    const struct mm_task *then)
 {
     const struct kwk_config *c = d->c;
+    int window = kwk_config_layer_windowed(c, layer) ? c->sliding_window : 0;
     for (int r = 0; r < n; r++) {
         size_t base = kv_base(d, d->row_slot[r], layer);
         int p = d->row_pos[r];
         d->att_k[r] = (const char *)d->k_cache + base * kwk_kv_elem_size(d);
         d->att_v[r] = (const char *)d->v_cache + base * kwk_kv_elem_size(d);
         d->att_last[r] = p;
-        d->att_first[r] =
-            c->sliding_window > 0 && p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
+        d->att_first[r] = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
     }
     int staged = stage_slot(d, layer, n);
     struct kwk_attn_args a = {.head_dim = c->head_dim,
@@ -767,7 +770,7 @@ static void attend(struct kwk_decoder *d, int layer, int n, const struct mm_task
                               .n_kv_heads = c->n_kv_heads,
                               .ld_pos = c->head_dim,
                               .ld_head = (long)d->max_len * c->head_dim,
-                              .scale = 1.0f / sqrtf((float)c->head_dim),
+                              .scale = c->attn_scale,
                               .kv_half = d->kv_half && !staged,
                               .kv_bf16 = staged == 2,
                               .k_bf16 = d->bf16_kv,
@@ -791,7 +794,9 @@ struct rows_task {
     struct kwk_decoder *d;
     int n;
     const float *norm_w; /* rmsnorm(x) * norm_w -> xn */
-    const float *add;    /* x += add (applied before the norm) */
+    float *add;          /* x += add (applied before the norm) */
+    const float *add_norm; /* NULL, or add = rmsnorm(add) * add_norm first (Gemma 3's output
+                              norms) */
 };
 
 static void rows_run(void *ctx, int ith, int nth)
@@ -804,6 +809,9 @@ static void rows_run(void *ctx, int ith, int nth)
     for (long i = lo; i < hi; i++) {
         float *x = d->x + (size_t)i * dm;
         /* x + 1 * add is exactly x + add: the table's vector loop instead of a scalar one */
+        if (t->add_norm)
+            d->k->rmsnorm(t->add + (size_t)i * dm, t->add + (size_t)i * dm, t->add_norm, dm,
+                          d->c->rms_eps);
         if (t->add)
             d->k->axpy(x, 1.0f, t->add + (size_t)i * dm, dm);
         if (t->norm_w)
@@ -816,6 +824,15 @@ struct swiglu_task {
     int n;
 };
 
+/* The MLP's gated product: SiLU(gate) * up, or Gemma's GELU-tanh(gate) * up. */
+static void gated(const struct kwk_decoder *d, float *g, const float *u, long n)
+{
+    if (d->c->act == KWK_ACT_GELU_TANH)
+        d->k->geglu(g, u, n);
+    else
+        d->k->swiglu(g, u, n);
+}
+
 static void swiglu_run(void *ctx, int ith, int nth)
 {
     struct swiglu_task *t = ctx;
@@ -823,7 +840,7 @@ static void swiglu_run(void *ctx, int ith, int nth)
     long lo, hi;
     kwk_split_range(t->n, ith, nth, 1, &lo, &hi);
     for (long i = lo; i < hi; i++)
-        t->d->k->swiglu(t->d->gate + i * dff, t->d->up + i * dff, (long)dff);
+        gated(t->d, t->d->gate + i * dff, t->d->up + i * dff, (long)dff);
 }
 
 /* The gate/up task's post step: gate and up are split alike, so this thread owns the same rows of
@@ -836,7 +853,7 @@ static void swiglu_post(const struct mm_task *mt, const long *lo, const long *hi
     const struct kwk_decoder *d = mt->post_ctx;
     size_t dff = (size_t)d->c->d_ff;
     for (int tok = (int)t0; tok < (int)t1; tok++)
-        d->k->swiglu(d->gate + tok * dff + lo[0], d->up + tok * dff + lo[0], hi[0] - lo[0]);
+        gated(d, d->gate + tok * dff + lo[0], d->up + tok * dff + lo[0], hi[0] - lo[0]);
 }
 
 /* Whether the q, k, v products can be split by head with each head's preparation fused in: heads
@@ -909,7 +926,8 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *
         kwk_capture_rows(d->capture, layer, KWK_SITE_O, d->att, n);
     mm_exec(d, &o, &gu);
     /* residual add, then the FFN norm */
-    struct rows_task rt = {.d = d, .n = n, .norm_w = l->ffn_norm, .add = d->q};
+    struct rows_task rt = {
+        .d = d, .n = n, .norm_w = l->ffn_norm, .add = d->q, .add_norm = l->post_attn_norm};
     run_tokens(d, n, rows_run, &rt);
 
     if (d->capture)
@@ -923,7 +941,8 @@ static void layer_forward(struct kwk_decoder *d, int layer, int n, const float *
         kwk_capture_rows(d->capture, layer, KWK_SITE_DOWN, d->gate, n);
     mm_exec(d, &down, after_down);
     /* residual add, then the next layer's attention norm (none after the last layer) */
-    struct rows_task rt2 = {.d = d, .n = n, .norm_w = next_norm, .add = d->q};
+    struct rows_task rt2 = {
+        .d = d, .n = n, .norm_w = next_norm, .add = d->q, .add_norm = l->post_ffn_norm};
     run_tokens(d, n, rows_run, &rt2);
 }
 
@@ -932,9 +951,16 @@ void kwk_forward_rows(struct kwk_decoder *d, const int32_t *ids, int n)
     const struct kwk_model *m = d->m;
     int dm = d->c->d_model;
     for (int i = 0; i < n; i++) {
-        kwk_model_embed_row(m, d->k, ids[i], d->x + (size_t)i * dm);
+        float *x = d->x + (size_t)i * dm;
+        kwk_model_embed_row(m, d->k, ids[i], x);
+        if (d->c->embed_scale != 1.0f) /* Gemma: sqrt(d_model), in float32 as transformers */
+            for (int j = 0; j < dm; j++)
+                x[j] *= d->c->embed_scale;
         kwk_rope_table(d->c->head_dim, d->inv_freq, d->row_pos[i],
                        d->rope_cs + (size_t)i * (size_t)d->c->head_dim);
+        if (d->rope_cs_local)
+            kwk_rope_table(d->c->head_dim, d->inv_freq_local, d->row_pos[i],
+                           d->rope_cs_local + (size_t)i * (size_t)d->c->head_dim);
     }
     struct rows_task rt = {.d = d, .n = n, .norm_w = d->layers[0].attn_norm, .add = NULL};
     run_tokens(d, n, rows_run, &rt);

@@ -4,12 +4,12 @@
 #include "runtime/runtime.h"
 
 /* transformers: inv_freq = 1 / base ** (arange(0, dim, 2).float() / dim), all float32. */
-static void default_freqs(const struct kwk_config *c, float *inv)
+static void default_freqs(int head_dim, float theta, float *inv)
 {
-    int half = c->head_dim / 2;
+    int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
-        float e = (float)(2 * i) / (float)c->head_dim;
-        inv[i] = 1.0f / powf(c->rope_theta, e);
+        float e = (float)(2 * i) / (float)head_dim;
+        inv[i] = 1.0f / powf(theta, e);
     }
 }
 
@@ -35,13 +35,18 @@ static void llama3_freqs(const struct kwk_config *c, float *inv)
 
 void kwk_rope_freqs(const struct kwk_config *c, float *inv)
 {
-    default_freqs(c, inv);
+    default_freqs(c->head_dim, c->rope_theta, inv);
     if (c->rope_type == KWK_ROPE_LLAMA3) {
         llama3_freqs(c, inv);
     } else if (c->rope_type == KWK_ROPE_LINEAR) {
         for (int i = 0; i < c->head_dim / 2; i++)
             inv[i] /= c->rope_factor;
     }
+}
+
+void kwk_rope_freqs_local(const struct kwk_config *c, float *inv)
+{
+    default_freqs(c->head_dim, c->rope_theta_local, inv);
 }
 
 void kwk_rope_table(int head_dim, const float *inv, int pos, float *cs)

@@ -47,6 +47,9 @@ struct kwk_decoder {
     int *row_pos;    /* [n_batch] position of each row in its slot */
     float *inv_freq; /* [head_dim/2] rotary frequencies, scaling applied */
     float *rope_cs;  /* [n_batch][head_dim] rotary table of each row of the chunk being run */
+    /* The same for local layers with a rotary base of their own (Gemma 3), else NULL. */
+    float *inv_freq_local;
+    float *rope_cs_local;
 
     /* scratch, n_batch rows each */
     float *x;      /* [n_batch][d_model] residual stream */
@@ -92,6 +95,8 @@ int32_t kwk_argmax(const float *x, int n);
 
 /* Rotary frequencies for the config (default, linear or llama3 scaling) into inv[head_dim/2]. */
 void kwk_rope_freqs(const struct kwk_config *c, float *inv);
+/* Local layers' frequencies (kwk_config.rope_theta_local, no scaling) into inv[head_dim/2]. */
+void kwk_rope_freqs_local(const struct kwk_config *c, float *inv);
 /* Rotary embedding in two steps, so that a row's angles are computed once for all its heads and
  * layers: cs[head_dim] = cos, then sin, of pos * inv[i]; then rotate one head vector x[head_dim]
  * by it (rotate-half layout, as transformers). */

@@ -271,6 +271,15 @@ static void test_vector_ops(const struct kwk_kernels *k)
             bad += !close_rel(y1[i], y2[i], 1e-6, 1e-37);
         T_CHECK(bad == 0, "%s swiglu n=%ld: %ld wrong", k->name, n, bad);
 
+        memcpy(y1, g, (size_t)n * sizeof *y1);
+        memcpy(y2, g, (size_t)n * sizeof *y2);
+        k->geglu(y1, b, n);
+        kwk_kernels_ref.geglu(y2, b, n);
+        bad = 0;
+        for (long i = 0; i < n; i++)
+            bad += !close_rel(y1[i], y2[i], 1e-6, 1e-37);
+        T_CHECK(bad == 0, "%s geglu n=%ld: %ld wrong", k->name, n, bad);
+
         free(a); free(b); free(w); free(y1); free(y2); free(sx); free(g);
     }
 }
@@ -355,6 +364,17 @@ static void test_ref_vs_double(void)
     bad = 0;
     for (long i = 0; i < n; i++)
         bad += !close_rel(y[i], x[i] / (1.0 + exp(-(double)x[i])) * w[i], 1e-5, 1e-30);
+    T_EQ(bad, 0);
+
+    /* geglu against PyTorch's own formula, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in
+     * double: the identity x / (1 + exp(-2y)) changes only rounding */
+    memcpy(y, x, (size_t)n * sizeof *y);
+    k->geglu(y, w, n);
+    bad = 0;
+    for (long i = 0; i < n; i++) {
+        double v = x[i], t = tanh(sqrt(2.0 / 3.14159265358979323846) * (v + 0.044715 * v * v * v));
+        bad += !close_rel(y[i], 0.5 * v * (1.0 + t) * w[i], 1e-5, 1e-30);
+    }
     T_EQ(bad, 0);
 
     double d = 0.0, mag = 0.0;

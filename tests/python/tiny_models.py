@@ -30,10 +30,11 @@ from pathlib import Path
 
 BUILDER_VERSION = 4
 
-# name -> spec. Keys: arch (llama|mistral|qwen2|qwen3), hidden, heads, kv, inter, vocab, layers,
+# name -> spec. Keys: arch (llama|mistral|qwen2|qwen3|gemma3), hidden, heads, kv, inter, vocab, layers,
 # tie, style (v5|legacy), dtype (float32|bfloat16|float16), optional head_dim, theta, eps,
 # rope (dict of rope_parameters beyond type default), sliding_window, shard (max_shard_size),
-# max_pos, seed, bos, eos, data_at (the safetensors data made to start that many bytes past a
+# max_pos, seed, bos, eos, gemma3's local_theta, qpas (query_pre_attn_scalar) and pattern (its
+# sliding window pattern, 6 unless given), data_at (the safetensors data made to start that many bytes past a
 # 64-byte boundary of the file, the header padded with spaces as safetensors pads it to 8).
 SPECS = {
     "llama_tied": dict(arch="llama", hidden=64, heads=4, kv=2, inter=128, vocab=512, layers=2,
@@ -70,6 +71,18 @@ SPECS = {
     "llama_bf16_wide_ff": dict(arch="llama", hidden=64, heads=4, kv=2, inter=2048, vocab=512,
                                layers=2, tie=False, style="v5", theta=10000.0, eps=1e-5, seed=12,
                                dtype="bfloat16", data_at=32),
+    # Gemma 3's text decoder: seven layers in its default pattern (every sixth global), a 5-position
+    # window on the local ones, local and global rotary bases, tied embeddings scaled by
+    # sqrt(hidden); query_pre_attn_scalar = head_dim, as llama.cpp assumes for GGUF files
+    "gemma3": dict(arch="gemma3", hidden=64, heads=4, kv=2, inter=96, vocab=640, layers=7,
+                   tie=True, style="v5", theta=1000000.0, local_theta=10000.0, eps=1e-6,
+                   seed=13, head_dim=32, sliding_window=5, qpas=32),
+    # the hub's older config.json (rope_theta, rope_local_base_freq, sliding_window_pattern, no
+    # layer_types), a pattern of 2, a softmax scale from query_pre_attn_scalar != head_dim, one
+    # kv head (the 270M model's) and an untied head
+    "gemma3_legacy": dict(arch="gemma3", hidden=48, heads=2, kv=1, inter=80, vocab=560, layers=4,
+                          tie=False, style="legacy", theta=1000000.0, local_theta=20000.0,
+                          eps=1e-6, seed=14, head_dim=48, sliding_window=6, qpas=20, pattern=2),
 }
 
 # Architectures with a GGUF export (all of them: "mistral" is written as llama.cpp's "llama").
@@ -78,6 +91,7 @@ ARCH_CLASS = {
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
 }
 
 
@@ -134,6 +148,14 @@ def _make_config(spec):
         kw["sliding_window"] = spec.get("sliding_window")
     if spec["arch"] == "qwen2":
         kw["use_sliding_window"] = False
+    if spec["arch"] == "gemma3":
+        pattern = spec.get("pattern", 6)
+        kw["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": spec["theta"]},
+            "sliding_attention": {"rope_type": "default", "rope_theta": spec["local_theta"]}}
+        kw.update(sliding_window=spec["sliding_window"], query_pre_attn_scalar=spec["qpas"],
+                  layer_types=["full_attention" if (i + 1) % pattern == 0 else
+                               "sliding_attention" for i in range(spec["layers"])])
     return cfg_cls(**kw)
 
 
@@ -157,6 +179,12 @@ def _randomize(model, spec):
 def _legacy_config(cfg, spec):
     """Rewrite a transformers-5 config.json in the style of hub checkpoints."""
     rope = cfg.pop("rope_parameters", None) or {}
+    if spec["arch"] == "gemma3":  # transformers 4.50's Gemma 3 keys
+        cfg["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+        rope = dict(rope["full_attention"])
+        cfg["sliding_window_pattern"] = spec.get("pattern", 6)
+        cfg.pop("layer_types", None)
+        cfg.pop("_sliding_window_pattern", None)
     cfg["rope_theta"] = rope.pop("rope_theta", spec["theta"])
     if rope.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = rope
