@@ -2,6 +2,7 @@
  * safetensors), its broken variants (missing tensor, wrong shape, unsupported architecture),
  * shards, tied embeddings, a tiny GGUF with llama.cpp's q/k row order, and Hugging Face cache
  * lookup on a fake cache tree. Single-threaded. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -335,7 +336,7 @@ static void test_broken(void)
     char reason[256];
     T_EQ(kwk_model_check(dir, 0, reason, sizeof reason), KWK_EUNSUPPORTED);
     T_CONTAINS(reason, "architecture GPT2LMHeadModel is not supported (supported: Llama, "
-               "Mistral, Qwen2, Qwen3)");
+               "Mistral, Qwen2, Qwen3, Gemma3ForCausalLM)");
     expect_fail(dir, KWK_EUNSUPPORTED, "architecture GPT2LMHeadModel is not supported");
     make_dir(dir, sizeof dir, "yarn");
     write_config(dir, "false", ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0}");
@@ -619,6 +620,168 @@ static void test_gguf_model(void)
     T_EQ(kwk_model_check(path, 32, reason, sizeof reason), KWK_EFORMAT);
 }
 
+/* ---- Gemma 3's config -------------------------------------------------------------------- */
+
+static const char *gemma3_head =
+    "{\"architectures\":[\"Gemma3ForCausalLM\"],\"model_type\":\"gemma3_text\","
+    "\"vocab_size\":16,\"hidden_size\":8,\"num_hidden_layers\":8,\"num_attention_heads\":2,"
+    "\"num_key_value_heads\":1,\"head_dim\":4,\"intermediate_size\":12,"
+    "\"rms_norm_eps\":1e-06,\"sliding_window\":3";
+
+/* config.json = gemma3_head + extra + "}" in a folder of its own; its config into cfg. */
+static int gemma3_cfg(const char *name, const char *extra, struct kwk_config *cfg,
+                      struct kwk_err *err)
+{
+    char dir[512], text[2048];
+    make_dir(dir, sizeof dir, name);
+    snprintf(text, sizeof text, "%s%s}", gemma3_head, extra);
+    write_text(dir, "config.json", text);
+    return kwk_config_load_dir(cfg, dir, err);
+}
+
+/* Layers 0..n_layers-1 as a string of 'L' (local: window and local rotary) and 'G'. */
+static void layer_kinds(const struct kwk_config *c, char *out)
+{
+    for (int L = 0; L < c->n_layers; L++) {
+        int w = kwk_config_layer_windowed(c, L), r = kwk_config_layer_local_rope(c, L);
+        out[L] = w && r ? 'L' : !w && !r ? 'G' : '?';
+    }
+    out[c->n_layers] = 0;
+}
+
+static void test_gemma3_config(void)
+{
+    struct kwk_config c;
+    struct kwk_err err;
+    char kinds[16];
+    /* transformers 5: layer_types and rope parameters per layer type */
+    T_EQ(gemma3_cfg("g3_v5", ",\"layer_types\":[\"sliding_attention\",\"full_attention\","
+                    "\"sliding_attention\",\"sliding_attention\",\"full_attention\","
+                    "\"full_attention\",\"sliding_attention\",\"sliding_attention\"],"
+                    "\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"linear\","
+                    "\"factor\":8.0,\"rope_theta\":1000000.0},\"sliding_attention\":"
+                    "{\"rope_type\":\"default\",\"rope_theta\":10000.0}},"
+                    "\"query_pre_attn_scalar\":16", &c, &err), 0);
+    T_STREQ(c.unsupported, "");
+    T_EQ(c.arch, KWK_ARCH_GEMMA3);
+    layer_kinds(&c, kinds);
+    T_STREQ(kinds, "LGLLGGLL");
+    T_NEAR(c.rope_theta, 1e6, 0);
+    T_NEAR(c.rope_theta_local, 1e4, 0);
+    T_EQ(c.rope_type, KWK_ROPE_LINEAR);
+    T_NEAR(c.rope_factor, 8.0, 0);
+    T_NEAR(c.attn_scale, 0.25, 0);          /* 16^-1/2, not head_dim's 4^-1/2 */
+    T_NEAR(c.embed_scale, sqrtf(8.0f), 0);
+    T_EQ(c.act, KWK_ACT_GELU_TANH);
+    T_TRUE(c.qk_norm && c.post_norms && c.norm_plus_one && c.tie_embeddings);
+    T_EQ(c.sliding_window, 3);
+    T_EQ(c.max_position, 131072);
+
+    /* transformers 4.50: a pattern, rope_theta and rope_local_base_freq, no layer_types */
+    T_EQ(gemma3_cfg("g3_legacy", ",\"sliding_window_pattern\":3,\"rope_theta\":500000.0,"
+                    "\"rope_local_base_freq\":20000.0,\"rope_scaling\":null,"
+                    "\"tie_word_embeddings\":false", &c, &err), 0);
+    layer_kinds(&c, kinds);
+    T_STREQ(kinds, "LLGLLGLL");
+    T_NEAR(c.rope_theta_local, 2e4, 0);
+    T_NEAR(c.attn_scale, 1.0f / 16.0f, 0);  /* query_pre_attn_scalar's default, 256 */
+    T_EQ(c.tie_embeddings, 0);
+    /* transformers 4.55 writes its attribute, and the pattern argument wins over it */
+    T_EQ(gemma3_cfg("g3_attr", ",\"_sliding_window_pattern\":4", &c, &err), 0);
+    layer_kinds(&c, kinds);
+    T_STREQ(kinds, "LLLGLLLG");
+    T_EQ(gemma3_cfg("g3_both", ",\"_sliding_window_pattern\":4,\"sliding_window_pattern\":2", &c,
+                    &err), 0);
+    layer_kinds(&c, kinds);
+    T_STREQ(kinds, "LGLGLGLG");
+
+    /* what Kwker does not run is a reason, not an error */
+    T_EQ(gemma3_cfg("g3_cap", ",\"final_logit_softcapping\":30.0", &c, &err), 0);
+    T_CONTAINS(c.unsupported, "final_logit_softcapping");
+    T_EQ(gemma3_cfg("g3_act", ",\"hidden_activation\":\"relu\"", &c, &err), 0);
+    T_CONTAINS(c.unsupported, "relu");
+    T_EQ(gemma3_cfg("g3_bidir", ",\"use_bidirectional_attention\":true", &c, &err), 0);
+    T_CONTAINS(c.unsupported, "bidirectional");
+    char dir[512];
+    make_dir(dir, sizeof dir, "g3_mm");
+    write_text(dir, "config.json", "{\"architectures\":[\"Gemma3ForConditionalGeneration\"],"
+               "\"model_type\":\"gemma3\"}");
+    T_EQ(kwk_config_load_dir(&c, dir, &err), 0);
+    T_CONTAINS(c.unsupported, "Gemma3ForCausalLM");
+
+    /* malformed: errors name the file and the key */
+    T_EQ(gemma3_cfg("g3_short", ",\"layer_types\":[\"full_attention\"]", &c, &err), KWK_EFORMAT);
+    T_CONTAINS(err.msg, "layer_types");
+    T_CONTAINS(err.msg, "g3_short/config.json");
+    T_EQ(gemma3_cfg("g3_kind", ",\"layer_types\":[\"full_attention\",\"full_attention\","
+                    "\"full_attention\",\"full_attention\",\"full_attention\",\"full_attention\","
+                    "\"full_attention\",\"chunked_attention\"]", &c, &err), KWK_EFORMAT);
+    T_CONTAINS(err.msg, "layer_types[7]");
+    T_EQ(gemma3_cfg("g3_pat", ",\"sliding_window_pattern\":0", &c, &err), KWK_EFORMAT);
+    T_CONTAINS(err.msg, "sliding_window_pattern");
+    T_EQ(gemma3_cfg("g3_qpas", ",\"query_pre_attn_scalar\":-4", &c, &err), KWK_EFORMAT);
+    T_CONTAINS(err.msg, "query_pre_attn_scalar");
+    T_EQ(gemma3_cfg("g3_local", ",\"rope_local_base_freq\":0", &c, &err), KWK_EFORMAT);
+    T_CONTAINS(err.msg, "local rope base");
+}
+
+/* A gemma3 GGUF's metadata: llama.cpp's pattern (every sixth layer global), base 10000 for the
+ * local layers unless the file names one, 1/sqrt(key_length) as the softmax scale. */
+static int gemma3_gguf_config(struct kwk_config *cfg, int n_layers, int swa_base)
+{
+    struct gb b = {0};
+    gb_bytes(&b, "GGUF", 4);
+    gb_le(&b, 3, 4);
+    gb_le(&b, 0, 8);
+    gb_le(&b, swa_base ? 11 : 10, 8);
+    gb_str(&b, "general.architecture");
+    gb_le(&b, KWK_GGUF_STRING, 4);
+    gb_str(&b, "gemma3");
+    gb_kv_u32(&b, "gemma3.block_count", (uint32_t)n_layers);
+    gb_kv_u32(&b, "gemma3.embedding_length", 640);
+    gb_kv_u32(&b, "gemma3.attention.head_count", 4);
+    gb_kv_u32(&b, "gemma3.attention.head_count_kv", 1);
+    gb_kv_u32(&b, "gemma3.attention.key_length", 256);
+    gb_kv_u32(&b, "gemma3.feed_forward_length", 2048);
+    gb_kv_u32(&b, "gemma3.attention.sliding_window", 512);
+    gb_kv_u32(&b, "gemma3.vocab_size", 262144);
+    gb_kv_f32(&b, "gemma3.rope.freq_base", 1000000.0f);
+    if (swa_base)
+        gb_kv_f32(&b, "gemma3.rope.freq_base_swa", (float)swa_base);
+    struct kwk_gguf g;
+    struct kwk_err err;
+    int rc = kwk_gguf_parse(&g, b.p, b.n, "g3.gguf", &err);
+    if (rc == 0) {
+        rc = kwk_config_from_gguf(cfg, &g, &err);
+        kwk_gguf_close(&g);
+    }
+    T_CHECK(rc == 0, "gemma3 gguf: %s", err.msg);
+    free(b.p);
+    return rc;
+}
+
+static void test_gemma3_gguf_config(void)
+{
+    struct kwk_config c;
+    char kinds[16];
+    if (gemma3_gguf_config(&c, 8, 0))
+        return;
+    T_STREQ(c.unsupported, "");
+    T_EQ(c.arch, KWK_ARCH_GEMMA3);
+    layer_kinds(&c, kinds);
+    T_STREQ(kinds, "LLLLLGLL");
+    T_EQ(c.sliding_window, 512);
+    T_NEAR(c.rope_theta_local, 1e4, 0);
+    T_NEAR(c.attn_scale, 1.0f / 16.0f, 0);
+    T_NEAR(c.embed_scale, sqrtf(640.0f), 0);
+    T_TRUE(c.qk_norm && c.post_norms && !c.norm_plus_one); /* the converter added the 1 */
+    T_EQ(c.act, KWK_ACT_GELU_TANH);
+    if (gemma3_gguf_config(&c, 62, 20000))
+        return;
+    T_NEAR(c.rope_theta_local, 2e4, 0);
+    T_NEAR(c.attn_scale, 1.0f / sqrtf(160.0f), 0); /* 27B: d_model / heads */
+}
+
 /* The divisors llama.cpp's converter writes for Llama 3 rope scaling. */
 static double l3_ref(int i, int head_dim, double theta, double factor, double lo, double hi,
                      double old)
@@ -754,6 +917,8 @@ int main(void)
     test_sharded();
     test_gguf_model();
     test_llama3_rope();
+    test_gemma3_config();
+    test_gemma3_gguf_config();
     test_hf_cache();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);

@@ -3,7 +3,7 @@ and reads such a file back into a Hugging Face state dict (the tests' dequantize
 
 What the converter does, and so what this writer does (the behaviour, not its code):
 - Architecture: LlamaForCausalLM and MistralForCausalLM become "llama", Qwen2ForCausalLM
-  "qwen2", Qwen3ForCausalLM "qwen3". Mistral's sliding_window is not written (llama.cpp's llama
+  "qwen2", Qwen3ForCausalLM "qwen3", Gemma3ForCausalLM "gemma3". Mistral's sliding_window is not written (llama.cpp's llama
   architecture has none), so only Mistral checkpoints whose window exceeds the test length are
   exported.
 - "llama" permutes the rows of q_proj and k_proj (weights and biases) per head from Hugging
@@ -13,6 +13,11 @@ What the converter does, and so what this writer does (the behaviour, not its co
 - Tensor names: token_embd, output_norm, output (absent when embeddings are tied: transformers
   does not save lm_head then), blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
   attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}; ".weight" / ".bias" kept.
+- gemma3: the converter adds 1 to every norm weight (Gemma's norms scale by 1 + w; llama.cpp's by
+  w), names the norms attn_norm (input), post_attention_norm, ffn_norm (pre-feedforward) and
+  post_ffw_norm, and writes attention.sliding_window; the file has no layer types,
+  query_pre_attn_scalar or local rotary base (llama.cpp assumes every sixth layer global,
+  1/sqrt(key_length) and 10000), so only checkpoints with those values are exported.
 - Llama 3 rope scaling ("rope_type": "llama3") is not metadata: the converter writes a 1-D
   rope_freqs.weight tensor of per-frequency divisors (1, factor, or the smooth blend) computed
   from rope_theta, head_dim, factor, low/high_freq_factor and original_max_position_embeddings.
@@ -42,6 +47,14 @@ GGUF_ARCH = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
+}
+
+# gemma3's names where they differ from the table below (its norms around both blocks)
+_GEMMA3_NAMES = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 
 _LAYER_NAMES = {
@@ -67,22 +80,27 @@ _TOP_NAMES = {
 }
 
 
-def gguf_name(hf_name):
+def _layer_names(arch):
+    return {**_LAYER_NAMES, **_GEMMA3_NAMES} if arch == "gemma3" else _LAYER_NAMES
+
+
+def gguf_name(hf_name, arch="llama"):
     if hf_name in _TOP_NAMES:
         return _TOP_NAMES[hf_name]
     parts = hf_name.split(".")
+    names = _layer_names(arch)
     if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers":
         rest = ".".join(parts[3:])
-        if rest in _LAYER_NAMES:
-            return "blk.%s.%s" % (parts[2], _LAYER_NAMES[rest])
+        if rest in names:
+            return "blk.%s.%s" % (parts[2], names[rest])
     raise KeyError("no GGUF name for tensor %r" % hf_name)
 
 
-def hf_name(gguf_tensor_name):
+def hf_name(gguf_tensor_name, arch="llama"):
     inv_top = {v: k for k, v in _TOP_NAMES.items()}
     if gguf_tensor_name in inv_top:
         return inv_top[gguf_tensor_name]
-    inv_layer = {v: k for k, v in _LAYER_NAMES.items()}
+    inv_layer = {v: k for k, v in _layer_names(arch).items()}
     parts = gguf_tensor_name.split(".", 2)
     if parts[0] == "blk" and parts[2] in inv_layer:
         return "model.layers.%s.%s" % (parts[1], inv_layer[parts[2]])
@@ -108,6 +126,8 @@ def read_config(folder):
 def rope_params(cfg):
     """The rope dict of either config style, with rope_theta in it."""
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    if "full_attention" in rope:  # Gemma 3 in transformers 5: per layer type; global layers'
+        rope = dict(rope["full_attention"])
     if "rope_theta" not in rope:
         rope["rope_theta"] = cfg.get("rope_theta", 10000.0)
     if "type" in rope and "rope_type" not in rope:
@@ -194,6 +214,17 @@ def export(folder, out_path, ftype="f32"):
     arch = GGUF_ARCH[hf_arch]
     if hf_arch == "MistralForCausalLM" and (cfg.get("sliding_window") or 1 << 30) < 4096:
         raise ValueError("a llama GGUF cannot carry Mistral's sliding window")
+    if arch == "gemma3":
+        n = cfg["num_hidden_layers"]
+        default = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                   for i in range(n)]
+        local = (cfg.get("rope_parameters") or {}).get("sliding_attention", {}).get(
+            "rope_theta", cfg.get("rope_local_base_freq", 10000.0))
+        if (cfg.get("layer_types") or default) != default or \
+                cfg.get("sliding_window_pattern", 6) != 6 or \
+                cfg.get("query_pre_attn_scalar", 256) != head_dim(cfg) or local != 10000.0:
+            raise ValueError("a gemma3 GGUF says neither layer types, query_pre_attn_scalar "
+                             "nor the local rope base: llama.cpp's defaults only")
     file_type = gguf.LlamaFileType.ALL_F32 if ftype == "f32" else \
         gguf.LlamaFileType["MOSTLY_" + ftype.upper()]
     qtype_for = gguf.GGMLQuantizationType[ftype.upper()]
@@ -212,7 +243,9 @@ def export(folder, out_path, ftype="f32"):
                 data = permute_qk(data, n_head)
             elif name.endswith(("k_proj.weight", "k_proj.bias")):
                 data = permute_qk(data, n_kv)
-        tensors.append((gguf_name(name), data))
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            data = data + np.float32(1.0)
+        tensors.append((gguf_name(name, arch), data))
 
     w = gguf.GGUFWriter(str(out_path), arch)
     w.add_type(gguf.GGUFType.MODEL)
@@ -232,6 +265,8 @@ def export(folder, out_path, ftype="f32"):
     if arch == "llama":
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(head_dim(cfg))
+    if arch == "gemma3":
+        w.add_sliding_window(cfg["sliding_window"])
     bos = cfg.get("bos_token_id", 1)
     eos = cfg.get("eos_token_id", 2)
     eos = eos[0] if isinstance(eos, list) else eos
@@ -285,7 +320,9 @@ def read_back(gguf_path, cfg):
                 data = unpermute_qk(data, n_head)
             elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
                 data = unpermute_qk(data, n_kv)
-        sd[hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(data))
+        if arch == "gemma3" and t.name.endswith("norm.weight"):
+            data = data - np.float32(1.0)
+        sd[hf_name(t.name, arch)] = torch.from_numpy(np.ascontiguousarray(data))
     return sd
 
 

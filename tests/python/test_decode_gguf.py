@@ -3,7 +3,8 @@ convert_hf_to_gguf.py writes, q/k rows permuted for the "llama" architecture) mu
 same logits as their safetensors folders.
 
 - F32 GGUF of every model whose GGUF can say everything its config says (all but mistral_sw8:
-  llama.cpp's llama architecture has no sliding window), on every ISA: prompt logits and the
+  llama.cpp's llama architecture has no sliding window; and gemma3_legacy, whose layer pattern,
+  local rotary base and softmax scale are not llama.cpp's gemma3 defaults), on every ISA: prompt logits and the
   logits of the greedy sequence within 1e-5 of transformers' range on the folder, the same greedy
   tokens, and within 1e-5 of Kwker's own logits on the folder.
 - F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 exports of several models: the reference is
@@ -21,10 +22,11 @@ import tiny_models
 from conftest import REL_TOL, describe_diff, first_token_diff, rel_err, supported_isas
 from test_decode_oracle import check_logits, stage
 
-GGUF_MODELS = [m for m in tiny_models.SPECS if m != "mistral_sw8"]
+GGUF_MODELS = [m for m in tiny_models.SPECS if m not in ("mistral_sw8", "gemma3_legacy")]
 QUANT_VARIANTS = [("llama_tied", "f16"), ("llama_tied", "q8_0"), ("qwen3", "q8_0"),
                   ("llama_odd", "q8_0"), ("llama_bf16", "bf16"), ("qwen2", "q4_0"),
-                  ("llama_tied", "q4_1"), ("mistral", "q5_0"), ("qwen3", "q5_1")]
+                  ("llama_tied", "q4_1"), ("mistral", "q5_0"), ("qwen3", "q5_1"),
+                  ("gemma3", "q8_0"), ("gemma3", "q5_0")]
 ISAS = supported_isas()
 
 
@@ -135,7 +137,13 @@ def test_export_reads_back_exactly(model):
     orig = gguf_export.read_hf_tensors(folder)
     assert set(sd) == set(orig)
     for k, v in orig.items():
-        assert torch.equal(sd[k], torch.from_numpy(v).float()), k
+        want = torch.from_numpy(v).float()
+        if tiny_models.SPECS[model]["arch"] == "gemma3" and k.endswith("norm.weight"):
+            # the file holds 1 + w rounded, as the converter writes it: what the model
+            # multiplies by, 1 + w in float32, reads back exactly (not w itself)
+            assert torch.equal(1.0 + sd[k], 1.0 + want), k
+            continue
+        assert torch.equal(sd[k], want), k
     types = gguf_export.tensor_types(path)
     assert set(types.values()) == {"F32"}
     assert ("rope_freqs.weight" in types) == (model == "llama3")
@@ -177,15 +185,22 @@ def test_export_metadata_like_the_converter():
 
 
 @pytest.mark.parametrize("model", ["llama_tied", "llama_odd", "mistral", "qwen2",
-                                   "llama_sharded", "llama_bf16", "qwen2_f16"])
+                                   "llama_sharded", "llama_bf16", "qwen2_f16", "gemma3"])
 def test_export_loads_in_transformers(oracle_refs, model):
     """transformers' GGUF loader (which undoes llama.cpp's q/k permutation itself) rebuilds
     the same model from the export: the names, shapes and permutation are llama.cpp's."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
     ref = oracle_refs(model)
     path = gguf_export.build_gguf(ref.path, "f32")
-    m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    if model == "gemma3":
+        # transformers' reader leaves query_pre_attn_scalar at its default, 256, where
+        # llama.cpp takes key_length (both right for the released models, whose head_dim is 256)
+        assert cfg.query_pre_attn_scalar == 256
+        cfg.query_pre_attn_scalar = cfg.head_dim
+    m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, config=cfg,
                                              dtype=torch.float32).eval()
     got = tiny_models.hf_logits(m, ref.prompt)
     assert np.abs(got - ref.prompt_logits).max() <= 1e-6 * np.ptp(ref.prompt_logits)

@@ -33,8 +33,9 @@ ISAS = supported_isas() + ([AMX_PRESERVE, AMX_PACKED] if cpu_has_amx_bf16() else
 
 # Prompt lengths at the edges: 2 ids (decode from the second position on) and 100 ids (past
 # any kernel tile or block size, and 12x the 8-token sliding window).
-LENGTH_CASES = [("llama_odd", 2), ("qwen3", 2), ("mistral_sw8", 2),
-                ("llama_odd", 100), ("qwen2", 100), ("mistral_sw8", 100), ("llama3", 100)]
+LENGTH_CASES = [("llama_odd", 2), ("qwen3", 2), ("mistral_sw8", 2), ("gemma3", 2),
+                ("llama_odd", 100), ("qwen2", 100), ("mistral_sw8", 100), ("llama3", 100),
+                ("gemma3", 100), ("gemma3_legacy", 100)]
 
 
 def _all_cases(oracle_refs):
@@ -171,6 +172,33 @@ def test_reference_sliding_window_is_exercised(oracle_refs):
     full = tiny_models.hf_logits(wide, ref.gen)
     d = np.abs(full - ref.full_logits).max(-1)
     assert (d[:8] == 0).all() and (d[8:] > 0.1).all(), d
+
+
+@pytest.mark.parametrize("model", ["gemma3", "gemma3_legacy"])
+def test_reference_gemma3_windows_and_bases_are_exercised(oracle_refs, model):
+    """Gemma 3's local layers' window is shorter than the test sequence, and both it and their
+    own rotary base change the logits: a decoder that ignored either would fail."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    ref = oracle_refs(model)
+    cfg = AutoConfig.from_pretrained(str(ref.path))
+    w = cfg.sliding_window
+    assert len(ref.gen) > w + 4
+    assert "full_attention" in cfg.layer_types and "sliding_attention" in cfg.layer_types
+    for change in ("window", "local_base"):
+        c = AutoConfig.from_pretrained(str(ref.path))
+        if change == "window":
+            c.sliding_window = 1 << 20
+        else:
+            c.rope_parameters["sliding_attention"]["rope_theta"] = \
+                c.rope_parameters["full_attention"]["rope_theta"]
+        other = AutoModelForCausalLM.from_pretrained(str(ref.path), config=c,
+                                                     dtype=torch.float32).eval()
+        d = np.abs(tiny_models.hf_logits(other, ref.gen) - ref.full_logits).max(-1)
+        if change == "window":
+            assert (d[:w] == 0).all() and (d[w:] > 0.01).any(), (change, d)
+        else:
+            assert (d[1:] > 0.01).any(), (change, d)
 
 
 def test_reference_checkpoints_have_the_advertised_layout(oracle_refs):
