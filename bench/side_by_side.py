@@ -51,6 +51,8 @@ MODELS = {
                          bos=151643, eos=151643, seed=500),
     # the real model: the bundled Q4_1 GGUF dequantized to F32 (bench/make_gguf.py)
     "smollm2-135m-instruct": dict(real=REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # Gemma 3 270M: its Q4_K_M GGUF (scripts/setup --test) dequantized to F32 the same way
+    "gemma3-270m": dict(real=REPO / "models" / "gemma-3-270m-q4_k_m.gguf"),
 }
 DEFAULT_MODELS = ["smollm2-135m", "smollm2-360m", "smollm2-1.7b", "qwen2.5-0.5b",
                   "smollm2-135m-instruct"]

@@ -294,6 +294,8 @@ static int json_dims(const json_t *root, struct kwk_config *cfg, const char *lab
 static int json_gemma3_layers(const json_t *root, struct kwk_config *cfg, const char *label,
                               struct kwk_err *err)
 {
+    if (cfg->n_layers > KWK_MAX_LAYERS) /* cfg_validate says so; no bit past the map */
+        return 0;
     const json_t *lt = json_object_get(root, "layer_types");
     if (lt && !json_is_null(lt)) {
         if (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers)
