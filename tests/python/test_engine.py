@@ -47,7 +47,7 @@ def tiny_prompts(dec, n=8, seed=1):
     return out
 
 
-@pytest.mark.parametrize("name", ["llama_odd", "qwen3", "mistral_sw8"])
+@pytest.mark.parametrize("name", ["llama_odd", "qwen3", "mistral_sw8", "gemma3"])
 def test_eight_requests_equal_alone_tiny(name):
     dec = kwker.KwkDecoder(str(tiny_models.build(name)), max_cache_len=256, n_threads=2)
     prompts = tiny_prompts(dec)
