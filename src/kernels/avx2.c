@@ -355,37 +355,41 @@ static void avx2_softmax(float *x, long n)
         x[i] /= sum;
 }
 
-static void avx2_swiglu(float *g, const float *u, long n)
+/* SiLU(x) = x / (1 + exp(-x)); gelu_tanh(x) = x / (1 + exp(-x (A + B x^2))), kernels.h's
+ * geglu, its polynomial rounded as ref.c's (no FMA). */
+INLINE __m256 gate8(__m256 x, int gelu)
 {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    long i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 gv = _mm256_loadu_ps(g + i);
-        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    __m256 z = x;
+    if (gelu) {
+        const __m256 a = _mm256_set1_ps(1.5957691216057308f);
+        const __m256 b = _mm256_set1_ps(0.07135481627159862f);
+        z = _mm256_mul_ps(x, _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(b, x), x)));
     }
-    for (; i < n; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), z));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-/* gelu_tanh(g) * u as x / (1 + exp(-x (A + B x^2))): kernels.h's geglu. */
+/* g = gate(g) * u; gelu is a constant at each call. The tail in scalar code as ref.c. */
+INLINE void gated_rows(float *g, const float *u, long n, int gelu)
+{
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(gate8(_mm256_loadu_ps(g + i), gelu),
+                                              _mm256_loadu_ps(u + i)));
+    for (; i < n; i++) {
+        float x = g[i], z = gelu ? x * (1.5957691216057308f + 0.07135481627159862f * x * x) : x;
+        g[i] = x / (1.0f + expf(-z)) * u[i];
+    }
+}
+
+static void avx2_swiglu(float *g, const float *u, long n)
+{
+    gated_rows(g, u, n, 0);
+}
+
 static void avx2_geglu(float *g, const float *u, long n)
 {
-    const float ca = 1.5957691216057308f, cb = 0.07135481627159862f;
-    const __m256 one = _mm256_set1_ps(1.0f), a = _mm256_set1_ps(ca), b = _mm256_set1_ps(cb);
-    long i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(g + i);
-        __m256 z = _mm256_mul_ps(x, _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(b, x), x)));
-        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), z));
-        __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
-    }
-    for (; i < n; i++) {
-        float x = g[i];
-        g[i] = x / (1.0f + expf(-x * (ca + cb * x * x))) * u[i];
-    }
+    gated_rows(g, u, n, 1);
 }
 
 /* kwk_f32_to_f16 eight at a time: the F16C conversion (nearest even), then its saturation and

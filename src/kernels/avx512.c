@@ -388,7 +388,8 @@ INLINE __m512 swiglu16(__m512 g, __m512 u)
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
-/* gelu_tanh(g) * u as g / (1 + exp(-g (A + B g^2))): kernels.h's geglu. */
+/* gelu_tanh(g) * u as g / (1 + exp(-g (A + B g^2))): kernels.h's geglu; the polynomial rounded
+ * as ref.c's (no FMA), so that tails and bodies agree. */
 INLINE __m512 geglu16(__m512 g, __m512 u)
 {
     const __m512 a = _mm512_set1_ps(1.5957691216057308f), b = _mm512_set1_ps(0.07135481627159862f);
@@ -397,28 +398,30 @@ INLINE __m512 geglu16(__m512 g, __m512 u)
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
-static void avx512_geglu(float *g, const float *u, long n)
+/* g = gate(g) * u over n elements, 16 at a time and a masked tail; gelu is a constant at each
+ * call, so the branch folds away. */
+INLINE void gated_rows(float *g, const float *u, long n, int gelu)
 {
     long i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(g + i, geglu16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i), uv = _mm512_loadu_ps(u + i);
+        _mm512_storeu_ps(g + i, gelu ? geglu16(gv, uv) : swiglu16(gv, uv));
+    }
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
-        __m512 v = geglu16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i));
-        _mm512_mask_storeu_ps(g + i, m, v);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);
+        _mm512_mask_storeu_ps(g + i, m, gelu ? geglu16(gv, uv) : swiglu16(gv, uv));
     }
 }
 
 static void avx512_swiglu(float *g, const float *u, long n)
 {
-    long i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(g + i, swiglu16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
-    if (i < n) {
-        __mmask16 m = tail_mask(n - i);
-        __m512 v = swiglu16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i));
-        _mm512_mask_storeu_ps(g + i, m, v);
-    }
+    gated_rows(g, u, n, 0);
+}
+
+static void avx512_geglu(float *g, const float *u, long n)
+{
+    gated_rows(g, u, n, 1);
 }
 
 /* kwk_f32_to_f16 sixteen at a time: the hardware's conversion (nearest even), then its

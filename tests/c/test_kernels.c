@@ -262,23 +262,20 @@ static void test_vector_ops(const struct kwk_kernels *k)
         T_CHECK(bad == 0, "%s softmax n=%ld: %ld wrong (worst rel %.3g)", k->name, n, bad, worst);
 
         float *g = make_floats((size_t)n, -12.0f, 12.0f);
-        memcpy(y1, g, (size_t)n * sizeof *y1);
-        memcpy(y2, g, (size_t)n * sizeof *y2);
-        k->swiglu(y1, b, n);
-        kwk_kernels_ref.swiglu(y2, b, n);
-        bad = 0;
-        for (long i = 0; i < n; i++)
-            bad += !close_rel(y1[i], y2[i], 1e-6, 1e-37);
-        T_CHECK(bad == 0, "%s swiglu n=%ld: %ld wrong", k->name, n, bad);
-
-        memcpy(y1, g, (size_t)n * sizeof *y1);
-        memcpy(y2, g, (size_t)n * sizeof *y2);
-        k->geglu(y1, b, n);
-        kwk_kernels_ref.geglu(y2, b, n);
-        bad = 0;
-        for (long i = 0; i < n; i++)
-            bad += !close_rel(y1[i], y2[i], 1e-6, 1e-37);
-        T_CHECK(bad == 0, "%s geglu n=%ld: %ld wrong", k->name, n, bad);
+        /* the two gates: SiLU and GELU-tanh */
+        void (*const gates[2])(float *, const float *, long) = {k->swiglu, k->geglu};
+        void (*const refs[2])(float *, const float *, long) = {kwk_kernels_ref.swiglu,
+                                                               kwk_kernels_ref.geglu};
+        for (int v = 0; v < 2; v++) {
+            memcpy(y1, g, (size_t)n * sizeof *y1);
+            memcpy(y2, g, (size_t)n * sizeof *y2);
+            gates[v](y1, b, n);
+            refs[v](y2, b, n);
+            bad = 0;
+            for (long i = 0; i < n; i++)
+                bad += !close_rel(y1[i], y2[i], 1e-6, 1e-37);
+            T_CHECK(bad == 0, "%s %s n=%ld: %ld wrong", k->name, v ? "geglu" : "swiglu", n, bad);
+        }
 
         free(a); free(b); free(w); free(y1); free(y2); free(sx); free(g);
     }
