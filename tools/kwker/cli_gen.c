@@ -53,6 +53,7 @@ void cli_gen_usage(FILE *f)
             "  --stop STR               stop before this text (repeatable)\n"
             "  --min-new-tokens N       no eos before N new tokens\n"
             "  --lookup N               n-gram lookup candidates a step, 0 off (default 8)\n"
+            CLI_TEMPLATE_FILE_USAGE
             "  --draft M2               a smaller model with the same vocabulary proposes tokens\n"
             "  --n-draft K              tokens the draft proposes a step (default 4, max 16)\n"
             "  -t, --threads N          compute threads (default: the cores)\n"
@@ -115,6 +116,8 @@ static int parse_valued(struct cli_gen_opts *o, const char *a, const char *v)
         return o->draft = v, 0;
     if (is(a, "--system", "-sys", "--system-prompt"))
         return o->system = v, 0;
+    if (is(a, "--chat-template-file", NULL, NULL))
+        return v[0] ? (o->chat_template_file = v, 0) : -1;
     if (is(a, "--n-draft", "--draft-max", NULL))
         return cli_parse_int(v, 1, 16, &o->n_draft);
     if (is(a, "-n", "--n-predict", "--max-new-tokens"))

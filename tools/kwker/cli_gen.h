@@ -15,6 +15,7 @@ struct cli_gen_opts {
     const char *model;
     const char *draft;          /* --draft M2, or NULL */
     const char *system;         /* --system text, or NULL */
+    const char *chat_template_file; /* --chat-template-file F, or NULL: the model's template */
     struct kwk_decoder_params dec;
     struct cli_quant quant;     /* --mix-bits, --calib, --gptq, --act-bits (into dec) */
     struct kwk_sampler_params smp;
@@ -99,8 +100,10 @@ struct cli_conv {
     void *messages;             /* json_t array of {role, content} */
 };
 
-/* Compile the tokenizer's chat template. Returns 0 or -1 after printing the error. */
-int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *cmd);
+/* Compile the chat template (cli_chat_template; a model without one is an error here). Returns 0
+ * or -1 after printing the error. */
+int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *file,
+                  const char *cmd);
 void cli_conv_free(struct cli_conv *c);
 /* Append a message; 0, or -1 (content not valid UTF-8, or out of memory). */
 int cli_conv_add(struct cli_conv *c, const char *role, const char *content);

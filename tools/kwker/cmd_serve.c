@@ -41,6 +41,7 @@ static void usage(FILE *f)
             "  --shutdown-timeout S     on SIGTERM / SIGINT stop listening, let the requests in\n"
             "                           flight finish for up to S seconds, then stop (a second\n"
             "                           signal stops at once; default 30; 0: cancel them)\n"
+            CLI_TEMPLATE_FILE_USAGE
             "  --quiet                  no per-request log lines\n");
 }
 
@@ -88,6 +89,8 @@ static int parse_opt(struct srv_opts *o, const char *a, const char *v)
         return parse_size(v, 4096, (size_t)1 << 24, &o->max_header);
     if (!strcmp(a, "--max-connections"))
         return cli_parse_int(v, 1, 1000000, &o->max_connections);
+    if (!strcmp(a, "--chat-template-file"))
+        return v[0] ? (o->chat_template_file = v, 0) : -1;
     if (!strcmp(a, "--shutdown-timeout"))
         return cli_parse_int(v, 0, 86400, &o->shutdown_timeout_s);
     return 1;

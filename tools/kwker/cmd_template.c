@@ -10,7 +10,6 @@
 #include "kwker.h"
 #include "model/model.h"
 
-#define TPL_FILE_LIMIT ((size_t)64 << 20)
 
 struct tpl_source {
     char *text;         /* the template (kwk_malloc) */
@@ -95,7 +94,7 @@ static int load_folder(const char *dir, int with_tools, struct tpl_source *s, st
     }
     /* A chat_template.jinja file next to the config wins, as in transformers. */
     if (!kwk_path_join(path, sizeof path, dir, "chat_template.jinja") && kwk_file_exists(path)) {
-        rc = kwk_read_file(path, TPL_FILE_LIMIT, &s->text, &n, err);
+        rc = kwk_read_file(path, CLI_TEMPLATE_FILE_MAX, &s->text, &n, err);
     } else if (cfg && (s->text = pick_template(json_object_get(cfg, "chat_template"),
                                                with_tools))) {
         rc = 0;
@@ -155,7 +154,7 @@ static int load_source(const char *model, int with_tools, struct tpl_source *s,
     if (len > 5 && !strcmp(model + len - 5, ".gguf"))
         return load_gguf(model, s, err);
     if (kwk_file_exists(model))
-        return kwk_read_file(model, TPL_FILE_LIMIT, &s->text, &n, err);
+        return kwk_read_file(model, CLI_TEMPLATE_FILE_MAX, &s->text, &n, err);
     return kwk_err_set(err, KWK_ENOTFOUND, "%s: not a folder, .gguf or template file", model);
 }
 

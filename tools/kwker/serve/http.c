@@ -905,11 +905,11 @@ static int load(struct srv *s, const char *path)
         int n = kwk_tokenizer_eos_ids(s->tok, s->eos, 8);
         s->n_eos = n < 0 ? 0 : n > 8 ? 8 : n;
     }
-    const char *src = kwk_tokenizer_chat_template(s->tok);
-    if (src && !(s->tpl = kwk_template_new(src, strlen(src), NULL, &err)))
-        goto fail;
-    if (!src)
-        fprintf(stderr, "kwker serve: the model has no chat template: only /v1/completions\n");
+    if (cli_chat_template(s->tok, s->o->chat_template_file, "serve", &s->tpl))
+        return -1;
+    if (!s->tpl)
+        fprintf(stderr, "kwker serve: the model has no chat template: only /v1/completions "
+                        "(--chat-template-file gives one)\n");
     s->lim.n_vocab = info.n_vocab;
     s->lim.max_cache_len = s->o->engine.max_cache_len;
     if (!s->lim.max_cache_len) /* the engine's default */

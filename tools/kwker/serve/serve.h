@@ -29,6 +29,7 @@ struct srv_opts {
     int max_connections;     /* 0: as many as the file-descriptor limit allows */
     int log_requests;        /* one stderr line per request */
     int shutdown_timeout_s;  /* on a signal: seconds the requests in flight may take to finish */
+    const char *chat_template_file; /* --chat-template-file, or NULL: the model's template */
 };
 
 /* ---- parsed requests ------------------------------------------------------------------------- */
