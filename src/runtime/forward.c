@@ -808,10 +808,10 @@ static void rows_run(void *ctx, int ith, int nth)
     kwk_split_range(t->n, ith, nth, 1, &lo, &hi);
     for (long i = lo; i < hi; i++) {
         float *x = d->x + (size_t)i * dm;
-        /* x + 1 * add is exactly x + add: the table's vector loop instead of a scalar one */
         if (t->add_norm)
             d->k->rmsnorm(t->add + (size_t)i * dm, t->add + (size_t)i * dm, t->add_norm, dm,
                           d->c->rms_eps);
+        /* x + 1 * add is exactly x + add: the table's vector loop instead of a scalar one */
         if (t->add)
             d->k->axpy(x, 1.0f, t->add + (size_t)i * dm, dm);
         if (t->norm_w)
