@@ -369,17 +369,16 @@ INLINE __m256 gate8(__m256 x, int gelu)
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-/* g = gate(g) * u; gelu is a constant at each call. The tail in scalar code as ref.c. */
+/* g = gate(g) * u; gelu is a constant at each call. The tail is ref.c's own: scalar code here
+ * may be contracted into FMAs (clang does under this file's -mfma) and round otherwise. */
 INLINE void gated_rows(float *g, const float *u, long n, int gelu)
 {
     long i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(g + i, _mm256_mul_ps(gate8(_mm256_loadu_ps(g + i), gelu),
                                               _mm256_loadu_ps(u + i)));
-    for (; i < n; i++) {
-        float x = g[i], z = gelu ? x * (1.5957691216057308f + 0.07135481627159862f * x * x) : x;
-        g[i] = x / (1.0f + expf(-z)) * u[i];
-    }
+    if (i < n)
+        (gelu ? kwk_kernels_ref.geglu : kwk_kernels_ref.swiglu)(g + i, u + i, n - i);
 }
 
 static void avx2_swiglu(float *g, const float *u, long n)
