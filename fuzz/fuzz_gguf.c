@@ -1,10 +1,59 @@
 /* fuzz_gguf.c - libFuzzer target: kwk_gguf_parse on arbitrary bytes, then every getter on every
- * key, the configuration reader, and the first row of each small tensor dequantized. */
+ * key, the configuration reader, the first row of each small tensor dequantized, and, for a file
+ * with tokenizer.ggml.model, the tokenizer it holds (written to a file of this process's and
+ * loaded by kwk_tokenizer_load: tok_gguf.c's vocabulary reader), which must load or fail, and
+ * round-trips a text when it loads. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "fuzz_roundtrip.h"
 #include "model/model.h"
+
+static char path[4096];
+
+/* The harness's own failures (no file, a full disk) stop the run: a replay that tested nothing
+ * must not pass. */
+static void harness_fail(const char *what)
+{
+    fprintf(stderr, "fuzz_gguf: %s %s\n", what, path);
+    abort();
+}
+
+static void cleanup(void)
+{
+    unlink(path);
+}
+
+/* The input as a .gguf file (made once a process, removed at exit), its tokenizer loaded. */
+static void use_tokenizer(const uint8_t *data, size_t size)
+{
+    if (!path[0]) {
+        setenv("KWKER_LOG", "error", 0);
+        const char *tmp = getenv("TMPDIR");
+        snprintf(path, sizeof path, "%s/kwk_fuzz_gguf.XXXXXX.gguf", tmp && *tmp ? tmp : "/tmp");
+        int fd = mkstemps(path, 5);
+        if (fd < 0)
+            harness_fail("cannot create");
+        close(fd);
+        atexit(cleanup);
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        harness_fail("cannot open");
+    int ok = fwrite(data, 1, size, f) == size;
+    if (fclose(f) != 0 || !ok)
+        harness_fail("cannot write");
+    struct kwk_err err;
+    kwk_tokenizer *t = kwk_tokenizer_load(path, &err);
+    if (t) {
+        static const char text[] = " Hello  w\xc3\xb6rld\n<s>12 \xe2\x96\x81x</s>";
+        fuzz_roundtrip(t, text, sizeof text - 1);
+        kwk_tokenizer_free(t);
+    }
+}
 
 static void touch_kv(const struct kwk_gguf *g, const struct kwk_gguf_kv *kv)
 {
@@ -61,7 +110,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (cols <= (int64_t)(sizeof row / sizeof row[0]))
             kwk_dequant_row(t->dtype, t->data, row, cols);
     }
+    int has_tok = kwk_gguf_find(&g, "tokenizer.ggml.model") != NULL;
     g.path = NULL;
     kwk_gguf_close(&g);
+    if (has_tok)
+        use_tokenizer(data, size);
     return 0;
 }

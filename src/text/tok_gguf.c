@@ -298,9 +298,11 @@ static int load_spm(struct gv *v)
                                    .pat_len = 3, .content = kwk_strdup(" "), .content_len = 1};
     d->subs[1].kind = TOK_D_BYTEFALLBACK;
     d->subs[2].kind = TOK_D_FUSE;
-    d->subs[3] = (struct tok_step){.kind = TOK_D_STRIP, .content = kwk_strdup(" "),
-                                   .content_len = 1, .left = 1};
-    if (!d->subs[0].pat || !d->subs[0].content || !d->subs[3].content)
+    /* the strip of the prepended space: only a step of the decoder (and freed) with one */
+    if (add_space)
+        d->subs[3] = (struct tok_step){.kind = TOK_D_STRIP, .content = kwk_strdup(" "),
+                                       .content_len = 1, .left = 1};
+    if (!d->subs[0].pat || !d->subs[0].content || (add_space && !d->subs[3].content))
         rc = -ENOMEM;
 out:
     kwk_free(order);
