@@ -361,8 +361,7 @@ INLINE __m256 gate8(__m256 x, int gelu)
 {
     __m256 z = x;
     if (gelu) {
-        const __m256 a = _mm256_set1_ps(1.5957691216057308f);
-        const __m256 b = _mm256_set1_ps(0.07135481627159862f);
+        const __m256 a = _mm256_set1_ps(KWK_GELU_A), b = _mm256_set1_ps(KWK_GELU_B);
         z = _mm256_mul_ps(x, _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(b, x), x)));
     }
     __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), z));

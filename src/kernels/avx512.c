@@ -392,7 +392,7 @@ INLINE __m512 swiglu16(__m512 g, __m512 u)
  * as ref.c's (no FMA), so that tails and bodies agree. */
 INLINE __m512 geglu16(__m512 g, __m512 u)
 {
-    const __m512 a = _mm512_set1_ps(1.5957691216057308f), b = _mm512_set1_ps(0.07135481627159862f);
+    const __m512 a = _mm512_set1_ps(KWK_GELU_A), b = _mm512_set1_ps(KWK_GELU_B);
     __m512 z = _mm512_mul_ps(g, _mm512_add_ps(a, _mm512_mul_ps(_mm512_mul_ps(b, g), g)));
     __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), z));
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);

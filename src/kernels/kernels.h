@@ -44,6 +44,11 @@ struct kwk_mat {
 
 struct kwk_qact; /* kernels/quant.h */
 
+/* geglu's constants, 2 sqrt(2/pi) and 2 sqrt(2/pi) 0.044715: gelu_tanh(x) = x / (1 + exp(-x (A +
+ * B x^2))), every table rounding A + (B x) x without an FMA, as ref.c does. */
+#define KWK_GELU_A 1.5957691216057308f
+#define KWK_GELU_B 0.07135481627159862f
+
 struct kwk_kernels {
     const char *name;
     /* y[t*ldy + r] = sum_k w[r][k] * x[t*cols + k] for t in [0,n_tok), r in [r0,r1).

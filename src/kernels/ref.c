@@ -144,15 +144,11 @@ static void ref_swiglu(float *g, const float *u, long n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-/* 2 sqrt(2/pi) and 2 sqrt(2/pi) 0.044715: gelu_tanh(x) = x / (1 + exp(-x (A + B x^2))). */
-#define GELU_A 1.5957691216057308f
-#define GELU_B 0.07135481627159862f
-
 static void ref_geglu(float *g, const float *u, long n)
 {
     for (long i = 0; i < n; i++) {
         float x = g[i];
-        g[i] = x / (1.0f + expf(-x * (GELU_A + GELU_B * x * x))) * u[i];
+        g[i] = x / (1.0f + expf(-x * (KWK_GELU_A + KWK_GELU_B * x * x))) * u[i];
     }
 }
 

@@ -52,7 +52,7 @@ static int cfg_validate(struct kwk_config *cfg, const char *label, struct kwk_er
 {
     struct { const char *name; int v; int max; } f[] = {
         {"vocab size", cfg->n_vocab, CFG_DIM_MAX},
-        {"number of layers", cfg->n_layers, 4096},
+        {"number of layers", cfg->n_layers, KWK_MAX_LAYERS},
         {"hidden size", cfg->d_model, CFG_DIM_MAX},
         {"number of attention heads", cfg->n_heads, 65536},
         {"number of key/value heads", cfg->n_kv_heads, 65536},

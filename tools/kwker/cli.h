@@ -40,7 +40,6 @@ const char *cli_cache_dir(const char *v);
 int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cmd,
                       kwk_template **tpl);
 
-
 /* How balanced / int4 weights are fitted: --mix-bits, --calib, --calib-tokens, --gptq; how they
  * are read: --act-bits; and the KV cache's element: --kv-bits (the same on generate, chat, bench,
  * perplexity and serve). */

@@ -14,7 +14,8 @@ int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cm
                       kwk_template **tpl)
 {
     struct kwk_err err = {0};
-    char *text = NULL;
+    char *text = NULL; /* the file's, read here */
+    const char *src;
     size_t n = 0;
     *tpl = NULL;
     if (file) {
@@ -22,19 +23,13 @@ int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cm
             fprintf(stderr, "kwker %s: --chat-template-file: %s\n", cmd, err.msg);
             return -1;
         }
-    } else {
-        const char *src = kwk_tokenizer_chat_template(tok);
-        if (!src)
-            return 0;
+        src = text;
+    } else if ((src = kwk_tokenizer_chat_template(tok))) {
         n = strlen(src);
-        text = kwk_malloc(n + 1);
-        if (!text) {
-            fprintf(stderr, "kwker %s: out of memory\n", cmd);
-            return -1;
-        }
-        memcpy(text, src, n + 1);
+    } else {
+        return 0;
     }
-    *tpl = kwk_template_new(text, n, NULL, &err);
+    *tpl = kwk_template_new(src, n, NULL, &err);
     kwk_free(text);
     if (!*tpl) {
         fprintf(stderr, "kwker %s: chat template%s%s: %s\n", cmd, file ? " " : "",

@@ -10,7 +10,6 @@
 #include "kwker.h"
 #include "model/model.h"
 
-
 struct tpl_source {
     char *text;         /* the template (kwk_malloc) */
     char *bos, *eos;    /* special tokens or NULL (kwk_malloc) */
