@@ -408,6 +408,15 @@ KWK_API const char *kwk_tokenizer_id_to_piece(const kwk_tokenizer *t, int32_t id
 /* The id of a vocabulary string (model vocabulary or added token), or -1. */
 KWK_API int32_t kwk_tokenizer_piece_to_id(const kwk_tokenizer *t, const char *piece,
                                           size_t len);
+/* The bytes token id adds to a text it is decoded in the middle of (llama.cpp's token_to_piece
+ * for constrained decoding): a byte-level token's bytes, which may be part of a UTF-8
+ * character; SentencePiece's U+2581 as a space and <0xHH> as that byte; WordPiece's "##"
+ * continuation without the "##"; an added token's content. Decode's whole-text steps (strip of
+ * the first space, cleanup of spaces before punctuation) are not applied. Writes up to cap bytes
+ * to buf and the length to *len; returns 0, KWK_ELIMIT when cap < *len, KWK_ERANGE for an id
+ * outside [0, n_vocab) or a hole. Thread-safe. */
+KWK_API int kwk_tokenizer_token_bytes(const kwk_tokenizer *t, int32_t id, char *buf, size_t cap,
+                                      size_t *len);
 /* 1 when id is a special added token (skipped by skip_special), 0 otherwise. */
 KWK_API int kwk_tokenizer_is_special(const kwk_tokenizer *t, int32_t id);
 
@@ -433,6 +442,81 @@ KWK_API kwk_detok *kwk_detok_new(const kwk_tokenizer *t, int skip_special);
 KWK_API int kwk_detok_push(kwk_detok *d, int32_t id, const char **piece, size_t *len);
 KWK_API int kwk_detok_flush(kwk_detok *d, const char **piece, size_t *len);
 KWK_API void kwk_detok_free(kwk_detok *d);
+
+/* ---------------------------------------------------------------------------------------------
+ * Grammars: constrained decoding (section owned by src/grammar)
+ * ------------------------------------------------------------------------------------------- */
+
+/* A compiled grammar: generated text is kept to its sentences, token by token. The text is
+ * llama.cpp's GBNF (its grammars/README.md): rules `name ::= alternatives` (names of letters,
+ * digits and '-'), the start rule `root`; literals "..." and character classes [a-z0-9_] / [^"\\]
+ * with the escapes \n \r \t \\ \" \] \- \xHH \uHHHH \UHHHHHHHH; `.` (any one character);
+ * grouping ( ); repetition * + ? {m} {m,} {m,n}; comments from # to the end of the line.
+ * Characters are Unicode code points matched as their UTF-8 bytes, so a token may end inside a
+ * character. Left recursion, undefined rules and repetitions beyond KWK_GRAMMAR_REPEAT_MAX are
+ * refused with the line and column. Immutable once built: thread-safe to share. */
+typedef struct kwk_grammar kwk_grammar;
+
+#define KWK_GRAMMAR_TEXT_MAX (1 << 20)   /* bytes of GBNF (and of a JSON schema) */
+#define KWK_GRAMMAR_REPEAT_MAX 10000     /* m and n of {m,n} */
+
+/* Compile GBNF text[len]. NULL with err: KWK_ESYNTAX (line / col / pos), KWK_ELIMIT, -ENOMEM. */
+KWK_API kwk_grammar *kwk_grammar_new(const char *text, size_t len, struct kwk_err *err);
+/* A grammar for the JSON texts a JSON Schema (draft 2020-12; schema[len] is JSON text) accepts:
+ * between tokens it allows what llama.cpp's converter allows (nothing, one space, or a newline
+ * and up to 20 spaces or tabs), so a model may print compact or indented JSON but not pad
+ * forever. Keywords that would constrain the output but cannot be enforced are
+ * refused (KWK_EUNSUPPORTED naming the keyword and its JSON pointer), never ignored;
+ * annotations (title, description, examples, default, $comment, ...) are ignored. */
+KWK_API kwk_grammar *kwk_grammar_from_json_schema(const char *schema, size_t len,
+                                                  struct kwk_err *err);
+/* The GBNF text of that grammar (NUL-terminated, *out_len bytes; free with kwk_string_free):
+ * objects list their properties in the schema's order, required or not. Thread-safe. */
+KWK_API int kwk_json_schema_to_gbnf(const char *schema, size_t len, char **out, size_t *out_len,
+                                    struct kwk_err *err);
+KWK_API void kwk_grammar_free(kwk_grammar *g);
+
+/* 1 when text[len] is a whole sentence of g, 0 when it is not; *prefix (may be NULL) is set to 1
+ * when text can still be continued into one. Negative (KWK_ELIMIT) when matching exceeded the
+ * matcher's limits. Thread-safe. */
+KWK_API int kwk_grammar_match(const kwk_grammar *g, const char *text, size_t len, int *prefix);
+
+/* The bytes each token of a vocabulary adds to text, arranged for masks (a trie). Built once
+ * per tokenizer and shared by every matcher of it: immutable, thread-safe. */
+typedef struct kwk_grammar_vocab kwk_grammar_vocab;
+/* From a tokenizer: special tokens and holes are never allowed by a grammar (eos is the
+ * generation's business: see kwk_gen_params.grammar). */
+KWK_API kwk_grammar_vocab *kwk_grammar_vocab_new(const kwk_tokenizer *tok, struct kwk_err *err);
+/* From byte strings: token i adds bytes[i][0 .. lens[i]) (NULL or length 0: never allowed). */
+KWK_API kwk_grammar_vocab *kwk_grammar_vocab_from_bytes(const char *const *bytes,
+                                                        const uint32_t *lens, int32_t n,
+                                                        struct kwk_err *err);
+KWK_API int32_t kwk_grammar_vocab_size(const kwk_grammar_vocab *v);
+KWK_API void kwk_grammar_vocab_free(kwk_grammar_vocab *v);
+
+/* One generation's position in a grammar. Not thread-safe (one per sequence); g and v must
+ * outlive it. */
+typedef struct kwk_matcher kwk_matcher;
+KWK_API kwk_matcher *kwk_matcher_new(const kwk_grammar *g, const kwk_grammar_vocab *v,
+                                     struct kwk_err *err);
+KWK_API void kwk_matcher_free(kwk_matcher *m);
+/* Back to the start of the grammar. */
+KWK_API void kwk_matcher_reset(kwk_matcher *m);
+/* The tokens that may come next: bit i of allowed[i / 32] is set for token i
+ * (allowed[(n_vocab + 31) / 32] words). Returns how many are allowed, or a negative code
+ * (KWK_ELIMIT when the grammar is too ambiguous here). */
+KWK_API int32_t kwk_matcher_mask(kwk_matcher *m, uint32_t *allowed);
+/* 1 when token may come next, 0 when not (cheaper than a mask for one token). */
+KWK_API int kwk_matcher_allows(kwk_matcher *m, int32_t token);
+/* Advance by token (0), or KWK_EARG when the grammar does not allow it (nothing changes),
+ * KWK_ERANGE for an id outside the vocabulary. */
+KWK_API int kwk_matcher_accept(kwk_matcher *m, int32_t token);
+/* The same with raw bytes (e.g. text forced by the caller). */
+KWK_API int kwk_matcher_accept_bytes(kwk_matcher *m, const char *bytes, size_t len);
+/* 1 when the text so far is a whole sentence (the generation may end here), else 0. */
+KWK_API int kwk_matcher_done(const kwk_matcher *m);
+/* 1 when no byte can follow (the text is whole and cannot go on). */
+KWK_API int kwk_matcher_finished(const kwk_matcher *m);
 
 /* ---------------------------------------------------------------------------------------------
  * Generation: sampling, stopping, prompt reuse and speculation over a decoder
