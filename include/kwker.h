@@ -410,9 +410,10 @@ KWK_API int32_t kwk_tokenizer_piece_to_id(const kwk_tokenizer *t, const char *pi
                                           size_t len);
 /* The bytes token id adds to a text it is decoded in the middle of (llama.cpp's token_to_piece
  * for constrained decoding): a byte-level token's bytes, which may be part of a UTF-8
- * character; SentencePiece's U+2581 as a space and <0xHH> as that byte; WordPiece's "##"
- * continuation without the "##"; an added token's content. Decode's whole-text steps (strip of
- * the first space, cleanup of spaces before punctuation) are not applied. Writes up to cap bytes
+ * character; SentencePiece's U+2581 as a space and <0xHH> as that byte; a WordPiece "##"
+ * continuation without the "##" and any other WordPiece token after a space; an added token's
+ * content. Decode's whole-text steps (strip of the first space, cleanup of spaces before
+ * punctuation) are not applied. Writes up to cap bytes
  * to buf and the length to *len; returns 0, KWK_ELIMIT when cap < *len, KWK_ERANGE for an id
  * outside [0, n_vocab) or a hole. Thread-safe. */
 KWK_API int kwk_tokenizer_token_bytes(const kwk_tokenizer *t, int32_t id, char *buf, size_t cap,

@@ -40,6 +40,8 @@ def _protos():
     L.kwk_tokenizer_id_to_piece.argtypes = [vp, ctypes.c_int32, szp]
     L.kwk_tokenizer_piece_to_id.restype = ctypes.c_int32
     L.kwk_tokenizer_piece_to_id.argtypes = [vp, ctypes.c_char_p, sz]
+    L.kwk_tokenizer_token_bytes.restype = ctypes.c_int
+    L.kwk_tokenizer_token_bytes.argtypes = [vp, ctypes.c_int32, ctypes.c_char_p, sz, szp]
     L.kwk_tokenizer_is_special.restype = ctypes.c_int
     L.kwk_tokenizer_is_special.argtypes = [vp, ctypes.c_int32]
     for name in ("bos_id", "pad_id", "unk_id"):
@@ -175,6 +177,18 @@ class Tokenizer:
         data = piece.encode()
         i = self._L.kwk_tokenizer_piece_to_id(self._h, data, len(data))
         return None if i < 0 else i
+
+    def token_bytes(self, i):
+        """The bytes token i adds in the middle of a text (what a grammar sees of it)."""
+        n = ctypes.c_size_t()
+        buf = ctypes.create_string_buffer(256)
+        rc = self._L.kwk_tokenizer_token_bytes(self._h, int(i), buf, len(buf), ctypes.byref(n))
+        if rc == -10003:  # KWK_ELIMIT: the buffer was short; *n is the length
+            buf = ctypes.create_string_buffer(n.value)
+            rc = self._L.kwk_tokenizer_token_bytes(self._h, int(i), buf, len(buf),
+                                                   ctypes.byref(n))
+        _check(rc, "token_bytes")
+        return buf.raw[:n.value]
 
     def is_special(self, i):
         return bool(self._L.kwk_tokenizer_is_special(self._h, int(i)))

@@ -282,3 +282,104 @@ done:
     toks_free(&l);
     return rc;
 }
+
+/* One token through the decoder chain as if it stood in the middle of a text: what a grammar
+ * must see of it (kwk_tokenizer_token_bytes). Bytes stay raw: no U+FFFD repair, since a
+ * byte-level token may hold part of a character that the next token completes. Strip and Fuse
+ * act on a whole text (after Fuse the text is one piece), so they do nothing here. */
+static void piece_bytes(const struct tok_step *st, struct tok_buf *cur)
+{
+    struct tok_buf out = {0};
+    const char *s = cur->p ? cur->p : "";
+    size_t n = cur->n;
+    switch (st->kind) {
+    case TOK_D_SEQ:
+        for (int i = 0; i < st->n_subs; i++)
+            piece_bytes(&st->subs[i], cur);
+        return;
+    case TOK_D_BYTELEVEL:
+        for (size_t k = 0; k < n;) {
+            uint32_t cp;
+            k += tok_utf8_next(s + k, n - k, &cp);
+            int b = tok_cp_to_byte(cp);
+            if (b < 0) { /* not a byte-level piece (an added token): kept as it is */
+                out.n = 0;
+                tok_buf_add(&out, s, n);
+                break;
+            }
+            tok_buf_addc(&out, (char)b);
+        }
+        break;
+    case TOK_D_BYTEFALLBACK: {
+        int b = byte_token(s, n);
+        if (b < 0)
+            return;
+        tok_buf_addc(&out, (char)b);
+        break;
+    }
+    case TOK_D_METASPACE:
+        for (size_t k = 0; k < n;) {
+            if (st->content_len && n - k >= st->content_len &&
+                !memcmp(s + k, st->content, st->content_len)) {
+                tok_buf_addc(&out, ' ');
+                k += st->content_len;
+            } else {
+                tok_buf_addc(&out, s[k++]);
+            }
+        }
+        break;
+    case TOK_D_REPLACE: {
+        struct tok_step r = *st;
+        r.kind = TOK_N_REPLACE;
+        tok_normalize(NULL, &r, s, n, &out);
+        break;
+    }
+    case TOK_D_WORDPIECE:
+        if (n >= st->content_len && !memcmp(s, st->content, st->content_len)) {
+            tok_buf_add(&out, s + st->content_len, n - st->content_len);
+        } else {
+            tok_buf_addc(&out, ' ');
+            tok_buf_add(&out, s, n);
+        }
+        break;
+    default: /* Strip, Fuse: whole-text steps */
+        return;
+    }
+    if (!out.p)
+        tok_buf_add(&out, "", 0);
+    if (out.oom)
+        cur->oom = 1;
+    tok_buf_free(cur);
+    *cur = out;
+}
+
+int kwk_tokenizer_token_bytes(const kwk_tokenizer *t, int32_t id, char *buf, size_t cap,
+                              size_t *len)
+{
+    if (!t || !len || (!buf && cap))
+        return KWK_EARG;
+    if (id < 0 || id >= t->n_vocab || !t->pieces[id])
+        return KWK_ERANGE;
+    struct tok_buf cur = {0};
+    tok_buf_add(&cur, t->pieces[id], t->piece_lens[id]);
+    if (t->decoder.kind == TOK_NONE) {
+        /* no decoder: Hugging Face joins the pieces with spaces */
+        struct tok_buf sp = {0};
+        tok_buf_addc(&sp, ' ');
+        tok_buf_add(&sp, cur.p ? cur.p : "", cur.n);
+        tok_buf_free(&cur);
+        cur = sp;
+    } else {
+        piece_bytes(&t->decoder, &cur);
+    }
+    int rc = cur.oom ? -12 : 0;
+    if (!rc) {
+        *len = cur.n;
+        if (cur.n > cap)
+            rc = KWK_ELIMIT;
+        else if (cur.n)
+            memcpy(buf, cur.p, cur.n);
+    }
+    tok_buf_free(&cur);
+    return rc;
+}
