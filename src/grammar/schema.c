@@ -596,7 +596,7 @@ int kwk_json_schema_to_gbnf(const char *schema, size_t len, char **out, size_t *
     if (len > KWK_GRAMMAR_TEXT_MAX)
         return kwk_err_set(err, KWK_ELIMIT, "json schema: %zu bytes, over the limit of %d", len,
                            KWK_GRAMMAR_TEXT_MAX);
-    c.root = json_loadb(schema ? schema : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
+    c.root = json_loadb(schema ? schema : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY | JSON_ALLOW_NUL,
                         &je);
     if (!c.root) {
         kwk_err_set_pos(err, KWK_EFORMAT, je.position, "json schema:%d:%d: %s", je.line,
