@@ -123,10 +123,18 @@ struct kwk_grammar_vocab {
     uint8_t *usable;      /* [n_vocab] 0: never allowed (empty, special, hole) */
     struct kv_node *nodes; /* [n_nodes + 1], the last a sentinel (tok = n_node_toks) */
     uint32_t n_nodes;
+    uint64_t (*sub)[2];   /* [n_nodes] the bytes of each subtree (its own included): bit b for
+                           * ASCII b, bit 0 also for every byte >= 0x80. A mask passes over a
+                           * subtree whose bytes all lead back to the state they start from. */
     int32_t *node_toks;   /* [n_node_toks] token ids in trie order */
     uint32_t n_node_toks;
     uint32_t max_len;     /* longest token */
 };
+
+/* The matcher's mask without its cache of recent masks (benchmarks and tests: a walk of the
+ * trie over the DFA as built so far), and the bytes and DFA states it holds. */
+int32_t kg_matcher_mask_walk(struct kwk_matcher *m, uint32_t *allowed);
+size_t kg_matcher_bytes(const struct kwk_matcher *m, size_t *n_states);
 
 /* ---- Compiling (gbnf.c parses into a builder, compile.c checks and flattens it) ---- */
 

@@ -331,39 +331,83 @@ int kwk_matcher_finished(const kwk_matcher *m)
     return kwk_matcher_done(m) && m->states[m->cur].len == 1;
 }
 
+/* Which subtree summaries (kv_node sub bits) only hold bytes that take state s back to s. */
+static int self_loops(kwk_matcher *m, uint32_t s, uint64_t loop[2])
+{
+    const struct kwk_grammar *g = m->g;
+    uint8_t back[256];
+    for (uint32_t c = 0; c < g->n_classes; c++) {
+        uint32_t t;
+        int rc = transition(m, s, g->class_byte[c], &t);
+        if (rc)
+            return rc;
+        back[c] = t == s;
+    }
+    loop[0] = loop[1] = 0;
+    for (unsigned b = 0; b < 0x80; b++)
+        loop[b >> 6] |= (uint64_t)back[g->byte_class[b]] << (b & 63);
+    for (unsigned b = 0x80; b < 0x100; b++)
+        if (!back[g->byte_class[b]])
+            loop[0] &= ~1ull; /* bit 0 stands for NUL and every byte >= 0x80 */
+    return 0;
+}
+
 /* One pass over the trie in preorder: a node's state is its parent's advanced by its byte;
- * a dead node skips its whole subtree. */
+ * a dead node skips its whole subtree, and so does a subtree under the starting state whose
+ * bytes all lead back to it (inside a JSON string, most of the vocabulary): all its tokens are
+ * allowed, and their bits are set without walking it. */
 static int32_t mask_walk(kwk_matcher *m, uint32_t *allowed)
 {
     const struct kwk_grammar_vocab *v = m->v;
     const struct kv_node *nodes = v->nodes;
     const uint8_t *cls = m->g->byte_class;
     size_t nc = m->g->n_classes;
+    uint32_t root = m->cur, i = 0;
+    uint64_t loop[2];
     int32_t count = 0;
-    uint32_t i = 0;
-    m->walk[0] = m->cur;
+    int rc = self_loops(m, root, loop);
+    if (rc)
+        return rc;
+    m->walk[0] = root;
     while (i < v->n_nodes) {
         const struct kv_node *nd = &nodes[i];
-        uint32_t s = m->walk[nd->depth - 1];
-        uint32_t t = m->trans[(size_t)s * nc + cls[nd->byte]];
-        if (t == ST_UNKNOWN) {
-            int rc = transition_compute(m, s, nd->byte, &t);
-            if (rc)
-                return rc;
-        }
-        if (t == ST_DEAD) {
+        uint32_t s = m->walk[nd->depth - 1], first = nd->tok, last;
+        if (s == root && !(v->sub[i][0] & ~loop[0]) && !(v->sub[i][1] & ~loop[1])) {
             i = nd->end;
-            continue;
+            last = nodes[i].tok;
+        } else {
+            uint32_t t = m->trans[(size_t)s * nc + cls[nd->byte]];
+            if (t == ST_UNKNOWN && (rc = transition_compute(m, s, nd->byte, &t)))
+                return rc;
+            if (t == ST_DEAD) {
+                i = nd->end;
+                continue;
+            }
+            m->walk[nd->depth] = t;
+            last = nodes[++i].tok;
         }
-        m->walk[nd->depth] = t;
-        for (uint32_t k = nd->tok; k < nodes[i + 1].tok; k++) {
+        for (uint32_t k = first; k < last; k++) {
             int32_t tok = v->node_toks[k];
             allowed[tok >> 5] |= 1u << (tok & 31);
-            count++;
         }
-        i++;
+        count += (int32_t)(last - first);
     }
     return count;
+}
+
+int32_t kg_matcher_mask_walk(kwk_matcher *m, uint32_t *allowed)
+{
+    memset(allowed, 0, ((size_t)m->v->n_vocab + 31) / 32 * sizeof *allowed);
+    if (m->cur == ST_DEAD)
+        return 0;
+    int rc = maybe_flush(m);
+    return rc ? rc : mask_walk(m, allowed);
+}
+
+size_t kg_matcher_bytes(const kwk_matcher *m, size_t *n_states)
+{
+    *n_states = m->n_states;
+    return matcher_bytes(m);
 }
 
 int32_t kwk_matcher_mask(kwk_matcher *m, uint32_t *allowed)

@@ -81,6 +81,18 @@ static int trie_build(struct kwk_grammar_vocab *v)
     if (nodes_push(v, &cap, sentinel))
         goto out;
     v->n_nodes--; /* the sentinel is not a node */
+    v->sub = kwk_calloc(v->n_nodes ? v->n_nodes : 1, sizeof *v->sub);
+    if (!v->sub)
+        goto out;
+    /* Children come after their parent: from the end, each node adds its children's bytes. */
+    for (uint32_t i = v->n_nodes; i-- > 0;) {
+        unsigned b = v->nodes[i].byte < 0x80 ? v->nodes[i].byte : 0;
+        v->sub[i][b >> 6] |= 1ull << (b & 63);
+        for (uint32_t j = i + 1; j < v->nodes[i].end; j = v->nodes[j].end) {
+            v->sub[i][0] |= v->sub[j][0];
+            v->sub[i][1] |= v->sub[j][1];
+        }
+    }
     rc = 0;
 out:
     kwk_free(order);
@@ -96,6 +108,7 @@ void kwk_grammar_vocab_free(kwk_grammar_vocab *v)
     kwk_free(v->off);
     kwk_free(v->usable);
     kwk_free(v->nodes);
+    kwk_free(v->sub);
     kwk_free(v->node_toks);
     kwk_free(v);
 }

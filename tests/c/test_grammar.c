@@ -574,7 +574,12 @@ static int mask_check(const kwk_grammar *g, kwk_matcher *m, const struct vocab_s
     uint32_t *mask = calloc(((size_t)v->n + 31) / 32, sizeof *mask);
     char buf[512];
     int bad = 0;
+    uint32_t *walked = calloc(((size_t)v->n + 31) / 32, sizeof *walked);
     int32_t count = kwk_matcher_mask(m, mask), want_count = 0;
+    /* The same without the matcher's cache of recent masks. */
+    T_EQ(kg_matcher_mask_walk(m, walked), count);
+    T_TRUE(!memcmp(mask, walked, ((size_t)v->n + 31) / 32 * sizeof *mask));
+    free(walked);
     memcpy(buf, text, n);
     for (int32_t i = 0; i < v->n && bad < 5; i++) {
         int want = 0, p = 0;
