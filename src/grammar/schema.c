@@ -459,6 +459,11 @@ int schema_visit(struct sconv *c, json_t *s, const char *ptr, const char *name,
         *out = c->cache[ci].rule;
         goto out_key;
     }
+    if (c->visit_depth >= SCHEMA_DEPTH_MAX) {
+        rc = sconv_fail(c, KWK_ELIMIT, "json schema at #%s: values nested deeper than %d", ptr,
+                        SCHEMA_DEPTH_MAX);
+        goto out_key;
+    }
     if (name_reserved(rname) && strcmp(name, "root") != 0)
         strcat(rname, "-");
     /* Reserved before its content is made: a recursive reference to s names this rule. */
@@ -468,10 +473,12 @@ int schema_visit(struct sconv *c, json_t *s, const char *ptr, const char *name,
     int saved_base = c->inline_base, saved_top = c->flat_top;
     c->inline_base = c->n_inlining;
     c->flat_top = c->depth + 1;
+    c->visit_depth++;
     rc = schema_flatten(c, s, ptr, &alts);
     c->flat_top = saved_top;
     if (!rc)
         rc = visit_union(c, &alts, c->rules[ri].name, &body);
+    c->visit_depth--;
     c->inline_base = saved_base;
     if (rc)
         goto out_alts;

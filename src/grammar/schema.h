@@ -16,7 +16,8 @@
 
 #include "base/base.h"
 
-#define SCHEMA_DEPTH_MAX 64      /* nesting of subschemas (and $ref expansions) */
+#define SCHEMA_DEPTH_MAX 64      /* nesting of values (properties, items) in the schema */
+#define SCHEMA_FLAT_MAX 128      /* nesting of allOf / anyOf / $ref expansions */
 #define SCHEMA_ALTS_MAX 256      /* alternatives of one schema after distributing anyOf */
 #define SCHEMA_STEPS_MAX 200000  /* flatten / visit calls in one conversion */
 #define SCHEMA_PTR_MAX 192       /* bytes of a JSON pointer kept for messages */
@@ -110,7 +111,8 @@ struct sconv {
     const json_t *inlining[SCHEMA_DEPTH_MAX]; /* $ref targets being expanded by flatten */
     int n_inlining, inline_base;
     int flat_top; /* the depth of the flatten that a visit called (its anyOf may keep refs) */
-    int depth;
+    int depth;       /* of schema_flatten calls */
+    int visit_depth; /* of schema_visit calls */
     long steps;
     int has_ref;
     size_t text_size; /* bytes of rule bodies so far */

@@ -921,9 +921,9 @@ int schema_flatten(struct sconv *c, json_t *s, const char *ptr, struct sflist *o
     if (++c->steps > SCHEMA_STEPS_MAX)
         return sconv_fail(c, KWK_ELIMIT, "the schema needs more than %d steps to convert",
                           SCHEMA_STEPS_MAX);
-    if (++c->depth > SCHEMA_DEPTH_MAX) {
+    if (++c->depth > SCHEMA_FLAT_MAX) {
         rc = sconv_fail(c, KWK_ELIMIT, "json schema at #%s: nested deeper than %d", ptr,
-                        SCHEMA_DEPTH_MAX);
+                        SCHEMA_FLAT_MAX);
         goto out;
     }
     if (json_is_true(s)) {

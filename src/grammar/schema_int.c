@@ -204,8 +204,6 @@ void gen_int_range(struct sbuf *b, int has_lo, int64_t lo, int has_hi, int64_t h
     /* -(2^63) has no positive twin; the open side already allows what lies past it */
     if (has_lo && lo == INT64_MIN)
         has_lo = 0;
-    if (has_hi && hi == INT64_MAX)
-        has_hi = 0;
     if (!has_lo && !has_hi) {
         sb_puts(b, "\"-\"? ([0] | [1-9] [0-9]{0,15})");
         return;
