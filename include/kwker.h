@@ -553,6 +553,16 @@ struct kwk_gen_params {
     kwk_token_fn on_token;
     void *user;
     int top_logprobs;              /* 0..KWK_SAMPLER_TOP_MAX alternatives recorded per token */
+    /* Constrained decoding: the reply's text is kept to a sentence of grammar (or NULL).
+     * Tokens the grammar does not allow next are masked out before sampling (so the sampled
+     * distribution is the model's renormalized over the allowed tokens, with top-k / top-p
+     * applied after the mask), special tokens are never allowed, and the eos ids only once the
+     * text is a whole sentence; when nothing can follow, the reply ends (KWK_FINISH_STOP).
+     * Logprobs stay those of the raw logits. Speculation stays exact. grammar must outlive the
+     * call (for the engine: the request's DONE event). */
+    const kwk_grammar *grammar;
+    const kwk_grammar_vocab *grammar_vocab; /* tok's vocabulary (kwk_grammar_vocab_new), or
+                                             * NULL to build it from tok for this call */
 };
 
 /* Defaults: 16 new tokens, greedy, prompt cache on, lookup 8, no draft. */

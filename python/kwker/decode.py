@@ -130,6 +130,8 @@ class _GenParams(ctypes.Structure):
         ("on_token", _TOKEN_FN),
         ("user", ctypes.c_void_p),
         ("top_logprobs", ctypes.c_int),
+        ("grammar", ctypes.c_void_p),
+        ("grammar_vocab", ctypes.c_void_p),
     ]
 
 
@@ -268,7 +270,7 @@ def _like(ids, kind, shape2d, template):
 def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature=1.0, top_k=50,
                top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                frequency_penalty=0.0, logit_bias=None, seed=None, generator=None, eos=(),
-               stop=None, tok=None, prompt_cache=True, lookup=8, top_logprobs=0):
+               stop=None, tok=None, prompt_cache=True, lookup=8, top_logprobs=0, grammar=None):
     """struct kwk_gen_params for generate()'s arguments (eos: a list of ids; stop: strings, which
     need tok, a kwker.Tokenizer). Returns (params, buffers the params point into: keep them
     alive while the params are used)."""
@@ -312,6 +314,9 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
     p.prompt_cache = int(bool(prompt_cache))
     p.lookup = int(lookup or 0)
     p.top_logprobs = int(top_logprobs or 0)
+    if grammar is not None:  # a kwker.grammar.Grammar
+        keep.append(grammar)
+        p.grammar = grammar._h
     return p, keep
 
 
@@ -470,7 +475,8 @@ class KwkDecoder:
                  presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, seed=None,
                  generator=None, eos_token_id=None, stop=None, lookup=8, draft=None, n_draft=4,
                  streamer=None, prompt_cache=True, tokenizer=None, logprobs=False,
-                 top_logprobs=0, return_dict_in_generate=False):
+                 top_logprobs=0, return_dict_in_generate=False, grammar=None,
+                 json_schema=None):
         """Generate after input_ids; returns prompt + new tokens in the same kind (list, numpy,
         torch) and shape ([n] or [1, n]) as input_ids. With logprobs=True, top_logprobs=k > 0
         or return_dict_in_generate=True it returns a GenerateOutput instead: .sequences (that
@@ -491,6 +497,9 @@ class KwkDecoder:
         one shipped with the model, when it has one). After the call, self.stats holds
         prompt_reused, proposed, accepted, steps, finish_reason and text (None only when there
         is no tokenizer).
+
+        grammar (a kwker.grammar.Grammar or GBNF text) or json_schema (a dict or JSON text)
+        keeps the reply to that grammar's sentences (constrained decoding; needs the tokenizer).
         """
         n_top = int(top_logprobs or 0)
         if not 0 <= n_top <= _TOP_MAX:
@@ -501,8 +510,10 @@ class KwkDecoder:
         L = self._lib
         if isinstance(stop, str):
             stop = [stop]
+        from .grammar import as_grammar
+        g = as_grammar(grammar, json_schema)
         tok = tokenizer or self._tokenizer_if_any()
-        if tok is None and (stop or streamer is not None):
+        if tok is None and (stop or streamer is not None or g is not None):
             tok = self.tokenizer()  # raises the reason the model's tokenizer did not load
         p, keep = gen_params(
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
@@ -510,7 +521,9 @@ class KwkDecoder:
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
             generator=generator, eos=self._eos_list(eos_token_id), stop=stop, tok=tok,
-            prompt_cache=prompt_cache, lookup=lookup)
+            prompt_cache=prompt_cache, lookup=lookup, grammar=g)
+        if g is not None:
+            p.grammar_vocab = self._grammar_vocab(tok)._h
         if draft is not None:
             p.draft = draft._dec
             p.n_draft = int(n_draft)
@@ -568,6 +581,14 @@ class KwkDecoder:
             tops = [list(zip(top_ids[i].tolist(), top_lps[i].tolist())) for i in range(n_new)]
         return GenerateOutput(seqs, out_tokens[:n_new].tolist(), out_lps[:n_new].copy(), tops,
                               text, self.stats["finish_reason"])
+
+    def _grammar_vocab(self, tok):
+        """The token bytes of tok for grammar masks, built once per tokenizer."""
+        from .grammar import GrammarVocab
+        cached = getattr(self, "_gvocab", None)
+        if cached is None or cached[0] is not tok:
+            cached = self._gvocab = (tok, GrammarVocab(tok))
+        return cached[1]
 
     def engine(self):
         """The serving engine over this decoder's model (kwker.serve.Engine with max_batch

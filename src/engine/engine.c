@@ -49,6 +49,7 @@ kwk_engine *kwk_engine_new(const kwk_model *m, const struct kwk_engine_params *p
     if (!e)
         return kwk_err_set(err, -ENOMEM, "out of memory"), NULL;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->vocab_mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
     struct kwk_decoder_params dp;
@@ -202,6 +203,25 @@ static int req_copy(struct kwk_req *r, const int32_t *ids, int n, const struct k
     return 0;
 }
 
+/* The engine's grammar vocabulary for tok: built once, at the first grammar request. NULL with
+ * err->code 0 when it was built for another tokenizer (that request builds its own). */
+static const kwk_grammar_vocab *engine_vocab(struct kwk_engine *e, const kwk_tokenizer *tok,
+                                             struct kwk_err *err)
+{
+    const kwk_grammar_vocab *v = NULL;
+    if (err)
+        err->code = 0;
+    pthread_mutex_lock(&e->vocab_mu);
+    if (!e->vocab) {
+        e->vocab = kwk_grammar_vocab_new(tok, err);
+        e->vocab_tok = e->vocab ? tok : NULL;
+    }
+    if (e->vocab_tok == tok)
+        v = e->vocab;
+    pthread_mutex_unlock(&e->vocab_mu);
+    return v;
+}
+
 uint64_t kwk_engine_submit(kwk_engine *e, const int32_t *ids, int n,
                            const struct kwk_gen_params *p, kwk_event_fn fn, void *user,
                            struct kwk_err *err)
@@ -217,6 +237,13 @@ uint64_t kwk_engine_submit(kwk_engine *e, const int32_t *ids, int n,
         if (ids[i] < 0 || ids[i] >= e->n_vocab)
             return kwk_err_set(err, KWK_ERANGE, "prompt token %d (id %d) is outside the "
                                "vocabulary of %d", i, ids[i], e->n_vocab), 0;
+    struct kwk_gen_params pv;
+    if (p->grammar && !p->grammar_vocab && p->tok) {
+        pv = *p;
+        if (!(pv.grammar_vocab = engine_vocab(e, p->tok, err)) && err && err->code)
+            return 0;
+        p = &pv;
+    }
     /* Check the parameters now, where the caller can still be told, by setting a sequence up. */
     struct kwk_gen_seq g;
     struct kwk_gen_output o = {0};
@@ -371,5 +398,7 @@ void kwk_engine_free(kwk_engine *e)
     kwk_decoder_free(e->d);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->vocab_mu);
+    kwk_grammar_vocab_free(e->vocab);
     kwk_free(e);
 }

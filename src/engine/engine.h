@@ -78,6 +78,12 @@ struct kwk_engine {
     struct kwk_engine_stats st;
     pthread_t thread;
     int thread_on, thread_stop;
+
+    /* The token bytes grammar requests mask with, built at the first one for its tokenizer
+     * (requests with another tokenizer build their own). */
+    pthread_mutex_t vocab_mu;
+    const kwk_tokenizer *vocab_tok;
+    kwk_grammar_vocab *vocab;
 };
 
 /* Candidates checked for one sequence in one step at most. */

@@ -27,6 +27,11 @@ struct kwk_gen_seq {
     float lk_rate[4];      /* [match length 1..3] moving hit rate of the first candidate */
     float lk_cont;         /* moving hit rate right after a hit (a copy run continuing) */
     int lk_prev_hit;       /* the previous token was guessed right */
+    kwk_matcher *matcher;  /* with p->grammar: where the reply stands in it */
+    kwk_grammar_vocab *own_vocab; /* built for this sequence when p->grammar_vocab is NULL */
+    uint32_t *allowed;     /* [(n_vocab + 31) / 32] the grammar's mask of the next token */
+    float *masked;         /* [n_vocab] logits with the disallowed tokens at -inf */
+    int n_vocab;
     int dr_n;              /* draft proposals for the next step: p->n_draft at first, then
                             * transformers' heuristic schedule (+2 after a step that kept them
                             * all, -1 otherwise) */

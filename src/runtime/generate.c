@@ -1,6 +1,7 @@
 /* generate.c - the generation loop: prompt reuse, sampling, eos and stop strings, streaming, and
  * exact speculation (n-gram lookup or a draft model). Runs on the decoder's owner thread. */
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 #include "runtime/gen.h"
@@ -169,10 +170,69 @@ static int emit(struct kwk_gen_seq *g, int32_t tok)
     return stop;
 }
 
+static int is_eos(const struct kwk_gen_seq *g, int32_t tok)
+{
+    for (int e = 0; e < g->p->n_eos; e++)
+        if (tok == g->p->eos_ids[e])
+            return 1;
+    return 0;
+}
+
+/* Whether the grammar lets tok come next: an eos id once the text is a whole sentence, any
+ * other token when its bytes continue the text. */
+static int grammar_allows(struct kwk_gen_seq *g, int32_t tok)
+{
+    if (is_eos(g, tok))
+        return kwk_matcher_done(g->matcher);
+    return tok < kwk_grammar_vocab_size(g->p->grammar_vocab ? g->p->grammar_vocab : g->own_vocab) &&
+           kwk_matcher_allows(g->matcher, tok) == 1;
+}
+
+/* log-softmax of the raw logits at tok: the logprob OpenAI reports, whatever was masked. */
+static float raw_logprob(const float *logits, int n, int32_t tok)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += exp((double)logits[i] - mx);
+    return (float)((double)logits[tok] - mx - log(sum));
+}
+
+/* Choose tok from the logits with every token the grammar forbids at -inf. */
+static int grammar_sample(struct kwk_gen_seq *g, const float *logits, int32_t *tok, float *lp,
+                          struct kwk_err *err)
+{
+    int nv = g->n_vocab, nw = (nv + 31) / 32;
+    memset(g->allowed, 0, sizeof(uint32_t) * (size_t)nw);
+    int32_t n = kwk_matcher_mask(g->matcher, g->allowed);
+    if (n < 0)
+        return kwk_err_set(err, n, "grammar: %s at byte %zu of the reply",
+                           n == KWK_ELIMIT ? "too ambiguous (the matcher's limit)"
+                                           : kwk_status_str(n),
+                           g->out->text_len);
+    for (int i = 0; i < nv; i++)
+        g->masked[i] = g->allowed[i >> 5] >> (i & 31) & 1 ? logits[i] : -INFINITY;
+    if (kwk_matcher_done(g->matcher))
+        for (int e = 0; e < g->p->n_eos; e++, n++)
+            g->masked[g->p->eos_ids[e]] = logits[g->p->eos_ids[e]];
+    if (n == 0)
+        return kwk_err_set(err, KWK_ERUNTIME, "grammar: no token of the vocabulary can continue "
+                           "the reply after byte %zu", g->out->text_len);
+    int rc = kwk_sampler_sample(g->sampler, g->masked, tok, NULL, NULL, NULL, 0);
+    if (rc < 0)
+        return kwk_err_set(err, rc, "sampling under the grammar failed: %s",
+                           kwk_status_str(rc));
+    *lp = raw_logprob(logits, nv, *tok);
+    return 0;
+}
+
 /* Record one chosen token: output, sampler history, text, stop conditions, callback. */
 static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
 {
     struct kwk_gen_output *o = g->out;
+    int grammar_end = 0;
     if (o->n_tokens < o->cap) {
         o->tokens[o->n_tokens] = tok;
         if (o->logprobs)
@@ -188,11 +248,16 @@ static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
         lookup_learn(g, tok);
     g->seq[g->n_seq++] = tok;
     kwk_sampler_accept(g->sampler, tok, 0);
-    for (int e = 0; e < g->p->n_eos; e++)
-        if (tok == g->p->eos_ids[e]) {
-            o->finish_reason = KWK_FINISH_STOP;
-            g->done = 1;
-        }
+    if (is_eos(g, tok)) {
+        o->finish_reason = KWK_FINISH_STOP;
+        g->done = 1;
+    } else if (g->matcher) {
+        /* the sampler only picks what the grammar allows, so this cannot fail */
+        int rc = kwk_matcher_accept(g->matcher, tok);
+        if (rc < 0)
+            return rc;
+        grammar_end = kwk_matcher_finished(g->matcher);
+    }
     if (g->detok && !g->done) {
         const char *piece;
         size_t len, old = o->text_len;
@@ -207,6 +272,10 @@ static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
             o->finish_reason = KWK_FINISH_STOP;
             g->done = g->stop_cut = 1;
         }
+    }
+    if (!g->done && grammar_end) { /* a whole sentence that nothing can continue */
+        o->finish_reason = KWK_FINISH_STOP;
+        g->done = 1;
     }
     if (!g->done && o->n_tokens >= g->p->max_new_tokens) {
         o->finish_reason = KWK_FINISH_LENGTH;
@@ -235,6 +304,12 @@ int kwk_gen_seq_next(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
                                 g->p->top_logprobs);
     if (rc < 0)
         return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
+    /* Under a grammar a greedy choice the grammar allows is the masked argmax too (masking only
+     * lowers other tokens), so the mask is computed only when sampling or when it is not. */
+    int greedy = !g->p->sampling.do_sample || g->p->sampling.temperature == 0;
+    if (g->matcher && (!greedy || !grammar_allows(g, *tok)) &&
+        (rc = grammar_sample(g, logits, tok, &lp, err)) < 0)
+        return rc;
     rc = accept_token(g, *tok, lp);
     if (rc < 0)
         return kwk_err_set(err, rc, "the reply's text: %s", kwk_status_str(rc));
@@ -360,6 +435,28 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
     g->lk_rate[3] = 0.5f;
     g->lk_cont = 0.7f;
     g->dr_n = KWK_MAX(p->n_draft, 0);
+    g->n_vocab = n_vocab;
+    if (p->grammar) {
+        const kwk_grammar_vocab *v = p->grammar_vocab;
+        if (!v && !p->tok)
+            return kwk_err_set(err, KWK_EARG, "a grammar needs the tokenizer (or its "
+                                              "grammar vocabulary)");
+        if (!v && !(v = g->own_vocab = kwk_grammar_vocab_new(p->tok, err)))
+            return err && err->code ? err->code : -ENOMEM;
+        for (int e = 0; e < p->n_eos; e++)
+            if (p->eos_ids[e] < 0 || p->eos_ids[e] >= n_vocab)
+                return kwk_err_set(err, KWK_ERANGE, "eos id %d is out of range", p->eos_ids[e]);
+        g->matcher = kwk_matcher_new(p->grammar, v, err);
+        if (!g->matcher)
+            return err && err->code ? err->code : -ENOMEM;
+        size_t nw = ((size_t)n_vocab + 31) / 32;
+        /* the mask holds the vocabulary's words; a model's padded ids beyond it stay 0 */
+        nw = KWK_MAX(nw, ((size_t)kwk_grammar_vocab_size(v) + 31) / 32);
+        g->allowed = kwk_calloc(nw, sizeof(uint32_t));
+        g->masked = kwk_malloc_aligned((size_t)n_vocab * sizeof(float));
+        if (!g->allowed || !g->masked)
+            return kwk_err_set(err, -ENOMEM, "out of memory");
+    }
     return 0;
 }
 
@@ -368,6 +465,14 @@ void kwk_gen_seq_free(struct kwk_gen_seq *g)
     kwk_sampler_free(g->sampler);
     kwk_detok_free(g->detok);
     kwk_free(g->seq);
+    kwk_matcher_free(g->matcher);
+    kwk_grammar_vocab_free(g->own_vocab);
+    kwk_free(g->allowed);
+    kwk_free_aligned(g->masked);
+    g->matcher = NULL;
+    g->own_vocab = NULL;
+    g->allowed = NULL;
+    g->masked = NULL;
     g->sampler = NULL;
     g->detok = NULL;
     g->seq = NULL;

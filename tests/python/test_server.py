@@ -366,11 +366,27 @@ BAD_CHAT = [
      "tools", "unsupported_parameter"),
     ("functions", {"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
     ("tool_choice auto", {"tool_choice": "auto"}, "tool_choice", "invalid_value"),
-    ("response_format json", {"response_format": {"type": "json_object"}}, "response_format",
-     "unsupported_parameter"),
-    ("response_format schema", {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object"}}}}, "response_format", "unsupported_parameter"),
     ("response_format string", {"response_format": "json"}, "response_format", "invalid_type"),
+    ("response_format xml", {"response_format": {"type": "xml"}}, "response_format",
+     "invalid_value"),
+    ("response_format no json_schema", {"response_format": {"type": "json_schema"}},
+     "response_format.json_schema", "invalid_type"),
+    ("response_format schema a number", {"response_format": {"type": "json_schema",
+                                                             "json_schema": {"name": "x",
+                                                                             "schema": 5}}},
+     "response_format.json_schema.schema", "invalid_type"),
+    # a keyword the grammar cannot enforce is refused by name, never ignored
+    ("response_format uniqueItems", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}},
+     "response_format.json_schema.schema", "unsupported_parameter"),
+    ("json_schema multipleOf", {"json_schema": {"type": "integer", "multipleOf": 3}},
+     "json_schema", "unsupported_parameter"),
+    ("json_schema a string", {"json_schema": "{}"}, "json_schema", "invalid_type"),
+    ("grammar unterminated", {"grammar": 'root ::= "a'}, "grammar", "invalid_value"),
+    ("grammar undefined rule", {"grammar": "root ::= x"}, "grammar", "invalid_value"),
+    ("grammar a list", {"grammar": ["root ::= \"a\""]}, "grammar", "invalid_type"),
+    ("grammar and json_schema", {"grammar": 'root ::= "a"', "json_schema": {"type": "object"}},
+     None, "invalid_value"),
 ]
 
 

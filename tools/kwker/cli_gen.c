@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "cli.h"
 #include "cli_gen.h"
 
@@ -35,6 +36,8 @@ void cli_gen_opts_free(struct cli_gen_opts *o)
     free(o->stop);
     o->stop = NULL;
     o->n_stop = 0;
+    kwk_grammar_free(o->compiled);
+    o->compiled = NULL;
 }
 
 void cli_gen_usage(FILE *f)
@@ -53,6 +56,9 @@ void cli_gen_usage(FILE *f)
             "  --stop STR               stop before this text (repeatable)\n"
             "  --min-new-tokens N       no eos before N new tokens\n"
             "  --lookup N               n-gram lookup candidates a step, 0 off (default 8)\n"
+            "  --grammar GBNF, --grammar-file F        keep the reply to a GBNF grammar\n"
+            "  -j, --json-schema JSON, --json-schema-file F   ... to JSON that this schema\n"
+            "                           accepts (draft 2020-12; refused keywords are named)\n"
             CLI_TEMPLATE_FILE_USAGE
             "  --draft M2               a smaller model with the same vocabulary proposes tokens\n"
             "  --n-draft K              tokens the draft proposes a step (default 4, max 16)\n"
@@ -142,6 +148,14 @@ static int parse_valued(struct cli_gen_opts *o, const char *a, const char *v)
         return v[0] ? add_stop(o, v) : -1;
     if (is(a, "--min-new-tokens", NULL, NULL))
         return cli_parse_int(v, 0, 1 << 24, &o->smp.min_new_tokens);
+    if (is(a, "--grammar", NULL, NULL))
+        return o->grammar = v, 0;
+    if (is(a, "--grammar-file", NULL, NULL))
+        return v[0] ? (o->grammar_file = v, 0) : -1;
+    if (is(a, "-j", "--json-schema", NULL))
+        return o->json_schema = v, 0;
+    if (is(a, "--json-schema-file", NULL, NULL))
+        return v[0] ? (o->json_schema_file = v, 0) : -1;
     if (is(a, "--lookup", NULL, NULL))
         return cli_parse_int(v, 0, 16, &o->lookup);
     if (is(a, "-t", "--threads", NULL))
@@ -187,6 +201,45 @@ int cli_gen_parse(struct cli_gen_opts *o, const char *cmd, int argc, char **argv
     return CLI_OPT_OK;
 }
 
+/* --grammar / --grammar-file / --json-schema / --json-schema-file into o->compiled. */
+static int compile_grammar(struct cli_gen_opts *o, const char *cmd)
+{
+    const char *given[] = {o->grammar, o->grammar_file, o->json_schema, o->json_schema_file};
+    int n = 0, which = -1;
+    for (int k = 0; k < 4; k++)
+        if (given[k])
+            n++, which = k;
+    if (n == 0)
+        return 0;
+    if (n > 1) {
+        fprintf(stderr, "kwker %s: give one of --grammar, --grammar-file, --json-schema, "
+                        "--json-schema-file\n", cmd);
+        return -1;
+    }
+    static const char *const names[] = {"--grammar", "--grammar-file", "--json-schema",
+                                        "--json-schema-file"};
+    struct kwk_err err = {0};
+    char *text = NULL;
+    size_t n_text = 0;
+    const char *src = given[which];
+    if (which == 1 || which == 3) {
+        if (kwk_read_file(src, KWK_GRAMMAR_TEXT_MAX, &text, &n_text, &err)) {
+            fprintf(stderr, "kwker %s: %s: %s\n", cmd, names[which], err.msg);
+            return -1;
+        }
+        src = text;
+    } else {
+        n_text = strlen(src);
+    }
+    o->compiled = which < 2 ? kwk_grammar_new(src, n_text, &err)
+                            : kwk_grammar_from_json_schema(src, n_text, &err);
+    if (!o->compiled)
+        fprintf(stderr, "kwker %s: %s%s%s: %s\n", cmd, names[which], text ? " " : "",
+                text ? given[which] : "", err.msg);
+    kwk_free(text);
+    return o->compiled ? 0 : -1;
+}
+
 int cli_gen_finish(struct cli_gen_opts *o, const char *cmd)
 {
     struct kwk_sampler_params *p = &o->smp;
@@ -212,7 +265,7 @@ int cli_gen_finish(struct cli_gen_opts *o, const char *cmd)
         fprintf(stderr, "kwker %s: --model is required\n", cmd);
         return -1;
     }
-    return 0;
+    return compile_grammar(o, cmd);
 }
 
 /* Create a decoder with SIGINT blocked, so its pool's worker threads inherit the block and a
@@ -294,6 +347,7 @@ void cli_session_close(struct cli_session *s)
     kwk_decoder_free(s->d);
     kwk_model_free(s->dm);
     kwk_model_free(s->m);
+    kwk_grammar_vocab_free(s->gvocab);
     kwk_tokenizer_free(s->tok);
     memset(s, 0, sizeof *s);
 }
@@ -350,6 +404,14 @@ int cli_generate(struct cli_session *s, const struct cli_gen_opts *o, const int3
     p.n_draft = o->n_draft;
     p.on_token = on_token;
     p.user = st;
+    if (o->compiled) {
+        if (!s->gvocab && !(s->gvocab = kwk_grammar_vocab_new(s->tok, &err))) {
+            fprintf(stderr, "kwker %s: %s\n", cmd, err.msg);
+            return -1;
+        }
+        p.grammar = o->compiled;
+        p.grammar_vocab = s->gvocab;
+    }
     out->cap = max_new > 0 ? max_new : 1;
     out->tokens = malloc(sizeof(int32_t) * (size_t)out->cap);
     if (!out->tokens) {

@@ -29,6 +29,9 @@ struct cli_gen_opts {
     int stats;                  /* print the --stats line to stderr */
     const char **stop;          /* [n_stop] pointers into argv (the array is heap) */
     int n_stop;
+    /* constrained decoding (llama-cli's options): one of them, compiled by cli_gen_finish */
+    const char *grammar, *grammar_file, *json_schema, *json_schema_file;
+    kwk_grammar *compiled;
 };
 
 /* Defaults: greedy, -n n_predict, lookup 8, no draft, default threads and cache. */
@@ -44,7 +47,8 @@ int cli_gen_parse(struct cli_gen_opts *o, const char *cmd, int argc, char **argv
 
 /* Settle the sampling parameters once every option is read: sampling only when --temperature
  * is > 0 (with llama-cli's defaults top-k 40, top-p 0.95, min-p 0.05 for those not given), a
- * random seed unless --seed was given. Returns 0 or -1 after printing why. */
+ * random seed unless --seed was given; compile the grammar or JSON schema given. Returns 0 or -1
+ * after printing why. */
 int cli_gen_finish(struct cli_gen_opts *o, const char *cmd);
 
 /* Usage lines of the options above. */
@@ -57,6 +61,7 @@ struct cli_session {
     kwk_tokenizer *tok;
     int32_t eos[8];
     int n_eos;
+    kwk_grammar_vocab *gvocab;  /* tok's token bytes, built at the first constrained reply */
     int cache_len;              /* positions of d's KV cache */
 };
 

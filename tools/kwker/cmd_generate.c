@@ -110,7 +110,7 @@ int cmd_generate(int argc, char **argv)
         }
         n_ids = (size_t)n;
     }
-    if (cli_session_open(&s, &o, !ids_arg || o.n_stop > 0, "generate"))
+    if (cli_session_open(&s, &o, !ids_arg || o.n_stop > 0 || o.compiled, "generate"))
         goto out_ids;
     if (!ids_arg) {
         if (text_prompt(&s, &o, prompt, chat, &tok_ids, &n_ids))

@@ -563,6 +563,7 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     p->tok = s->tok;
     p->prompt_cache = 1;
     p->top_logprobs = q->logprobs ? q->top_logprobs : 0;
+    p->grammar = q->grammar;
 }
 
 static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struct srv_err *e)

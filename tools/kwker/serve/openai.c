@@ -473,6 +473,104 @@ static int parse_logprobs(struct srv_req *r, json_t *root, struct srv_err *e)
     return 0;
 }
 
+/* Compile a JSON Schema given as a JSON value (object or boolean) for param. */
+static int compile_schema(struct srv_req *r, const json_t *schema, const char *param,
+                          struct srv_err *e)
+{
+    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text)
+        return oom(e);
+    struct kwk_err err = {0};
+    r->grammar = kwk_grammar_from_json_schema(text, strlen(text), &err);
+    free(text);
+    if (r->grammar)
+        return 0;
+    if (err.code == -ENOMEM)
+        return oom(e);
+    srv_err_set(e, 400, INVALID, param, err.code == KWK_EUNSUPPORTED ? "unsupported_parameter"
+                                                                     : "invalid_value",
+                "'%s': %s", param, err.msg);
+    return -1;
+}
+
+/* Constrained decoding: OpenAI's response_format (json_object: any JSON object; json_schema:
+ * {"name", "schema", "strict"}) or llama.cpp's "json_schema" (a schema) and "grammar" (GBNF
+ * text); at most one of them. Compiled here, on the connection's thread, so that a schema the
+ * converter refuses is a 400 naming the keyword and where it is, before the engine sees it. */
+static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    static const char any_object[] = "{\"type\":\"object\"}";
+    json_t *rf = json_object_get(root, "response_format");
+    json_t *js = json_object_get(root, "json_schema");
+    json_t *gr = json_object_get(root, "grammar");
+    int n = 0;
+    const char *kind = NULL;
+    if (rf && !json_is_null(rf)) {
+        json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(type))
+            return bad_type(e, "response_format", "an object with a string 'type'");
+        kind = json_string_value(type);
+        if (strcmp(kind, "text") && strcmp(kind, "json_object") && strcmp(kind, "json_schema")) {
+            srv_err_set(e, 400, INVALID, "response_format", "invalid_value",
+                        "response_format type '%.64s' is not one of 'text', 'json_object', "
+                        "'json_schema'", kind);
+            return -1;
+        }
+        n += strcmp(kind, "text") != 0;
+    }
+    n += js && !json_is_null(js);
+    n += gr && !json_is_null(gr);
+    if (n > 1) {
+        srv_err_set(e, 400, INVALID, NULL, "invalid_value", "give one of 'response_format' "
+                    "(json_object or json_schema), 'json_schema' and 'grammar', not several");
+        return -1;
+    }
+    if (js && !json_is_null(js)) {
+        if (!json_is_object(js) && !json_is_boolean(js))
+            return bad_type(e, "json_schema", "a JSON Schema (an object)");
+        return compile_schema(r, js, "json_schema", e);
+    }
+    if (gr && !json_is_null(gr)) {
+        if (!json_is_string(gr))
+            return bad_type(e, "grammar", "a string of GBNF");
+        struct kwk_err err = {0};
+        r->grammar = kwk_grammar_new(json_string_value(gr), json_string_length(gr), &err);
+        if (r->grammar)
+            return 0;
+        if (err.code == -ENOMEM)
+            return oom(e);
+        srv_err_set(e, 400, INVALID, "grammar", "invalid_value", "'grammar': %s", err.msg);
+        return -1;
+    }
+    if (!kind || !strcmp(kind, "text"))
+        return 0;
+    if (!strcmp(kind, "json_object")) {
+        /* llama.cpp's extension: a "schema" beside the type */
+        json_t *sc = json_object_get(rf, "schema");
+        if (sc && !json_is_null(sc))
+            return compile_schema(r, sc, "response_format.schema", e);
+        struct kwk_err err = {0};
+        r->grammar = kwk_grammar_from_json_schema(any_object, sizeof any_object - 1, &err);
+        return r->grammar ? 0 : oom(e);
+    }
+    json_t *spec = json_object_get(rf, "json_schema");
+    if (!json_is_object(spec))
+        return bad_type(e, "response_format.json_schema", "an object with the 'schema'");
+    json_t *name = json_object_get(spec, "name");
+    if (name && !json_is_null(name) && !json_is_string(name))
+        return bad_type(e, "response_format.json_schema.name", "a string");
+    json_t *sc = json_object_get(spec, "schema");
+    if (!sc || json_is_null(sc)) /* OpenAI: optional; then any JSON object */
+        sc = NULL;
+    if (sc && !json_is_object(sc) && !json_is_boolean(sc))
+        return bad_type(e, "response_format.json_schema.schema", "a JSON Schema (an object)");
+    if (sc)
+        return compile_schema(r, sc, "response_format.json_schema.schema", e);
+    struct kwk_err err = {0};
+    r->grammar = kwk_grammar_from_json_schema(any_object, sizeof any_object - 1, &err);
+    return r->grammar ? 0 : oom(e);
+}
+
 /* Fields we accept only at their default value (they ask for things not implemented). */
 static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
 {
@@ -494,8 +592,7 @@ static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
     json_t *user = json_object_get(root, "user");
     if (user && !json_is_null(user) && !json_is_string(user))
         return bad_type(e, "user", "a string");
-    /* Fields whose meaning Kwker cannot honour yet (no tool-call parsing, no constrained
-     * decoding): refused by name rather than ignored, so a client that relies on them learns
+    /* Fields whose meaning Kwker cannot honour yet (no tool-call parsing): refused by name rather than ignored, so a client that relies on them learns
      * it at once instead of getting free text where it expects a call or JSON. */
     static const char *const tool_keys[] = {"tools", "functions"};
     for (size_t i = 0; i < sizeof tool_keys / sizeof *tool_keys; i++) {
@@ -510,18 +607,6 @@ static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
     json_t *tc = json_object_get(root, "tool_choice");
     if (tc && !json_is_null(tc) && !(json_is_string(tc) && !strcmp(json_string_value(tc), "none")))
         return bad_value(e, "tool_choice", "must be \"none\": tool calls are not supported");
-    json_t *rf = json_object_get(root, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(type))
-            return bad_type(e, "response_format", "an object with a string 'type'");
-        if (strcmp(json_string_value(type), "text")) {
-            srv_err_set(e, 400, INVALID, "response_format", "unsupported_parameter",
-                        "response_format '%.64s' is not supported (no constrained decoding "
-                        "yet): only 'text'", json_string_value(type));
-            return -1;
-        }
-    }
     return 0;
 }
 
@@ -630,7 +715,8 @@ static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *
         return -1;
     if (parse_max_tokens(r, root, lim, e) || parse_sampling(r, root, e) ||
         parse_stop(r, root, e) || parse_bias(r, root, lim, e) || parse_logprobs(r, root, e) ||
-        parse_unsupported(root, r->kind, e) || parse_stream(r, root, e))
+        parse_unsupported(root, r->kind, e) || parse_constraint(r, root, e) ||
+        parse_stream(r, root, e))
         return -1;
     return 0;
 }
@@ -671,6 +757,7 @@ void srv_req_free(struct srv_req *r)
         free(r->stop[i]);
     free(r->bias_ids);
     free(r->bias);
+    kwk_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 

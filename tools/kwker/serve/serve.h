@@ -83,6 +83,7 @@ struct srv_req {
     int top_logprobs;           /* alternatives per token, 0..SRV_MAX_TOP */
     int stream;
     int include_usage;
+    kwk_grammar *grammar;       /* response_format / json_schema / grammar, or NULL */
     /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
     int add_special_tokens;     /* the tokenizer's own BOS etc. (default: text 1, messages 0) */
     int add_generation_prompt;  /* messages: the template's assistant header (default 1) */
