@@ -220,7 +220,7 @@ const char *rule_add(struct sconv *c, const char *name, const char *body)
 {
     char pick[SCHEMA_NAME_MAX + 16];
     int exists;
-    size_t at;
+    size_t at = 0;
     if (c->rc || rule_pick(c, name, body, pick, sizeof pick, &exists))
         return NULL;
     if (exists) {
@@ -435,7 +435,7 @@ int schema_visit(struct sconv *c, json_t *s, const char *ptr, const char *name,
     char *key = NULL, *body = NULL;
     char rname[SCHEMA_NAME_MAX + 8];
     struct sflist alts = {0};
-    size_t ci, ri;
+    size_t ci = 0, ri = 0;
     int rc = 0;
     *out = NULL;
     if (c->rc)

@@ -695,7 +695,7 @@ static int object_additional(struct sconv *c, struct object_gen *o, const struct
                              const char *prefix)
 {
     char sub[SCHEMA_NAME_MAX + 32], ptr[SCHEMA_PTR_MAX];
-    const char *value, *key;
+    const char *value = NULL, *key = NULL;
     struct sbuf b = {0};
     char *body = NULL;
     int rc = 0;
