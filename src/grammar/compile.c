@@ -39,6 +39,12 @@ static int alts_collect(const struct kg_builder *b, struct alt_ref **out, uint32
     return 0;
 }
 
+/* An alternative's elements (NULL when it has none: an empty rule has no body). */
+static const uint32_t *alt_at(const struct kg_builder *b, const struct alt_ref *a)
+{
+    return a->len ? b->rules[a->rule].body + a->start : NULL;
+}
+
 static int set_empty(const struct kg_builder *b, uint32_t set)
 {
     for (int i = 0; i < 8; i++)
@@ -65,7 +71,7 @@ static int rules_holding(const struct kg_builder *b, const struct alt_ref *alts,
         goto out;
     memset(holds, 0, b->n_rules);
     for (uint32_t a = 0; a < n_alts; a++) {
-        const uint32_t *e = b->rules[alts[a].rule].body + alts[a].start;
+        const uint32_t *e = alt_at(b, &alts[a]);
         for (uint32_t i = 0; i < alts[a].len; i++) {
             if (kg_kind(e[i]) == KG_REF) {
                 need[a] += need[a] != UINT32_MAX;
@@ -78,7 +84,7 @@ static int rules_holding(const struct kg_builder *b, const struct alt_ref *alts,
     for (uint32_t r = 0; r < b->n_rules; r++)
         use_off[r + 1] += use_off[r];
     for (uint32_t a = 0; a < n_alts; a++) {
-        const uint32_t *e = b->rules[alts[a].rule].body + alts[a].start;
+        const uint32_t *e = alt_at(b, &alts[a]);
         for (uint32_t i = 0; i < alts[a].len; i++)
             if (kg_kind(e[i]) == KG_REF)
                 uses[use_off[kg_arg(e[i])]++] = a;
@@ -136,7 +142,7 @@ static int check_left_recursion(struct kg_builder *b, const struct alt_ref *alts
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t a = 0; a < n_alts; a++) {
             const struct kg_rule *R = &b->rules[alts[a].rule];
-            const uint32_t *e = R->body + alts[a].start;
+            const uint32_t *e = alt_at(b, &alts[a]);
             for (uint32_t i = 0; i < alts[a].len && kg_kind(e[i]) == KG_REF; i++) {
                 uint32_t s = kg_arg(e[i]);
                 int loop = R->repeat && s == alts[a].rule && i + 1 == alts[a].len;
@@ -223,7 +229,7 @@ static void byte_classes(struct kwk_grammar *g, const uint8_t *used)
 static int alt_productive(const struct kg_builder *b, const struct alt_ref *a,
                           const uint8_t *productive)
 {
-    const uint32_t *e = b->rules[a->rule].body + a->start;
+    const uint32_t *e = alt_at(b, a);
     for (uint32_t i = 0; i < a->len; i++) {
         if (kg_kind(e[i]) == KG_REF ? !productive[kg_arg(e[i])] : set_empty(b, kg_arg(e[i])))
             return 0;
@@ -264,7 +270,7 @@ static int flatten(struct kg_builder *b, const struct alt_ref *alts, uint32_t n_
         if (!alt_productive(b, &alts[a], productive))
             continue;
         g->alts[k++] = n;
-        const uint32_t *e = b->rules[alts[a].rule].body + alts[a].start;
+        const uint32_t *e = alt_at(b, &alts[a]);
         for (uint32_t i = 0; i < alts[a].len; i++) {
             if (kg_kind(e[i]) == KG_BYTES)
                 used[kg_arg(e[i])] = 1;

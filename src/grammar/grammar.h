@@ -50,7 +50,8 @@ static inline uint32_t kg_arg(uint32_t e)
 #define KG_STACKS_MAX 1024       /* stacks in a set */
 #define KG_DEPTH_MAX 4096        /* positions in one stack */
 #define KG_CLOSURE_MAX (1u << 16) /* stacks visited while expanding rules for one byte */
-#define KG_NODES_MAX (1u << 22)  /* nodes an engine holds before it must compact */
+#define KG_NODES_MAX (1u << 22)  /* nodes an engine may hold (KWK_ELIMIT past them) */
+#define KG_NODES_COMPACT (1u << 19) /* nodes past which callers compact between steps */
 
 struct kwk_grammar {
     uint32_t *elems;      /* [n_elems]; elems[0..1] = REF root, END: the start stack */
@@ -135,6 +136,8 @@ struct kwk_grammar_vocab {
  * trie over the DFA as built so far), and the bytes and DFA states it holds. */
 int32_t kg_matcher_mask_walk(struct kwk_matcher *m, uint32_t *allowed);
 size_t kg_matcher_bytes(const struct kwk_matcher *m, size_t *n_states);
+/* Drop the DFA and every node but the current state's now, as past the tables' budget (tests). */
+int kg_matcher_flush(struct kwk_matcher *m);
 
 /* ---- Compiling (gbnf.c parses into a builder, compile.c checks and flattens it) ---- */
 

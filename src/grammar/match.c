@@ -291,7 +291,7 @@ int kwk_grammar_match(const kwk_grammar *g, const char *text, size_t len, int *p
         if (i == len || !n_cur)
             break;
         /* The node table only grows: start over from the live stacks when it is large. */
-        if (e.n_nodes > KG_NODES_MAX / 2 && (rc = kg_engine_compact(&e, cur, n_cur)))
+        if (e.n_nodes > KG_NODES_COMPACT && (rc = kg_engine_compact(&e, cur, n_cur)))
             break;
         rc = kg_engine_step(&e, cur, n_cur, (unsigned char)text[i]);
     }

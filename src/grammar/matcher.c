@@ -65,6 +65,14 @@ static size_t matcher_bytes(const kwk_matcher *m)
            ((size_t)m->slot_mask + 1) * sizeof *m->slots;
 }
 
+/* Bytes of table in use (capacity is kept after a flush, so the budget counts use). */
+static size_t matcher_used(const kwk_matcher *m)
+{
+    return (size_t)m->e.n_nodes * (sizeof *m->e.nodes + sizeof *m->e.mark + 2 * sizeof(uint32_t)) +
+           m->n_pool * sizeof *m->pool +
+           m->n_states * (sizeof *m->states + m->g->n_classes * sizeof *m->trans);
+}
+
 static int grow(void **p, size_t *cap, size_t need, size_t sz)
 {
     if (need <= *cap)
@@ -186,10 +194,15 @@ out:
     return rc;
 }
 
+int kg_matcher_flush(kwk_matcher *m)
+{
+    return m->cur == ST_DEAD ? 0 : flush(m);
+}
+
 /* Before each call: keep the tables within their budget. */
 static int maybe_flush(kwk_matcher *m)
 {
-    if (matcher_bytes(m) <= MATCHER_SOFT_BYTES && m->e.n_nodes <= KG_NODES_MAX / 2)
+    if (matcher_used(m) <= MATCHER_SOFT_BYTES && m->e.n_nodes <= KG_NODES_COMPACT)
         return 0;
     return flush(m);
 }
