@@ -327,6 +327,17 @@ static int read_enum(struct sconv *c, struct sflat *f, json_t *s, const char *pt
     return 0;
 }
 
+/* A name or pattern with a NUL inside: C strings would cut it short, so it is refused. */
+static int nul_inside(struct sconv *c, const char *ptr, const char *kw, size_t len,
+                      const char *s)
+{
+    if (strlen(s) == len)
+        return 0;
+    return sconv_fail(c, KWK_EUNSUPPORTED,
+                      "json schema: \"%s\" at #%s: a NUL character inside is not supported", kw,
+                      ptr);
+}
+
 static int read_object_kws(struct sconv *c, struct sflat *f, json_t *s, const char *ptr)
 {
     json_t *p = json_object_get(s, "properties"), *r = json_object_get(s, "required");
@@ -337,14 +348,26 @@ static int read_object_kws(struct sconv *c, struct sflat *f, json_t *s, const ch
         return bad_value(c, ptr, "properties", "an object");
     if (p) {
         const char *k;
-        json_object_foreach(p, k, v) if (!is_schema(v)) return bad_value(
-            c, ptr, "properties", "an object of schemas");
+        json_object_foreach(p, k, v)
+        {
+            if (!is_schema(v))
+                return bad_value(c, ptr, "properties", "an object of schemas");
+            size_t kl = json_object_iter_key_len(json_object_key_to_iter(k));
+            if (nul_inside(c, ptr, "properties", kl, k))
+                return c->rc;
+        }
     }
     if (r && !json_is_array(r))
         return bad_value(c, ptr, "required", "a list of names");
-    if (r)
-        json_array_foreach(r, i, v) if (!json_is_string(v)) return bad_value(
-            c, ptr, "required", "a list of names");
+    if (r) {
+        json_array_foreach(r, i, v)
+        {
+            if (!json_is_string(v))
+                return bad_value(c, ptr, "required", "a list of names");
+            if (nul_inside(c, ptr, "required", json_string_length(v), json_string_value(v)))
+                return c->rc;
+        }
+    }
     if (a && !is_schema(a))
         return bad_value(c, ptr, "additionalProperties", "a schema");
     f->props = json_incref(p);
@@ -390,6 +413,8 @@ static int read_string_kws(struct sconv *c, struct sflat *f, json_t *s, const ch
     if ((v = json_object_get(s, "pattern"))) {
         if (!json_is_string(v))
             return bad_value(c, ptr, "pattern", "a string");
+        if (nul_inside(c, ptr, "pattern", json_string_length(v), json_string_value(v)))
+            return c->rc;
         f->pattern = json_string_value(v);
         ptr_child(f->pattern_ptr, ptr, "pattern");
     }
