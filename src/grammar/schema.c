@@ -1,6 +1,22 @@
 /* schema.c - JSON Schema to GBNF: the public entry point, the rule table, the shared primitive
  * rules and the visit of one subschema (cached by content so that recursion closes). Thread-
- * safe: each call owns its conversion state. */
+ * safe: each call owns its conversion state.
+ *
+ * What the grammar means. It accepts only instances the schema accepts (a keyword it cannot
+ * hold is refused, never dropped), and every valid instance in one spelling: compact or
+ * indented, an object's keys in the schema's order (properties, then required names it does
+ * not list, then other keys), strings as jansson writes them where a pattern or a key must be
+ * told apart (raw UTF-8, the short escapes), integers without a fraction (1.0 is an integer
+ * to JSON Schema, but a client would read a float). Decisions:
+ *  - oneOf converts only where no value can match two branches (types, enums, lengths,
+ *    integer ranges or a required const discriminator tell them apart): else refused.
+ *  - `false` (or a schema that allows nothing) is dropped where it leaves something (an
+ *    optional property, a branch, items past prefixItems) and refused at the root.
+ *  - format: date, time, date-time and uuid are asserted (llama.cpp's rules: days up to 31
+ *    in any month; time with 3 fraction digits or none); other formats are refused.
+ *  - numeric bounds only on integers (ranges to 64 bits); on other numbers they are refused.
+ *  - $ref: "#" and "#/..." pointers in this document (and the root's own $id); remote refs,
+ *    anchors and references inside embedded $id resources are refused. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -253,8 +269,9 @@ static int rule_set_body(struct sconv *c, size_t at, const char *body)
     return 0;
 }
 
-/* ---- primitives: the shapes of llama.cpp's converter, with JSON's full string escapes and
- * integers that may be written 1.0 (JSON Schema counts those as integers) ---- */
+/* ---- primitives: the shapes of llama.cpp's converter, with JSON's full string escapes.
+ * Integers are written without a fraction: JSON Schema counts 1.0 as an integer, but a client
+ * reading the reply (Python's json, a strict int field) would get a float ---- */
 
 struct primitive {
     const char *name, *body, *deps[3];
@@ -270,7 +287,7 @@ static const struct primitive primitives[] = {
     {"number",
      "\"-\"? integral-part (\".\" decimal-part)? ([eE] [-+]? decimal-part)? space",
      {"integral-part", "decimal-part", "space"}},
-    {"integer", "\"-\"? integral-part (\".\" \"0\"{1,16})? space", {"integral-part", "space"}},
+    {"integer", "\"-\"? integral-part space", {"integral-part", "space"}},
     /* one character: a surrogate pair's two escapes count as one, a lone surrogate is none */
     {"char",
      "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-CefEF] " HEX "{3} | "

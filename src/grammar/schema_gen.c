@@ -105,10 +105,10 @@ static void gen_value(struct sbuf *b, const json_t *v, int depth)
     case JSON_REAL:
         if (json_is_integral(v) && fabsl(json_is_integer(v) ? (long double)json_integer_value(v)
                                                             : json_real_value(v)) < 9.2e18L) {
-            /* 1 and 1.0 are the same value to JSON Schema */
+            /* 1 and 1.0 are the same value to JSON Schema: written as an integer */
             long long n = json_is_integer(v) ? (long long)json_integer_value(v)
                                              : (long long)json_real_value(v);
-            sb_printf(b, "\"%lld\" (\".\" \"0\"{1,16})?", n);
+            sb_printf(b, "\"%lld\"", n);
         } else {
             real_text(json_real_value(v), num, sizeof num);
             sb_literal(b, num, strlen(num));
@@ -308,7 +308,7 @@ static int gen_number(struct sconv *c, const struct sflat *f, char **body)
         return c->rc;
     sb_puts(&b, "(");
     gen_int_range(&b, has_lo, lo, has_hi, hi);
-    sb_puts(&b, ") (\".\" \"0\"{1,16})? space");
+    sb_puts(&b, ") space");
     return take(c, &b, body);
 }
 

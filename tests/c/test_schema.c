@@ -71,11 +71,11 @@ static void test_exact(void)
                  "b ::= null\n"
                  "b-kv ::= \"\\\"b\\\"\" space \":\" space b\n"
                  "b-rest ::= ( \",\" space c-kv )?\n"
-                 "c ::= (\"1\" (\".\" \"0\"{1,16})?) space\n"
+                 "c ::= (\"1\") space\n"
                  "c-kv ::= \"\\\"c\\\"\" space \":\" space c\n");
     expect_rules("{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 123}",
                  "root ::= (\"-\" ([0-5]) | [0-9] | ([1-8] [0-9] | [9] [0-9]) | \"1\" ([0-1] "
-                 "[0-9] | [2] [0-3])) (\".\" \"0\"{1,16})? space\n");
+                 "[0-9] | [2] [0-3])) space\n");
     expect_rules("{\"type\": \"array\", \"items\": {\"type\": \"number\"}, \"minItems\": 1, "
                  "\"maxItems\": 3}",
                  "root ::= \"[\" space item (\",\" space item){0,2} \"]\" space\n"
@@ -229,9 +229,9 @@ static void test_acceptance(void)
                                        "{\"name\":\"a\x01\"}", NULL});
     /* integer ranges at their edges */
     expect_match("{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 123}",
-                 (const char *const[]){"-5", "0", "9", "10", "99", "100", "123", "-1", "7.0",
-                                       NULL},
-                 (const char *const[]){"-6", "124", "0123", "1000", "-", "1.5", "-10", NULL});
+                 (const char *const[]){"-5", "0", "9", "10", "99", "100", "123", "-1", NULL},
+                 (const char *const[]){"-6", "124", "0123", "1000", "-", "1.5", "-10", "7.0",
+                                       NULL});
     expect_match("{\"type\": \"integer\", \"exclusiveMinimum\": 10, \"exclusiveMaximum\": 20}",
                  (const char *const[]){"11", "19", NULL},
                  (const char *const[]){"10", "20", "5", NULL});
@@ -266,8 +266,8 @@ static void test_acceptance(void)
     /* enums with strings needing escapes */
     expect_match("{\"enum\": [\"a\\\"b\", \"tab\\tbed\", \"back\\\\slash\", \"\\u00e9\", 1]}",
                  (const char *const[]){"\"a\\\"b\"", "\"tab\\tbed\"", "\"back\\\\slash\"",
-                                       "\"\xc3\xa9\"", "1", "1.0", NULL},
-                 (const char *const[]){"\"a\"b\"", "\"ab\"", "2", NULL});
+                                       "\"\xc3\xa9\"", "1", NULL},
+                 (const char *const[]){"\"a\"b\"", "\"ab\"", "2", "1.0", NULL});
     /* nested $ref recursion */
     const char *tree = "{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {\"v\": "
                        "{\"type\": \"integer\"}, \"kids\": {\"type\": \"array\", \"items\": "
