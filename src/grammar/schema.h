@@ -148,6 +148,10 @@ int json_schema_equal(const json_t *a, const json_t *b);
 /* Whether a number is an integer by value (1.0 is). */
 int json_is_integral(const json_t *v);
 
+/* schema_oneof.c: 0 when the branches of a oneOf list (at ptr) are pairwise disjoint, else
+ * KWK_EUNSUPPORTED naming two that may overlap. */
+int schema_oneof_check(struct sconv *c, json_t *list, const char *ptr);
+
 /* schema_gen.c: the GBNF body for one alternative (*body NULL: it allows nothing); *is_name is
  * set when the body is one rule name. */
 int schema_gen_flat(struct sconv *c, const struct sflat *f, const char *name, char **body,
