@@ -4,7 +4,7 @@
  * over the built DFA (the matcher's cache of recent masks bypassed), and kwk_matcher_mask as a
  * generation calls it (cache included); then a whole JSON document generated token by token
  * (mask + accept per token). Prints; asserts nothing. Single-threaded.
- * Usage: bench_grammar [tokenizer path] [repeats] */
+ * Usage: bench_grammar [tokenizer path | synthetic:N] [repeats] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,12 +32,13 @@ static const char document[] =
     "in a field of a JSON object: several words, punctuation, and \\\"escapes\\\" too.\",\n"
     "  \"ok\": true\n}";
 
-static kwk_grammar_vocab *synthetic_vocab(void)
+/* N tokens: the 256 bytes, then random strings of 2..9 bytes, some with UTF-8 characters. */
+static kwk_grammar_vocab *synthetic_vocab(int N)
 {
-    enum { N = 49152 };
-    static const char alphabet[] = " etaoinshrdlucmfwypvbgkqjxz{}[]\":,.0123456789-_\n\\";
-    char **bytes = malloc(N * sizeof *bytes);
-    uint32_t *lens = malloc(N * sizeof *lens);
+    static const char alphabet[] = " etaoinshrdlucmfwypvbgkqjxz{}[]\":,.0123456789-_\n\\"
+                                   "\xc3\xa9\xe4\xb8\xad";
+    char **bytes = malloc((size_t)N * sizeof *bytes);
+    uint32_t *lens = malloc((size_t)N * sizeof *lens);
     uint64_t x = 88172645463325252ull;
     for (int i = 0; i < N; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
@@ -67,9 +68,10 @@ int main(int argc, char **argv)
     const char *path = argc > 1 ? argv[1] : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     int reps = argc > 2 ? atoi(argv[2]) : 200;
     struct kwk_err err;
-    kwk_tokenizer *tok = kwk_tokenizer_load(path, &err);
+    int n_synth = strncmp(path, "synthetic:", 10) ? 49152 : atoi(path + 10);
+    kwk_tokenizer *tok = n_synth == 49152 ? kwk_tokenizer_load(path, &err) : NULL;
     double t0 = kwk_time_s();
-    kwk_grammar_vocab *v = tok ? kwk_grammar_vocab_new(tok, &err) : synthetic_vocab();
+    kwk_grammar_vocab *v = tok ? kwk_grammar_vocab_new(tok, &err) : synthetic_vocab(n_synth);
     double t_vocab = kwk_time_s() - t0;
     if (!v) {
         fprintf(stderr, "bench_grammar: vocab: %s\n", err.msg);

@@ -1,7 +1,8 @@
 /* grammar.h - the grammar module's contract: a compiled GBNF grammar as byte-level rules
- * (gbnf.c), the pushdown engine that advances sets of stacks byte by byte (match.c), and the
- * vocabulary trie and matcher built on it (vocab.c). Compiled grammars are immutable (any
- * thread); an engine belongs to one caller at a time.
+ * (gbnf.c parses, compile.c checks and flattens), the pushdown engine that advances sets of
+ * stacks byte by byte (match.c), the vocabulary trie (vocab.c) and the matcher that masks it
+ * (matcher.c). Compiled grammars and vocabularies are immutable (any thread); an engine or a
+ * matcher belongs to one caller at a time.
  *
  * Representation. Every rule is a list of alternatives; an alternative is a run of elements in
  * one flat array, ending in KG_END. An element is a uint32: its kind in the top two bits, its
@@ -112,8 +113,15 @@ struct kv_node {
     uint32_t tok;   /* this node's tokens are vocab->node_toks[tok .. next node's tok) */
     uint16_t depth; /* 1 for a token's first byte */
     uint8_t byte;
-    uint8_t pad;
+    uint8_t utf8;   /* 1: every token of the subtree, read from this node's byte on, is valid
+                     * UTF-8 (its last character may be cut short) */
 };
+
+/* States of a UTF-8 decoder: at a boundary, or inside a character (what may come next). */
+enum { KV_U8_START, KV_U8_CONT1, KV_U8_CONT2, KV_U8_CONT3, KV_U8_E0, KV_U8_ED, KV_U8_F0,
+       KV_U8_F4, KV_U8_STATES, KV_U8_BAD = KV_U8_STATES };
+/* The decoder's state after byte b in state q (KV_U8_BAD: b cannot come there). */
+int kv_utf8_next(int q, unsigned b);
 
 #define KV_TOKEN_BYTES_MAX 65535 /* bytes of one token (the trie's depth) */
 
@@ -125,8 +133,9 @@ struct kwk_grammar_vocab {
     struct kv_node *nodes; /* [n_nodes + 1], the last a sentinel (tok = n_node_toks) */
     uint32_t n_nodes;
     uint64_t (*sub)[2];   /* [n_nodes] the bytes of each subtree (its own included): bit b for
-                           * ASCII b, bit 0 also for every byte >= 0x80. A mask passes over a
-                           * subtree whose bytes all lead back to the state they start from. */
+                           * ASCII b >= 2, bit 1 for 0x00 and 0x01, bit 0 for any byte >= 0x80.
+                           * A mask passes over a subtree whose bytes all lead back to the
+                           * state they start from (matcher.c). */
     int32_t *node_toks;   /* [n_node_toks] token ids in trie order */
     uint32_t n_node_toks;
     uint32_t max_len;     /* longest token */

@@ -15,7 +15,7 @@
 #define ST_UNKNOWN UINT32_MAX       /* a transition not computed yet */
 #define ST_DEAD (UINT32_MAX - 1)    /* no stack takes the byte */
 #define MATCHER_SOFT_BYTES (16u << 20) /* tables dropped between calls past this */
-#define MATCHER_HARD_BYTES (512u << 20) /* KWK_ELIMIT past this within one call */
+#define MATCHER_HARD_BYTES (256u << 20) /* KWK_ELIMIT past this within one call */
 #define MATCHER_STATES_MAX (1u << 24)
 #define MASK_CACHE 4                /* masks kept */
 
@@ -135,7 +135,8 @@ static int state_intern(kwk_matcher *m, const uint32_t *ids, size_t n, uint32_t 
         m->cap_trans = c;
     }
     memset(m->trans + m->n_states * nc, 0xff, nc * sizeof *m->trans); /* ST_UNKNOWN */
-    memcpy(m->pool + m->n_pool, ids, n * sizeof *ids);
+    if (n)
+        memcpy(m->pool + m->n_pool, ids, n * sizeof *ids);
     m->states[m->n_states] = (struct mstate){(uint32_t)m->n_pool, (uint32_t)n, h};
     m->n_pool += n;
     *out = (uint32_t)m->n_states++;
@@ -175,7 +176,8 @@ static void tables_clear(kwk_matcher *m)
         m->cache[i].state = ST_UNKNOWN;
 }
 
-/* Drop every state but the current one (and every node but its stacks'). */
+/* Drop every state but the current one (and every node but its stacks'). When that fails
+ * (memory) the position is lost: the matcher is dead until kwk_matcher_reset. */
 static int flush(kwk_matcher *m)
 {
     const struct mstate *st = &m->states[m->cur];
@@ -185,11 +187,15 @@ static int flush(kwk_matcher *m)
     if (!ids)
         goto out;
     memcpy(ids, m->pool + st->off, n * sizeof *ids);
-    if ((rc = kg_engine_compact(&m->e, ids, n)))
-        goto out;
+    rc = kg_engine_compact(&m->e, ids, n);
     tables_clear(m);
-    rc = state_intern(m, ids, n, &m->cur);
+    if (!rc)
+        rc = state_intern(m, ids, n, &m->cur);
 out:
+    if (rc) {
+        tables_clear(m);
+        m->cur = ST_DEAD;
+    }
     kwk_free(ids);
     return rc;
 }
@@ -207,6 +213,17 @@ static int maybe_flush(kwk_matcher *m)
     return flush(m);
 }
 
+/* The grammar's start as the current state (ST_DEAD for a grammar that matches nothing). */
+static int start_state(kwk_matcher *m)
+{
+    int rc = kg_engine_start(&m->e);
+    m->cur = ST_DEAD;
+    if (!rc && m->e.n_out)
+        rc = state_intern(m, m->e.out, m->e.n_out, &m->cur);
+    m->start = m->cur;
+    return rc;
+}
+
 void kwk_matcher_reset(kwk_matcher *m)
 {
     if (!m)
@@ -218,12 +235,8 @@ void kwk_matcher_reset(kwk_matcher *m)
     /* After a flush: from scratch (the start state is small; failure leaves cur dead). */
     tables_clear(m);
     kg_engine_free(&m->e);
-    if (kg_engine_init(&m->e, m->g) || kg_engine_start(&m->e) ||
-        state_intern(m, m->e.out, m->e.n_out, &m->cur)) {
+    if (kg_engine_init(&m->e, m->g) || start_state(m))
         m->cur = ST_DEAD;
-        return;
-    }
-    m->start = m->cur;
 }
 
 void kwk_matcher_free(kwk_matcher *m)
@@ -259,9 +272,8 @@ kwk_matcher *kwk_matcher_new(const kwk_grammar *g, const kwk_grammar_vocab *v,
     if (!m->walk || slots_resize(m, 256) || kg_engine_init(&m->e, g))
         goto fail;
     tables_clear(m);
-    if ((rc = kg_engine_start(&m->e)) || (rc = state_intern(m, m->e.out, m->e.n_out, &m->cur)))
+    if ((rc = start_state(m)))
         goto fail;
-    m->start = m->cur;
     return m;
 fail:
     kwk_err_set(err, rc, "matcher: %s at the grammar's start", kwk_status_str(rc));
@@ -344,11 +356,46 @@ int kwk_matcher_finished(const kwk_matcher *m)
     return kwk_matcher_done(m) && m->states[m->cur].len == 1;
 }
 
+/* Whether every non-ASCII character keeps state s alive and, once whole, brings it back to s:
+ * then a subtree of valid UTF-8 under s may be passed over for its non-ASCII bytes. Explores
+ * the pairs (grammar state, UTF-8 decoder state) reached from (s, boundary). */
+static int utf8_closed(kwk_matcher *m, uint32_t s, int *closed)
+{
+    enum { PAIRS_MAX = 64 };
+    uint32_t st[PAIRS_MAX];
+    uint8_t q8[PAIRS_MAX];
+    int n = 1;
+    st[0] = s, q8[0] = KV_U8_START;
+    *closed = 0;
+    for (int k = 0; k < n; k++) {
+        for (unsigned b = 0x80; b < 0x100; b++) {
+            int q = kv_utf8_next(q8[k], b), rc, j;
+            uint32_t t;
+            if (q == KV_U8_BAD)
+                continue;
+            if ((rc = transition(m, st[k], b, &t)))
+                return rc;
+            if (t == ST_DEAD || (q == KV_U8_START && t != s))
+                return 0;
+            for (j = 0; j < n && (st[j] != t || q8[j] != q); j++)
+                ;
+            if (j < n || q == KV_U8_START)
+                continue;
+            if (n == PAIRS_MAX)
+                return 0; /* too many ways through a character to prove it: walk instead */
+            st[n] = t, q8[n++] = (uint8_t)q;
+        }
+    }
+    *closed = 1;
+    return 0;
+}
+
 /* Which subtree summaries (kv_node sub bits) only hold bytes that take state s back to s. */
 static int self_loops(kwk_matcher *m, uint32_t s, uint64_t loop[2])
 {
     const struct kwk_grammar *g = m->g;
     uint8_t back[256];
+    int closed;
     for (uint32_t c = 0; c < g->n_classes; c++) {
         uint32_t t;
         int rc = transition(m, s, g->class_byte[c], &t);
@@ -357,18 +404,19 @@ static int self_loops(kwk_matcher *m, uint32_t s, uint64_t loop[2])
         back[c] = t == s;
     }
     loop[0] = loop[1] = 0;
-    for (unsigned b = 0; b < 0x80; b++)
+    for (unsigned b = 2; b < 0x80; b++)
         loop[b >> 6] |= (uint64_t)back[g->byte_class[b]] << (b & 63);
-    for (unsigned b = 0x80; b < 0x100; b++)
-        if (!back[g->byte_class[b]])
-            loop[0] &= ~1ull; /* bit 0 stands for NUL and every byte >= 0x80 */
-    return 0;
+    loop[0] |= (uint64_t)(back[g->byte_class[0]] & back[g->byte_class[1]]) << 1;
+    int rc = utf8_closed(m, s, &closed);
+    loop[0] |= (uint64_t)closed; /* bit 0: bytes >= 0x80, in subtrees of valid UTF-8 */
+    return rc;
 }
 
 /* One pass over the trie in preorder: a node's state is its parent's advanced by its byte;
  * a dead node skips its whole subtree, and so does a subtree under the starting state whose
- * bytes all lead back to it (inside a JSON string, most of the vocabulary): all its tokens are
- * allowed, and their bits are set without walking it. */
+ * ASCII bytes all lead back to it and whose other bytes are valid UTF-8 that does too (inside
+ * a JSON string, most of the vocabulary): all its tokens are allowed, and their bits are set
+ * without walking it. */
 static int32_t mask_walk(kwk_matcher *m, uint32_t *allowed)
 {
     const struct kwk_grammar_vocab *v = m->v;
@@ -385,7 +433,8 @@ static int32_t mask_walk(kwk_matcher *m, uint32_t *allowed)
     while (i < v->n_nodes) {
         const struct kv_node *nd = &nodes[i];
         uint32_t s = m->walk[nd->depth - 1], first = nd->tok, last;
-        if (s == root && !(v->sub[i][0] & ~loop[0]) && !(v->sub[i][1] & ~loop[1])) {
+        if (s == root && !(v->sub[i][0] & ~loop[0]) && !(v->sub[i][1] & ~loop[1]) &&
+            (nd->utf8 || !(v->sub[i][0] & 1))) {
             i = nd->end;
             last = nodes[i].tok;
         } else {

@@ -7,6 +7,55 @@
 
 #include "grammar/grammar.h"
 
+int kv_utf8_next(int q, unsigned b)
+{
+    int cont = b >= 0x80 && b <= 0xBF;
+    switch (q) {
+    case KV_U8_START:
+        if (b < 0x80)
+            return KV_U8_START;
+        if (b >= 0xC2 && b <= 0xDF)
+            return KV_U8_CONT1;
+        if (b == 0xE0 || b == 0xED)
+            return b == 0xE0 ? KV_U8_E0 : KV_U8_ED;
+        if (b >= 0xE1 && b <= 0xEF)
+            return KV_U8_CONT2;
+        if (b == 0xF0 || b == 0xF4)
+            return b == 0xF0 ? KV_U8_F0 : KV_U8_F4;
+        if (b >= 0xF1 && b <= 0xF3)
+            return KV_U8_CONT3;
+        return KV_U8_BAD;
+    case KV_U8_CONT1: return cont ? KV_U8_START : KV_U8_BAD;
+    case KV_U8_CONT2: return cont ? KV_U8_CONT1 : KV_U8_BAD;
+    case KV_U8_CONT3: return cont ? KV_U8_CONT2 : KV_U8_BAD;
+    case KV_U8_E0: return b >= 0xA0 && b <= 0xBF ? KV_U8_CONT1 : KV_U8_BAD; /* no overlongs */
+    case KV_U8_ED: return b >= 0x80 && b <= 0x9F ? KV_U8_CONT1 : KV_U8_BAD; /* no surrogates */
+    case KV_U8_F0: return b >= 0x90 && b <= 0xBF ? KV_U8_CONT2 : KV_U8_BAD;
+    case KV_U8_F4: return b >= 0x80 && b <= 0x8F ? KV_U8_CONT2 : KV_U8_BAD; /* <= U+10FFFF */
+    default: return KV_U8_BAD;
+    }
+}
+
+/* Per node, which decoder states its subtree reads validly from (bit q): the node's byte must
+ * be valid there, and every child's subtree from the state after it. Children first. */
+static int trie_utf8(struct kwk_grammar_vocab *v)
+{
+    uint16_t *ok = kwk_calloc(v->n_nodes ? v->n_nodes : 1, sizeof *ok);
+    if (!ok)
+        return -ENOMEM;
+    for (uint32_t i = v->n_nodes; i-- > 0;) {
+        for (int q = 0; q < KV_U8_STATES; q++) {
+            int r = kv_utf8_next(q, v->nodes[i].byte), good = r != KV_U8_BAD;
+            for (uint32_t j = i + 1; good && j < v->nodes[i].end; j = v->nodes[j].end)
+                good = ok[j] >> r & 1;
+            ok[i] |= (uint16_t)(good << q);
+        }
+        v->nodes[i].utf8 = ok[i] & 1;
+    }
+    kwk_free(ok);
+    return 0;
+}
+
 static int tok_cmp(const void *a, const void *b, void *ctx)
 {
     const struct kwk_grammar_vocab *v = ctx;
@@ -86,14 +135,14 @@ static int trie_build(struct kwk_grammar_vocab *v)
         goto out;
     /* Children come after their parent: from the end, each node adds its children's bytes. */
     for (uint32_t i = v->n_nodes; i-- > 0;) {
-        unsigned b = v->nodes[i].byte < 0x80 ? v->nodes[i].byte : 0;
+        unsigned b = v->nodes[i].byte >= 0x80 ? 0 : v->nodes[i].byte < 2 ? 1 : v->nodes[i].byte;
         v->sub[i][b >> 6] |= 1ull << (b & 63);
         for (uint32_t j = i + 1; j < v->nodes[i].end; j = v->nodes[j].end) {
             v->sub[i][0] |= v->sub[j][0];
             v->sub[i][1] |= v->sub[j][1];
         }
     }
-    rc = 0;
+    rc = trie_utf8(v);
 out:
     kwk_free(order);
     kwk_free(path);

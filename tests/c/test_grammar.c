@@ -682,6 +682,19 @@ static void test_masks(void)
     T_EQ(kwk_matcher_finished(m2), 1);
     kwk_matcher_free(m2);
     kwk_grammar_free(g2);
+    /* A grammar that matches nothing: no token, never done. */
+    g2 = kwk_grammar_new("root ::= []", 11, &err);
+    m2 = kwk_matcher_new(g2, v, &err);
+    T_TRUE(m2 != NULL);
+    uint32_t none[64];
+    T_EQ(kwk_matcher_mask(m2, none), 0);
+    T_EQ(kwk_matcher_done(m2), 0);
+    T_EQ(kwk_matcher_accept_bytes(m2, "a", 1), KWK_EARG);
+    T_EQ(kg_matcher_flush(m2), 0);
+    kwk_matcher_reset(m2);
+    T_EQ(kwk_matcher_allows(m2, 0), 0);
+    kwk_matcher_free(m2);
+    kwk_grammar_free(g2);
     /* The ambiguous grammar in a matcher: KWK_ELIMIT, not a hang. */
     const char *amb = "root ::= e\ne ::= \"a\" e \"b\" | \"a\" e \"c\" | \"d\"";
     g2 = kwk_grammar_new(amb, strlen(amb), &err);
@@ -717,8 +730,13 @@ static void test_alloc_failures(void)
         kwk_matcher *m = g && v ? kwk_matcher_new(g, v, &err) : NULL;
         uint32_t mask[32];
         int ok = m && kwk_matcher_accept_bytes(m, "{\"a\": [1", 8) == 0 &&
+                 kwk_matcher_mask(m, mask) > 0 && kg_matcher_flush(m) == 0 &&
                  kwk_matcher_mask(m, mask) > 0 &&
                  kwk_grammar_match(g, "{\"a\": 1}", 8, NULL) == 1;
+        if (m) { /* whatever failed, reset gives a working matcher or a dead one */
+            kwk_matcher_reset(m);
+            kwk_matcher_mask(m, mask);
+        }
         kwk_alloc_fail_after(0);
         ok ? successes++ : failures++;
         kwk_matcher_free(m);
