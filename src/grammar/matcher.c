@@ -22,6 +22,8 @@
 struct mstate {
     uint32_t off, len; /* its stacks: pool[off .. off + len), sorted node ids */
     uint32_t hash;
+    uint32_t loops_known; /* loop holds self_loops' answer */
+    uint64_t loop[2];
 };
 
 struct mask_entry {
@@ -137,7 +139,7 @@ static int state_intern(kwk_matcher *m, const uint32_t *ids, size_t n, uint32_t 
     memset(m->trans + m->n_states * nc, 0xff, nc * sizeof *m->trans); /* ST_UNKNOWN */
     if (n)
         memcpy(m->pool + m->n_pool, ids, n * sizeof *ids);
-    m->states[m->n_states] = (struct mstate){(uint32_t)m->n_pool, (uint32_t)n, h};
+    m->states[m->n_states] = (struct mstate){(uint32_t)m->n_pool, (uint32_t)n, h, 0, {0, 0}};
     m->n_pool += n;
     *out = (uint32_t)m->n_states++;
     m->slots[j] = *out + 1;
@@ -390,12 +392,17 @@ static int utf8_closed(kwk_matcher *m, uint32_t s, int *closed)
     return 0;
 }
 
-/* Which subtree summaries (kv_node sub bits) only hold bytes that take state s back to s. */
+/* Which subtree summaries (kv_node sub bits) only hold bytes that take state s back to s
+ * (worked out once per state). */
 static int self_loops(kwk_matcher *m, uint32_t s, uint64_t loop[2])
 {
     const struct kwk_grammar *g = m->g;
     uint8_t back[256];
     int closed;
+    if (m->states[s].loops_known) {
+        loop[0] = m->states[s].loop[0], loop[1] = m->states[s].loop[1];
+        return 0;
+    }
     for (uint32_t c = 0; c < g->n_classes; c++) {
         uint32_t t;
         int rc = transition(m, s, g->class_byte[c], &t);
@@ -409,6 +416,10 @@ static int self_loops(kwk_matcher *m, uint32_t s, uint64_t loop[2])
     loop[0] |= (uint64_t)(back[g->byte_class[0]] & back[g->byte_class[1]]) << 1;
     int rc = utf8_closed(m, s, &closed);
     loop[0] |= (uint64_t)closed; /* bit 0: bytes >= 0x80, in subtrees of valid UTF-8 */
+    if (!rc) {
+        m->states[s].loops_known = 1;
+        m->states[s].loop[0] = loop[0], m->states[s].loop[1] = loop[1];
+    }
     return rc;
 }
 
