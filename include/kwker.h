@@ -466,7 +466,10 @@ KWK_API kwk_grammar *kwk_grammar_new(const char *text, size_t len, struct kwk_er
 /* A grammar for the JSON texts a JSON Schema (draft 2020-12; schema[len] is JSON text) accepts:
  * between tokens it allows what llama.cpp's converter allows (nothing, one space, or a newline
  * and up to 20 spaces or tabs), so a model may print compact or indented JSON but not pad
- * forever. Keywords that would constrain the output but cannot be enforced are
+ * forever. The grammar may be narrower than the schema, never wider (but for dates: days up to
+ * 31 in any month): integers are written without a fraction (1, not 1.0), the formats date,
+ * time, date-time and uuid are enforced, oneOf only where no value can match two branches.
+ * Keywords that would constrain the output but cannot be enforced are
  * refused (KWK_EUNSUPPORTED naming the keyword and its JSON pointer), never ignored;
  * annotations (title, description, examples, default, $comment, ...) are ignored. */
 KWK_API kwk_grammar *kwk_grammar_from_json_schema(const char *schema, size_t len,
@@ -507,7 +510,8 @@ KWK_API void kwk_matcher_reset(kwk_matcher *m);
  * (allowed[(n_vocab + 31) / 32] words). Returns how many are allowed, or a negative code
  * (KWK_ELIMIT when the grammar is too ambiguous here). */
 KWK_API int32_t kwk_matcher_mask(kwk_matcher *m, uint32_t *allowed);
-/* 1 when token may come next, 0 when not (cheaper than a mask for one token). */
+/* 1 when token may come next, 0 when not (cheaper than a mask for one token); a negative code
+ * (KWK_ELIMIT, -ENOMEM) when the matcher could not tell. */
 KWK_API int kwk_matcher_allows(kwk_matcher *m, int32_t token);
 /* Advance by token (0), or KWK_EARG when the grammar does not allow it (nothing changes),
  * KWK_ERANGE for an id outside the vocabulary. */
