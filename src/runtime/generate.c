@@ -188,18 +188,6 @@ static int grammar_allows(struct kwk_gen_seq *g, int32_t tok)
            kwk_matcher_allows(g->matcher, tok) == 1;
 }
 
-/* log-softmax of the raw logits at tok: the logprob OpenAI reports, whatever was masked. */
-static float raw_logprob(const float *logits, int n, int32_t tok)
-{
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++)
-        mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)logits[i] - mx);
-    return (float)((double)logits[tok] - mx - log(sum));
-}
-
 /* Choose tok from the logits with every token the grammar forbids at -inf. */
 static int grammar_sample(struct kwk_gen_seq *g, const float *logits, int32_t *tok, float *lp,
                           struct kwk_err *err)
@@ -224,7 +212,8 @@ static int grammar_sample(struct kwk_gen_seq *g, const float *logits, int32_t *t
     if (rc < 0)
         return kwk_err_set(err, rc, "sampling under the grammar failed: %s",
                            kwk_status_str(rc));
-    *lp = raw_logprob(logits, nv, *tok);
+    kwk_sampler_raw_logprobs(g->sampler, logits, *tok, lp, g->top_ids, g->top_lps,
+                             g->p->top_logprobs);
     return 0;
 }
 
@@ -300,16 +289,23 @@ int kwk_gen_seq_next(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
                      struct kwk_err *err)
 {
     float lp;
-    int rc = kwk_sampler_sample(g->sampler, logits, tok, &lp, g->top_ids, g->top_lps,
-                                g->p->top_logprobs);
-    if (rc < 0)
-        return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
+    int rc;
     /* Under a grammar a greedy choice the grammar allows is the masked argmax too (masking only
-     * lowers other tokens), so the mask is computed only when sampling or when it is not. */
+     * lowers other tokens), so greedy decoding masks only when the argmax is refused; sampling
+     * always draws from the masked logits. */
     int greedy = !g->p->sampling.do_sample || g->p->sampling.temperature == 0;
-    if (g->matcher && (!greedy || !grammar_allows(g, *tok)) &&
-        (rc = grammar_sample(g, logits, tok, &lp, err)) < 0)
-        return rc;
+    if (g->matcher && !greedy) {
+        if ((rc = grammar_sample(g, logits, tok, &lp, err)) < 0)
+            return rc;
+    } else {
+        rc = kwk_sampler_sample(g->sampler, logits, tok, &lp, g->top_ids, g->top_lps,
+                                g->p->top_logprobs);
+        if (rc < 0)
+            return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
+        if (g->matcher && !grammar_allows(g, *tok) &&
+            (rc = grammar_sample(g, logits, tok, &lp, err)) < 0)
+            return rc;
+    }
     rc = accept_token(g, *tok, lp);
     if (rc < 0)
         return kwk_err_set(err, rc, "the reply's text: %s", kwk_status_str(rc));

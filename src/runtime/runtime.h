@@ -92,6 +92,10 @@ void kwk_capture_rows(struct kwk_capture *c, int layer, int site, const float *x
 
 /* Index of the largest of x[n], the first on ties (torch.argmax's choice). */
 int32_t kwk_argmax(const float *x, int n);
+/* OpenAI's logprobs of the raw logits[n_vocab]: token's and the n_top best (sample.c), the same
+ * numbers kwk_sampler_sample gives, for a token chosen from other (masked) logits. */
+void kwk_sampler_raw_logprobs(const kwk_sampler *s, const float *logits, int32_t token,
+                              float *logprob, int32_t *top_ids, float *top_lps, int n_top);
 
 /* Rotary frequencies for the config (default, linear or llama3 scaling) into inv[head_dim/2]. */
 void kwk_rope_freqs(const struct kwk_config *c, float *inv);

@@ -574,6 +574,12 @@ static void raw_logprobs(const kwk_sampler *s, const float *x, int32_t token, fl
         top_lps[j] = (float)((double)x[top_ids[j]] - lse);
 }
 
+void kwk_sampler_raw_logprobs(const kwk_sampler *s, const float *logits, int32_t token,
+                              float *logprob, int32_t *top_ids, float *top_lps, int n_top)
+{
+    raw_logprobs(s, logits, token, logprob, top_ids, top_lps, n_top);
+}
+
 int kwk_sampler_sample(kwk_sampler *s, const float *logits, int32_t *token, float *logprob,
                        int32_t *top_ids, float *top_lps, int n_top)
 {
