@@ -30,6 +30,18 @@ static inline int kwk_mul_size(size_t a, size_t b, size_t *out)
 {
     return __builtin_mul_overflow(a, b, out) ? -1 : 0;
 }
+
+/* The value of an ASCII hex digit, or -1. */
+static inline int kwk_hex_digit(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
 static inline int kwk_add_size(size_t a, size_t b, size_t *out)
 {
     return __builtin_add_overflow(a, b, out) ? -1 : 0;

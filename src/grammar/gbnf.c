@@ -66,27 +66,9 @@ static int fail_nomem(struct kg_builder *b)
 
 /* ---- growable arrays ---- */
 
-/* Make room for one more item in *p (cap items of size sz). */
-static int grow(void **p, size_t *cap, size_t need, size_t sz)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 8, bytes;
-    while (c < need)
-        c *= 2;
-    if (kwk_mul_size(c, sz, &bytes))
-        return -ENOMEM;
-    void *q = kwk_realloc(*p, bytes);
-    if (!q)
-        return -ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 static int ebuf_push(struct ebuf *e, uint32_t x)
 {
-    if (grow((void **)&e->p, &e->cap, e->n + 1, sizeof *e->p))
+    if (kg_grow((void **)&e->p, &e->cap, e->n + 1, sizeof *e->p))
         return -ENOMEM;
     e->p[e->n++] = x;
     return 0;
@@ -99,7 +81,7 @@ static int rule_new(struct kg_builder *b, uint32_t origin, uint32_t *id)
     if (b->n_rules >= KG_RULES_MAX)
         return kwk_err_set(b->err, KWK_ELIMIT, "grammar: more than %u rules", KG_RULES_MAX);
     size_t cap = b->cap_rules;
-    if (grow((void **)&b->rules, &cap, (size_t)b->n_rules + 1, sizeof *b->rules))
+    if (kg_grow((void **)&b->rules, &cap, (size_t)b->n_rules + 1, sizeof *b->rules))
         return fail_nomem(b);
     b->cap_rules = (uint32_t)cap;
     struct kg_rule *r = &b->rules[b->n_rules];
@@ -120,7 +102,7 @@ static int rule_push(struct kg_builder *b, uint32_t id, uint32_t x)
                            KG_ELEMS_MAX);
     struct kg_rule *r = &b->rules[id];
     size_t cap = r->cap;
-    if (grow((void **)&r->body, &cap, (size_t)r->n + 1, sizeof *r->body))
+    if (kg_grow((void **)&r->body, &cap, (size_t)r->n + 1, sizeof *r->body))
         return fail_nomem(b);
     r->cap = (uint32_t)cap;
     r->body[r->n++] = x;
@@ -193,7 +175,7 @@ static int set_intern(struct kg_builder *b, const uint32_t set[8], uint32_t *id)
         }
     }
     size_t cap = b->cap_sets;
-    if (grow((void **)&b->sets, &cap, (size_t)b->n_sets + 1, sizeof *b->sets))
+    if (kg_grow((void **)&b->sets, &cap, (size_t)b->n_sets + 1, sizeof *b->sets))
         return fail_nomem(b);
     b->cap_sets = (uint32_t)cap;
     memcpy(b->sets[b->n_sets], set, 32);
@@ -376,7 +358,7 @@ static int utf8_set(struct parser *P, const struct cp_range *s, size_t n, struct
                 uint32_t a = KWK_MAX(s[i].lo, dom->lo), z = KWK_MIN(s[i].hi, dom->hi);
                 if (a > z)
                     continue;
-                if (grow((void **)&sk, &cap, nk + 1, sizeof *sk)) {
+                if (kg_grow((void **)&sk, &cap, nk + 1, sizeof *sk)) {
                     rc = fail_nomem(P->b);
                     break;
                 }
@@ -422,17 +404,6 @@ static void skip_space(struct parser *P, int newline_ok)
 static int fail(struct parser *P, size_t pos, const char *what)
 {
     return kg_fail(P->b, KWK_ESYNTAX, pos, "%s", what);
-}
-
-static int hex_digit(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 /* One UTF-8 character of the text (strict: no overlongs, surrogates or truncation). */
@@ -492,7 +463,7 @@ static int parse_char(struct parser *P, uint32_t *cp)
         return 0;
     uint64_t v = 0;
     for (int i = 0; i < digits; i++) {
-        int d = hex_digit(at(P, 0));
+        int d = kwk_hex_digit(at(P, 0));
         if (d < 0) {
             char msg[64];
             snprintf(msg, sizeof msg, "expected %d hex digits after \\%c", digits, c);
@@ -581,7 +552,7 @@ static int ranges_normalize(struct parser *P, int negate)
     if (!negate)
         return 0;
     /* The complement has at most one range more. */
-    if (grow((void **)&P->ranges, &P->cap_ranges, n + 1, sizeof *P->ranges))
+    if (kg_grow((void **)&P->ranges, &P->cap_ranges, n + 1, sizeof *P->ranges))
         return fail_nomem(P->b);
     r = P->ranges;
     uint32_t next = 0;
@@ -649,7 +620,7 @@ static int parse_class(struct parser *P, uint32_t rule)
             if (hi < lo)
                 return fail(P, cpos, "character range out of order (its end is before its start)");
         }
-        if (grow((void **)&P->ranges, &P->cap_ranges, P->n_ranges + 1, sizeof *P->ranges))
+        if (kg_grow((void **)&P->ranges, &P->cap_ranges, P->n_ranges + 1, sizeof *P->ranges))
             return fail_nomem(P->b);
         P->ranges[P->n_ranges++] = (struct cp_range){lo, hi};
     }

@@ -73,6 +73,10 @@ static inline int kg_set_has(const struct kwk_grammar *g, uint32_t set, unsigned
     return (int)(g->sets[set][byte >> 5] >> (byte & 31) & 1);
 }
 
+/* Make room for `need` items of size sz in *p (capacity *cap items, doubled from 64):
+ * 0 or -ENOMEM (the array unchanged). Every growable array of the module uses it. */
+int kg_grow(void **p, size_t *cap, size_t need, size_t sz);
+
 /* One stack frame: the position still to match and the stack below it. */
 struct kg_node {
     uint32_t pos, parent, depth;

@@ -14,8 +14,7 @@ static uint32_t node_hash(uint32_t pos, uint32_t parent)
     return h ^ h >> 15;
 }
 
-/* Make room for `need` items of size sz in *p (cap in items). */
-static int grow(void **p, size_t *cap, size_t need, size_t sz)
+int kg_grow(void **p, size_t *cap, size_t need, size_t sz)
 {
     if (need <= *cap)
         return 0;
@@ -99,8 +98,8 @@ static int node_get(struct kg_engine *e, uint32_t pos, uint32_t parent, uint32_t
         return KWK_ELIMIT;
     if (e->n_nodes == e->cap_nodes) {
         size_t cap = e->cap_nodes, cap2 = e->cap_nodes;
-        if (grow((void **)&e->nodes, &cap, cap + 1, sizeof *e->nodes) ||
-            grow((void **)&e->mark, &cap2, cap, sizeof *e->mark))
+        if (kg_grow((void **)&e->nodes, &cap, cap + 1, sizeof *e->nodes) ||
+            kg_grow((void **)&e->mark, &cap2, cap, sizeof *e->mark))
             return -ENOMEM;
         memset(e->mark + e->cap_nodes, 0, (cap - e->cap_nodes) * sizeof *e->mark);
         e->cap_nodes = (uint32_t)cap;
@@ -120,7 +119,7 @@ static int visit(struct kg_engine *e, uint32_t id)
     if (e->mark[id] == e->stamp)
         return 0;
     e->mark[id] = e->stamp;
-    if (grow((void **)&e->work, &e->cap_work, e->n_work + 1, sizeof *e->work))
+    if (kg_grow((void **)&e->work, &e->cap_work, e->n_work + 1, sizeof *e->work))
         return -ENOMEM;
     e->work[e->n_work++] = id;
     return 0;
@@ -171,7 +170,7 @@ static int close_set(struct kg_engine *e)
         }
         if (e->n_out >= KG_STACKS_MAX)
             return KWK_ELIMIT;
-        if (grow((void **)&e->out, &e->cap_out, e->n_out + 1, sizeof *e->out))
+        if (kg_grow((void **)&e->out, &e->cap_out, e->n_out + 1, sizeof *e->out))
             return -ENOMEM;
         e->out[e->n_out++] = id;
     }
@@ -237,7 +236,7 @@ int kg_engine_compact(struct kg_engine *e, uint32_t *set, size_t n)
     size_t need = 0;
     for (size_t i = 0; i < n; i++)
         need += (size_t)e->nodes[set[i]].depth + 1;
-    if (grow((void **)&e->work, &e->cap_work, need, sizeof *e->work))
+    if (kg_grow((void **)&e->work, &e->cap_work, need, sizeof *e->work))
         goto fail;
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
@@ -281,7 +280,7 @@ int kwk_grammar_match(const kwk_grammar *g, const char *text, size_t len, int *p
         return rc;
     rc = kg_engine_start(&e);
     for (size_t i = 0; !rc; i++) {
-        if (grow((void **)&cur, &cap_cur, e.n_out, sizeof *cur)) {
+        if (kg_grow((void **)&cur, &cap_cur, e.n_out, sizeof *cur)) {
             rc = -ENOMEM;
             break;
         }

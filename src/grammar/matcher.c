@@ -75,23 +75,6 @@ static size_t matcher_used(const kwk_matcher *m)
            m->n_states * (sizeof *m->states + m->g->n_classes * sizeof *m->trans);
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t sz)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 64, bytes;
-    while (c < need)
-        c *= 2;
-    if (kwk_mul_size(c, sz, &bytes))
-        return -ENOMEM;
-    void *q = kwk_realloc(*p, bytes);
-    if (!q)
-        return -ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 static int slots_resize(kwk_matcher *m, uint32_t size)
 {
     uint32_t *t = kwk_calloc(size, sizeof *t);
@@ -123,8 +106,8 @@ static int state_intern(kwk_matcher *m, const uint32_t *ids, size_t n, uint32_t 
     if (m->n_states >= MATCHER_STATES_MAX || matcher_bytes(m) > MATCHER_HARD_BYTES)
         return KWK_ELIMIT;
     size_t nc = m->g->n_classes;
-    if (grow((void **)&m->pool, &m->cap_pool, m->n_pool + n, sizeof *m->pool) ||
-        grow((void **)&m->states, &m->cap_states, m->n_states + 1, sizeof *m->states))
+    if (kg_grow((void **)&m->pool, &m->cap_pool, m->n_pool + n, sizeof *m->pool) ||
+        kg_grow((void **)&m->states, &m->cap_states, m->n_states + 1, sizeof *m->states))
         return -ENOMEM;
     if (m->n_states == m->cap_trans) {
         size_t c = m->cap_trans ? m->cap_trans * 2 : 64, bytes;

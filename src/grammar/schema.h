@@ -53,6 +53,9 @@ enum {
     T_ALL = 127,
 };
 
+/* The T_* bit of a JSON value (an integral number is T_INTEGER, as JSON Schema counts 1.0). */
+unsigned schema_value_type(const json_t *v);
+
 /* One alternative of a schema, with only simple keywords left. json_t fields hold references
  * (NULL: absent; for schemas, absent means `true`). */
 struct sflat {

@@ -168,7 +168,7 @@ static size_t utf8_chars(const char *s, size_t n)
     return k;
 }
 
-static int value_type(const json_t *v)
+unsigned schema_value_type(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_NULL: return T_NULL;
@@ -192,7 +192,7 @@ static int refuse_with_enum(struct sconv *c, const struct sflat *f, const char *
 /* Whether enum value v passes f's other keywords: 1 yes, 0 no, negative: refused. */
 static int enum_allows(struct sconv *c, const struct sflat *f, const json_t *v)
 {
-    int t = value_type(v);
+    int t = (int)schema_value_type(v);
     if (!(f->types & (unsigned)t))
         return 0;
     if (t == T_INTEGER || t == T_NUMBER) {

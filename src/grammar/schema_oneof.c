@@ -9,19 +9,6 @@
 
 /* ---- oneOf: exact only when no value can match two branches ---- */
 
-static unsigned value_bit(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_NULL: return T_NULL;
-    case JSON_TRUE:
-    case JSON_FALSE: return T_BOOL;
-    case JSON_OBJECT: return T_OBJECT;
-    case JSON_ARRAY: return T_ARRAY;
-    case JSON_STRING: return T_STRING;
-    default: return json_is_integral(v) ? T_INTEGER : T_NUMBER;
-    }
-}
-
 /* The types f can produce (its enum's, when it has one). */
 static unsigned flat_types(const struct sflat *f)
 {
@@ -30,7 +17,7 @@ static unsigned flat_types(const struct sflat *f)
     unsigned t = 0;
     if (!f->enum_vals)
         return f->types;
-    json_array_foreach(f->enum_vals, i, v) t |= value_bit(v) & f->types;
+    json_array_foreach(f->enum_vals, i, v) t |= schema_value_type(v) & f->types;
     return t;
 }
 

@@ -141,17 +141,6 @@ static size_t match_tag_word(struct lexer *L, size_t i, const char *word, char *
     return i;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Python unicode-escape decoding of a string literal body. */
 static int lex_unescape(struct lexer *L, const char *p, size_t n, char **out, size_t *out_n)
 {
@@ -193,8 +182,8 @@ static int lex_unescape(struct lexer *L, const char *p, size_t n, char **out, si
             }
             continue;
         }
-        for (; got < digits && i + 1 < n && hexval(p[i + 1]) >= 0; got++)
-            cp = cp * 16 + (uint32_t)hexval(p[++i]);
+        for (; got < digits && i + 1 < n && kwk_hex_digit(p[i + 1]) >= 0; got++)
+            cp = cp * 16 + (uint32_t)kwk_hex_digit(p[++i]);
         if (got != digits || cp > 0x10FFFF) {
             tb_free(&b);
             return -1;

@@ -60,22 +60,11 @@ static void dec_bytelevel(struct toks *in, struct toks *out)
     tok_buf_free(&fixed);
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 static int byte_token(const char *s, size_t n)
 {
     if (n != 6 || memcmp(s, "<0x", 3) || s[5] != '>')
         return -1;
-    int h = hexval(s[3]), l = hexval(s[4]);
+    int h = kwk_hex_digit(s[3]), l = kwk_hex_digit(s[4]);
     return h < 0 || l < 0 ? -1 : h * 16 + l;
 }
 
