@@ -15,8 +15,9 @@ _EXPORTS = {
     "KwkDecoder": "decode",
     "Tokenizer": "tokenizer",
     "ChatTemplate": "template",
+    "Grammar": "grammar",
 }
-_SUBMODULES = ("decode", "cpu_backend", "tokenizer", "template")
+_SUBMODULES = ("decode", "cpu_backend", "tokenizer", "template", "grammar")
 
 
 def __getattr__(name):
