@@ -415,7 +415,7 @@ KWK_API int32_t kwk_tokenizer_piece_to_id(const kwk_tokenizer *t, const char *pi
  * content. Decode's whole-text steps (strip of the first space, cleanup of spaces before
  * punctuation) are not applied. Writes up to cap bytes
  * to buf and the length to *len; returns 0, KWK_ELIMIT when cap < *len, KWK_ERANGE for an id
- * outside [0, n_vocab) or a hole. Thread-safe. */
+ * outside [0, n_vocab) or a hole, -ENOMEM. Thread-safe. */
 KWK_API int kwk_tokenizer_token_bytes(const kwk_tokenizer *t, int32_t id, char *buf, size_t cap,
                                       size_t *len);
 /* 1 when id is a special added token (skipped by skip_special), 0 otherwise. */
@@ -562,11 +562,14 @@ struct kwk_gen_params {
      * distribution is the model's renormalized over the allowed tokens, with top-k / top-p
      * applied after the mask), special tokens are never allowed, and the eos ids only once the
      * text is a whole sentence; when nothing can follow, the reply ends (KWK_FINISH_STOP).
-     * Logprobs stay those of the raw logits. Speculation stays exact. grammar must outlive the
-     * call (for the engine: the request's DONE event). */
+     * Logprobs stay those of the raw logits. Speculation stays exact. With no eos id (or while
+     * min_new_tokens holds them back) a whole sentence that could go on does not end the reply
+     * (a JSON schema's may take up to a newline and 20 spaces more). grammar and grammar_vocab
+     * must outlive the call (for the engine: the request's DONE event). */
     const kwk_grammar *grammar;
     const kwk_grammar_vocab *grammar_vocab; /* tok's vocabulary (kwk_grammar_vocab_new), or
-                                             * NULL to build it from tok for this call */
+                                             * NULL: kwk_generate builds one for the call, the
+                                             * engine one for tok that its requests share */
 };
 
 /* Defaults: 16 new tokens, greedy, prompt cache on, lookup 8, no draft. */

@@ -523,7 +523,9 @@ class KwkDecoder:
             generator=generator, eos=self._eos_list(eos_token_id), stop=stop, tok=tok,
             prompt_cache=prompt_cache, lookup=lookup, grammar=g)
         if g is not None:
-            p.grammar_vocab = self._grammar_vocab(tok)._h
+            vocab = self._grammar_vocab(tok)
+            keep.append(vocab)  # the cache could drop it during the call (a re-entrant one)
+            p.grammar_vocab = vocab._h
         if draft is not None:
             p.draft = draft._dec
             p.n_draft = int(n_draft)

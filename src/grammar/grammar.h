@@ -95,6 +95,8 @@ struct kg_engine {
     size_t n_work, cap_work;
     uint32_t *out;           /* the step's result: sorted node ids */
     size_t n_out, cap_out;
+    uint64_t expansions;     /* rule expansions since its owner last zeroed it: the
+                              * matcher's budget for one call */
 };
 
 int kg_engine_init(struct kg_engine *e, const struct kwk_grammar *g);

@@ -165,6 +165,7 @@ static int close_set(struct kg_engine *e)
     while (e->n_work && !rc) {
         uint32_t id = e->work[--e->n_work];
         if (id && kg_kind(e->g->elems[e->nodes[id].pos]) == KG_REF) {
+            e->expansions++;
             rc = ++expanded > KG_CLOSURE_MAX ? KWK_ELIMIT : expand_ref(e, id);
             continue;
         }

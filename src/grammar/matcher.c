@@ -18,6 +18,11 @@
 #define MATCHER_HARD_BYTES (256u << 20) /* KWK_ELIMIT past this within one call */
 #define MATCHER_STATES_MAX (1u << 24)
 #define MASK_CACHE 4                /* masks kept */
+/* Rule expansions one mask, check or accept may do while computing new transitions: bounds
+ * the time a hostile grammar can hold the generating thread (the engine's, shared by every
+ * request) to about 0.1 s; a JSON schema's first mask inside a string over a 128k vocabulary
+ * needs about a tenth of it. */
+#define MATCHER_CALL_WORK_MAX (1u << 22)
 
 struct mstate {
     uint32_t off, len; /* its stacks: pool[off .. off + len), sorted node ids */
@@ -135,6 +140,8 @@ static int state_intern(kwk_matcher *m, const uint32_t *ids, size_t n, uint32_t 
 static int transition_compute(kwk_matcher *m, uint32_t s, unsigned byte, uint32_t *next)
 {
     const struct mstate *st = &m->states[s];
+    if (m->e.expansions > MATCHER_CALL_WORK_MAX)
+        return KWK_ELIMIT;
     int rc = kg_engine_step(&m->e, m->pool + st->off, st->len, byte);
     if (rc)
         return rc;
@@ -300,6 +307,7 @@ int kwk_matcher_allows(kwk_matcher *m, int32_t token)
     uint32_t s;
     if (!m || m->cur == ST_DEAD || token_bytes(m, token, &p, &n))
         return 0;
+    m->e.expansions = 0;
     int rc = walk_bytes(m, p, n, &s);
     return rc < 0 ? rc : rc == 0;
 }
@@ -311,6 +319,7 @@ int kwk_matcher_accept_bytes(kwk_matcher *m, const char *bytes, size_t len)
         return KWK_EARG;
     if (m->cur == ST_DEAD)
         return KWK_EARG;
+    m->e.expansions = 0;
     int rc = walk_bytes(m, (const uint8_t *)bytes, len, &s);
     if (rc)
         return rc < 0 ? rc : KWK_EARG;
@@ -488,6 +497,7 @@ int32_t kwk_matcher_mask(kwk_matcher *m, uint32_t *allowed)
         if (c->used < lru->used)
             lru = c;
     }
+    m->e.expansions = 0;
     int32_t count = mask_walk(m, allowed);
     if (count < 0) {
         memset(allowed, 0, words * sizeof *allowed);

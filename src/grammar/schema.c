@@ -220,6 +220,11 @@ static int rule_pick(struct sconv *c, const char *name, const char *body, char *
             snprintf(out, cap, "%s", name);
         else
             snprintf(out, cap, "%s%ld", name, i);
+        /* each name tried is a step: many properties whose names map to one rule name (no
+         * letters or digits) would otherwise make this quadratic */
+        if (++c->steps > SCHEMA_STEPS_MAX)
+            return sconv_fail(c, KWK_ELIMIT, "the schema needs more than %d steps to convert",
+                              SCHEMA_STEPS_MAX);
         size_t at;
         if (!smap_get(&c->rule_index, out, &at))
             return 0;
@@ -472,6 +477,13 @@ int schema_visit(struct sconv *c, json_t *s, const char *ptr, const char *name,
     }
     if (!key)
         return sconv_fail(c, -ENOMEM, "out of memory");
+    /* a large subschema reached from many places is written out at every visit */
+    c->dumped += strlen(key);
+    if (c->dumped > SCHEMA_DUMP_MAX) {
+        free(key);
+        return sconv_fail(c, KWK_ELIMIT, "the schema's subschemas add up to more than %d bytes "
+                          "to compare", SCHEMA_DUMP_MAX);
+    }
     if (smap_get(&c->cache_index, key, &ci)) {
         *out = c->cache[ci].rule;
         goto out_key;
@@ -620,8 +632,8 @@ int kwk_json_schema_to_gbnf(const char *schema, size_t len, char **out, size_t *
     if (len > KWK_GRAMMAR_TEXT_MAX)
         return kwk_err_set(err, KWK_ELIMIT, "json schema: %zu bytes, over the limit of %d", len,
                            KWK_GRAMMAR_TEXT_MAX);
-    c.root = json_loadb(schema ? schema : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY | JSON_ALLOW_NUL,
-                        &je);
+    c.root = json_loadb(schema ? schema : "", len,
+                        JSON_REJECT_DUPLICATES | JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (!c.root) {
         kwk_err_set_pos(err, KWK_EFORMAT, je.position, "json schema:%d:%d: %s", je.line,
                         je.column, je.text);

@@ -19,7 +19,8 @@
 #define SCHEMA_DEPTH_MAX 64      /* nesting of values (properties, items) in the schema */
 #define SCHEMA_FLAT_MAX 128      /* nesting of allOf / anyOf / $ref expansions */
 #define SCHEMA_ALTS_MAX 256      /* alternatives of one schema after distributing anyOf */
-#define SCHEMA_STEPS_MAX 200000  /* flatten / visit calls in one conversion */
+#define SCHEMA_STEPS_MAX 200000  /* flatten / visit calls and rule names tried in a conversion */
+#define SCHEMA_DUMP_MAX (64 << 20) /* bytes of subschema text compared in one conversion */
 #define SCHEMA_PTR_MAX 192       /* bytes of a JSON pointer kept for messages */
 #define SCHEMA_NAME_MAX 96       /* bytes of a rule name derived from a path */
 #define SCHEMA_CLASS_MAX 256     /* ranges of one character class of a pattern */
@@ -117,6 +118,7 @@ struct sconv {
     int depth;       /* of schema_flatten calls */
     int visit_depth; /* of schema_visit calls */
     long steps;
+    size_t dumped;   /* bytes of subschemas written out as cache keys */
     int has_ref;
     size_t text_size; /* bytes of rule bodies so far */
 };

@@ -192,23 +192,31 @@ static int grammar_allows(struct kwk_gen_seq *g, int32_t tok)
 static int grammar_sample(struct kwk_gen_seq *g, const float *logits, int32_t *tok, float *lp,
                           struct kwk_err *err)
 {
-    int nv = g->n_vocab, nw = (nv + 31) / 32;
-    memset(g->allowed, 0, sizeof(uint32_t) * (size_t)nw);
-    int32_t n = kwk_matcher_mask(g->matcher, g->allowed);
-    if (n < 0)
-        return kwk_err_set(err, n, "grammar: %s at byte %zu of the reply",
-                           n == KWK_ELIMIT ? "too ambiguous (the matcher's limit)"
-                                           : kwk_status_str(n),
+    int nv = g->n_vocab, n = 0;
+    int32_t rc = kwk_matcher_mask(g->matcher, g->allowed);
+    if (rc < 0)
+        return kwk_err_set(err, rc, "grammar: %s at byte %zu of the reply",
+                           rc == KWK_ELIMIT ? "too ambiguous (the matcher's limit)"
+                                            : kwk_status_str(rc),
                            g->out->text_len);
-    for (int i = 0; i < nv; i++)
-        g->masked[i] = g->allowed[i >> 5] >> (i & 31) & 1 ? logits[i] : -INFINITY;
-    if (kwk_matcher_done(g->matcher))
-        for (int e = 0; e < g->p->n_eos; e++, n++)
-            g->masked[g->p->eos_ids[e]] = logits[g->p->eos_ids[e]];
-    if (n == 0)
+    for (int i = 0; i < nv; i++) {
+        int ok = g->allowed[i >> 5] >> (i & 31) & 1;
+        g->masked[i] = ok ? logits[i] : -INFINITY;
+        n += ok;
+    }
+    /* An eos id is allowed only at a whole sentence, even when it is also a token whose bytes
+     * the grammar would take (a caller's "\n" as eos). */
+    int done = kwk_matcher_done(g->matcher);
+    for (int e = 0; e < g->p->n_eos; e++) {
+        int32_t id = g->p->eos_ids[e];
+        n -= g->masked[id] != -INFINITY;
+        g->masked[id] = done ? logits[id] : -INFINITY;
+        n += done;
+    }
+    if (n <= 0)
         return kwk_err_set(err, KWK_ERUNTIME, "grammar: no token of the vocabulary can continue "
                            "the reply after byte %zu", g->out->text_len);
-    int rc = kwk_sampler_sample(g->sampler, g->masked, tok, NULL, NULL, NULL, 0);
+    rc = kwk_sampler_sample(g->sampler, g->masked, tok, NULL, NULL, NULL, 0);
     if (rc < 0)
         return kwk_err_set(err, rc, "sampling under the grammar failed: %s",
                            kwk_status_str(rc));
@@ -439,9 +447,6 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
                                               "grammar vocabulary)");
         if (!v && !(v = g->own_vocab = kwk_grammar_vocab_new(p->tok, err)))
             return err && err->code ? err->code : -ENOMEM;
-        for (int e = 0; e < p->n_eos; e++)
-            if (p->eos_ids[e] < 0 || p->eos_ids[e] >= n_vocab)
-                return kwk_err_set(err, KWK_ERANGE, "eos id %d is out of range", p->eos_ids[e]);
         g->matcher = kwk_matcher_new(p->grammar, v, err);
         if (!g->matcher)
             return err && err->code ? err->code : -ENOMEM;

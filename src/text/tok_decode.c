@@ -1,6 +1,7 @@
 /* tok_decode.c - ids back to text through tokenizer.json's decoders (ByteLevel, Metaspace,
  * ByteFallback, Fuse, Strip, Replace, WordPiece, Sequence; none = join with spaces), with HF's
  * rules for invalid bytes (U+FFFD). Any thread. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -361,7 +362,7 @@ int kwk_tokenizer_token_bytes(const kwk_tokenizer *t, int32_t id, char *buf, siz
     } else {
         piece_bytes(&t->decoder, &cur);
     }
-    int rc = cur.oom ? -12 : 0;
+    int rc = cur.oom ? -ENOMEM : 0;
     if (!rc) {
         *len = cur.n;
         if (cur.n > cap)

@@ -247,6 +247,20 @@ def test_logprobs_stay_raw(dec, tok):
         seq.append(t)
 
 
+def test_eos_only_at_a_whole_sentence(dec, tok):
+    """An eos id that is also an ordinary token (here ',' and ' "') is refused until the JSON is
+    whole: the reply does not stop half-way."""
+    ids = chat_ids(tok, PROMPT)
+    extra = [tok.encode(",", add_special_tokens=False)[0],
+             tok.encode(' "', add_special_tokens=False)[0]]
+    for kw in (dict(), dict(do_sample=True, temperature=1.0, top_k=0, seed=5)):
+        r = dec.generate(ids, max_new_tokens=200, json_schema=PERSON, lookup=0,
+                         eos_token_id=dec._eos_list(None) + extra,
+                         return_dict_in_generate=True, **kw)
+        assert r.finish_reason == "stop", r.text
+        jsonschema.validate(json.loads(r.text), PERSON)
+
+
 def test_gbnf_grammar_and_finish(dec, tok):
     ids = chat_ids(tok, "Is the sky blue? Answer yes or no.")
     r = dec.generate(ids, max_new_tokens=20, grammar='root ::= ("yes" | "no") "."',

@@ -387,6 +387,10 @@ BAD_CHAT = [
     ("grammar a list", {"grammar": ["root ::= \"a\""]}, "grammar", "invalid_type"),
     ("grammar and json_schema", {"grammar": 'root ::= "a"', "json_schema": {"type": "object"}},
      None, "invalid_value"),
+    # more alternatives at the start than the matcher holds: a 400, not a busy server's 503
+    ("grammar too ambiguous", {"grammar": 'root ::= ("a"?){2000}'}, "grammar", "invalid_value"),
+    ("json_schema enum of 1100", {"json_schema": {"enum": ["v%d" % i for i in range(1100)]}},
+     "json_schema", "invalid_value"),
 ]
 
 

@@ -473,6 +473,22 @@ static int parse_logprobs(struct srv_req *r, json_t *root, struct srv_err *e)
     return 0;
 }
 
+/* A compiled grammar whose start the matcher cannot hold (more alternatives at once than its
+ * limit) would fail every request at submit: refuse it here, as the client's 400. */
+static int check_start(struct srv_req *r, const char *param, struct srv_err *e)
+{
+    int rc = kwk_grammar_match(r->grammar, "", 0, NULL);
+    if (rc >= 0)
+        return 0;
+    kwk_grammar_free(r->grammar);
+    r->grammar = NULL;
+    if (rc == -ENOMEM)
+        return oom(e);
+    srv_err_set(e, 400, INVALID, param, "invalid_value", "'%s': the grammar is too ambiguous "
+                "at its start for the matcher (%s)", param, kwk_status_str(rc));
+    return -1;
+}
+
 /* Compile a JSON Schema given as a JSON value (object or boolean) for param. */
 static int compile_schema(struct srv_req *r, const json_t *schema, const char *param,
                           struct srv_err *e)
@@ -484,7 +500,7 @@ static int compile_schema(struct srv_req *r, const json_t *schema, const char *p
     r->grammar = kwk_grammar_from_json_schema(text, strlen(text), &err);
     free(text);
     if (r->grammar)
-        return 0;
+        return check_start(r, param, e);
     if (err.code == -ENOMEM)
         return oom(e);
     srv_err_set(e, 400, INVALID, param, err.code == KWK_EUNSUPPORTED ? "unsupported_parameter"
@@ -536,7 +552,7 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
         struct kwk_err err = {0};
         r->grammar = kwk_grammar_new(json_string_value(gr), json_string_length(gr), &err);
         if (r->grammar)
-            return 0;
+            return check_start(r, "grammar", e);
         if (err.code == -ENOMEM)
             return oom(e);
         srv_err_set(e, 400, INVALID, "grammar", "invalid_value", "'grammar': %s", err.msg);
@@ -592,8 +608,9 @@ static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
     json_t *user = json_object_get(root, "user");
     if (user && !json_is_null(user) && !json_is_string(user))
         return bad_type(e, "user", "a string");
-    /* Fields whose meaning Kwker cannot honour yet (no tool-call parsing): refused by name rather than ignored, so a client that relies on them learns
-     * it at once instead of getting free text where it expects a call or JSON. */
+    /* Fields whose meaning Kwker cannot honour yet (no tool-call parsing): refused by name
+     * rather than ignored, so a client that relies on them learns it at once instead of getting
+     * free text where it expects a call. */
     static const char *const tool_keys[] = {"tools", "functions"};
     for (size_t i = 0; i < sizeof tool_keys / sizeof *tool_keys; i++) {
         json_t *t = json_object_get(root, tool_keys[i]);
