@@ -25,6 +25,14 @@
 
 #include "grammar/schema.h"
 
+int sconv_step(struct sconv *c)
+{
+    if (++c->steps > SCHEMA_STEPS_MAX)
+        return sconv_fail(c, KWK_ELIMIT, "the schema needs more than %d steps to convert",
+                          SCHEMA_STEPS_MAX);
+    return 0;
+}
+
 int sconv_fail(struct sconv *c, int code, const char *fmt, ...)
 {
     if (c->rc)
@@ -222,9 +230,8 @@ static int rule_pick(struct sconv *c, const char *name, const char *body, char *
             snprintf(out, cap, "%s%ld", name, i);
         /* each name tried is a step: many properties whose names map to one rule name (no
          * letters or digits) would otherwise make this quadratic */
-        if (++c->steps > SCHEMA_STEPS_MAX)
-            return sconv_fail(c, KWK_ELIMIT, "the schema needs more than %d steps to convert",
-                              SCHEMA_STEPS_MAX);
+        if (sconv_step(c))
+            return c->rc;
         size_t at;
         if (!smap_get(&c->rule_index, out, &at))
             return 0;
@@ -462,9 +469,8 @@ int schema_visit(struct sconv *c, json_t *s, const char *ptr, const char *name,
     *out = NULL;
     if (c->rc)
         return c->rc;
-    if (++c->steps > SCHEMA_STEPS_MAX)
-        return sconv_fail(c, KWK_ELIMIT, "the schema needs more than %d steps to convert",
-                          SCHEMA_STEPS_MAX);
+    if (sconv_step(c))
+        return c->rc;
     /* a pure $ref is its target, wherever it is written */
     if (schema_pure_ref(s, rname, sizeof rname)) {
         const char *ref = json_string_value(json_object_get(s, "$ref"));

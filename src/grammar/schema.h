@@ -125,6 +125,9 @@ struct sconv {
 
 /* schema.c */
 int sconv_fail(struct sconv *c, int code, const char *fmt, ...) KWK_PRINTF(3, 4);
+/* Count one unit of conversion work (a flatten or visit call, a rule name tried): 0, or
+ * KWK_ELIMIT (failing c) past SCHEMA_STEPS_MAX. */
+int sconv_step(struct sconv *c);
 /* ptr + "/" + token (escaped as RFC 6901) into out[SCHEMA_PTR_MAX], "..." when too long. */
 void ptr_child(char *out, const char *ptr, const char *token);
 void ptr_index(char *out, const char *ptr, const char *kw, size_t i);

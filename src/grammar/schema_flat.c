@@ -812,9 +812,8 @@ int schema_flatten(struct sconv *c, json_t *s, const char *ptr, struct sflist *o
     int rc = 0;
     if (c->rc)
         return c->rc;
-    if (++c->steps > SCHEMA_STEPS_MAX)
-        return sconv_fail(c, KWK_ELIMIT, "the schema needs more than %d steps to convert",
-                          SCHEMA_STEPS_MAX);
+    if (sconv_step(c))
+        return c->rc;
     if (++c->depth > SCHEMA_FLAT_MAX) {
         rc = sconv_fail(c, KWK_ELIMIT, "json schema at #%s: nested deeper than %d", ptr,
                         SCHEMA_FLAT_MAX);

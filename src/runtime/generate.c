@@ -179,13 +179,13 @@ static int is_eos(const struct kwk_gen_seq *g, int32_t tok)
 }
 
 /* Whether the grammar lets tok come next: an eos id once the text is a whole sentence, any
- * other token when its bytes continue the text. */
+ * other token when its bytes continue the text (never one past the vocabulary, a special token,
+ * or when the matcher fails: kwk_matcher_allows is then not 1). */
 static int grammar_allows(struct kwk_gen_seq *g, int32_t tok)
 {
     if (is_eos(g, tok))
         return kwk_matcher_done(g->matcher);
-    return tok < kwk_grammar_vocab_size(g->p->grammar_vocab ? g->p->grammar_vocab : g->own_vocab) &&
-           kwk_matcher_allows(g->matcher, tok) == 1;
+    return kwk_matcher_allows(g->matcher, tok) == 1;
 }
 
 /* Choose tok from the logits with every token the grammar forbids at -inf. */

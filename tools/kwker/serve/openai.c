@@ -489,15 +489,18 @@ static int check_start(struct srv_req *r, const char *param, struct srv_err *e)
     return -1;
 }
 
-/* Compile a JSON Schema given as a JSON value (object or boolean) for param. */
+/* Compile a JSON Schema given as a JSON value (object or boolean) for param; NULL: any JSON
+ * object (OpenAI's json_object, or a json_schema without its schema). */
 static int compile_schema(struct srv_req *r, const json_t *schema, const char *param,
                           struct srv_err *e)
 {
-    char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!text)
+    static const char any_object[] = "{\"type\":\"object\"}";
+    char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    if (schema && !text)
         return oom(e);
     struct kwk_err err = {0};
-    r->grammar = kwk_grammar_from_json_schema(text, strlen(text), &err);
+    r->grammar = kwk_grammar_from_json_schema(text ? text : any_object,
+                                              text ? strlen(text) : sizeof any_object - 1, &err);
     free(text);
     if (r->grammar)
         return check_start(r, param, e);
@@ -515,7 +518,6 @@ static int compile_schema(struct srv_req *r, const json_t *schema, const char *p
  * converter refuses is a 400 naming the keyword and where it is, before the engine sees it. */
 static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
 {
-    static const char any_object[] = "{\"type\":\"object\"}";
     json_t *rf = json_object_get(root, "response_format");
     json_t *js = json_object_get(root, "json_schema");
     json_t *gr = json_object_get(root, "grammar");
@@ -563,11 +565,7 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
     if (!strcmp(kind, "json_object")) {
         /* llama.cpp's extension: a "schema" beside the type */
         json_t *sc = json_object_get(rf, "schema");
-        if (sc && !json_is_null(sc))
-            return compile_schema(r, sc, "response_format.schema", e);
-        struct kwk_err err = {0};
-        r->grammar = kwk_grammar_from_json_schema(any_object, sizeof any_object - 1, &err);
-        return r->grammar ? 0 : oom(e);
+        return compile_schema(r, json_is_null(sc) ? NULL : sc, "response_format.schema", e);
     }
     json_t *spec = json_object_get(rf, "json_schema");
     if (!json_is_object(spec))
@@ -580,11 +578,7 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
         sc = NULL;
     if (sc && !json_is_object(sc) && !json_is_boolean(sc))
         return bad_type(e, "response_format.json_schema.schema", "a JSON Schema (an object)");
-    if (sc)
-        return compile_schema(r, sc, "response_format.json_schema.schema", e);
-    struct kwk_err err = {0};
-    r->grammar = kwk_grammar_from_json_schema(any_object, sizeof any_object - 1, &err);
-    return r->grammar ? 0 : oom(e);
+    return compile_schema(r, sc, "response_format.json_schema.schema", e);
 }
 
 /* Fields we accept only at their default value (they ask for things not implemented). */
