@@ -1,14 +1,17 @@
-/* fuzz_http.c - libFuzzer target for `kwker serve`'s request parsing (tools/kwker/serve/openai.c,
- * included whole: the server lives in the CLI, not the library). Input: one byte choosing the
- * route (bit 0 clear: /v1/chat/completions, or /tokenize with bit 1; set: /v1/completions, or
- * /detokenize with bit 1), then the request body. A body that parses is then written back as
- * a response, SSE chunks and an error (or the tokenize routes' answers), with logprobs made
- * from its bytes, so the builders see every string the parser lets through. */
+/* fuzz_http.c - libFuzzer target for `kwker serve`'s request parsing (tools/kwker/serve/openai.c
+ * and toolcall.c, included whole: the server lives in the CLI, not the library). Input: one byte
+ * choosing the route (bit 0 clear: /v1/chat/completions, or /tokenize with bit 1; set:
+ * /v1/completions, or /detokenize with bit 1) and the model's tool-call format (bits 2-3), then
+ * the request body. A body that parses is then written back as a response, SSE chunks and an
+ * error (or the tokenize routes' answers), with logprobs made from its bytes, so the builders
+ * see every string the parser lets through; its text is also read as a reply with tool calls
+ * in every format (the model's output is untrusted too). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../tools/kwker/serve/openai.c"
+#include "../tools/kwker/serve/toolcall.c"
 
 #define FUZZ_MAX_INPUT (256 * 1024)
 
@@ -44,6 +47,19 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
         return;
     }
     srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
+    for (int f = 0; f < SRV_TOOLS_N && r->kind == SRV_CHAT; f++) {
+        struct srv_tool_reply tr;
+        srv_tools_extract(f, text ? text : "", text ? len : 0, 42, &tr);
+        if (srv_tools_sendable(f, text ? text : "", text ? len : 0) > (text ? len : 0))
+            abort();
+        c.tools = &tr;
+        srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
+        if (tr.calls)
+            srv_sse_tool_calls(&b, &c, tr.calls);
+        srv_sse_finish(&b, &c, KWK_FINISH_STOP);
+        c.tools = NULL;
+        srv_tool_reply_free(&tr);
+    }
     srv_sse_role(&b, &c);
     srv_sse_content(&b, &c, text, len, lps, 4);
     srv_sse_finish(&b, &c, KWK_FINISH_LENGTH);
@@ -60,7 +76,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int kind = kinds[data[0] & 3];
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
-    struct srv_limits lim = {.n_vocab = 49152, .max_cache_len = 2048};
+    struct srv_limits lim = {.n_vocab = 49152, .max_cache_len = 2048,
+                             .tool_format = (data[0] >> 2 & 3) % SRV_TOOLS_N};
     struct srv_req r;
     struct srv_err e;
     if (srv_req_parse(&r, kind, body, len, &lim, &e) == 0) {

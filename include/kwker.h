@@ -570,7 +570,16 @@ struct kwk_gen_params {
     const kwk_grammar_vocab *grammar_vocab; /* tok's vocabulary (kwk_grammar_vocab_new), or
                                              * NULL: kwk_generate builds one for the call, the
                                              * engine one for tok that its requests share */
+    /* A lazy grammar (llama.cpp's grammar triggers): with a trigger (NUL-terminated, at most
+     * KWK_GRAMMAR_TRIGGER_MAX bytes) the reply is free text until its bytes contain the
+     * trigger; from the trigger's first byte on, the text must be a sentence of grammar (whose
+     * sentences begin with the trigger, e.g. "<tool_call>"). A token that would bring the
+     * trigger with bytes the grammar refuses is never chosen; eos ids end a reply that has not
+     * met the trigger. NULL or "": the grammar holds from the reply's first byte. */
+    const char *grammar_trigger;
 };
+
+#define KWK_GRAMMAR_TRIGGER_MAX 1024
 
 /* Defaults: 16 new tokens, greedy, prompt cache on, lookup 8, no draft. */
 KWK_API void kwk_gen_params_init(struct kwk_gen_params *p);

@@ -132,6 +132,7 @@ class _GenParams(ctypes.Structure):
         ("top_logprobs", ctypes.c_int),
         ("grammar", ctypes.c_void_p),
         ("grammar_vocab", ctypes.c_void_p),
+        ("grammar_trigger", ctypes.c_char_p),
     ]
 
 
@@ -270,7 +271,8 @@ def _like(ids, kind, shape2d, template):
 def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature=1.0, top_k=50,
                top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                frequency_penalty=0.0, logit_bias=None, seed=None, generator=None, eos=(),
-               stop=None, tok=None, prompt_cache=True, lookup=8, top_logprobs=0, grammar=None):
+               stop=None, tok=None, prompt_cache=True, lookup=8, top_logprobs=0, grammar=None,
+               grammar_trigger=None):
     """struct kwk_gen_params for generate()'s arguments (eos: a list of ids; stop: strings, which
     need tok, a kwker.Tokenizer). Returns (params, buffers the params point into: keep them
     alive while the params are used)."""
@@ -317,6 +319,12 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
     if grammar is not None:  # a kwker.grammar.Grammar
         keep.append(grammar)
         p.grammar = grammar._h
+    if grammar_trigger:  # a lazy grammar: free text until this string appears
+        if grammar is None:
+            raise ValueError("grammar_trigger needs a grammar or a json_schema")
+        trig = grammar_trigger.encode("utf-8")
+        keep.append(trig)
+        p.grammar_trigger = trig
     return p, keep
 
 
@@ -476,7 +484,7 @@ class KwkDecoder:
                  generator=None, eos_token_id=None, stop=None, lookup=8, draft=None, n_draft=4,
                  streamer=None, prompt_cache=True, tokenizer=None, logprobs=False,
                  top_logprobs=0, return_dict_in_generate=False, grammar=None,
-                 json_schema=None):
+                 json_schema=None, grammar_trigger=None):
         """Generate after input_ids; returns prompt + new tokens in the same kind (list, numpy,
         torch) and shape ([n] or [1, n]) as input_ids. With logprobs=True, top_logprobs=k > 0
         or return_dict_in_generate=True it returns a GenerateOutput instead: .sequences (that
@@ -500,6 +508,8 @@ class KwkDecoder:
 
         grammar (a kwker.grammar.Grammar or GBNF text) or json_schema (a dict or JSON text)
         keeps the reply to that grammar's sentences (constrained decoding; needs the tokenizer).
+        grammar_trigger makes the grammar lazy: free text until the reply contains that string,
+        then the grammar (whose sentences begin with it) from the string's first byte on.
         """
         n_top = int(top_logprobs or 0)
         if not 0 <= n_top <= _TOP_MAX:
@@ -521,7 +531,7 @@ class KwkDecoder:
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
             generator=generator, eos=self._eos_list(eos_token_id), stop=stop, tok=tok,
-            prompt_cache=prompt_cache, lookup=lookup, grammar=g)
+            prompt_cache=prompt_cache, lookup=lookup, grammar=g, grammar_trigger=grammar_trigger)
         if g is not None:
             vocab = self._grammar_vocab(tok)
             keep.append(vocab)  # the cache could drop it during the call (a re-entrant one)

@@ -116,6 +116,7 @@ static void req_free(struct kwk_req *r)
     kwk_free(r->eos_ids);
     kwk_free(r->bias_ids);
     kwk_free(r->bias);
+    kwk_free(r->trigger);
     if (r->stop)
         for (int i = 0; i < r->p.n_stop; i++)
             kwk_free(r->stop[i]);
@@ -200,6 +201,9 @@ static int req_copy(struct kwk_req *r, const int32_t *ids, int n, const struct k
                 return -ENOMEM;
         r->p.stop = (const char *const *)r->stop;
     }
+    if (p->grammar_trigger &&
+        !(r->p.grammar_trigger = r->trigger = kwk_strdup(p->grammar_trigger)))
+        return -ENOMEM;
     return 0;
 }
 

@@ -34,6 +34,7 @@ struct kwk_req {
     int32_t *bias_ids;
     float *bias;
     char **stop;
+    char *trigger;            /* p.grammar_trigger, copied */
 
     int state;                  /* enum req_state */
     int slot;

@@ -31,6 +31,14 @@ struct kwk_gen_seq {
     kwk_grammar_vocab *own_vocab; /* built for this sequence when p->grammar_vocab is NULL */
     uint32_t *allowed;     /* [(n_vocab + 31) / 32] the grammar's mask of the next token */
     float *masked;         /* [n_vocab] logits with the disallowed tokens at -inf */
+    const kwk_grammar_vocab *vocab; /* the matcher's: each token's bytes */
+    /* A lazy grammar (p->grammar_trigger): free text until the trigger appears, then the
+     * matcher from the trigger's first byte on. */
+    int lazy;              /* 1 while the trigger has not appeared */
+    int triggered;         /* the token being accepted started the matcher (already advanced) */
+    size_t trig_len;
+    char *trig_buf;        /* [trig_len + the vocabulary's longest token] the last bytes seen */
+    size_t trig_tail;      /* bytes of it kept from earlier tokens (< trig_len) */
     int n_vocab;
     int dr_n;              /* draft proposals for the next step: p->n_draft at first, then
                             * transformers' heuristic schedule (+2 after a step that kept them

@@ -4,9 +4,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "grammar/grammar.h"
 #include "runtime/gen.h"
 #include "runtime/runtime.h"
 
+/* Tokens a lazy grammar's trigger may refuse in a row before the reply fails: a token that
+ * completes the trigger with bytes the grammar does not take is re-chosen without it. */
+#define TRIGGER_RETRIES 64
 /* Candidates checked in one pass at most (lookup or draft). */
 #define MAX_SPEC 16
 /* Longest n-gram the lookup matches, shortest first tried last. */
@@ -248,9 +252,11 @@ static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
     if (is_eos(g, tok)) {
         o->finish_reason = KWK_FINISH_STOP;
         g->done = 1;
-    } else if (g->matcher) {
-        /* the sampler only picks what the grammar allows, so this cannot fail */
-        int rc = kwk_matcher_accept(g->matcher, tok);
+    } else if (g->matcher && !g->lazy) {
+        /* the sampler only picks what the grammar allows, so this cannot fail; a token that
+         * set off a lazy grammar has advanced it already */
+        int rc = g->triggered ? 0 : kwk_matcher_accept(g->matcher, tok);
+        g->triggered = 0;
         if (rc < 0)
             return rc;
         grammar_end = kwk_matcher_finished(g->matcher);
@@ -293,11 +299,96 @@ static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
     return 0;
 }
 
+/* Whether tok sets off the lazy grammar: 0 no (its bytes join the kept tail), 1 yes (the
+ * matcher now holds the text from the trigger's first byte through tok), -1 the trigger is
+ * there but the grammar refuses what follows it (nothing changed). */
+static int trigger_check(struct kwk_gen_seq *g, int32_t tok)
+{
+    const kwk_grammar_vocab *v = g->vocab;
+    const char *t = g->p->grammar_trigger;
+    if (tok < 0 || tok >= v->n_vocab || !v->usable[tok])
+        return 0; /* a special token or a padded id adds no text the trigger could be in */
+    size_t n = v->off[tok + 1] - v->off[tok];
+    char *b = g->trig_buf;
+    memcpy(b + g->trig_tail, v->bytes + v->off[tok], n);
+    size_t len = g->trig_tail + n;
+    /* the tail is shorter than the trigger, so a match found here ends in tok's bytes */
+    for (size_t i = 0; i + g->trig_len <= len; i++) {
+        if (memcmp(b + i, t, g->trig_len))
+            continue;
+        kwk_matcher_reset(g->matcher);
+        if (kwk_matcher_accept_bytes(g->matcher, b + i, len - i) < 0) {
+            kwk_matcher_reset(g->matcher);
+            return -1;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* The tail a lazy grammar keeps after tok did not set it off: its last trig_len - 1 bytes. */
+static void trigger_keep(struct kwk_gen_seq *g, int32_t tok)
+{
+    const kwk_grammar_vocab *v = g->vocab;
+    if (tok < 0 || tok >= v->n_vocab || !v->usable[tok])
+        return;
+    size_t len = g->trig_tail + (v->off[tok + 1] - v->off[tok]), keep = g->trig_len - 1;
+    if (len > keep) {
+        memmove(g->trig_buf, g->trig_buf + len - keep, keep);
+        len = keep;
+    }
+    g->trig_tail = len;
+}
+
+/* A free choice while the lazy grammar waits for its trigger; a token that would set it off
+ * with bytes the grammar refuses is never chosen (the choice is made again without it). */
+static int lazy_choose(struct kwk_gen_seq *g, const float *logits, int32_t *tok, float *lp,
+                       struct kwk_err *err)
+{
+    const float *from = logits;
+    for (int tries = 0;; tries++) {
+        int rc = kwk_sampler_sample(g->sampler, from, tok, lp, g->top_ids, g->top_lps,
+                                    g->p->top_logprobs);
+        if (rc < 0)
+            return kwk_err_set(err, rc, "sampling failed: %s", kwk_status_str(rc));
+        if (from != logits) /* logprobs are the raw logits' */
+            kwk_sampler_raw_logprobs(g->sampler, logits, *tok, lp, g->top_ids, g->top_lps,
+                                     g->p->top_logprobs);
+        if (is_eos(g, *tok))
+            return 0;
+        rc = trigger_check(g, *tok);
+        if (rc == 1) {
+            g->lazy = 0;
+            g->triggered = 1;
+            return 0;
+        }
+        if (rc == 0) {
+            trigger_keep(g, *tok);
+            return 0;
+        }
+        if (tries == TRIGGER_RETRIES)
+            return kwk_err_set(err, KWK_ERUNTIME, "grammar: %d tokens in a row set off the "
+                               "trigger with text the grammar refuses", TRIGGER_RETRIES + 1);
+        if (from == logits) {
+            memcpy(g->masked, logits, sizeof(float) * (size_t)g->n_vocab);
+            from = g->masked;
+        }
+        g->masked[*tok] = -INFINITY;
+    }
+}
+
 int kwk_gen_seq_next(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
                      struct kwk_err *err)
 {
     float lp;
     int rc;
+    if (g->matcher && g->lazy) {
+        if ((rc = lazy_choose(g, logits, tok, &lp, err)) < 0)
+            return rc;
+        if ((rc = accept_token(g, *tok, lp)) < 0)
+            return kwk_err_set(err, rc, "the reply's text: %s", kwk_status_str(rc));
+        return 0;
+    }
     /* Under a grammar a greedy choice the grammar allows is the masked argmax too (masking only
      * lowers other tokens), so greedy decoding masks only when the argmax is refused; sampling
      * always draws from the masked logits. */
@@ -450,6 +541,16 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
         g->matcher = kwk_matcher_new(p->grammar, v, err);
         if (!g->matcher)
             return err && err->code ? err->code : -ENOMEM;
+        g->vocab = v;
+        if (p->grammar_trigger && *p->grammar_trigger) {
+            g->lazy = 1;
+            g->trig_len = strlen(p->grammar_trigger);
+            if (g->trig_len > KWK_GRAMMAR_TRIGGER_MAX)
+                return kwk_err_set(err, KWK_EARG, "the grammar's trigger is longer than %d "
+                                   "bytes", KWK_GRAMMAR_TRIGGER_MAX);
+            if (!(g->trig_buf = kwk_malloc(g->trig_len + v->max_len)))
+                return kwk_err_set(err, -ENOMEM, "out of memory");
+        }
         size_t nw = ((size_t)n_vocab + 31) / 32;
         /* the mask holds the vocabulary's words; a model's padded ids beyond it stay 0 */
         nw = KWK_MAX(nw, ((size_t)kwk_grammar_vocab_size(v) + 31) / 32);
@@ -467,6 +568,7 @@ void kwk_gen_seq_free(struct kwk_gen_seq *g)
     kwk_detok_free(g->detok);
     kwk_free(g->seq);
     kwk_matcher_free(g->matcher);
+    kwk_free(g->trig_buf);
     kwk_grammar_vocab_free(g->own_vocab);
     kwk_free(g->allowed);
     kwk_free_aligned(g->masked);

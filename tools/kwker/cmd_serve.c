@@ -42,6 +42,10 @@ static void usage(FILE *f)
             "                           flight finish for up to S seconds, then stop (a second\n"
             "                           signal stops at once; default 30; 0: cancel them)\n"
             CLI_TEMPLATE_FILE_USAGE
+            "  --tool-format F          how the model writes tool calls: hermes (<tool_call>\n"
+            "                           blocks: Qwen, Hermes), llama3 ({\"name\", \"parameters\"})\n"
+            "                           or generic (a JSON reply described in the system prompt)\n"
+            "                           (default: read off the chat template)\n"
             "  --quiet                  no per-request log lines\n");
 }
 
@@ -91,6 +95,8 @@ static int parse_opt(struct srv_opts *o, const char *a, const char *v)
         return cli_parse_int(v, 1, 1000000, &o->max_connections);
     if (!strcmp(a, "--chat-template-file"))
         return v[0] ? (o->chat_template_file = v, 0) : -1;
+    if (!strcmp(a, "--tool-format"))
+        return (o->tool_format = srv_tool_format_parse(v)) < 0 ? -1 : 0;
     if (!strcmp(a, "--shutdown-timeout"))
         return cli_parse_int(v, 0, 86400, &o->shutdown_timeout_s);
     return 1;
@@ -111,6 +117,7 @@ int cmd_serve(int argc, char **argv)
     o.max_body = 1 << 20;
     o.max_header = 32 << 10;
     o.log_requests = 1;
+    o.tool_format = -1;
     for (int i = 1; i < argc;) {
         const char *a = argv[i++];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "serve.h"
 
 struct srv {
@@ -67,6 +68,10 @@ struct rq {
     uint64_t eid;             /* the engine's id, 0 until submitted */
     struct srv_buf out;       /* stream bytes formatted, not yet handed to MHD */
     size_t out_off;
+    struct srv_buf reply;     /* with tools, streaming: all the reply's text so far */
+    size_t reply_sent;        /* bytes of it sent as content */
+    struct srv_tool_reply tools; /* with tools: the reply read for calls, once DONE */
+    uint64_t call_seed;       /* the calls' ids */
     int role_sent, end_sent;
     /* shared with the engine thread, under mu */
     int suspended, conn_gone, done;
@@ -110,6 +115,8 @@ static void rq_free(struct rq *r)
     srv_buf_free(&r->body);
     srv_buf_free(&r->out);
     srv_buf_free(&r->text);
+    srv_buf_free(&r->reply);
+    srv_tool_reply_free(&r->tools);
     srv_req_free(&r->req);
     free(r->lps);
     pthread_mutex_destroy(&r->mu);
@@ -319,6 +326,37 @@ static void on_event(void *user, const struct kwk_event *ev)
 
 /* ---- streaming (event-loop thread) ----------------------------------------------------------- */
 
+/* With tools, the text that arrived becomes the content that is surely not a call: text before
+ * the format's trigger while the reply runs, and at DONE the rest of the content the reply is
+ * read as (its calls follow as their own chunks). */
+static void stream_tools(struct rq *r, struct srv_buf *text, int done)
+{
+    struct srv_buf *all = &r->reply;
+    srv_buf_add(all, text->p, text->len);
+    text->len = 0;
+    if (all->err) {
+        r->out.err = 1;
+        return;
+    }
+    const char *t = all->p ? all->p : "";
+    size_t upto;
+    if (done) {
+        srv_tools_extract(r->req.tool_format, t, all->len, r->call_seed, &r->tools);
+        r->ctx.tools = &r->tools;
+        if (r->tools.content != t) { /* the generic format's "response": nothing sent before */
+            srv_buf_add(text, r->tools.content, r->tools.content_len);
+            return;
+        }
+        upto = r->tools.content_len;
+    } else {
+        upto = srv_tools_sendable(r->req.tool_format, t, all->len);
+    }
+    if (upto > r->reply_sent) {
+        srv_buf_add(text, t + r->reply_sent, upto - r->reply_sent);
+        r->reply_sent = upto;
+    }
+}
+
 /* Format what arrived since the last call into r->out. Returns 1 when something was added, 0
  * when the request has nothing new (then the connection is suspended under the same lock the
  * engine thread checks, so a wake-up cannot be missed). */
@@ -348,8 +386,12 @@ static int stream_fill(struct rq *r)
     if (!r->role_sent && r->ctx.kind == SRV_CHAT)
         srv_sse_role(&r->out, &r->ctx);
     r->role_sent = 1;
+    if (r->req.tools)
+        stream_tools(r, &text, done);
     if (text.len || n_lps)
         srv_sse_content(&r->out, &r->ctx, text.p, text.len, lps, n_lps);
+    if (done && r->tools.calls)
+        srv_sse_tool_calls(&r->out, &r->ctx, r->tools.calls);
     if (done) {
         if (r->estatus) {
             struct srv_err e;
@@ -435,6 +477,11 @@ static enum MHD_Result answer(struct rq *r)
         return respond_err(r, &e);
     }
     struct srv_buf b = {0};
+    if (r->req.tools) {
+        srv_tools_extract(r->req.tool_format, r->text.p ? r->text.p : "", r->text.len,
+                          r->call_seed, &r->tools);
+        r->ctx.tools = &r->tools;
+    }
     srv_json_response(&b, &r->ctx, r->text.p, r->text.len, r->lps, r->n_lps, r->finish,
                       r->n_prompt, r->n_tokens);
     enum MHD_Result rc = respond_json(r, 200, &b);
@@ -458,7 +505,7 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
                     "the model has no chat template: use /v1/completions");
         return -1;
     }
-    json_t *ctx = json_pack("{s:O, s:n, s:n, s:b}", "messages", q->messages, "tools",
+    json_t *ctx = json_pack("{s:O, s:O?, s:n, s:b}", "messages", q->messages, "tools", q->tools,
                             "documents", "add_generation_prompt", q->add_generation_prompt);
     const char *bos = kwk_tokenizer_bos_token(s->tok), *eos = kwk_tokenizer_eos_token(s->tok);
     if (ctx && bos)
@@ -566,6 +613,7 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     p->top_logprobs = q->logprobs ? q->top_logprobs : 0;
     p->grammar = q->grammar;
     p->grammar_vocab = s->gvocab;
+    p->grammar_trigger = q->grammar_trigger;
 }
 
 static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struct srv_err *e)
@@ -620,6 +668,7 @@ static void init_ctx(struct rq *r)
     r->ctx.logprobs = r->req.logprobs;
     r->ctx.top_logprobs = r->req.top_logprobs;
     r->ctx.include_usage = r->req.include_usage;
+    r->call_seed = (n * 0xbf58476d1ce4e5b9ull) ^ s->id_salt;
 }
 
 /* /tokenize and /detokenize: answered here, on the event-loop thread, as a completion's prompt
@@ -895,6 +944,21 @@ static void model_name(struct srv *s, const char *path)
         s->model_id[n - 5] = 0;
 }
 
+/* How the model writes tool calls, read off its chat template. */
+static int tool_format_of(struct srv *s)
+{
+    struct kwk_err err = {0};
+    char *text = NULL;
+    size_t n = 0;
+    const char *src = kwk_tokenizer_chat_template(s->tok);
+    if (s->o->chat_template_file) /* read and checked by cli_chat_template already */
+        src = kwk_read_file(s->o->chat_template_file, CLI_TEMPLATE_FILE_MAX, &text, &n, &err)
+                  ? NULL : text;
+    int f = srv_tool_format_detect(src);
+    kwk_free(text);
+    return f;
+}
+
 static int load(struct srv *s, const char *path)
 {
     struct kwk_err err = {0};
@@ -910,6 +974,7 @@ static int load(struct srv *s, const char *path)
     }
     if (cli_chat_template(s->tok, s->o->chat_template_file, "serve", &s->tpl))
         return -1;
+    s->lim.tool_format = s->o->tool_format >= 0 ? s->o->tool_format : tool_format_of(s);
     /* built here (20-60 ms) rather than by the first constrained request, on the event loop */
     if (!(s->gvocab = kwk_grammar_vocab_new(s->tok, &err)))
         goto fail;

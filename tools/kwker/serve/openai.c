@@ -183,7 +183,7 @@ static int oom(struct srv_err *e)
 /* ---- chat messages --------------------------------------------------------------------------- */
 
 /* content: a string, or an array of {"type": "text", "text": ...} parts joined; null allowed
- * for an assistant message (tool calls are not supported, so it renders as empty). */
+ * for an assistant message (one that only calls tools), rendered as empty. */
 static int message_content(json_t *c, const char *role, struct srv_buf *b, struct srv_err *e)
 {
     if (!c || json_is_null(c)) {
@@ -224,8 +224,49 @@ static int is_role(const char *r)
     return 0;
 }
 
-/* One message into {role, content} for the template. "developer" (OpenAI's newer name for the
- * system role) is given to templates as "system", which is the role they know. */
+/* An assistant message's earlier calls for the template: {"id", "type", "function": {"name",
+ * "arguments"}} with the arguments as a JSON object where their text is one (templates write
+ * them with tojson, as transformers' examples give them). */
+static int tool_calls_in(json_t *calls, json_t *msg, struct srv_err *e)
+{
+    json_t *out = json_array(), *c;
+    size_t i;
+    if (!out)
+        return oom(e);
+    if (json_object_set_new(msg, "tool_calls", out))
+        return oom(e);
+    if (!json_is_array(calls) || json_array_size(calls) > SRV_MAX_TOOLS)
+        return bad_type(e, "messages", "a list of messages whose 'tool_calls' is a list of at "
+                                       "most 128 calls");
+    json_array_foreach(calls, i, c)
+    {
+        json_t *fn = json_object_get(c, "function");
+        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        json_t *id = json_object_get(c, "id");
+        if (!json_is_object(c) || !json_is_string(name) || (id && !json_is_string(id)) ||
+            !(json_is_string(args) || json_is_object(args)))
+            return bad_type(e, "messages", "a list of messages whose tool calls are {\"id\", "
+                                           "\"type\": \"function\", \"function\": "
+                                           "{\"name\", \"arguments\"}}");
+        json_t *a = json_is_string(args) ? json_loadb(json_string_value(args),
+                                                      json_string_length(args), 0, NULL)
+                                         : NULL;
+        if (a && !json_is_object(a)) {
+            json_decref(a);
+            a = NULL;
+        }
+        json_t *one = json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id", id, "type", "function",
+                                "function", "name", name, "arguments",
+                                a ? a : json_incref(args));
+        if (!one || json_array_append_new(out, one))
+            return oom(e);
+    }
+    return 0;
+}
+
+/* One message into {role, content} (plus an assistant's tool_calls, a tool result's
+ * tool_call_id and name) for the template. "developer" (OpenAI's newer name for the system
+ * role) is given to templates as "system", which is the role they know. */
 static int add_message(json_t *out, json_t *m, struct srv_err *e)
 {
     struct srv_buf b = {0};
@@ -247,6 +288,27 @@ static int add_message(json_t *out, json_t *m, struct srv_err *e)
                             "content", b.p, b.len - 1);
     if (!msg || json_array_append_new(out, msg))
         goto out_oom;
+    json_t *calls = json_object_get(m, "tool_calls");
+    if (calls && !json_is_null(calls)) {
+        if (strcmp(role, "assistant")) {
+            bad_value(e, "messages", "has 'tool_calls' outside an assistant message");
+            goto out;
+        }
+        if (tool_calls_in(calls, msg, e))
+            goto out;
+    }
+    static const char *const tool_keys[] = {"tool_call_id", "name"};
+    for (size_t k = 0; k < 2; k++) {
+        json_t *v = json_object_get(m, tool_keys[k]);
+        if (!v || json_is_null(v))
+            continue;
+        if (!json_is_string(v)) {
+            bad_type(e, "messages", "messages whose 'tool_call_id' and 'name' are strings");
+            goto out;
+        }
+        if (json_object_set(msg, tool_keys[k], v))
+            goto out_oom;
+    }
     rc = 0;
     goto out;
 out_oom:
@@ -602,22 +664,14 @@ static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
     json_t *user = json_object_get(root, "user");
     if (user && !json_is_null(user) && !json_is_string(user))
         return bad_type(e, "user", "a string");
-    /* Fields whose meaning Kwker cannot honour yet (no tool-call parsing): refused by name
-     * rather than ignored, so a client that relies on them learns it at once instead of getting
-     * free text where it expects a call. */
-    static const char *const tool_keys[] = {"tools", "functions"};
-    for (size_t i = 0; i < sizeof tool_keys / sizeof *tool_keys; i++) {
-        json_t *t = json_object_get(root, tool_keys[i]);
-        if (t && !json_is_null(t) && !(json_is_array(t) && json_array_size(t) == 0)) {
-            srv_err_set(e, 400, INVALID, tool_keys[i], "unsupported_parameter",
-                        "'%s' is not supported: this server does not parse tool calls",
-                        tool_keys[i]);
-            return -1;
-        }
+    /* The deprecated form of "tools" (no call ids): refused by name rather than ignored, so a
+     * client that relies on it learns it at once instead of getting free text. */
+    json_t *f = json_object_get(root, "functions");
+    if (f && !json_is_null(f) && !(json_is_array(f) && json_array_size(f) == 0)) {
+        srv_err_set(e, 400, INVALID, "functions", "unsupported_parameter",
+                    "'functions' is not supported: use 'tools'");
+        return -1;
     }
-    json_t *tc = json_object_get(root, "tool_choice");
-    if (tc && !json_is_null(tc) && !(json_is_string(tc) && !strcmp(json_string_value(tc), "none")))
-        return bad_value(e, "tool_choice", "must be \"none\": tool calls are not supported");
     return 0;
 }
 
@@ -685,9 +739,13 @@ static int parse_tokenize(struct srv_req *r, json_t *root, const struct srv_limi
     if (bool_field(root, "add_special_tokens", &r->add_special_tokens, e) ||
         bool_field(root, "return_token_strs", &r->return_token_strs, e))
         return -1;
+    /* the tools too: the prompt a chat request with them would get */
     if (chat)
-        return bool_field(root, "add_generation_prompt", &r->add_generation_prompt, e) ? -1
-               : parse_messages(r, root, e);
+        return bool_field(root, "add_generation_prompt", &r->add_generation_prompt, e) ||
+                       parse_messages(r, root, e) ||
+                       srv_tools_parse(r, root, lim->tool_format, e)
+                   ? -1
+                   : 0;
     json_t *p = json_object_get(root, "prompt");
     const char *key = "prompt";
     if (!p || json_is_null(p)) {
@@ -727,7 +785,7 @@ static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *
     if (parse_max_tokens(r, root, lim, e) || parse_sampling(r, root, e) ||
         parse_stop(r, root, e) || parse_bias(r, root, lim, e) || parse_logprobs(r, root, e) ||
         parse_unsupported(root, r->kind, e) || parse_constraint(r, root, e) ||
-        parse_stream(r, root, e))
+        srv_tools_parse(r, root, lim->tool_format, e) || parse_stream(r, root, e))
         return -1;
     return 0;
 }
@@ -769,6 +827,8 @@ void srv_req_free(struct srv_req *r)
     free(r->bias_ids);
     free(r->bias);
     kwk_grammar_free(r->grammar);
+    json_decref(r->tools);
+    free(r->tool_name);
     memset(r, 0, sizeof *r);
 }
 
@@ -923,16 +983,23 @@ void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text,
                        int n_completion)
 {
     int chat = c->kind == SRV_CHAT;
+    const struct srv_tool_reply *tr = chat ? c->tools : NULL;
     json_t *r = envelope(c, chat ? "chat.completion" : "text_completion");
+    /* OpenAI's finish_reason is "tool_calls" when the reply calls tools */
     json_t *choice = json_pack("{s:i, s:o, s:s}", "index", 0, "logprobs",
                                logprobs_json(c, lps, n_lps), "finish_reason",
-                               srv_finish_name(finish));
-    json_t *t = json_text(text ? text : "", text ? len : 0);
-    if (chat)
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s, s:o, s:n}", "role", "assistant", "content", t,
-                                      "refusal"));
-    else
+                               tr && tr->calls ? "tool_calls" : srv_finish_name(finish));
+    if (tr) {
+        text = tr->content;
+        len = tr->content_len;
+    }
+    json_t *t = tr && tr->null_content ? json_null() : json_text(text ? text : "", text ? len : 0);
+    if (chat) {
+        json_t *msg = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content", t, "refusal");
+        if (msg && tr && tr->calls)
+            json_object_set(msg, "tool_calls", tr->calls);
+        json_object_set_new(choice, "message", msg);
+    } else
         json_object_set_new(choice, "text", t);
     json_object_set_new(r, "choices", json_pack("[o]", choice));
     json_object_set_new(r, "usage", usage_json(n_prompt, n_completion));
@@ -1001,8 +1068,24 @@ void srv_sse_content(struct srv_buf *out, struct srv_ctx *c, const char *text, s
 
 void srv_sse_finish(struct srv_buf *out, const struct srv_ctx *c, int finish)
 {
-    chunk(out, c, c->kind == SRV_CHAT ? json_object() : json_string(""), json_null(),
-          srv_finish_name(finish));
+    const char *why = c->tools && c->tools->calls ? "tool_calls" : srv_finish_name(finish);
+    chunk(out, c, c->kind == SRV_CHAT ? json_object() : json_string(""), json_null(), why);
+}
+
+void srv_sse_tool_calls(struct srv_buf *out, const struct srv_ctx *c, const json_t *calls)
+{
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call)
+    {
+        json_t *one = json_deep_copy(call);
+        if (!one || json_object_set_new(one, "index", json_integer((json_int_t)i))) {
+            json_decref(one);
+            out->err = 1;
+            return;
+        }
+        chunk(out, c, json_pack("{s:[o]}", "tool_calls", one), json_null(), NULL);
+    }
 }
 
 void srv_sse_usage(struct srv_buf *out, const struct srv_ctx *c, int n_prompt,

@@ -30,6 +30,7 @@ struct srv_opts {
     int log_requests;        /* one stderr line per request */
     int shutdown_timeout_s;  /* on a signal: seconds the requests in flight may take to finish */
     const char *chat_template_file; /* --chat-template-file, or NULL: the model's template */
+    int tool_format;         /* --tool-format: enum srv_tool_format, or -1: read off the template */
 };
 
 /* ---- parsed requests ------------------------------------------------------------------------- */
@@ -41,11 +42,24 @@ enum srv_kind { SRV_CHAT = 1, SRV_COMPLETION = 2, SRV_TOKENIZE = 3, SRV_DETOKENI
 #define SRV_MAX_STOP 4
 #define SRV_MAX_DEPTH 64      /* JSON nesting a request body may have */
 #define SRV_MAX_TOP 20        /* top_logprobs (OpenAI's limit) */
+#define SRV_MAX_TOOLS 128     /* functions in "tools" (OpenAI's limit) */
+#define SRV_TOOL_NAME_MAX 64  /* a function name's bytes (OpenAI's limit) */
+
+/* How a model writes tool calls (toolcall.c): read off its chat template. */
+enum srv_tool_format {
+    SRV_TOOLS_GENERIC = 0, /* the template knows no tools: {"tool_calls": [...]} or
+                            * {"response": "..."}, described in a system message */
+    SRV_TOOLS_HERMES,      /* <tool_call>\n{"name", "arguments"}\n</tool_call> (Hermes, Qwen) */
+    SRV_TOOLS_LLAMA3,      /* {"name", "parameters"} (Llama 3.1-3.3) */
+    SRV_TOOLS_N
+};
+enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED };
 
 /* What the parser checks against. */
 struct srv_limits {
     int n_vocab;        /* token ids (prompt ids, logit_bias keys) must be below */
     int max_cache_len;  /* max_tokens must be at most */
+    int tool_format;    /* enum srv_tool_format of the model's template */
 };
 
 /* An OpenAI error: HTTP status, then the fields of {"error": {...}}. type/param/code are static
@@ -83,7 +97,14 @@ struct srv_req {
     int top_logprobs;           /* alternatives per token, 0..SRV_MAX_TOP */
     int stream;
     int include_usage;
-    kwk_grammar *grammar;       /* response_format / json_schema / grammar, or NULL */
+    kwk_grammar *grammar;       /* response_format / json_schema / grammar / tools, or NULL */
+    const char *grammar_trigger; /* static: the grammar is lazy (tool_choice "auto"), or NULL */
+    json_t *tools;              /* the functions the model is told of (for the template), or
+                                 * NULL (none given, or tool_choice "none") */
+    int tool_choice;            /* enum srv_tool_choice (with tools) */
+    char *tool_name;            /* SRV_TOOL_NAMED: the function */
+    int parallel_tools;         /* parallel_tool_calls (default 1) */
+    int tool_format;            /* enum srv_tool_format the reply is read in (with tools) */
     /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
     int add_special_tokens;     /* the tokenizer's own BOS etc. (default: text 1, messages 0) */
     int add_generation_prompt;  /* messages: the template's assistant header (default 1) */
@@ -104,6 +125,35 @@ void srv_req_free(struct srv_req *r);
 void srv_err_set(struct srv_err *e, int http, const char *type, const char *param,
                  const char *code, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+
+/* ---- tool calls (toolcall.c) ---------------------------------------------------------------- */
+
+int srv_tool_format_detect(const char *template_src);
+int srv_tool_format_parse(const char *name); /* -1 when unknown */
+const char *srv_tool_format_name(int format);
+
+/* "tools", "tool_choice" and "parallel_tool_calls" of root into r, after the messages: the
+ * calls' grammar compiled (lazy under "auto"), and for the generic format the system message
+ * that describes the tools and earlier calls written as its JSON. Returns 0 or -1 with e. */
+int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err *e);
+
+/* A reply's text read as format: content (text's prefix, or the generic format's "response")
+ * and OpenAI's tool_calls, or calls NULL when the text is not a whole call reply (then all of
+ * it is content). */
+struct srv_tool_reply {
+    const char *content;        /* into the text, or own */
+    size_t content_len;
+    int null_content;           /* calls with only whitespace before them: content is null */
+    json_t *calls;              /* [{"id", "type": "function", "function": {"name",
+                                 * "arguments": JSON text}}], or NULL */
+    char *own;
+};
+int srv_tools_extract(int format, const char *text, size_t len, uint64_t seed,
+                      struct srv_tool_reply *out);
+void srv_tool_reply_free(struct srv_tool_reply *r);
+/* While streaming: how many bytes of text are surely content (before the format's trigger,
+ * or a tail that could begin it). */
+size_t srv_tools_sendable(int format, const char *text, size_t len);
 
 /* ---- a growable byte buffer with a sticky error ---------------------------------------------- */
 
@@ -138,6 +188,7 @@ struct srv_ctx {
     int logprobs, top_logprobs;
     int include_usage;
     size_t text_offset;         /* completions logprobs: bytes of text before the next token */
+    const struct srv_tool_reply *tools; /* a chat reply read for tool calls, or NULL */
 };
 
 /* {"error": {...}} as a malloc'd NUL-terminated string, NULL when out of memory. */
@@ -159,6 +210,9 @@ void srv_sse_usage(struct srv_buf *out, const struct srv_ctx *c, int n_prompt,
                    int n_completion);
 void srv_sse_error(struct srv_buf *out, const struct srv_err *e);
 void srv_sse_done(struct srv_buf *out);
+
+/* The tool calls of a streamed reply: one chunk per call (id, name and all its arguments). */
+void srv_sse_tool_calls(struct srv_buf *out, const struct srv_ctx *c, const json_t *calls);
 
 /* "stop" / "length" for a kwk_finish (a cancelled request reads "stop"). */
 const char *srv_finish_name(int finish);
