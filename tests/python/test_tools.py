@@ -21,7 +21,9 @@ from kwker.decode import KwkDecoder
 from kwker.grammar import Grammar, GrammarVocab, Matcher
 from kwker.template import ChatTemplate
 
-QWEN_TEMPLATE = SHARED_DATA / "chat-templates" / "llamacpp" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+TEMPLATES = SHARED_DATA / "chat-templates" / "llamacpp"
+QWEN_TEMPLATE = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
+LLAMA31_TEMPLATE = TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja"
 WEATHER = {
     "type": "function",
     "function": {
@@ -29,7 +31,7 @@ WEATHER = {
         "description": "Current weather of a city",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string"},
+            "properties": {"city": {"type": "string", "maxLength": 40},
                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
             "required": ["city"],
             "additionalProperties": False,
@@ -39,7 +41,7 @@ WEATHER = {
 TIME = {
     "type": "function",
     "function": {"name": "get_time", "description": "The time in a time zone",
-                 "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                 "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 40}},
                                 "required": ["zone"], "additionalProperties": False}},
 }
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
@@ -198,6 +200,27 @@ def hermes():
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def llama3():
+    """Llama 3.1's template on SmolLM2 (its header tokens are plain text to this vocabulary,
+    which is enough for the format: calls are {"name", "parameters"} objects)."""
+    from test_server import KEY, Server
+    s = Server("--api-key", KEY, "--max-batch", 4, "--max-cache-len", 2048,
+               "--chat-template-file", LLAMA31_TEMPLATE)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def forced_generic():
+    """--tool-format overrides what the template says (Qwen's template, the generic format)."""
+    from test_server import KEY, Server
+    s = Server("--api-key", KEY, "--max-batch", 2, "--max-cache-len", 2048,
+               "--chat-template-file", QWEN_TEMPLATE, "--tool-format", "generic")
+    yield s
+    s.stop()
+
+
 def check_calls(msg, names=None):
     assert msg.tool_calls, msg
     ids = set()
@@ -209,7 +232,7 @@ def check_calls(msg, names=None):
         jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
 
 
-@pytest.mark.parametrize("server", ["generic", "hermes"])
+@pytest.mark.parametrize("server", ["generic", "hermes", "llama3", "forced_generic"])
 @pytest.mark.parametrize("temperature", [0, 1])
 def test_required_and_named_calls_follow_the_schema(server, temperature, request):
     srv = request.getfixturevalue(server)
@@ -228,7 +251,7 @@ def test_required_and_named_calls_follow_the_schema(server, temperature, request
         assert len(ch.message.tool_calls) == 1  # parallel_tool_calls false
 
 
-@pytest.mark.parametrize("server", ["generic", "hermes"])
+@pytest.mark.parametrize("server", ["generic", "hermes", "llama3"])
 @pytest.mark.parametrize("parallel", [False, True])
 def test_streamed_calls_equal_the_whole_reply(server, parallel, request):
     """The same reply streamed: content deltas and per-call chunks that add up to the whole

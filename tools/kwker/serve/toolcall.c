@@ -647,6 +647,10 @@ size_t srv_tools_sendable(int format, const char *text, size_t len)
     const char *t = format >= 0 && format < SRV_TOOLS_N ? format_trigger[format] : NULL;
     if (!t)
         return 0; /* generic: the whole reply is JSON, its content known only at the end */
+    if (format == SRV_TOOLS_LLAMA3) { /* a call may open as "{ \"name\"" or "{\n": from '{' */
+        const char *brace = memchr(text, '{', len);
+        return brace ? (size_t)(brace - text) : len;
+    }
     size_t n = strlen(t);
     const char *hit = memmem(text, len, t, n);
     if (hit)
