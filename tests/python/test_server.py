@@ -362,10 +362,11 @@ BAD_CHAT = [
     ("user a number", {"user": 5}, "user", "invalid_type"),
     ("model a number", {"model": 5}, "model", "invalid_type"),
     # refused by name, not ignored: the client would get text where it expects calls or JSON
-    ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-     "tools", "unsupported_parameter"),
+    # (tools themselves: tests/python/test_tools.py)
+    ("tools not functions", {"tools": [{"type": "retrieval"}]}, "tools", "invalid_value"),
     ("functions", {"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
-    ("tool_choice auto", {"tool_choice": "auto"}, "tool_choice", "invalid_value"),
+    ("tool_choice required, no tools", {"tool_choice": "required"}, "tool_choice",
+     "invalid_value"),
     ("response_format string", {"response_format": "json"}, "response_format", "invalid_type"),
     ("response_format xml", {"response_format": {"type": "xml"}}, "response_format",
      "invalid_value"),
