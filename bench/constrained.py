@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""What constrained decoding costs a generated token: the same prompt generated free and under a
-JSON schema (greedy: the argmax is checked first; sampling: a mask every token), interleaved
-A B C A B C ..., medians of the time per generated token. Prints one line per mode and the
+"""What constrained decoding costs a generated token: the same prompt generated free, under a
+JSON schema (greedy: the argmax is checked first; sampling: a mask every token) and under a lazy
+grammar whose trigger never comes (tool calls under "auto": the cost of watching for it),
+interleaved A B C A B C ..., medians of the time per generated token. Prints one line per mode and the
 ratios to free generation. Not a test: figures go to docs/benchmarks.md.
 
     python3 bench/constrained.py [--model M] [--precision balanced] [--act-bits 8] [--runs 5]
@@ -52,11 +53,15 @@ def main():
         "messages": [{"role": "user", "content": PROMPT}], "add_generation_prompt": True})
     ids = tok.encode(prompt, add_special_tokens=False)
     g = Grammar.from_json_schema(PERSON)
+    lazy = Grammar.from_gbnf('root ::= "<tool_call>" [a-z]+ "</tool_call>"')
     modes = {
         "free greedy": dict(),
         "schema greedy": dict(grammar=g),
+        "lazy greedy": dict(grammar=lazy, grammar_trigger="<tool_call>"),
         "free sampled": dict(do_sample=True, temperature=0.8, top_k=0, seed=1),
         "schema sampled": dict(do_sample=True, temperature=0.8, top_k=0, seed=1, grammar=g),
+        "lazy sampled": dict(do_sample=True, temperature=0.8, top_k=0, seed=1, grammar=lazy,
+                             grammar_trigger="<tool_call>"),
     }
     # every mode generates exactly n tokens: eos never ends it (min_new_tokens), and a schema
     # reply that ends early is counted by its own tokens
