@@ -70,22 +70,22 @@ static int32_t step(struct run *r, const int *order, int n)
     return tok;
 }
 
-#define STEP(r, ...)                                                                             \
+#define STEP(r, ...)                                                                               \
     step((r), (const int[]){__VA_ARGS__}, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)))
 
 static void test_free_then_grammar(void)
 {
     struct run r;
     T_EQ(start(&r, "<t>"), 0);
-    T_EQ(STEP(&r, T_A), T_A);            /* free: a token the grammar would never allow */
-    T_EQ(STEP(&r, T_LT, T_B), T_LT);     /* half the trigger: still free */
-    T_EQ(STEP(&r, T_A, T_TGT), T_A);     /* "<" then "a": the trigger did not come */
+    T_EQ(STEP(&r, T_A), T_A);        /* free: a token the grammar would never allow */
+    T_EQ(STEP(&r, T_LT, T_B), T_LT); /* half the trigger: still free */
+    T_EQ(STEP(&r, T_A, T_TGT), T_A); /* "<" then "a": the trigger did not come */
     T_EQ(STEP(&r, T_LT), T_LT);
-    T_EQ(STEP(&r, T_TGT, T_A), T_TGT);   /* "<" + "t>" is the trigger: the grammar starts */
-    T_EQ(STEP(&r, T_A, T_Y, T_X), T_X);  /* now "a" and "y" are refused: the masked argmax */
-    T_EQ(STEP(&r, T_EOS, T_X), T_X);     /* eos only at a whole sentence */
+    T_EQ(STEP(&r, T_TGT, T_A), T_TGT);  /* "<" + "t>" is the trigger: the grammar starts */
+    T_EQ(STEP(&r, T_A, T_Y, T_X), T_X); /* now "a" and "y" are refused: the masked argmax */
+    T_EQ(STEP(&r, T_EOS, T_X), T_X);    /* eos only at a whole sentence */
     T_EQ(r.g.done, 0);
-    T_EQ(STEP(&r, T_Y, T_X), T_Y);       /* "<t>xxy" is whole and nothing can follow */
+    T_EQ(STEP(&r, T_Y, T_X), T_Y); /* "<t>xxy" is whole and nothing can follow */
     T_EQ(r.g.done, 1);
     T_EQ(r.out.finish_reason, KWK_FINISH_STOP);
     T_EQ(r.out.n_tokens, 8);

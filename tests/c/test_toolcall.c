@@ -10,20 +10,19 @@
 
 static const char *call_name(const struct srv_tool_reply *r, size_t i)
 {
-    return json_string_value(json_object_get(
-        json_object_get(json_array_get(r->calls, i), "function"), "name"));
+    return json_string_value(
+        json_object_get(json_object_get(json_array_get(r->calls, i), "function"), "name"));
 }
 
 static const char *call_args(const struct srv_tool_reply *r, size_t i)
 {
-    return json_string_value(json_object_get(
-        json_object_get(json_array_get(r->calls, i), "function"), "arguments"));
+    return json_string_value(
+        json_object_get(json_object_get(json_array_get(r->calls, i), "function"), "arguments"));
 }
 
 /* Read text as format; returns the number of calls (-1: not a call reply) and checks that the
  * content is want_content (NULL: null). */
-static int extract(int format, const char *text, const char *want_content,
-                   struct srv_tool_reply *r)
+static int extract(int format, const char *text, const char *want_content, struct srv_tool_reply *r)
 {
     srv_tools_extract(format, text, strlen(text), 7, r);
     if (want_content) {
@@ -56,7 +55,8 @@ static void test_hermes(void)
     struct srv_tool_reply r;
     T_EQ(extract(SRV_TOOLS_HERMES,
                  "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>", NULL,
-                 &r), 1);
+                 &r),
+         1);
     T_STREQ(call_name(&r, 0), "f");
     T_STREQ(call_args(&r, 0), "{\"a\":1}");
     const char *id = json_string_value(json_object_get(json_array_get(r.calls, 0), "id"));
@@ -66,7 +66,8 @@ static void test_hermes(void)
     T_EQ(extract(SRV_TOOLS_HERMES,
                  "Sure.\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n"
                  "<tool_call>{\"name\": \"g\", \"arguments\": \"{\\\"x\\\": 2}\"}",
-                 "Sure.\n", &r), 2);
+                 "Sure.\n", &r),
+         2);
     T_STREQ(call_name(&r, 1), "g");
     T_STREQ(call_args(&r, 1), "{\"x\": 2}"); /* a string written by the model, kept as is */
     T_TRUE(strcmp(json_string_value(json_object_get(json_array_get(r.calls, 0), "id")),
@@ -97,20 +98,24 @@ static void test_llama3(void)
          1);
     T_STREQ(call_args(&r, 0), "{\"x\":\"y\"}");
     srv_tool_reply_free(&r);
-    T_EQ(extract(SRV_TOOLS_LLAMA3, "<|python_tag|>{ \"name\": \"f\", \"parameters\": {}}", NULL,
-                 &r), 1);
+    T_EQ(
+        extract(SRV_TOOLS_LLAMA3, "<|python_tag|>{ \"name\": \"f\", \"parameters\": {}}", NULL, &r),
+        1);
     srv_tool_reply_free(&r);
     T_EQ(extract(SRV_TOOLS_LLAMA3,
                  "{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"g\", \"parameters\": {}}",
-                 NULL, &r), 2);
+                 NULL, &r),
+         2);
     T_STREQ(call_name(&r, 1), "g");
     srv_tool_reply_free(&r);
-    T_EQ(extract(SRV_TOOLS_LLAMA3, "Here: {\"name\": \"f\", \"parameters\": {}}", "Here: ", &r),
-         1);
+    T_EQ(extract(SRV_TOOLS_LLAMA3, "Here: {\"name\": \"f\", \"parameters\": {}}", "Here: ", &r), 1);
     srv_tool_reply_free(&r);
     static const char *const not_calls[] = {
-        "a {brace} in text", "{\"name\": \"f\"}", "{\"name\": \"f\", \"parameters\": {}} tail",
-        "{\"name\": \"f\", \"parameters\": {", "{\"name\"",
+        "a {brace} in text",
+        "{\"name\": \"f\"}",
+        "{\"name\": \"f\", \"parameters\": {}} tail",
+        "{\"name\": \"f\", \"parameters\": {",
+        "{\"name\"",
     };
     for (size_t i = 0; i < sizeof not_calls / sizeof *not_calls; i++) {
         T_EQ(extract(SRV_TOOLS_LLAMA3, not_calls[i], not_calls[i], &r), -1);
@@ -129,8 +134,11 @@ static void test_generic(void)
     T_EQ(extract(SRV_TOOLS_GENERIC, "{\"response\": \"Hi \\u00e9\"}", "Hi \xc3\xa9", &r), -1);
     srv_tool_reply_free(&r);
     static const char *const not_calls[] = {
-        "free text", "{\"tool_calls\": []}", "{\"tool_calls\": [{\"name\": \"f\"}]}",
-        "{\"response\": 3}", "{\"tool_calls\": [{\"name\": \"f\", \"arguments\": {}}]} x",
+        "free text",
+        "{\"tool_calls\": []}",
+        "{\"tool_calls\": [{\"name\": \"f\"}]}",
+        "{\"response\": 3}",
+        "{\"tool_calls\": [{\"name\": \"f\", \"arguments\": {}}]} x",
     };
     for (size_t i = 0; i < sizeof not_calls / sizeof *not_calls; i++) {
         T_EQ(extract(SRV_TOOLS_GENERIC, not_calls[i], not_calls[i], &r), -1);
@@ -154,7 +162,8 @@ static void test_rename_root(void)
 {
     struct srv_buf b = {0};
     T_EQ(rename_root("root ::= \"root\" [r-t] root-x root # root\nroot-x ::= \"\\\"root\" root\n",
-                     "top", &b), 0);
+                     "top", &b),
+         0);
     T_STREQ(b.p, "top ::= \"root\" [r-t] root-x top # root\nroot-x ::= \"\\\"root\" top\n");
     srv_buf_free(&b);
 }
@@ -170,7 +179,8 @@ static int parse(struct srv_req *r, int format, const char *extra, struct srv_er
     char body[4096];
     snprintf(body, sizeof body,
              "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-             "\"tools\": [%s]%s}", WEATHER, extra);
+             "\"tools\": [%s]%s}",
+             WEATHER, extra);
     struct srv_limits lim = {.n_vocab = 100, .max_cache_len = 100, .tool_format = format};
     return srv_req_parse(r, SRV_CHAT, body, strlen(body), &lim, e);
 }
@@ -201,15 +211,19 @@ static void test_requests(void)
     srv_req_free(&r);
     /* required, one call: from the first byte */
     T_EQ(parse(&r, SRV_TOOLS_HERMES,
-               ", \"tool_choice\": \"required\", \"parallel_tool_calls\": false", &e), 0);
+               ", \"tool_choice\": \"required\", \"parallel_tool_calls\": false", &e),
+         0);
     T_TRUE(r.grammar && !r.grammar_trigger && !r.parallel_tools);
     T_TRUE(!matches(r.grammar, "<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":"
                                "\"A\"}}</tool_call>\n<tool_call>{\"name\":\"get_weather\","
                                "\"arguments\":{\"city\":\"B\"}}</tool_call>"));
     srv_req_free(&r);
     /* llama3 */
-    T_EQ(parse(&r, SRV_TOOLS_LLAMA3, ", \"tool_choice\": {\"type\": \"function\", "
-                                     "\"function\": {\"name\": \"get_weather\"}}", &e), 0);
+    T_EQ(parse(&r, SRV_TOOLS_LLAMA3,
+               ", \"tool_choice\": {\"type\": \"function\", "
+               "\"function\": {\"name\": \"get_weather\"}}",
+               &e),
+         0);
     T_TRUE(r.tool_choice == SRV_TOOL_NAMED && !strcmp(r.tool_name, "get_weather"));
     T_TRUE(matches(r.grammar, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"X\"}}"));
     srv_req_free(&r);
@@ -230,8 +244,7 @@ static void test_requests(void)
     T_TRUE(!r.grammar && !r.tools && json_array_size(r.messages) == 1);
     srv_req_free(&r);
     /* refusals name the field */
-    T_EQ(parse(&r, SRV_TOOLS_HERMES, ", \"response_format\": {\"type\": \"json_object\"}", &e),
-         -1);
+    T_EQ(parse(&r, SRV_TOOLS_HERMES, ", \"response_format\": {\"type\": \"json_object\"}", &e), -1);
     T_STREQ(e.param, "tools");
     T_EQ(parse(&r, SRV_TOOLS_HERMES, ", \"tool_choice\": {\"type\": \"function\"}", &e), -1);
     T_STREQ(e.param, "tool_choice");
@@ -248,14 +261,13 @@ static void test_history(void)
         "\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
         "\"{\\\"a\\\": 1}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": "
         "\"42\"}]}";
-    struct srv_limits lim = {.n_vocab = 100, .max_cache_len = 100,
-                             .tool_format = SRV_TOOLS_HERMES};
+    struct srv_limits lim = {.n_vocab = 100, .max_cache_len = 100, .tool_format = SRV_TOOLS_HERMES};
     struct srv_req r;
     struct srv_err e;
     T_EQ(srv_req_parse(&r, SRV_CHAT, body, sizeof body - 1, &lim, &e), 0);
-    json_t *fn = json_object_get(json_array_get(json_object_get(
-                                     json_array_get(r.messages, 1), "tool_calls"), 0),
-                                 "function");
+    json_t *fn = json_object_get(
+        json_array_get(json_object_get(json_array_get(r.messages, 1), "tool_calls"), 0),
+        "function");
     T_TRUE(json_is_object(json_object_get(fn, "arguments"))); /* parsed for tojson */
     T_EQ(json_integer_value(json_object_get(json_object_get(fn, "arguments"), "a")), 1);
     T_STREQ(json_string_value(json_object_get(json_array_get(r.messages, 2), "tool_call_id")),

@@ -41,7 +41,8 @@ WEATHER = {
 TIME = {
     "type": "function",
     "function": {"name": "get_time", "description": "The time in a time zone",
-                 "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 40}},
+                 "parameters": {"type": "object",
+                                "properties": {"zone": {"type": "string", "maxLength": 40}},
                                 "required": ["zone"], "additionalProperties": False}},
 }
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
@@ -117,7 +118,8 @@ def reference_lazy(dec, tok, vocab, grammar, trigger, ids, n_new, eos):
     return out, not lazy
 
 
-CALL_GBNF = r'''root ::= "<tool_call>" "\n"? "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"" [A-Z] [a-z]{1,12} "\"}}" "\n"? "</tool_call>"'''
+CALL_GBNF = (r'''root ::= "<tool_call>" "\n"? "{\"name\": \"get_weather\", \"arguments\": '''
+             r'''{\"city\": \"" [A-Z] [a-z]{1,12} "\"}}" "\n"? "</tool_call>"''')
 
 
 def test_lazy_grammar_equals_reference_loop(dec, tok, vocab):

@@ -5,6 +5,7 @@
  * for a template that knows no tools, a generic JSON reply ({"tool_calls": [...]} or
  * {"response": "..."}) described in a system message. No HTTP; any thread. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +20,9 @@ static const char *const format_names[] = {
     [SRV_TOOLS_GENERIC] = "generic", [SRV_TOOLS_HERMES] = "hermes", [SRV_TOOLS_LLAMA3] = "llama3"};
 
 /* What a format's call is introduced by: the lazy grammar's trigger under tool_choice "auto" */
-static const char *const format_trigger[] = {
-    [SRV_TOOLS_GENERIC] = NULL, [SRV_TOOLS_HERMES] = "<tool_call>",
-    [SRV_TOOLS_LLAMA3] = "{\"name\""};
+static const char *const format_trigger[] = {[SRV_TOOLS_GENERIC] = NULL,
+                                             [SRV_TOOLS_HERMES] = "<tool_call>",
+                                             [SRV_TOOLS_LLAMA3] = "{\"name\""};
 
 int srv_tool_format_detect(const char *template_src)
 {
@@ -30,8 +31,8 @@ int srv_tool_format_detect(const char *template_src)
     if (strstr(template_src, "<tool_call>"))
         return SRV_TOOLS_HERMES;
     /* Llama 3.1-3.3: custom tools answer {"name": ..., "parameters": ...} */
-    if (strstr(template_src, "<|python_tag|>") || (strstr(template_src, "<|eom_id|>") &&
-                                                   strstr(template_src, "\"parameters\"")))
+    if (strstr(template_src, "<|python_tag|>") ||
+        (strstr(template_src, "<|eom_id|>") && strstr(template_src, "\"parameters\"")))
         return SRV_TOOLS_LLAMA3;
     return SRV_TOOLS_GENERIC;
 }
@@ -51,9 +52,18 @@ const char *srv_tool_format_name(int format)
 
 /* ---- request: tools, tool_choice, parallel_tool_calls ---------------------------------------- */
 
-static int tools_bad(struct srv_err *e, const char *param, const char *fmt, const char *a)
+static int tools_bad(struct srv_err *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int tools_bad(struct srv_err *e, const char *param, const char *fmt, ...)
 {
-    srv_err_set(e, 400, INVALID, param, "invalid_value", fmt, a);
+    va_list ap;
+    e->http = 400;
+    e->type = INVALID;
+    e->param = param;
+    e->code = "invalid_value";
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
@@ -82,12 +92,14 @@ static int check_tool(json_t *t, json_t *seen, struct srv_err *e)
     json_t *fn = json_object_get(t, "function");
     const char *type = json_string_value(json_object_get(t, "type"));
     if (!json_is_object(t) || !type || strcmp(type, "function") || !json_is_object(fn))
-        return tools_bad(e, "tools", "'tools' must be a list of {\"type\": \"function\", "
-                   "\"function\": {...}}%s", "");
+        return tools_bad(e, "tools",
+                         "'tools' must be a list of {\"type\": \"function\", "
+                         "\"function\": {...}}");
     const char *name = json_string_value(json_object_get(fn, "name"));
     if (!name || !name_ok(name))
-        return tools_bad(e, "tools", "'tools': a function name must be 1 to 64 letters, digits, "
-                   "'_', '-' or '.'%s", "");
+        return tools_bad(e, "tools",
+                         "'tools': a function name must be 1 to 64 letters, digits, "
+                         "'_', '-' or '.'");
     if (json_object_get(seen, name))
         return tools_bad(e, "tools", "'tools': the function '%s' is given twice", name);
     if (json_object_set_new(seen, name, json_true()))
@@ -98,7 +110,7 @@ static int check_tool(json_t *t, json_t *seen, struct srv_err *e)
     json_t *p = json_object_get(fn, "parameters");
     if (p && !json_is_null(p) && !json_is_object(p))
         return tools_bad(e, "tools", "'tools': the parameters of '%s' must be a JSON Schema object",
-                   name);
+                         name);
     return 0;
 }
 
@@ -115,19 +127,19 @@ static int parse_choice(struct srv_req *r, json_t *root, json_t *seen, struct sr
         else if (!strcmp(s, "required"))
             r->tool_choice = SRV_TOOL_REQUIRED;
         else if (strcmp(s, "auto"))
-            return tools_bad(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", "
-                       "\"required\" or {\"type\": \"function\", \"function\": {\"name\"}}%s",
-                       "");
+            return tools_bad(e, "tool_choice",
+                             "'tool_choice' must be \"none\", \"auto\", "
+                             "\"required\" or {\"type\": \"function\", \"function\": {\"name\"}}");
         return 0;
     }
-    const char *name = json_string_value(json_object_get(json_object_get(tc, "function"),
-                                                         "name"));
+    const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
     if (!json_is_object(tc) || !name)
-        return tools_bad(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" "
-                   "or {\"type\": \"function\", \"function\": {\"name\"}}%s", "");
+        return tools_bad(e, "tool_choice",
+                         "'tool_choice' must be \"none\", \"auto\", \"required\" "
+                         "or {\"type\": \"function\", \"function\": {\"name\"}}");
     if (!json_object_get(seen, name))
         return tools_bad(e, "tool_choice", "'tool_choice' names '%.64s', which is not in 'tools'",
-                   name);
+                         name);
     r->tool_choice = SRV_TOOL_NAMED;
     if (!(r->tool_name = strdup(name)))
         return tools_oom(e);
@@ -140,10 +152,10 @@ static int parse_choice(struct srv_req *r, json_t *root, json_t *seen, struct sr
 static json_t *call_schema(json_t *fn, const char *args_key)
 {
     json_t *params = json_object_get(fn, "parameters");
-    json_t *args = json_is_object(params) ? json_incref(params)
-                                          : json_pack("{s:s}", "type", "object");
-    json_t *props = json_pack("{s:{s:O}, s:o}", "name", "const", json_object_get(fn, "name"),
-                              args_key, args);
+    json_t *args =
+        json_is_object(params) ? json_incref(params) : json_pack("{s:s}", "type", "object");
+    json_t *props =
+        json_pack("{s:{s:O}, s:o}", "name", "const", json_object_get(fn, "name"), args_key, args);
     return props ? json_pack("{s:s, s:o, s:[s,s], s:b}", "type", "object", "properties", props,
                              "required", "name", args_key, "additionalProperties", 0)
                  : NULL;
@@ -180,14 +192,14 @@ static json_t *generic_schema(const struct srv_req *r)
                               calls_schema(r, "arguments"), "minItems", 1);
     if (calls && !r->parallel_tools)
         json_object_set_new(calls, "maxItems", json_integer(1));
-    json_t *with_calls = json_pack("{s:s, s:{s:o}, s:[s], s:b}", "type", "object", "properties",
-                                   "tool_calls", calls, "required", "tool_calls",
-                                   "additionalProperties", 0);
+    json_t *with_calls =
+        json_pack("{s:s, s:{s:o}, s:[s], s:b}", "type", "object", "properties", "tool_calls", calls,
+                  "required", "tool_calls", "additionalProperties", 0);
     if (r->tool_choice != SRV_TOOL_AUTO)
         return with_calls;
     return json_pack("{s:[o, {s:s, s:{s:{s:s}}, s:[s], s:b}]}", "anyOf", with_calls, "type",
-                     "object", "properties", "response", "type", "string", "required",
-                     "response", "additionalProperties", 0);
+                     "object", "properties", "response", "type", "string", "required", "response",
+                     "additionalProperties", 0);
 }
 
 /* Rename the rule `root` of a GBNF text to `to` (references included; literals, classes and
@@ -241,8 +253,9 @@ static const char *wrapper(int format, int parallel)
 
 static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
 {
-    json_t *schema = format == SRV_TOOLS_GENERIC ? generic_schema(r)
-                     : calls_schema(r, format == SRV_TOOLS_LLAMA3 ? "parameters" : "arguments");
+    json_t *schema = format == SRV_TOOLS_GENERIC
+                         ? generic_schema(r)
+                         : calls_schema(r, format == SRV_TOOLS_LLAMA3 ? "parameters" : "arguments");
     char *text = schema ? json_dumps(schema, JSON_COMPACT) : NULL, *gbnf = NULL;
     struct srv_buf g = {0};
     struct kwk_err err = {0};
@@ -258,8 +271,8 @@ static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
             tools_oom(e);
             goto out;
         }
-        srv_err_set(e, 400, INVALID, "tools", err.code == KWK_EUNSUPPORTED
-                                                  ? "unsupported_parameter" : "invalid_value",
+        srv_err_set(e, 400, INVALID, "tools",
+                    err.code == KWK_EUNSUPPORTED ? "unsupported_parameter" : "invalid_value",
                     "'tools': %s", err.msg);
         goto out;
     }
@@ -277,8 +290,10 @@ static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
     }
     int st = kwk_grammar_match(r->grammar, "", 0, NULL);
     if (st < 0) {
-        srv_err_set(e, 400, INVALID, "tools", "invalid_value", "'tools': the calls' grammar "
-                    "is too ambiguous at its start for the matcher (%s)", kwk_status_str(st));
+        srv_err_set(e, 400, INVALID, "tools", "invalid_value",
+                    "'tools': the calls' grammar "
+                    "is too ambiguous at its start for the matcher (%s)",
+                    kwk_status_str(st));
         goto out;
     }
     if (r->tool_choice == SRV_TOOL_AUTO)
@@ -364,8 +379,8 @@ static int generic_history(struct srv_req *r, struct srv_err *e)
         json_array_foreach(calls, k, c)
         {
             json_t *fn = json_object_get(c, "function");
-            json_t *one = json_pack("{s:O, s:O}", "name", json_object_get(fn, "name"),
-                                    "arguments", json_object_get(fn, "arguments"));
+            json_t *one = json_pack("{s:O, s:O}", "name", json_object_get(fn, "name"), "arguments",
+                                    json_object_get(fn, "arguments"));
             if (!one || json_array_append_new(out, one)) {
                 json_decref(out);
                 return tools_oom(e);
@@ -398,18 +413,20 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
     r->parallel_tools = 1;
     json_t *par = json_object_get(root, "parallel_tool_calls");
     if (par && !json_is_null(par) && !json_is_boolean(par)) {
-        tools_bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean%s", "");
+        tools_bad(e, "parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
         goto out;
     }
     if (json_is_false(par))
         r->parallel_tools = 0;
     if (tools && !json_is_null(tools) && !json_is_array(tools)) {
-        tools_bad(e, "tools", "'tools' must be a list of functions%s", "");
+        tools_bad(e, "tools", "'tools' must be a list of functions");
         goto out;
     }
     if (json_array_size(tools) > SRV_MAX_TOOLS) {
-        srv_err_set(e, 400, INVALID, "tools", "invalid_value", "'tools' has more than %d "
-                    "functions", SRV_MAX_TOOLS);
+        srv_err_set(e, 400, INVALID, "tools", "invalid_value",
+                    "'tools' has more than %d "
+                    "functions",
+                    SRV_MAX_TOOLS);
         goto out;
     }
     json_array_foreach(tools, i, t)
@@ -420,18 +437,17 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
     json_t *tc = json_object_get(root, "tool_choice");
     if (!json_array_size(tools)) {
         /* no tools: "none" and "auto" mean plain text; anything else names a missing tool */
-        if (tc && !json_is_null(tc) && !(json_is_string(tc) &&
-                                        (!strcmp(json_string_value(tc), "none") ||
-                                         !strcmp(json_string_value(tc), "auto")))) {
-            tools_bad(e, "tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty%s",
-                "");
+        if (tc && !json_is_null(tc) &&
+            !(json_is_string(tc) &&
+              (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto")))) {
+            tools_bad(e, "tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
             goto out;
         }
         rc = format == SRV_TOOLS_GENERIC && r->messages ? generic_history(r, e) : 0;
         goto out;
     }
     if (r->kind == SRV_COMPLETION) {
-        tools_bad(e, "tools", "'tools' is only for /v1/chat/completions%s", "");
+        tools_bad(e, "tools", "'tools' is only for /v1/chat/completions");
         goto out;
     }
     if (parse_choice(r, root, seen, e))
@@ -441,8 +457,7 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
         goto out;
     }
     if (r->grammar) {
-        tools_bad(e, "tools", "'tools' and a response format or grammar cannot be used together%s",
-            "");
+        tools_bad(e, "tools", "'tools' and a response format or grammar cannot be used together");
         goto out;
     }
     if (!(r->tools = json_deep_copy(tools))) {
@@ -452,8 +467,7 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
     r->tool_format = format;
     if (compile_tools(r, format, e))
         goto out;
-    rc = format == SRV_TOOLS_GENERIC ? (generic_history(r, e) || add_generic_system(r, e) ? -1
-                                                                                         : 0)
+    rc = format == SRV_TOOLS_GENERIC ? (generic_history(r, e) || add_generic_system(r, e) ? -1 : 0)
                                      : 0;
 out:
     json_decref(seen);
@@ -495,8 +509,8 @@ static json_t *make_call(json_t *obj, uint64_t seed, size_t index)
     if (!json_is_object(obj) || !name || !args || !(json_is_object(args) || json_is_string(args)))
         return NULL;
     /* arguments are a JSON text in OpenAI's replies; a model that wrote a string wrote one */
-    char *text = json_is_string(args) ? strdup(json_string_value(args))
-                                      : json_dumps(args, JSON_COMPACT);
+    char *text =
+        json_is_string(args) ? strdup(json_string_value(args)) : json_dumps(args, JSON_COMPACT);
     json_t *c = text ? json_pack("{s:o, s:s, s:{s:s, s:s}}", "id", call_id(seed, index), "type",
                                  "function", "function", "name", name, "arguments", text)
                      : NULL;
@@ -590,8 +604,8 @@ static json_t *generic_calls(const char *text, size_t len, uint64_t seed, char *
     json_t *resp = json_object_get(obj, "response");
     json_t *list = json_object_get(obj, "tool_calls");
     size_t i;
-    if (json_is_string(resp) && (*content = strndup(json_string_value(resp),
-                                                    json_string_length(resp))))
+    if (json_is_string(resp) &&
+        (*content = strndup(json_string_value(resp), json_string_length(resp))))
         *content_len = json_string_length(resp);
     if (json_is_array(list) && json_array_size(list) && (calls = json_array())) {
         json_array_foreach(list, i, c)
@@ -623,9 +637,8 @@ int srv_tools_extract(int format, const char *text, size_t len, uint64_t seed,
         else
             out->content_len = len; /* not the format's JSON: the text as it came */
     } else {
-        out->calls = format == SRV_TOOLS_HERMES
-                         ? hermes_calls(text, len, seed, &out->content_len)
-                         : llama3_calls(text, len, seed, &out->content_len);
+        out->calls = format == SRV_TOOLS_HERMES ? hermes_calls(text, len, seed, &out->content_len)
+                                                : llama3_calls(text, len, seed, &out->content_len);
     }
     /* a call with nothing but whitespace before it has no content (null) */
     size_t k = 0;
