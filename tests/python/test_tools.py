@@ -404,3 +404,15 @@ def test_tools_on_completions_are_400(generic):
     status, resp = request(generic.port, "POST", "/v1/completions", body={
         "model": model, "prompt": "hi", "tools": [WEATHER]})
     assert status == 400 and resp["error"]["param"] == "tools", resp
+
+
+def test_generic_format_describes_tools_once(forced_generic, tok):
+    """--tool-format generic on Qwen's template: the tools are described by the generic system
+    message only (the template is not given them, so it does not add its <tools> block)."""
+    from test_server import request
+    status, body = request(forced_generic.port, "POST", "/tokenize", body={
+        "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER]})
+    assert status == 200, body
+    text = tok.decode(body["tokens"])
+    assert "<tools>" not in text and "<tool_call>" not in text
+    assert text.count('"get_weather"') == 1 and '{"tool_calls": [' in text

@@ -505,7 +505,10 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
                     "the model has no chat template: use /v1/completions");
         return -1;
     }
-    json_t *ctx = json_pack("{s:O, s:O?, s:n, s:b}", "messages", q->messages, "tools", q->tools,
+    /* the generic format describes the tools in its own system message: a template that knows
+     * tools in another format would describe them a second time, asking for other replies */
+    json_t *tools = q->tool_format == SRV_TOOLS_GENERIC ? NULL : q->tools;
+    json_t *ctx = json_pack("{s:O, s:O?, s:n, s:b}", "messages", q->messages, "tools", tools,
                             "documents", "add_generation_prompt", q->add_generation_prompt);
     const char *bos = kwk_tokenizer_bos_token(s->tok), *eos = kwk_tokenizer_eos_token(s->tok);
     if (ctx && bos)
