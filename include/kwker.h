@@ -157,7 +157,9 @@ struct kwk_decoder_params {
                               * first; 0 = $KWKER_CACHE_MAX (bytes, K/M/G suffix) or 16 GiB */
     /* How balanced / int4 weights are fitted (ignored by preserve): */
     int mix_bits; /* int4: bits of the matrices it keeps wider (the lm_head, and the value and
-                   * down projections of a third of the layers): 8, 6, or 4 (none kept wider);
+                   * down projections of a third of the layers; from a GGUF file that mixes
+                   * 4-bit matrices with wider quantized ones, as a Q4_K_M does, also every
+                   * matrix the file holds wider than 4 bits): 8, 6, or 4 (none kept wider);
                    * 0 = 6 from a billion parameters, 8 below. Other precisions: 0 only. */
     const int32_t *calib; /* calibration token ids (NULL: none): activation-aware scales are
                            * fitted to the model's activations on them (AWQ). Borrowed: read

@@ -11,20 +11,21 @@ struct dtype_info {
     const char *name;
     int block;
     size_t block_bytes;
+    int bits; /* of a weight's code, scales and offsets aside */
 };
 
 static const struct dtype_info dtypes[KWK_DT_COUNT] = {
-    [KWK_DT_F32] = {"F32", 1, 4},
-    [KWK_DT_F16] = {"F16", 1, 2},
-    [KWK_DT_BF16] = {"BF16", 1, 2},
-    [KWK_DT_Q8_0] = {"Q8_0", QK, 2 + QK},
-    [KWK_DT_Q4_0] = {"Q4_0", QK, 2 + QK / 2},
-    [KWK_DT_Q4_1] = {"Q4_1", QK, 4 + QK / 2},
-    [KWK_DT_Q5_0] = {"Q5_0", QK, 2 + 4 + QK / 2},
-    [KWK_DT_Q5_1] = {"Q5_1", QK, 4 + 4 + QK / 2},
-    [KWK_DT_Q4_K] = {"Q4_K", QK_K, 4 + 12 + QK_K / 2},
-    [KWK_DT_Q5_K] = {"Q5_K", QK_K, 4 + 12 + QK_K / 8 + QK_K / 2},
-    [KWK_DT_Q6_K] = {"Q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2},
+    [KWK_DT_F32] = {"F32", 1, 4, 32},
+    [KWK_DT_F16] = {"F16", 1, 2, 16},
+    [KWK_DT_BF16] = {"BF16", 1, 2, 16},
+    [KWK_DT_Q8_0] = {"Q8_0", QK, 2 + QK, 8},
+    [KWK_DT_Q4_0] = {"Q4_0", QK, 2 + QK / 2, 4},
+    [KWK_DT_Q4_1] = {"Q4_1", QK, 4 + QK / 2, 4},
+    [KWK_DT_Q5_0] = {"Q5_0", QK, 2 + 4 + QK / 2, 5},
+    [KWK_DT_Q5_1] = {"Q5_1", QK, 4 + 4 + QK / 2, 5},
+    [KWK_DT_Q4_K] = {"Q4_K", QK_K, 4 + 12 + QK_K / 2, 4},
+    [KWK_DT_Q5_K] = {"Q5_K", QK_K, 4 + 12 + QK_K / 8 + QK_K / 2, 5},
+    [KWK_DT_Q6_K] = {"Q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, 6},
 };
 
 static int dtype_valid(int dtype)
@@ -45,6 +46,11 @@ int kwk_dtype_block(int dtype)
 size_t kwk_dtype_block_bytes(int dtype)
 {
     return dtype_valid(dtype) ? dtypes[dtype].block_bytes : 0;
+}
+
+int kwk_dtype_bits(int dtype)
+{
+    return dtype_valid(dtype) ? dtypes[dtype].bits : 0;
 }
 
 size_t kwk_dtype_row_bytes(int dtype, int64_t n)

@@ -220,12 +220,28 @@ static int lazy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t r
     return 0;
 }
 
+/* Remember the file's type of out, a copy of a tensor of that type: a float32 copy no longer
+ * says whether it came from 4 or 8 bits, which int4's packing asks (kwk_model_mat_dtype). */
+static int note_src(struct loader *ld, const struct kwk_mat *out, int dtype)
+{
+    struct kwk_model *m = ld->m;
+    struct kwk_mat_src *n = kwk_realloc(m->srcs, sizeof *n * (size_t)(m->n_srcs + 1));
+    if (!n)
+        return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory", m->path);
+    m->srcs = n;
+    m->srcs[m->n_srcs++] = (struct kwk_mat_src){.mat = out, .dtype = dtype};
+    return 0;
+}
+
 /* A copy of t owned by the model (or, lazy, recorded for later): in t's own type when plain,
  * else float32 (copy_wtype). */
 static int copy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t rows,
                     int64_t cols, int n_head, struct kwk_mat *out)
 {
     size_t bytes;
+    int rc = note_src(ld, out, t->dtype);
+    if (rc)
+        return rc;
     if (ld->lazy)
         return lazy_mat(ld, t, rows, cols, n_head, out);
     if (copy_bytes(copy_wtype(t), rows, cols, &bytes))
@@ -724,6 +740,21 @@ static const struct kwk_lazy_mat *find_lazy(const struct kwk_model *m, const str
     return NULL;
 }
 
+int kwk_model_mat_dtype(const struct kwk_model *m, const struct kwk_mat *w)
+{
+    if (w == &m->lm_head && m->cfg.tie_embeddings)
+        w = &m->tok_emb; /* the same matrix */
+    for (int i = 0; i < m->n_srcs; i++)
+        if (m->srcs[i].mat == w)
+            return m->srcs[i].dtype;
+    switch (w->wtype) {
+    case KWK_W_F32: return KWK_DT_F32;
+    case KWK_W_F16: return KWK_DT_F16;
+    case KWK_W_BF16: return KWK_DT_BF16;
+    default: return -1;
+    }
+}
+
 int kwk_model_mat_acquire(const struct kwk_model *m, const struct kwk_mat *w, struct kwk_mat *out,
                           struct kwk_err *err)
 {
@@ -846,6 +877,7 @@ void kwk_model_free(kwk_model *m)
     for (int i = 0; i < m->n_lazy; i++)
         kwk_free_aligned(m->lazy[i].copy); /* holds not released: the model goes anyway */
     kwk_free(m->lazy);
+    kwk_free(m->srcs);
     pthread_mutex_destroy(&m->lazy_lock);
     if (m->emb_file)
         close(m->emb_fd);

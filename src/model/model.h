@@ -31,6 +31,9 @@ const char *kwk_dtype_name(int dtype);
 /* Elements per block and bytes per block (1 and the element size for plain types). */
 int kwk_dtype_block(int dtype);
 size_t kwk_dtype_block_bytes(int dtype);
+/* Bits of one weight's code, its block's scales and offsets aside: 4 for Q4_0 / Q4_1 / Q4_K, 5 for
+ * the Q5s, 6 for Q6_K, 8 for Q8_0, 16 or 32 for the plain types; 0 for an unknown type. */
+int kwk_dtype_bits(int dtype);
 /* Bytes for a row of n elements; KWK_EFORMAT-worthy when n is not a multiple of the block:
  * returns 0 then. */
 size_t kwk_dtype_row_bytes(int dtype, int64_t n);
@@ -221,6 +224,12 @@ struct kwk_lazy_mat {
     void *copy;                        /* [rows][cols] of mat->wtype while acquired, else NULL */
 };
 
+/* The file's type of a matrix the loader copied (quantized, or permuted / misaligned plain). */
+struct kwk_mat_src {
+    const struct kwk_mat *mat; /* the model's matrix */
+    int dtype;                 /* enum kwk_dtype of the tensor it is made from */
+};
+
 struct kwk_model {
     struct kwk_config cfg;
     char *path;                    /* what was loaded: folder or .gguf */
@@ -240,6 +249,8 @@ struct kwk_model {
     struct kwk_lazy_mat *lazy;     /* [n_lazy] */
     int n_lazy;
     int lazy_refs;                 /* holders of kwk_model_floats_acquire */
+    struct kwk_mat_src *srcs;      /* [n_srcs] every copied matrix, fixed after load */
+    int n_srcs;
     pthread_mutex_t lazy_lock;
     int huge_done; /* kwk_model_huge_pages ran (under lazy_lock) */
     /* Where kwk_model_embed_row reads tok_emb's rows from (emb_file 1): pread from the file,
@@ -285,6 +296,12 @@ int kwk_model_mat_acquire(const struct kwk_model *m, const struct kwk_mat *w, st
                           struct kwk_err *err);
 void kwk_model_mat_release(const struct kwk_model *m, const struct kwk_mat *w,
                            struct kwk_mat *out);
+
+/* The enum kwk_dtype of the file tensor w (one of m's matrices: layers[..], tok_emb, lm_head) is
+ * made from, e.g. KWK_DT_Q4_K for a matrix dequantized from a K-quant GGUF; the type of w's own
+ * data for a matrix the loader did not make (mapped in place, or an in-memory model's); -1 when
+ * that is no file type. Thread-safe (the table is fixed after load). */
+int kwk_model_mat_dtype(const struct kwk_model *m, const struct kwk_mat *w);
 
 /* out[d_model] = the embedding row of token id (0 <= id < n_vocab): the float32 table's row, or
  * that one row dequantized from the file when the table is lazy (the same floats). k reads a

@@ -75,6 +75,48 @@ static int keeps8(unsigned mask, int which, int L, int n_layers)
     return which == M_HEAD || mask >> M_COUNT & 1 || more_bits_layer(L, n_layers);
 }
 
+/* The file's own widths. A K-quant GGUF ("Q4_K_M") mixes 4-bit matrices (Q4_K) with wider ones
+ * (Q5_0, Q6_K, Q8_0) that llama.cpp's quantizer chose per matrix: int4 packs those wide too (in
+ * mix_bits' wide type) rather than re-quantize them to 4 bits, and the file's 4-bit ones as the
+ * keep8 mask says. Only a file that mixes: one quantized all at 8 (or 5, or 6) bits is one a user
+ * asks int4 to make 4-bit, and float sources (safetensors, F16 GGUFs) have no widths to keep.
+ * mix_bits 4 (all 4-bit, asked for) and KWKER_INT4_KEEP8 (exactly the matrices it names) leave
+ * the file's widths aside. The packed types are part of the pack cache's key (its records). */
+static int src_bits(const struct kwk_model *m, const struct kwk_mat *w)
+{
+    return kwk_dtype_bits(kwk_model_mat_dtype(m, w)); /* 0 when unknown */
+}
+
+static int quantized_wide(int bits)
+{
+    return bits > 4 && bits < 16;
+}
+
+static int keeps_file_widths(const struct kwk_model *m, int mix_bits, unsigned keep8)
+{
+    int n = 7 * m->cfg.n_layers, narrow = 0, wide = 0;
+    if (mix_bits == 4 || keep8 >> M_COUNT & 1)
+        return 0;
+    for (int i = 0; i <= n; i++) {
+        const struct kwk_mat *w = i < n ? layer_mat(&m->layers[i / 7], i % 7) : &m->lm_head;
+        int bits = src_bits(m, w);
+        narrow |= bits == 4;
+        wide |= quantized_wide(bits);
+    }
+    return narrow && wide;
+}
+
+/* int4's type for src (matrix which of layer L): wide when the keep8 mask keeps it or, with
+ * file_widths, when the file holds it wider than 4 bits; else 4-bit. */
+static int int4_wtype(const struct kwk_model *m, const struct kwk_mat *src, int which, int L,
+                      unsigned keep8, int file_widths, int wide)
+{
+    if (keeps8(keep8, which, L, m->cfg.n_layers) ||
+        (file_widths && quantized_wide(src_bits(m, src))))
+        return wide;
+    return KWK_W_Q4;
+}
+
 /* ---- the parallel repack ------------------------------------------------------------------- */
 
 /* Bytes of a packed wtype (blocks or panels): 0 on success. */
@@ -658,7 +700,9 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     int n_layers = c->n_layers, n_mats = 7 * n_layers + 1;
     /* calibration's vectors: each layer's, then the output norm (at V_COUNT * n_layers) */
     int calib = qo.n_calib > 0, n_vecs = calib ? V_COUNT * n_layers + 1 : 0;
-    unsigned keep8 = precision == KWK_PRECISION_INT4 ? keep8_mask(qo.mix_bits) : 0;
+    int int4 = precision == KWK_PRECISION_INT4;
+    unsigned keep8 = int4 ? keep8_mask(qo.mix_bits) : 0;
+    int file_widths = int4 && keeps_file_widths(m, qo.mix_bits, keep8);
     int wide = panels                          ? kwk_preserve_wtype(kwk_kernels())
                : precision == KWK_PRECISION_INT4 ? mix_wtype(m, qo.mix_bits)
                                                  : KWK_W_Q8;
@@ -688,15 +732,14 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     for (int L = 0; L < n_layers; L++) {
         p->layers[L] = m->layers[L]; /* norms and biases: the model's, shared */
         for (int w = 0; w < 7; w++) {
-            int wt = precision == KWK_PRECISION_INT4 && !keeps8(keep8, w, L, n_layers) ? KWK_W_Q4
-                                                                                        : wide;
-            jobs[n_jobs++] = (struct pack_job){layer_mat(&m->layers[L], w),
-                                               layer_mat(&p->layers[L], w), 0};
+            const struct kwk_mat *src = layer_mat(&m->layers[L], w);
+            int wt = int4 ? int4_wtype(m, src, w, L, keep8, file_widths, wide) : wide;
+            jobs[n_jobs++] = (struct pack_job){src, layer_mat(&p->layers[L], w), 0};
             *jobs[n_jobs - 1].dst =
                 (struct kwk_mat){.wtype = wt, .rows = 0, .cols = 0, .data = NULL};
         }
     }
-    int wt_head = precision == KWK_PRECISION_INT4 && !(keep8 >> M_HEAD & 1) ? KWK_W_Q4 : wide;
+    int wt_head = int4 ? int4_wtype(m, &m->lm_head, M_HEAD, 0, keep8, file_widths, wide) : wide;
     jobs[n_jobs++] = (struct pack_job){&m->lm_head, &p->lm_head, 0};
     p->lm_head.wtype = wt_head;
     for (int i = 0; i < n_jobs; i++) {

@@ -1,7 +1,7 @@
 /* test_lazy.c - float32 copies made on demand (kwk_model_load_ex lazy) are bitwise the ones made
- * at load: embedding rows, held matrices, one-matrix copies, and (once the runtime reads lazy
- * models) a decoder's logits. Uses the bundled quantized GGUF (Q4_1, llama q/k permutation,
- * tied embeddings). Single-threaded test driver. */
+ * at load: embedding rows, held matrices, one-matrix copies, (once the runtime reads lazy models)
+ * a decoder's logits, and the file type each matrix is made from. Uses the bundled quantized
+ * GGUF (Q4_1, llama q/k permutation, tied embeddings). Single-threaded test driver. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,6 +169,24 @@ static void test_logits(const struct kwk_model *eager, const struct kwk_model *l
 }
 #endif
 
+/* Both loads name the file's type of every matrix (int4 keeps a mixed file's wider ones wide):
+ * this file's layers are Q4_1, its table (and so its tied head) Q8_0. */
+static void test_mat_dtypes(const struct kwk_model *eager, const struct kwk_model *lazy)
+{
+    int n = 7 * eager->cfg.n_layers;
+    for (int i = 0; i < n_mats(eager); i++) {
+        int want = i < n ? KWK_DT_Q4_1 : KWK_DT_Q8_0;
+        T_EQ(kwk_model_mat_dtype(eager, mat_at(eager, i)), want);
+        T_EQ(kwk_model_mat_dtype(lazy, mat_at(lazy, i)), want);
+    }
+    struct kwk_mat plain = {.wtype = KWK_W_BF16, .rows = 1, .cols = 1, .data = NULL};
+    T_EQ(kwk_model_mat_dtype(eager, &plain), KWK_DT_BF16); /* not the model's: its own type */
+    T_EQ(kwk_dtype_bits(KWK_DT_Q4_K), 4);
+    T_EQ(kwk_dtype_bits(KWK_DT_Q5_0), 5);
+    T_EQ(kwk_dtype_bits(KWK_DT_Q6_K), 6);
+    T_EQ(kwk_dtype_bits(-1), 0);
+}
+
 int main(void)
 {
     struct kwk_err err;
@@ -179,6 +197,7 @@ int main(void)
     T_CHECK(lazy != NULL, "lazy: %s", err.msg);
     if (eager && lazy) {
         test_rows_and_mats(eager, lazy);
+        test_mat_dtypes(eager, lazy);
 #if KWK_MODEL_LAZY_DEFAULT
         test_logits(eager, lazy);
 #endif
