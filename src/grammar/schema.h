@@ -24,6 +24,7 @@
 #define SCHEMA_PTR_MAX 192       /* bytes of a JSON pointer kept for messages */
 #define SCHEMA_NAME_MAX 96       /* bytes of a rule name derived from a path */
 #define SCHEMA_CLASS_MAX 256     /* ranges of one character class of a pattern */
+#define SCHEMA_ENUM_NEST 64      /* groups nested in one rule of an enum's prefix tree */
 
 /* Growable NUL-terminated text with a sticky error (0, -ENOMEM or KWK_ELIMIT past
  * KWK_GRAMMAR_TEXT_MAX bytes) checked once by whoever takes the text. */
@@ -167,6 +168,27 @@ int schema_gen_flat(struct sconv *c, const struct sflat *f, const char *name, ch
 /* a ("," space a){m-1,n-1} style repetition: item repeated min..max (max < 0: unbounded),
  * separated by sep (NULL: none). */
 void gen_repetition(struct sbuf *b, const char *item, int64_t min, int64_t max, const char *sep);
+
+/* schema_enum.c: the values of an enum that GBNF writes as one literal each, as their JSON
+ * texts (not yet escaped for GBNF). */
+struct slit {
+    size_t off, len; /* the bytes text.p[off .. off + len) */
+    const char *p;   /* text.p + off, once the text is complete */
+};
+struct slits {
+    struct sbuf text; /* every literal's bytes, back to back */
+    struct slit *v;   /* [n] */
+    size_t n, cap;
+};
+/* Record the bytes appended to l->text since offset start as one literal: 0 or -ENOMEM. */
+int slits_mark(struct slits *l, size_t start);
+void slits_free(struct slits *l);
+/* Append to b GBNF alternatives, joined by " | ", that match exactly l's literals (sorted and
+ * deduplicated here): a prefix tree split between UTF-8 characters. nest: the groups already
+ * open in b; a node deeper than SCHEMA_ENUM_NEST becomes a rule named after name. *n_alts gets
+ * the number of alternatives written (0 when l is empty). Returns 0 or c->rc. */
+int schema_enum_trie(struct sconv *c, struct slits *l, const char *name, int nest,
+                     struct sbuf *b, int *n_alts);
 
 /* schema_int.c: a GBNF expression for the integers in [lo, hi] (has_lo / has_hi: bounded). */
 void gen_int_range(struct sbuf *b, int has_lo, int64_t lo, int has_hi, int64_t hi);

@@ -87,20 +87,15 @@ static void real_text(double d, char *out, size_t cap)
         strncat(out, ".0", cap - strlen(out) - 1);
 }
 
-static void gen_value(struct sbuf *b, const json_t *v, int depth)
+/* The JSON text of a value that GBNF writes as one literal (null, booleans, numbers, strings)
+ * appended to b unescaped: 1; 0 for arrays and objects (nothing appended). */
+static int scalar_text(struct sbuf *b, const json_t *v)
 {
     char num[64];
-    size_t i;
-    const char *k;
-    json_t *x;
-    if (depth > SCHEMA_DEPTH_MAX * 4) {
-        b->err = KWK_ELIMIT;
-        return;
-    }
     switch (json_typeof(v)) {
-    case JSON_NULL: sb_puts(b, "\"null\""); break;
-    case JSON_TRUE: sb_puts(b, "\"true\""); break;
-    case JSON_FALSE: sb_puts(b, "\"false\""); break;
+    case JSON_NULL: sb_puts(b, "null"); return 1;
+    case JSON_TRUE: sb_puts(b, "true"); return 1;
+    case JSON_FALSE: sb_puts(b, "false"); return 1;
     case JSON_INTEGER:
     case JSON_REAL:
         if (json_is_integral(v) && fabsl(json_is_integer(v) ? (long double)json_integer_value(v)
@@ -108,22 +103,36 @@ static void gen_value(struct sbuf *b, const json_t *v, int depth)
             /* 1 and 1.0 are the same value to JSON Schema: written as an integer */
             long long n = json_is_integer(v) ? (long long)json_integer_value(v)
                                              : (long long)json_real_value(v);
-            sb_printf(b, "\"%lld\"", n);
+            snprintf(num, sizeof num, "%lld", n);
         } else {
             real_text(json_real_value(v), num, sizeof num);
-            sb_literal(b, num, strlen(num));
         }
-        break;
+        sb_puts(b, num);
+        return 1;
     case JSON_STRING: {
         char *t = json_dumps(v, JSON_ENCODE_ANY);
-        if (!t) {
-            b->err = -ENOMEM;
-            return;
-        }
-        sb_literal(b, t, strlen(t));
+        if (!t)
+            b->err = b->err ? b->err : -ENOMEM;
+        else
+            sb_puts(b, t);
         free(t);
-        break;
+        return 1;
     }
+    default: return 0;
+    }
+}
+
+static void gen_value(struct sbuf *b, const json_t *v, int depth)
+{
+    size_t i;
+    const char *k;
+    json_t *x;
+    struct sbuf lit = {0};
+    if (depth > SCHEMA_DEPTH_MAX * 4) {
+        b->err = KWK_ELIMIT;
+        return;
+    }
+    switch (json_typeof(v)) {
     case JSON_ARRAY:
         sb_puts(b, "\"[\" space");
         json_array_foreach(v, i, x)
@@ -157,6 +166,13 @@ static void gen_value(struct sbuf *b, const json_t *v, int depth)
         sb_puts(b, " \"}\"");
         break;
     }
+    default:
+        scalar_text(&lit, v);
+        if (lit.err)
+            b->err = b->err ? b->err : lit.err;
+        else
+            sb_literal(b, lit.p, lit.n);
+        sb_free(&lit);
     }
 }
 
@@ -221,32 +237,55 @@ static int enum_allows(struct sconv *c, const struct sflat *f, const json_t *v)
     return 1;
 }
 
-static int gen_enum(struct sconv *c, const struct sflat *f, char **body)
+/* One literal for the values written as one (gathered into a prefix tree: a flat list of n
+ * would be n live stacks at the enum's start), alternatives beside it for arrays and objects. */
+static int gen_enum(struct sconv *c, const struct sflat *f, const char *name, char **body)
 {
-    struct sbuf b = {0};
+    struct sbuf b = {0}, rest = {0};
+    struct slits lits = {0};
     size_t i;
     json_t *v;
-    int n = 0, rc;
+    int n_rest = 0, n_lits = 0, rc = 0;
     *body = NULL;
     json_array_foreach(f->enum_vals, i, v)
     {
-        if ((rc = enum_allows(c, f, v)) < 0) {
-            sb_free(&b);
-            return rc;
+        int ok = sconv_step(c) ? c->rc : enum_allows(c, f, v);
+        size_t start = lits.text.n;
+        if (ok < 0) {
+            rc = ok;
+            goto out;
         }
-        if (!rc)
+        if (!ok)
             continue;
-        sb_puts(&b, n++ ? " | " : "(");
-        gen_value(&b, v, 0);
+        if (!scalar_text(&lits.text, v)) {
+            sb_puts(&rest, n_rest++ ? " | " : "");
+            gen_value(&rest, v, 0);
+        } else if (slits_mark(&lits, start)) {
+            rc = sconv_fail(c, -ENOMEM, "out of memory");
+            goto out;
+        }
     }
-    if (!n)
-        return 0;
+    if (!lits.n && !n_rest)
+        goto out;
+    sb_puts(&b, "(");
+    if ((rc = schema_enum_trie(c, &lits, name, 1, &b, &n_lits)))
+        goto out;
+    sb_puts(&b, n_lits && n_rest ? " | " : "");
+    if (rest.err)
+        b.err = b.err ? b.err : rest.err;
+    else if (n_rest)
+        sb_put(&b, rest.p, rest.n);
     sb_puts(&b, ") space");
     if (!rule_primitive(c, "space")) {
-        sb_free(&b);
-        return c->rc;
+        rc = c->rc;
+        goto out;
     }
-    return take(c, &b, body);
+    rc = take(c, &b, body);
+out:
+    sb_free(&b);
+    sb_free(&rest);
+    slits_free(&lits);
+    return rc;
 }
 
 /* ---- numbers ---- */
@@ -866,7 +905,7 @@ int schema_gen_flat(struct sconv *c, const struct sflat *f, const char *name, ch
     *body = NULL;
     *is_name = 0;
     if (f->enum_vals)
-        return gen_enum(c, f, body);
+        return gen_enum(c, f, name, body);
     unsigned t = f->types;
     if (t & T_NULL)
         rc = dup_name(c, rule_primitive(c, "null"), &parts[0].body);

@@ -84,6 +84,23 @@ static void test_exact(void)
                  "root ::= \"\\\"\" (([a-z])+ ([0-9]){2}) \"\\\"\" space\n");
     expect_rules("{\"enum\": [\"a\\\"b\", null]}",
                  "root ::= (\"\\\"a\\\\\\\"b\\\"\" | \"null\") space\n");
+    /* enums: the values that are one literal as a prefix tree split between characters (é and
+     * è, 日 and 旧 share first bytes), objects and arrays beside it, duplicates once */
+    expect_rules("{\"enum\": [\"red\", \"green\", \"gray\", \"blue\"]}",
+                 "root ::= (\"\\\"\" (\"blue\\\"\" | \"gr\" (\"ay\\\"\" | \"een\\\"\") | "
+                 "\"red\\\"\")) space\n");
+    expect_rules("{\"enum\": [\"a\", \"ab\", \"abc\"]}",
+                 "root ::= (\"\\\"a\" (\"\\\"\" | \"b\" (\"\\\"\" | \"c\\\"\"))) space\n");
+    expect_rules("{\"enum\": [\"\xc3\xa9\", \"\xc3\xa8\", \"\xe6\x97\xa5\xe6\x9c\xac\", "
+                 "\"\xe6\x97\xa5\", \"\xe6\x97\xa7\"]}",
+                 "root ::= (\"\\\"\" (\"\xc3\xa8\\\"\" | \"\xc3\xa9\\\"\" | \"\xe6\x97\xa5\" "
+                 "(\"\\\"\" | \"\xe6\x9c\xac\\\"\") | \"\xe6\x97\xa7\\\"\")) space\n");
+    expect_rules("{\"enum\": [12, 1, 1.5, null, \"\", {\"a\": 1}, \"x\", \"x\", 1.0, [true], "
+                 "false]}",
+                 "root ::= (\"\\\"\" (\"\\\"\" | \"x\\\"\") | \"1\" (\"\" | \".5\" | \"2\") | "
+                 "\"false\" | \"null\" | \"{\" space \"\\\"a\\\"\" space \":\" space \"1\" space "
+                 "\"}\" | \"[\" space \"true\" space \"]\") space\n");
+    expect_rules("{\"enum\": [\"\"]}", "root ::= (\"\\\"\\\"\") space\n");
     expect_rules("{\"type\": [\"string\", \"null\"], \"maxLength\": 2}",
                  "root ::= null | root-string\n"
                  "root-string ::= \"\\\"\" char{0,2} \"\\\"\" space\n");
@@ -294,11 +311,186 @@ static void test_acceptance(void)
                  (const char *const[]){"[\n                     1]", "[\n\n1]", NULL});
 }
 
-static void test_alloc_failures(void)
+/* ---- enums as prefix trees ---- */
+
+#define N_WORDS 5000
+
+/* The JSON text of the i-th of N_WORDS distinct strings with shared prefixes: characters that
+ * share first bytes but not a code point (é è, 日 旧 旦), escapes, parts that are prefixes of
+ * others ("a" "ab" "abc", "nul" "null"), an empty part. */
+static void enum_word(int i, char *out, size_t cap)
 {
-    const char *schema = "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", "
-                         "\"pattern\": \"^x+$\"}, \"b\": {\"anyOf\": [{\"type\": \"integer\", "
-                         "\"minimum\": 3}, {\"enum\": [1, \"z\"]}]}}, \"required\": [\"a\"]}";
+    static const char *const a[8] = {"\xc3\xa9", "\xc3\xa8", "\xe6\x97\xa5\xe6\x9c\xac",
+                                     "\xe6\x97\xa5", "\xe6\x97\xa7", "a", "ab", "abc"};
+    static const char *const b[25] = {
+        "red", "green", "gray",  "grey", "blue", "q\\\"", "t\\tb", "", "x", "xy", "xyz",
+        "back\\\\", "sl/ash", "\xe4\xb8\xad", "\xe4\xb8\xad\xe6\x96\x87", "caf\xc3\xa9", "cafe",
+        "caf", "n", "nu", "nul", "null", "0", "01", "1"};
+    snprintf(out, cap, "\"%s/%s/%d\"", a[i % 8], b[i / 8 % 25], i / 200);
+}
+
+/* {"enum": [the n texts that word(i) writes]}; the caller frees. */
+static char *enum_schema(int n, void (*word)(int, char *, size_t))
+{
+    size_t cap = 64, len = 0;
+    char w[8192], *s = malloc(cap);
+    len = (size_t)snprintf(s, cap, "{\"enum\": [");
+    for (int i = 0; i < n; i++) {
+        word(i, w, sizeof w);
+        while (len + strlen(w) + 8 > cap)
+            s = realloc(s, cap *= 2);
+        len += (size_t)snprintf(s + len, cap - len, "%s%s", i ? ", " : "", w);
+    }
+    snprintf(s + len, cap - len, "]}");
+    return s;
+}
+
+/* Tokens for masks over the enum's start: every byte, then pieces across its branches. */
+static const char *const enum_pieces[] = {
+    "\"", "\"\xc3", "\"\xc3\xa9", "\xc3\xa9/", "\"\xe6\x97", "\xa5\xe6", "\xe6\x97\xa6", "\"a",
+    "\"ab", "abc/", "/red/", "/gr", "ey/", "\\\"", "\\t", "1\"", "10\"", "\"x", "/nul", "null/",
+    "\" ", "/\xe4\xb8\xad", "\"\"", "/1", "24\""};
+#define N_ENUM_TOKENS (256 + (int)KWK_ARRAY_LEN(enum_pieces))
+
+static uint32_t enum_token(int t, char *out)
+{
+    if (t < 256) {
+        out[0] = (char)t;
+        return 1;
+    }
+    memcpy(out, enum_pieces[t - 256], strlen(enum_pieces[t - 256]));
+    return (uint32_t)strlen(enum_pieces[t - 256]);
+}
+
+static kwk_grammar_vocab *enum_vocab(void)
+{
+    static char bytes[N_ENUM_TOKENS][16];
+    const char *ptrs[N_ENUM_TOKENS];
+    uint32_t lens[N_ENUM_TOKENS];
+    for (int t = 0; t < N_ENUM_TOKENS; t++) {
+        lens[t] = enum_token(t, bytes[t]);
+        ptrs[t] = bytes[t];
+    }
+    struct kwk_err err = {0};
+    kwk_grammar_vocab *v = kwk_grammar_vocab_from_bytes(ptrs, lens, N_ENUM_TOKENS, &err);
+    T_CHECK(v != NULL, "%s", err.msg);
+    return v;
+}
+
+/* The mask after text (which m has taken) allows exactly the tokens that keep it a prefix. */
+static void enum_mask_check(const kwk_grammar *g, kwk_matcher *m, const char *text)
+{
+    uint32_t allowed[(N_ENUM_TOKENS + 31) / 32] = {0};
+    int bad = 0;
+    T_TRUE(kwk_matcher_mask(m, allowed) > 0);
+    for (int t = 0; t < N_ENUM_TOKENS; t++) {
+        char buf[64];
+        size_t n = strlen(text);
+        int prefix = 0, bit = (int)(allowed[t / 32] >> (t % 32) & 1);
+        memcpy(buf, text, n);
+        n += enum_token(t, buf + n);
+        T_TRUE(kwk_grammar_match(g, buf, n, &prefix) >= 0);
+        bad += bit != prefix;
+    }
+    T_EQ(bad, 0);
+}
+
+/* An enum of N_WORDS strings (more than the matcher's 1024 stacks if they were alternatives)
+ * converts, and a matcher from its start takes every value and nothing else. */
+static void test_enum_many(void)
+{
+    struct kwk_err err = {0};
+    char *schema = enum_schema(N_WORDS, enum_word), w[256], x[256];
+    kwk_grammar *g = kwk_grammar_from_json_schema(schema, strlen(schema), &err);
+    kwk_grammar_vocab *v = enum_vocab();
+    kwk_matcher *m = g && v ? kwk_matcher_new(g, v, &err) : NULL;
+    T_CHECK(m != NULL, "%s", err.msg);
+    free(schema);
+    if (!m)
+        goto out;
+    enum_mask_check(g, m, "");
+    T_EQ(kwk_matcher_accept_bytes(m, "\"\xe6\x97", 3), 0);
+    enum_mask_check(g, m, "\"\xe6\x97");
+    int missed = 0, wrong = 0;
+    for (int i = 0; i < N_WORDS; i++) {
+        enum_word(i, w, sizeof w);
+        size_t n = strlen(w);
+        kwk_matcher_reset(m);
+        missed += kwk_matcher_accept_bytes(m, w, n) != 0 || !kwk_matcher_done(m);
+        missed += kwk_grammar_match(g, w, n, NULL) != 1;
+        /* a prefix (the part before the number, closed), a character more, one changed */
+        snprintf(x, sizeof x, "%.*s\"", (int)(strrchr(w, '/') - w + 1), w);
+        wrong += kwk_grammar_match(g, x, strlen(x), NULL) != 0;
+        snprintf(x, sizeof x, "%.*sz\"", (int)n - 1, w);
+        wrong += kwk_grammar_match(g, x, strlen(x), NULL) != 0;
+        snprintf(x, sizeof x, "%s", w);
+        x[n - 2] = 'z';
+        wrong += kwk_grammar_match(g, x, n, NULL) != 0;
+        int prefix = 0;
+        wrong += kwk_grammar_match(g, w, n - 1, &prefix) != 0 || !prefix;
+    }
+    T_EQ(missed, 0);
+    T_EQ(wrong, 0);
+    /* 旦 shares 日's and 旧's first two bytes; a lone first byte is only a prefix */
+    kwk_matcher_reset(m);
+    T_TRUE(kwk_matcher_accept_bytes(m, "\"\xe6\x97\xa6", 4) != 0);
+    T_EQ(kwk_grammar_match(g, "\"\xe6\x97\xa6/red/0\"", 11, NULL), 0);
+    T_EQ(kwk_grammar_match(g, "\"\xe6\"", 3, NULL), 0);
+    T_EQ(kwk_grammar_match(g, "\"\"", 2, NULL), 0);
+out:
+    kwk_matcher_free(m);
+    kwk_grammar_vocab_free(v);
+    kwk_grammar_free(g);
+}
+
+/* "a", "aa" ... 300 a's: a node per value, deeper than one rule nests groups. */
+static void deep_word(int i, char *out, size_t cap)
+{
+    out[0] = '"';
+    memset(out + 1, 'a', (size_t)i + 1);
+    snprintf(out + i + 2, cap - (size_t)i - 2, "\"");
+}
+
+/* Long values: 40 of 3000 shared bytes and a number, so the shared part is one literal. */
+static void long_word(int i, char *out, size_t cap)
+{
+    memset(out, 'b', 3001);
+    out[0] = '"';
+    snprintf(out + 3001, cap - 3001, "%d\"", i * 7);
+}
+
+static void expect_enum_words(int n, void (*word)(int, char *, size_t), const char *rule)
+{
+    struct kwk_err err = {0};
+    char *schema = enum_schema(n, word), *gbnf = NULL, w[8192];
+    size_t len = 0;
+    T_EQ(kwk_json_schema_to_gbnf(schema, strlen(schema), &gbnf, &len, &err), 0);
+    if (gbnf && rule)
+        T_CONTAINS(gbnf, rule);
+    kwk_grammar *g = kwk_grammar_from_json_schema(schema, strlen(schema), &err);
+    T_CHECK(g != NULL, "%s", err.msg);
+    for (int i = 0; g && i < n; i++) {
+        word(i, w, sizeof w);
+        size_t k = strlen(w);
+        T_EQ(kwk_grammar_match(g, w, k, NULL), 1);
+        w[k - 1] = 'c'; /* one character more */
+        w[k] = '"';
+        T_EQ(kwk_grammar_match(g, w, k + 1, NULL), 0);
+    }
+    kwk_grammar_free(g);
+    kwk_string_free(gbnf);
+    free(schema);
+}
+
+static void test_enum_deep(void)
+{
+    expect_enum_words(300, deep_word, "\nroot-enum-0 ::= \"a\" (");
+    expect_enum_words(40, long_word, NULL);
+}
+
+/* Every allocation of a conversion failed in turn gives -ENOMEM, never another error. */
+static void expect_alloc_failures(const char *schema)
+{
     int failed = 0, done = 0;
     for (long n = 1; n < 5000 && !done; n++) {
         struct kwk_err err = {0};
@@ -319,12 +511,28 @@ static void test_alloc_failures(void)
     T_EQ(failed, 0);
 }
 
+static void test_alloc_failures(void)
+{
+    expect_alloc_failures("{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", "
+                          "\"pattern\": \"^x+$\"}, \"b\": {\"anyOf\": [{\"type\": \"integer\", "
+                          "\"minimum\": 3}, {\"enum\": [1, \"z\"]}]}}, \"required\": [\"a\"]}");
+    /* an enum deep enough for rules of its own, with an object beside its tree */
+    char *deep = enum_schema(150, deep_word);
+    size_t n = strlen(deep);
+    deep = realloc(deep, n + 32);
+    strcpy(deep + n - 2, ", {\"k\": [1]}]}"); /* over the closing "]}" */
+    expect_alloc_failures(deep);
+    free(deep);
+}
+
 int main(void)
 {
     test_exact();
     test_refusals();
     test_errors_and_limits();
     test_acceptance();
+    test_enum_many();
+    test_enum_deep();
     test_alloc_failures();
     return t_report("test_schema");
 }
