@@ -36,6 +36,16 @@ static int extract(int format, const char *text, const char *want_content, struc
     return r->calls ? (int)json_array_size(r->calls) : -1;
 }
 
+/* Texts that are not a whole call reply in format: all of each is content. */
+static void expect_content_only(int format, const char *const *texts, size_t n)
+{
+    struct srv_tool_reply r;
+    for (size_t i = 0; i < n; i++) {
+        T_EQ(extract(format, texts[i], texts[i], &r), -1);
+        srv_tool_reply_free(&r);
+    }
+}
+
 static void test_detect(void)
 {
     T_EQ(srv_tool_format_detect(NULL), SRV_TOOLS_GENERIC);
@@ -85,10 +95,7 @@ static void test_hermes(void)
         "<tool_call>",
         "",
     };
-    for (size_t i = 0; i < sizeof not_calls / sizeof *not_calls; i++) {
-        T_EQ(extract(SRV_TOOLS_HERMES, not_calls[i], not_calls[i], &r), -1);
-        srv_tool_reply_free(&r);
-    }
+    expect_content_only(SRV_TOOLS_HERMES, not_calls, sizeof not_calls / sizeof *not_calls);
 }
 
 static void test_llama3(void)
@@ -117,10 +124,7 @@ static void test_llama3(void)
         "{\"name\": \"f\", \"parameters\": {",
         "{\"name\"",
     };
-    for (size_t i = 0; i < sizeof not_calls / sizeof *not_calls; i++) {
-        T_EQ(extract(SRV_TOOLS_LLAMA3, not_calls[i], not_calls[i], &r), -1);
-        srv_tool_reply_free(&r);
-    }
+    expect_content_only(SRV_TOOLS_LLAMA3, not_calls, sizeof not_calls / sizeof *not_calls);
 }
 
 static void test_generic(void)
@@ -140,10 +144,7 @@ static void test_generic(void)
         "{\"response\": 3}",
         "{\"tool_calls\": [{\"name\": \"f\", \"arguments\": {}}]} x",
     };
-    for (size_t i = 0; i < sizeof not_calls / sizeof *not_calls; i++) {
-        T_EQ(extract(SRV_TOOLS_GENERIC, not_calls[i], not_calls[i], &r), -1);
-        srv_tool_reply_free(&r);
-    }
+    expect_content_only(SRV_TOOLS_GENERIC, not_calls, sizeof not_calls / sizeof *not_calls);
 }
 
 static void test_sendable(void)

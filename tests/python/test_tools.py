@@ -185,42 +185,34 @@ def test_trigger_needs_a_grammar(dec):
 
 # ---- the server ------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def generic():
+def serve(*extra):
     from test_server import KEY, Server
-    s = Server("--api-key", KEY, "--max-batch", 4, "--max-cache-len", 2048)
+    s = Server("--api-key", KEY, "--max-batch", 4, "--max-cache-len", 2048, *extra)
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def generic():
+    yield from serve()
 
 
 @pytest.fixture(scope="module")
 def hermes():
-    from test_server import KEY, Server
-    s = Server("--api-key", KEY, "--max-batch", 4, "--max-cache-len", 2048,
-               "--chat-template-file", QWEN_TEMPLATE)
-    yield s
-    s.stop()
+    yield from serve("--chat-template-file", QWEN_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
 def llama3():
     """Llama 3.1's template on SmolLM2 (its header tokens are plain text to this vocabulary,
     which is enough for the format: calls are {"name", "parameters"} objects)."""
-    from test_server import KEY, Server
-    s = Server("--api-key", KEY, "--max-batch", 4, "--max-cache-len", 2048,
-               "--chat-template-file", LLAMA31_TEMPLATE)
-    yield s
-    s.stop()
+    yield from serve("--chat-template-file", LLAMA31_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
 def forced_generic():
     """--tool-format overrides what the template says (Qwen's template, the generic format)."""
-    from test_server import KEY, Server
-    s = Server("--api-key", KEY, "--max-batch", 2, "--max-cache-len", 2048,
-               "--chat-template-file", QWEN_TEMPLATE, "--tool-format", "generic")
-    yield s
-    s.stop()
+    yield from serve("--chat-template-file", QWEN_TEMPLATE, "--tool-format", "generic")
 
 
 def check_calls(msg, names=None):
