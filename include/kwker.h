@@ -576,8 +576,10 @@ struct kwk_gen_params {
      * KWK_GRAMMAR_TRIGGER_MAX bytes) the reply is free text until its bytes contain the
      * trigger; from the trigger's first byte on, the text must be a sentence of grammar (whose
      * sentences begin with the trigger, e.g. "<tool_call>"). A token that would bring the
-     * trigger with bytes the grammar refuses is never chosen; eos ids end a reply that has not
-     * met the trigger. NULL or "": the grammar holds from the reply's first byte. */
+     * trigger with bytes the grammar refuses is set aside and the choice made again (after 64
+     * in a row the call fails); special tokens add no bytes, so a trigger spelled by one never
+     * fires; eos ids end a reply that has not met the trigger. NULL or "": the grammar holds
+     * from the reply's first byte. */
     const char *grammar_trigger;
 };
 

@@ -300,8 +300,9 @@ static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
 }
 
 /* Whether tok sets off the lazy grammar: 0 no (its bytes join the kept tail), 1 yes (the
- * matcher now holds the text from the trigger's first byte through tok), -1 the trigger is
- * there but the grammar refuses what follows it (nothing changed). */
+ * matcher now holds the text from the trigger's first byte through tok), 2 the trigger is
+ * there but the grammar refuses what follows it (nothing changed), or a negative code when the
+ * matcher could not tell (KWK_ELIMIT, -ENOMEM). */
 static int trigger_check(struct kwk_gen_seq *g, int32_t tok)
 {
     const kwk_grammar_vocab *v = g->vocab;
@@ -317,9 +318,10 @@ static int trigger_check(struct kwk_gen_seq *g, int32_t tok)
         if (memcmp(b + i, t, g->trig_len))
             continue;
         kwk_matcher_reset(g->matcher);
-        if (kwk_matcher_accept_bytes(g->matcher, b + i, len - i) < 0) {
+        int rc = kwk_matcher_accept_bytes(g->matcher, b + i, len - i);
+        if (rc < 0) {
             kwk_matcher_reset(g->matcher);
-            return -1;
+            return rc == KWK_EARG ? 2 : rc;
         }
         return 1;
     }
@@ -357,6 +359,10 @@ static int lazy_choose(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
         if (is_eos(g, *tok))
             return 0;
         rc = trigger_check(g, *tok);
+        if (rc < 0)
+            return kwk_err_set(err, rc, "grammar: %s at its trigger",
+                               rc == KWK_ELIMIT ? "too ambiguous (the matcher's limit)"
+                                                : kwk_status_str(rc));
         if (rc == 1) {
             g->lazy = 0;
             g->triggered = 1;

@@ -24,7 +24,7 @@ static const char *call_args(const struct srv_tool_reply *r, size_t i)
  * content is want_content (NULL: null). */
 static int extract(int format, const char *text, const char *want_content, struct srv_tool_reply *r)
 {
-    srv_tools_extract(format, text, strlen(text), 7, r);
+    srv_tools_extract(format, text, strlen(text), 7, NULL, r);
     if (want_content) {
         T_TRUE(!r->null_content);
         T_EQ(r->content_len, strlen(want_content));
@@ -282,6 +282,104 @@ static void test_history(void)
     T_STREQ(json_string_value(json_object_get(m1, "content")),
             "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"a\":1}}]}");
     srv_req_free(&r);
+    /* tool results, for a template that knows no tools: user turns holding the result */
+    json_t *m2 = NULL;
+    T_EQ(srv_req_parse(&r, SRV_CHAT, body, sizeof body - 1, &lim, &e), 0);
+    m2 = json_array_get(r.messages, 2);
+    T_STREQ(json_string_value(json_object_get(m2, "role")), "user");
+    T_STREQ(json_string_value(json_object_get(m2, "content")),
+            "{\"tool_response\":{\"tool_call_id\":\"c1\",\"content\":\"42\"}}");
+    T_TRUE(!json_object_get(m2, "tool_call_id"));
+    srv_req_free(&r);
+}
+
+/* A chat request with the given tools (JSON array text) and extra fields, as format. */
+static int parse_tools(struct srv_req *r, int format, const char *tools, const char *extra,
+                       struct srv_err *e)
+{
+    char body[8192];
+    snprintf(body, sizeof body,
+             "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "\"tools\": %s%s}",
+             tools, extra);
+    struct srv_limits lim = {.n_vocab = 100, .max_cache_len = 100, .tool_format = format};
+    return srv_req_parse(r, SRV_CHAT, body, strlen(body), &lim, e);
+}
+
+static void test_parameters(void)
+{
+    struct srv_req r;
+    struct srv_err e;
+    /* references are the parameters' own ("#" is their root), wherever the call's schema puts
+     * them: one tool at the root, several under anyOf, the generic format under tool_calls */
+    static const char defs[] =
+        "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
+        "\"object\", \"properties\": {\"city\": {\"$ref\": \"#/$defs/City\"}, \"next\": "
+        "{\"anyOf\": [{\"$ref\": \"#\"}, {\"type\": \"null\"}]}}, \"required\": [\"city\", "
+        "\"next\"], \"additionalProperties\": false, \"$defs\": {\"City\": {\"type\": "
+        "\"string\", \"enum\": [\"Paris\", \"Rome\"]}}}}}";
+    static const char other[] = ", {\"type\": \"function\", \"function\": {\"name\": \"g\"}}]";
+    char one[1024], two[1024];
+    snprintf(one, sizeof one, "%s]", defs);
+    snprintf(two, sizeof two, "%s%s", defs, other);
+    static const char call[] = "{\"name\": \"f\", \"arguments\": {\"city\": \"Rome\", \"next\": "
+                               "{\"city\": \"Paris\", \"next\": null}}}";
+    char wrapped[512];
+    snprintf(wrapped, sizeof wrapped, "<tool_call>%s</tool_call>", call);
+    const char *const lists[] = {one, two};
+    for (int k = 0; k < 2; k++) {
+        T_EQ(parse_tools(&r, SRV_TOOLS_HERMES, lists[k], "", &e), 0);
+        T_TRUE(r.grammar && matches(r.grammar, wrapped));
+        srv_req_free(&r);
+        char generic[600];
+        snprintf(generic, sizeof generic, "{\"tool_calls\": [%s]}", call);
+        T_EQ(parse_tools(&r, SRV_TOOLS_GENERIC, lists[k], "", &e), 0);
+        T_TRUE(r.grammar && matches(r.grammar, generic));
+        /* a call object is not a "next" city: "#" is the parameters' root, not the call's */
+        snprintf(generic, sizeof generic,
+                 "{\"tool_calls\": [{\"name\": \"f\", \"arguments\": "
+                 "{\"city\": \"Rome\", \"next\": %s}}]}",
+                 call);
+        T_TRUE(!matches(r.grammar, generic));
+        srv_req_free(&r);
+    }
+    /* parameters without a type are an object's; another type is refused */
+    T_EQ(parse_tools(&r, SRV_TOOLS_LLAMA3,
+                     "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+                     "{\"properties\": {\"a\": {\"type\": \"integer\"}}}}}]",
+                     ", \"tool_choice\": \"required\"", &e),
+         0);
+    T_TRUE(matches(r.grammar, "{\"name\": \"f\", \"parameters\": {\"a\": 3}}"));
+    T_TRUE(!matches(r.grammar, "{\"name\": \"f\", \"parameters\": 3}"));
+    srv_req_free(&r);
+    T_EQ(parse_tools(&r, SRV_TOOLS_LLAMA3,
+                     "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+                     "{\"type\": \"string\"}}}]",
+                     "", &e),
+         -1);
+    T_STREQ(e.param, "tools");
+}
+
+/* A reply that calls a function the request did not give is content. */
+static void test_unknown_names(void)
+{
+    struct srv_tool_reply r;
+    json_t *tools = json_loads(WEATHER, 0, NULL), *list = json_array();
+    json_array_append_new(list, tools);
+    static const char known[] = "{\"name\": \"get_weather\", \"parameters\": {}}";
+    static const char unknown[] = "{ \"name\": \"rm_rf\", \"parameters\": {}}";
+    srv_tools_extract(SRV_TOOLS_LLAMA3, known, sizeof known - 1, 1, list, &r);
+    T_TRUE(r.calls && json_array_size(r.calls) == 1);
+    srv_tool_reply_free(&r);
+    srv_tools_extract(SRV_TOOLS_LLAMA3, unknown, sizeof unknown - 1, 1, list, &r);
+    T_TRUE(!r.calls && r.content_len == sizeof unknown - 1 && !r.null_content);
+    srv_tool_reply_free(&r);
+    static const char generic[] =
+        "{\"tool_calls\": [{\"name\": \"rm_rf\", \"arguments\": {}}], \"response\": \"x\"}";
+    srv_tools_extract(SRV_TOOLS_GENERIC, generic, sizeof generic - 1, 1, list, &r);
+    T_TRUE(!r.calls && r.content == generic && r.content_len == sizeof generic - 1);
+    srv_tool_reply_free(&r);
+    json_decref(list);
 }
 
 int main(void)
@@ -294,5 +392,7 @@ int main(void)
     test_rename_root();
     test_requests();
     test_history();
+    test_parameters();
+    test_unknown_names();
     return t_report("test_toolcall");
 }

@@ -341,7 +341,11 @@ static void stream_tools(struct rq *r, struct srv_buf *text, int done)
     const char *t = all->p ? all->p : "";
     size_t upto;
     if (done) {
-        srv_tools_extract(r->req.tool_format, t, all->len, r->call_seed, &r->tools);
+        if (r->estatus) /* a failed reply: its text is not read for calls */
+            return;
+        srv_tools_extract(r->req.tool_format, t, all->len, r->call_seed, r->req.tools,
+                          &r->tools);
+        r->tools.named = r->req.tool_choice == SRV_TOOL_NAMED;
         r->ctx.tools = &r->tools;
         if (r->tools.content != t) { /* the generic format's "response": nothing sent before */
             srv_buf_add(text, r->tools.content, r->tools.content_len);
@@ -479,7 +483,8 @@ static enum MHD_Result answer(struct rq *r)
     struct srv_buf b = {0};
     if (r->req.tools) {
         srv_tools_extract(r->req.tool_format, r->text.p ? r->text.p : "", r->text.len,
-                          r->call_seed, &r->tools);
+                          r->call_seed, r->req.tools, &r->tools);
+        r->tools.named = r->req.tool_choice == SRV_TOOL_NAMED;
         r->ctx.tools = &r->tools;
     }
     srv_json_response(&b, &r->ctx, r->text.p, r->text.len, r->lps, r->n_lps, r->finish,

@@ -248,9 +248,12 @@ static int tool_calls_in(json_t *calls, json_t *msg, struct srv_err *e)
             return bad_type(e, "messages", "a list of messages whose tool calls are {\"id\", "
                                            "\"type\": \"function\", \"function\": "
                                            "{\"name\", \"arguments\"}}");
-        json_t *a = json_is_string(args) ? json_loadb(json_string_value(args),
-                                                      json_string_length(args), 0, NULL)
-                                         : NULL;
+        /* the arguments' text gets the body's nesting limit too (jansson's own is 2048) */
+        json_t *a = json_is_string(args) && srv_json_depth_ok(json_string_value(args),
+                                                              json_string_length(args),
+                                                              SRV_MAX_DEPTH)
+                        ? json_loadb(json_string_value(args), json_string_length(args), 0, NULL)
+                        : NULL;
         if (a && !json_is_object(a)) {
             json_decref(a);
             a = NULL;
@@ -988,7 +991,8 @@ void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text,
     /* OpenAI's finish_reason is "tool_calls" when the reply calls tools */
     json_t *choice = json_pack("{s:i, s:o, s:s}", "index", 0, "logprobs",
                                logprobs_json(c, lps, n_lps), "finish_reason",
-                               tr && tr->calls ? "tool_calls" : srv_finish_name(finish));
+                               tr && tr->calls && !tr->named ? "tool_calls"
+                                                             : srv_finish_name(finish));
     if (tr) {
         text = tr->content;
         len = tr->content_len;
@@ -1068,7 +1072,8 @@ void srv_sse_content(struct srv_buf *out, struct srv_ctx *c, const char *text, s
 
 void srv_sse_finish(struct srv_buf *out, const struct srv_ctx *c, int finish)
 {
-    const char *why = c->tools && c->tools->calls ? "tool_calls" : srv_finish_name(finish);
+    const struct srv_tool_reply *tr = c->tools;
+    const char *why = tr && tr->calls && !tr->named ? "tool_calls" : srv_finish_name(finish);
     chunk(out, c, c->kind == SRV_CHAT ? json_object() : json_string(""), json_null(), why);
 }
 

@@ -138,8 +138,8 @@ const char *srv_tool_format_name(int format);
 int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err *e);
 
 /* A reply's text read as format: content (text's prefix, or the generic format's "response")
- * and OpenAI's tool_calls, or calls NULL when the text is not a whole call reply (then all of
- * it is content). */
+ * and OpenAI's tool_calls, or calls NULL when the text is not a whole call reply or calls a
+ * function not in tools (the request's; NULL: any) (then all of it is content). */
 struct srv_tool_reply {
     const char *content;        /* into the text, or own */
     size_t content_len;
@@ -147,9 +147,11 @@ struct srv_tool_reply {
     json_t *calls;              /* [{"id", "type": "function", "function": {"name",
                                  * "arguments": JSON text}}], or NULL */
     char *own;
+    int named;                  /* tool_choice named the function: finish_reason "stop", as
+                                 * OpenAI answers a forced call */
 };
 int srv_tools_extract(int format, const char *text, size_t len, uint64_t seed,
-                      struct srv_tool_reply *out);
+                      const json_t *tools, struct srv_tool_reply *out);
 void srv_tool_reply_free(struct srv_tool_reply *r);
 /* While streaming: how many bytes of text are surely content (before the format's trigger,
  * or a tail that could begin it). */

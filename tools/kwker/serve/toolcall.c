@@ -108,9 +108,11 @@ static int check_tool(json_t *t, json_t *seen, struct srv_err *e)
     if (d && !json_is_null(d) && !json_is_string(d))
         return tools_bad(e, "tools", "'tools': the description of '%s' must be a string", name);
     json_t *p = json_object_get(fn, "parameters");
-    if (p && !json_is_null(p) && !json_is_object(p))
-        return tools_bad(e, "tools", "'tools': the parameters of '%s' must be a JSON Schema object",
-                         name);
+    json_t *pt = json_object_get(p, "type");
+    if ((p && !json_is_null(p) && !json_is_object(p)) ||
+        (pt && !(json_is_string(pt) && !strcmp(json_string_value(pt), "object"))))
+        return tools_bad(
+            e, "tools", "'tools': the parameters of '%s' must be a JSON Schema of an object", name);
     return 0;
 }
 
@@ -148,12 +150,62 @@ static int parse_choice(struct srv_req *r, json_t *root, json_t *seen, struct sr
 
 /* ---- the calls' grammar ---------------------------------------------------------------------- */
 
-/* The JSON Schema of one call: {"name": const, <args key>: the tool's parameters}. */
-static json_t *call_schema(json_t *fn, const char *args_key)
+/* Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference. */
+static int data_keyword(const char *k)
+{
+    return !strcmp(k, "const") || !strcmp(k, "enum") || !strcmp(k, "default") ||
+           !strcmp(k, "examples");
+}
+
+/* A tool's parameters are a document of their own, whose "#..." references mean their own root;
+ * placed at base inside the calls' schema, each becomes "#<base>...". */
+static int rebase_refs(json_t *v, const char *base)
+{
+    const char *k;
+    json_t *x;
+    size_t i;
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, x)
+        {
+            if (rebase_refs(x, base))
+                return -1;
+        }
+        return 0;
+    }
+    if (!json_is_object(v))
+        return 0;
+    json_object_foreach(v, k, x)
+    {
+        if (!strcmp(k, "$ref") && json_is_string(x) && json_string_value(x)[0] == '#') {
+            char *ref = NULL;
+            if (asprintf(&ref, "#%s%s", base, json_string_value(x) + 1) < 0 ||
+                json_object_set_new(v, k, json_string(ref))) {
+                free(ref);
+                return -1;
+            }
+            free(ref);
+        } else if (!data_keyword(k) && rebase_refs(x, base)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The JSON Schema of one call at path base: {"name": const, <args key>: the tool's parameters,
+ * an object (OpenAI's rule; a schema that does not say gets "type": "object")}. */
+static json_t *call_schema(json_t *fn, const char *args_key, const char *base)
 {
     json_t *params = json_object_get(fn, "parameters");
-    json_t *args =
-        json_is_object(params) ? json_incref(params) : json_pack("{s:s}", "type", "object");
+    json_t *args = json_is_object(params) ? json_deep_copy(params) : json_object();
+    char at[256];
+    snprintf(at, sizeof at, "%s/properties/%s", base, args_key);
+    if (!args ||
+        (!json_object_get(args, "type") &&
+         json_object_set_new(args, "type", json_string("object"))) ||
+        rebase_refs(args, at)) {
+        json_decref(args);
+        return NULL;
+    }
     json_t *props =
         json_pack("{s:{s:O}, s:o}", "name", "const", json_object_get(fn, "name"), args_key, args);
     return props ? json_pack("{s:s, s:o, s:[s,s], s:b}", "type", "object", "properties", props,
@@ -161,18 +213,30 @@ static json_t *call_schema(json_t *fn, const char *args_key)
                  : NULL;
 }
 
-/* One call to any of the tools the request allows (the named one, or all of them). */
-static json_t *calls_schema(const struct srv_req *r, const char *args_key)
+/* One call to any of the tools the request allows (the named one, or all of them), at path
+ * base of the schema being built. */
+static json_t *calls_schema(const struct srv_req *r, const char *args_key, const char *base)
 {
     json_t *any = json_array(), *t;
-    size_t i;
+    size_t i, n = 0;
+    json_array_foreach(r->tools, i, t)
+    {
+        const char *name =
+            json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        n += r->tool_choice != SRV_TOOL_NAMED || !strcmp(name, r->tool_name);
+    }
     json_array_foreach(r->tools, i, t)
     {
         json_t *fn = json_object_get(t, "function");
         if (r->tool_choice == SRV_TOOL_NAMED &&
             strcmp(json_string_value(json_object_get(fn, "name")), r->tool_name))
             continue;
-        if (!any || json_array_append_new(any, call_schema(fn, args_key))) {
+        char at[128];
+        if (n == 1)
+            snprintf(at, sizeof at, "%s", base);
+        else
+            snprintf(at, sizeof at, "%s/anyOf/%zu", base, json_array_size(any));
+        if (!any || json_array_append_new(any, call_schema(fn, args_key, at))) {
             json_decref(any);
             return NULL;
         }
@@ -188,8 +252,11 @@ static json_t *calls_schema(const struct srv_req *r, const char *args_key)
 /* The generic format's whole reply: {"tool_calls": [calls]} or, under "auto", {"response"}. */
 static json_t *generic_schema(const struct srv_req *r)
 {
+    /* under "auto" the calls' object is the first of two alternatives */
+    const char *at = r->tool_choice == SRV_TOOL_AUTO ? "/anyOf/0/properties/tool_calls/items"
+                                                     : "/properties/tool_calls/items";
     json_t *calls = json_pack("{s:s, s:o, s:i}", "type", "array", "items",
-                              calls_schema(r, "arguments"), "minItems", 1);
+                              calls_schema(r, "arguments", at), "minItems", 1);
     if (calls && !r->parallel_tools)
         json_object_set_new(calls, "maxItems", json_integer(1));
     json_t *with_calls =
@@ -253,9 +320,10 @@ static const char *wrapper(int format, int parallel)
 
 static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
 {
-    json_t *schema = format == SRV_TOOLS_GENERIC
-                         ? generic_schema(r)
-                         : calls_schema(r, format == SRV_TOOLS_LLAMA3 ? "parameters" : "arguments");
+    json_t *schema =
+        format == SRV_TOOLS_GENERIC
+            ? generic_schema(r)
+            : calls_schema(r, format == SRV_TOOLS_LLAMA3 ? "parameters" : "arguments", "");
     char *text = schema ? json_dumps(schema, JSON_COMPACT) : NULL, *gbnf = NULL;
     struct srv_buf g = {0};
     struct kwk_err err = {0};
@@ -364,14 +432,51 @@ out:
     return rc;
 }
 
-/* An earlier assistant turn's calls, for a template that knows no tools: the JSON the generic
- * format would have made it write. */
+/* m's value as the one-line JSON text of {key: value} into m's content. */
+static int content_as_json(json_t *m, const char *key, json_t *value)
+{
+    json_t *wrap = value ? json_pack("{s:o}", key, value) : NULL;
+    char *s = wrap ? json_dumps(wrap, JSON_COMPACT) : NULL;
+    int rc = !s || json_object_set_new(m, "content", json_string(s)) ? -1 : 0;
+    json_decref(wrap);
+    free(s);
+    return rc;
+}
+
+/* A tool's result, for a template that knows no tools: a user turn holding
+ * {"tool_response": {"tool_call_id", "name", "content"}} (llama.cpp's polyfill does the same;
+ * many such templates know only system, user and assistant). */
+static int generic_tool_result(json_t *m)
+{
+    static const char *const keys[] = {"tool_call_id", "name", "content"};
+    json_t *res = json_object();
+    for (size_t i = 0; res && i < sizeof keys / sizeof *keys; i++) {
+        json_t *v = json_object_get(m, keys[i]);
+        if (v && json_object_set(res, keys[i], v)) {
+            json_decref(res);
+            res = NULL;
+        }
+    }
+    if (!res || content_as_json(m, "tool_response", res))
+        return -1;
+    json_object_del(m, "tool_call_id");
+    json_object_del(m, "name");
+    return json_object_set_new(m, "role", json_string("user"));
+}
+
+/* An earlier assistant turn's calls and the tools' results, for a template that knows no tools:
+ * the JSON the generic format would have made the model write, and user turns. */
 static int generic_history(struct srv_req *r, struct srv_err *e)
 {
     json_t *m;
     size_t i;
     json_array_foreach(r->messages, i, m)
     {
+        if (!strcmp(json_string_value(json_object_get(m, "role")), "tool")) {
+            if (generic_tool_result(m))
+                return tools_oom(e);
+            continue;
+        }
         json_t *calls = json_object_get(m, "tool_calls"), *c, *out = json_array();
         size_t k;
         if (!out)
@@ -390,14 +495,9 @@ static int generic_history(struct srv_req *r, struct srv_err *e)
             json_decref(out);
             continue;
         }
-        json_t *wrap = json_pack("{s:o}", "tool_calls", out);
-        char *s = wrap ? json_dumps(wrap, JSON_COMPACT) : NULL;
-        json_decref(wrap);
-        if (!s || json_object_set_new(m, "content", json_string(s))) {
-            free(s);
+        /* the turn's own text, if any, is dropped: the format has no place for both */
+        if (content_as_json(m, "tool_calls", out))
             return tools_oom(e);
-        }
-        free(s);
         json_object_del(m, "tool_calls");
     }
     return 0;
@@ -622,27 +722,57 @@ static json_t *generic_calls(const char *text, size_t len, uint64_t seed, char *
     return calls;
 }
 
-int srv_tools_extract(int format, const char *text, size_t len, uint64_t seed,
+/* Whether every call names one of the request's tools (NULL: any name). */
+static int names_known(const json_t *calls, const json_t *tools)
+{
+    const json_t *c, *t;
+    size_t i, k;
+    if (!tools)
+        return 1;
+    json_array_foreach(calls, i, c)
+    {
+        const char *name =
+            json_string_value(json_object_get(json_object_get((json_t *)c, "function"), "name"));
+        int found = 0;
+        json_array_foreach(tools, k, t)
+        {
+            const char *tn = json_string_value(
+                json_object_get(json_object_get((json_t *)t, "function"), "name"));
+            found |= name && tn && !strcmp(name, tn);
+        }
+        if (!found)
+            return 0;
+    }
+    return 1;
+}
+
+int srv_tools_extract(int format, const char *text, size_t len, uint64_t seed, const json_t *tools,
                       struct srv_tool_reply *out)
 {
     memset(out, 0, sizeof *out);
     out->content = text;
     out->content_len = len;
-    if (format == SRV_TOOLS_GENERIC) {
+    if (format == SRV_TOOLS_GENERIC)
         out->calls = generic_calls(text, len, seed, &out->own, &out->content_len);
-        if (out->own)
-            out->content = out->own;
-        else if (out->calls)
-            out->content_len = 0;
-        else
-            out->content_len = len; /* not the format's JSON: the text as it came */
-    } else {
+    else
         out->calls = format == SRV_TOOLS_HERMES ? hermes_calls(text, len, seed, &out->content_len)
                                                 : llama3_calls(text, len, seed, &out->content_len);
+    /* a call of a tool the request did not give is not a call (a Llama 3 reply's object that
+     * opened as "{ \"name\"" never met the grammar, whose trigger is "{\"name\"") */
+    if (out->calls && !names_known(out->calls, tools)) {
+        json_decref(out->calls);
+        out->calls = NULL;
+        free(out->own);
+        out->own = NULL;
+        out->content_len = len;
     }
+    if (out->own)
+        out->content = out->own;
+    else if (format == SRV_TOOLS_GENERIC)
+        out->content_len = out->calls ? 0 : len; /* not the format's JSON: the text as it came */
     /* a call with nothing but whitespace before it has no content (null) */
     size_t k = 0;
-    while (k < out->content_len && strchr(" \t\r\n", out->content[k]))
+    while (k < out->content_len && out->content[k] && strchr(" \t\r\n", out->content[k]))
         k++;
     out->null_content = out->calls && k == out->content_len;
     return 0;
