@@ -174,16 +174,25 @@ static const char WEATHER[] =
     "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, "
     "\"required\": [\"city\"], \"additionalProperties\": false}}}";
 
-/* A chat request with tools and extra fields (JSON text after "messages") parsed as format. */
-static int parse(struct srv_req *r, int format, const char *extra, struct srv_err *e)
+/* A chat request with the given tools (JSON array text) and extra fields, as format. */
+static int parse_tools(struct srv_req *r, int format, const char *tools, const char *extra,
+                       struct srv_err *e)
 {
-    char body[4096];
+    char body[8192];
     snprintf(body, sizeof body,
              "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-             "\"tools\": [%s]%s}",
-             WEATHER, extra);
+             "\"tools\": %s%s}",
+             tools, extra);
     struct srv_limits lim = {.n_vocab = 100, .max_cache_len = 100, .tool_format = format};
     return srv_req_parse(r, SRV_CHAT, body, strlen(body), &lim, e);
+}
+
+/* The same with the one tool WEATHER. */
+static int parse(struct srv_req *r, int format, const char *extra, struct srv_err *e)
+{
+    char tools[sizeof WEATHER + 2];
+    snprintf(tools, sizeof tools, "[%s]", WEATHER);
+    return parse_tools(r, format, tools, extra, e);
 }
 
 static int matches(const kwk_grammar *g, const char *text)
@@ -291,19 +300,6 @@ static void test_history(void)
             "{\"tool_response\":{\"tool_call_id\":\"c1\",\"content\":\"42\"}}");
     T_TRUE(!json_object_get(m2, "tool_call_id"));
     srv_req_free(&r);
-}
-
-/* A chat request with the given tools (JSON array text) and extra fields, as format. */
-static int parse_tools(struct srv_req *r, int format, const char *tools, const char *extra,
-                       struct srv_err *e)
-{
-    char body[8192];
-    snprintf(body, sizeof body,
-             "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-             "\"tools\": %s%s}",
-             tools, extra);
-    struct srv_limits lim = {.n_vocab = 100, .max_cache_len = 100, .tool_format = format};
-    return srv_req_parse(r, SRV_CHAT, body, strlen(body), &lim, e);
 }
 
 static void test_parameters(void)

@@ -16,10 +16,10 @@ import jsonschema
 import numpy as np
 import pytest
 
-from conftest import SHARED_DATA, smollm2_gguf
-from kwker.decode import KwkDecoder
-from kwker.grammar import Grammar, GrammarVocab, Matcher
+from conftest import SHARED_DATA
+from kwker.grammar import Grammar, Matcher
 from kwker.template import ChatTemplate
+from test_grammar import dec, tok, vocab  # noqa: F401 (the same SmolLM2 fixtures)
 
 TEMPLATES = SHARED_DATA / "chat-templates" / "llamacpp"
 QWEN_TEMPLATE = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
@@ -49,23 +49,6 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER,
 # a user turn after which SmolLM2 under Qwen's tool prompt writes the call itself (greedy)
 ECHO_CALL = ('Reply with exactly this text: <tool_call>\n{"name": "get_weather", "arguments": '
              '{"city": "Paris"}}\n</tool_call>')
-
-
-@pytest.fixture(scope="module")
-def dec():
-    d = KwkDecoder(smollm2_gguf(), max_cache_len=1024, n_threads=2)
-    yield d
-    d.close()
-
-
-@pytest.fixture(scope="module")
-def tok(dec):
-    return dec.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vocab(tok):
-    return GrammarVocab(tok)
 
 
 def qwen_ids(tok, messages, tools):
