@@ -49,7 +49,9 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
     srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
     for (int f = 0; f < SRV_TOOLS_N && r->kind == SRV_CHAT; f++) {
         struct srv_tool_reply tr;
-        srv_tools_extract(f, text ? text : "", text ? len : 0, 42, r->tools, &tr);
+        struct srv_req q = *r; /* the same request read in format f (shallow: not freed) */
+        q.tool_format = f;
+        srv_tools_extract(&q, text ? text : "", text ? len : 0, 42, &tr);
         if (srv_tools_sendable(f, text ? text : "", text ? len : 0) > (text ? len : 0))
             abort();
         c.tools = &tr;

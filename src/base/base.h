@@ -42,6 +42,7 @@ static inline int kwk_hex_digit(int c)
         return c - 'A' + 10;
     return -1;
 }
+
 static inline int kwk_add_size(size_t a, size_t b, size_t *out)
 {
     return __builtin_add_overflow(a, b, out) ? -1 : 0;

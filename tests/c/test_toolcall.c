@@ -24,7 +24,8 @@ static const char *call_args(const struct srv_tool_reply *r, size_t i)
  * content is want_content (NULL: null). */
 static int extract(int format, const char *text, const char *want_content, struct srv_tool_reply *r)
 {
-    srv_tools_extract(format, text, strlen(text), 7, NULL, r);
+    struct srv_req q = {.tool_format = format};
+    srv_tools_extract(&q, text, strlen(text), 7, r);
     if (want_content) {
         T_TRUE(!r->null_content);
         T_EQ(r->content_len, strlen(want_content));
@@ -362,17 +363,19 @@ static void test_unknown_names(void)
     struct srv_tool_reply r;
     json_t *tools = json_loads(WEATHER, 0, NULL), *list = json_array();
     json_array_append_new(list, tools);
+    struct srv_req q = {.tool_format = SRV_TOOLS_LLAMA3, .tools = list};
     static const char known[] = "{\"name\": \"get_weather\", \"parameters\": {}}";
     static const char unknown[] = "{ \"name\": \"rm_rf\", \"parameters\": {}}";
-    srv_tools_extract(SRV_TOOLS_LLAMA3, known, sizeof known - 1, 1, list, &r);
+    srv_tools_extract(&q, known, sizeof known - 1, 1, &r);
     T_TRUE(r.calls && json_array_size(r.calls) == 1);
     srv_tool_reply_free(&r);
-    srv_tools_extract(SRV_TOOLS_LLAMA3, unknown, sizeof unknown - 1, 1, list, &r);
+    srv_tools_extract(&q, unknown, sizeof unknown - 1, 1, &r);
     T_TRUE(!r.calls && r.content_len == sizeof unknown - 1 && !r.null_content);
     srv_tool_reply_free(&r);
     static const char generic[] =
         "{\"tool_calls\": [{\"name\": \"rm_rf\", \"arguments\": {}}], \"response\": \"x\"}";
-    srv_tools_extract(SRV_TOOLS_GENERIC, generic, sizeof generic - 1, 1, list, &r);
+    q.tool_format = SRV_TOOLS_GENERIC;
+    srv_tools_extract(&q, generic, sizeof generic - 1, 1, &r);
     T_TRUE(!r.calls && r.content == generic && r.content_len == sizeof generic - 1);
     srv_tool_reply_free(&r);
     json_decref(list);

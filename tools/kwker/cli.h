@@ -36,9 +36,10 @@ const char *cli_cache_dir(const char *v);
  * for model files that carry none, as many GGUF files, or a wrong one) when file is not NULL,
  * else the tokenizer's. Returns 0 with *tpl set (NULL: the model has none and no file was
  * given), or -1 after printing "kwker <cmd>: ..." (a file that cannot be read, a template that
- * does not compile). */
+ * does not compile). With source not NULL, *source is a copy of the template's text (NULL when
+ * there is none; free with kwk_free). */
 int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cmd,
-                      kwk_template **tpl);
+                      kwk_template **tpl, char **source);
 
 /* How balanced / int4 weights are fitted: --mix-bits, --calib, --calib-tokens, --gptq; how they
  * are read: --act-bits; and the KV cache's element: --kv-bits (the same on generate, chat, bench,

@@ -1,6 +1,7 @@
 /* cli_chat.c - a conversation rendered with the model's chat template and tokenized, as
  * transformers' apply_chat_template(..., add_generation_prompt=True, tokenize=True) does.
  * Main thread only. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,13 +12,15 @@
 #include "cli_gen.h"
 
 int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cmd,
-                      kwk_template **tpl)
+                      kwk_template **tpl, char **source)
 {
     struct kwk_err err = {0};
     char *text = NULL; /* the file's, read here */
     const char *src;
     size_t n = 0;
     *tpl = NULL;
+    if (source)
+        *source = NULL;
     if (file) {
         if (kwk_read_file(file, CLI_TEMPLATE_FILE_MAX, &text, &n, &err)) {
             fprintf(stderr, "kwker %s: --chat-template-file: %s\n", cmd, err.msg);
@@ -30,6 +33,16 @@ int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cm
         return 0;
     }
     *tpl = kwk_template_new(src, n, NULL, &err);
+    if (*tpl && source) {
+        *source = text ? text : kwk_strdup(src);
+        text = NULL;
+        if (!*source) {
+            kwk_template_free(*tpl);
+            *tpl = NULL;
+            err.code = -ENOMEM;
+            snprintf(err.msg, sizeof err.msg, "out of memory");
+        }
+    }
     kwk_free(text);
     if (!*tpl) {
         fprintf(stderr, "kwker %s: chat template%s%s: %s\n", cmd, file ? " " : "",
@@ -43,7 +56,7 @@ int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *file
                   const char *cmd)
 {
     memset(c, 0, sizeof *c);
-    if (cli_chat_template(tok, file, cmd, &c->tpl))
+    if (cli_chat_template(tok, file, cmd, &c->tpl, NULL))
         return -1;
     if (!c->tpl) {
         fprintf(stderr, "kwker %s: the model has no chat template (tokenizer_config.json, "

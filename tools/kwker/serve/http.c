@@ -343,9 +343,7 @@ static void stream_tools(struct rq *r, struct srv_buf *text, int done)
     if (done) {
         if (r->estatus) /* a failed reply: its text is not read for calls */
             return;
-        srv_tools_extract(r->req.tool_format, t, all->len, r->call_seed, r->req.tools,
-                          &r->tools);
-        r->tools.named = r->req.tool_choice == SRV_TOOL_NAMED;
+        srv_tools_extract(&r->req, t, all->len, r->call_seed, &r->tools);
         r->ctx.tools = &r->tools;
         if (r->tools.content != t) { /* the generic format's "response": nothing sent before */
             srv_buf_add(text, r->tools.content, r->tools.content_len);
@@ -482,9 +480,8 @@ static enum MHD_Result answer(struct rq *r)
     }
     struct srv_buf b = {0};
     if (r->req.tools) {
-        srv_tools_extract(r->req.tool_format, r->text.p ? r->text.p : "", r->text.len,
-                          r->call_seed, r->req.tools, &r->tools);
-        r->tools.named = r->req.tool_choice == SRV_TOOL_NAMED;
+        srv_tools_extract(&r->req, r->text.p ? r->text.p : "", r->text.len, r->call_seed,
+                          &r->tools);
         r->ctx.tools = &r->tools;
     }
     srv_json_response(&b, &r->ctx, r->text.p, r->text.len, r->lps, r->n_lps, r->finish,
@@ -952,21 +949,6 @@ static void model_name(struct srv *s, const char *path)
         s->model_id[n - 5] = 0;
 }
 
-/* How the model writes tool calls, read off its chat template. */
-static int tool_format_of(struct srv *s)
-{
-    struct kwk_err err = {0};
-    char *text = NULL;
-    size_t n = 0;
-    const char *src = kwk_tokenizer_chat_template(s->tok);
-    if (s->o->chat_template_file) /* read and checked by cli_chat_template already */
-        src = kwk_read_file(s->o->chat_template_file, CLI_TEMPLATE_FILE_MAX, &text, &n, &err)
-                  ? NULL : text;
-    int f = srv_tool_format_detect(src);
-    kwk_free(text);
-    return f;
-}
-
 static int load(struct srv *s, const char *path)
 {
     struct kwk_err err = {0};
@@ -980,9 +962,12 @@ static int load(struct srv *s, const char *path)
         int n = kwk_tokenizer_eos_ids(s->tok, s->eos, 8);
         s->n_eos = n < 0 ? 0 : n > 8 ? 8 : n;
     }
-    if (cli_chat_template(s->tok, s->o->chat_template_file, "serve", &s->tpl))
+    char *src = NULL;
+    if (cli_chat_template(s->tok, s->o->chat_template_file, "serve", &s->tpl, &src))
         return -1;
-    s->lim.tool_format = s->o->tool_format >= 0 ? s->o->tool_format : tool_format_of(s);
+    /* how the model writes tool calls, read off its template */
+    s->lim.tool_format = s->o->tool_format >= 0 ? s->o->tool_format : srv_tool_format_detect(src);
+    kwk_free(src);
     /* built here (20-60 ms) rather than by the first constrained request, on the event loop */
     if (!(s->gvocab = kwk_grammar_vocab_new(s->tok, &err)))
         goto fail;

@@ -538,9 +538,8 @@ static int parse_logprobs(struct srv_req *r, json_t *root, struct srv_err *e)
     return 0;
 }
 
-/* A compiled grammar whose start the matcher cannot hold (more alternatives at once than its
- * limit) would fail every request at submit: refuse it here, as the client's 400. */
-static int check_start(struct srv_req *r, const char *param, struct srv_err *e)
+/* Refused here, on the connection's thread, rather than by every submit (serve.h). */
+int srv_grammar_check_start(struct srv_req *r, const char *param, struct srv_err *e)
 {
     int rc = kwk_grammar_match(r->grammar, "", 0, NULL);
     if (rc >= 0)
@@ -568,7 +567,7 @@ static int compile_schema(struct srv_req *r, const json_t *schema, const char *p
                                               text ? strlen(text) : sizeof any_object - 1, &err);
     free(text);
     if (r->grammar)
-        return check_start(r, param, e);
+        return srv_grammar_check_start(r, param, e);
     if (err.code == -ENOMEM)
         return oom(e);
     srv_err_set(e, 400, INVALID, param, err.code == KWK_EUNSUPPORTED ? "unsupported_parameter"
@@ -619,7 +618,7 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
         struct kwk_err err = {0};
         r->grammar = kwk_grammar_new(json_string_value(gr), json_string_length(gr), &err);
         if (r->grammar)
-            return check_start(r, "grammar", e);
+            return srv_grammar_check_start(r, "grammar", e);
         if (err.code == -ENOMEM)
             return oom(e);
         srv_err_set(e, 400, INVALID, "grammar", "invalid_value", "'grammar': %s", err.msg);

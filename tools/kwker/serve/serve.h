@@ -121,6 +121,11 @@ int srv_req_parse(struct srv_req *r, int kind, const char *body, size_t len,
                   const struct srv_limits *lim, struct srv_err *e);
 void srv_req_free(struct srv_req *r);
 
+/* A compiled r->grammar whose start the matcher cannot hold (more alternatives at once than its
+ * limit) would fail the request at submit: 0 when it can, else -1 with e (the client's 400 on
+ * param, or out of memory) and the grammar freed. */
+int srv_grammar_check_start(struct srv_req *r, const char *param, struct srv_err *e);
+
 /* Fill e; msg is printf-formatted. */
 void srv_err_set(struct srv_err *e, int http, const char *type, const char *param,
                  const char *code, const char *fmt, ...)
@@ -137,9 +142,9 @@ const char *srv_tool_format_name(int format);
  * that describes the tools and earlier calls written as its JSON. Returns 0 or -1 with e. */
 int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err *e);
 
-/* A reply's text read as format: content (text's prefix, or the generic format's "response")
- * and OpenAI's tool_calls, or calls NULL when the text is not a whole call reply or calls a
- * function not in tools (the request's; NULL: any) (then all of it is content). */
+/* A reply's text read in q's tool_format: content (text's prefix, or the generic format's
+ * "response") and OpenAI's tool_calls, or calls NULL when the text is not a whole call reply or
+ * calls a function not in q's tools (NULL: any name) (then all of it is content). */
 struct srv_tool_reply {
     const char *content;        /* into the text, or own */
     size_t content_len;
@@ -147,11 +152,11 @@ struct srv_tool_reply {
     json_t *calls;              /* [{"id", "type": "function", "function": {"name",
                                  * "arguments": JSON text}}], or NULL */
     char *own;
-    int named;                  /* tool_choice named the function: finish_reason "stop", as
-                                 * OpenAI answers a forced call */
+    int named;                  /* q's tool_choice named the function: finish_reason "stop",
+                                 * as OpenAI answers a forced call */
 };
-int srv_tools_extract(int format, const char *text, size_t len, uint64_t seed,
-                      const json_t *tools, struct srv_tool_reply *out);
+int srv_tools_extract(const struct srv_req *q, const char *text, size_t len, uint64_t seed,
+                      struct srv_tool_reply *out);
 void srv_tool_reply_free(struct srv_tool_reply *r);
 /* While streaming: how many bytes of text are surely content (before the format's trigger,
  * or a tail that could begin it). */

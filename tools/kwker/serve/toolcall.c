@@ -356,14 +356,8 @@ static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
             srv_err_set(e, 400, INVALID, "tools", "invalid_value", "'tools': %s", err.msg);
         goto out;
     }
-    int st = kwk_grammar_match(r->grammar, "", 0, NULL);
-    if (st < 0) {
-        srv_err_set(e, 400, INVALID, "tools", "invalid_value",
-                    "'tools': the calls' grammar "
-                    "is too ambiguous at its start for the matcher (%s)",
-                    kwk_status_str(st));
+    if (srv_grammar_check_start(r, "tools", e))
         goto out;
-    }
     if (r->tool_choice == SRV_TOOL_AUTO)
         r->grammar_trigger = format_trigger[format];
     rc = 0;
@@ -523,9 +517,7 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
         goto out;
     }
     if (json_array_size(tools) > SRV_MAX_TOOLS) {
-        srv_err_set(e, 400, INVALID, "tools", "invalid_value",
-                    "'tools' has more than %d "
-                    "functions",
+        srv_err_set(e, 400, INVALID, "tools", "invalid_value", "'tools' has more than %d functions",
                     SRV_MAX_TOOLS);
         goto out;
     }
@@ -543,8 +535,7 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
             tools_bad(e, "tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
             goto out;
         }
-        rc = format == SRV_TOOLS_GENERIC && r->messages ? generic_history(r, e) : 0;
-        goto out;
+        goto history;
     }
     if (r->kind == SRV_COMPLETION) {
         tools_bad(e, "tools", "'tools' is only for /v1/chat/completions");
@@ -552,10 +543,8 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
     }
     if (parse_choice(r, root, seen, e))
         goto out;
-    if (r->tool_choice == SRV_TOOL_NONE) { /* the model is not told of them */
-        rc = format == SRV_TOOLS_GENERIC ? generic_history(r, e) : 0;
-        goto out;
-    }
+    if (r->tool_choice == SRV_TOOL_NONE) /* the model is not told of them */
+        goto history;
     if (r->grammar) {
         tools_bad(e, "tools", "'tools' and a response format or grammar cannot be used together");
         goto out;
@@ -565,10 +554,10 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
         goto out;
     }
     r->tool_format = format;
-    if (compile_tools(r, format, e))
+    if (compile_tools(r, format, e) || (format == SRV_TOOLS_GENERIC && add_generic_system(r, e)))
         goto out;
-    rc = format == SRV_TOOLS_GENERIC ? (generic_history(r, e) || add_generic_system(r, e) ? -1 : 0)
-                                     : 0;
+history: /* earlier calls and results reach the template whether or not tools are offered now */
+    rc = format == SRV_TOOLS_GENERIC && generic_history(r, e) ? -1 : 0;
 out:
     json_decref(seen);
     return rc;
@@ -746,10 +735,13 @@ static int names_known(const json_t *calls, const json_t *tools)
     return 1;
 }
 
-int srv_tools_extract(int format, const char *text, size_t len, uint64_t seed, const json_t *tools,
+int srv_tools_extract(const struct srv_req *q, const char *text, size_t len, uint64_t seed,
                       struct srv_tool_reply *out)
 {
+    int format = q->tool_format;
+    const json_t *tools = q->tools;
     memset(out, 0, sizeof *out);
+    out->named = q->tool_choice == SRV_TOOL_NAMED;
     out->content = text;
     out->content_len = len;
     if (format == SRV_TOOLS_GENERIC)
