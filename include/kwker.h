@@ -89,6 +89,18 @@ enum kwk_arch {
     KWK_ARCH_QWEN2 = 3,
     KWK_ARCH_QWEN3 = 4,
     KWK_ARCH_GEMMA3 = 5, /* Gemma 3's text decoder (Gemma3ForCausalLM, GGUF gemma3) */
+    KWK_ARCH_BERT = 6,   /* a BERT encoder (BertModel, GGUF bert): embeddings, kwk_encoder */
+};
+
+/* How an encoder's token states become one embedding (sentence-transformers' Pooling modes;
+ * GGUF's <arch>.pooling_type numbers NONE, MEAN, CLS, LAST alike). */
+enum kwk_pooling {
+    KWK_POOLING_NONE = 0, /* a decoder, or token states without pooling */
+    KWK_POOLING_MEAN = 1, /* mean over the sequence's tokens */
+    KWK_POOLING_CLS = 2,  /* the first token's state */
+    KWK_POOLING_LAST = 3, /* the last token's state */
+    KWK_POOLING_MAX = 4,  /* element-wise max over the tokens */
+    KWK_POOLING_MEAN_SQRT_LEN = 5, /* the sum over the tokens / sqrt(tokens) */
 };
 
 struct kwk_model_info {
@@ -106,6 +118,13 @@ struct kwk_model_info {
     int eos_ids[8];
     int64_t n_params;      /* parameters, tied embeddings counted once */
     char arch_name[64];    /* as the checkpoint names it, e.g. "LlamaForCausalLM" or "llama" */
+    /* Encoders (is_encoder 1): what kwk_encoder_embed does by default, from the model folder's
+     * sentence-transformers files (1_Pooling/config.json, a Normalize module in modules.json)
+     * or GGUF's <arch>.pooling_type (normalized, as llama.cpp's server does); without either,
+     * the first token's state, normalized (vLLM's default for BERT). Decoders: 0, NONE, 0. */
+    int is_encoder;
+    int pooling;           /* enum kwk_pooling */
+    int normalize;         /* 1: embeddings scaled to unit L2 length */
 };
 
 /* Load a model: a folder with config.json + safetensors, a .gguf file, or a Hugging Face id
@@ -726,6 +745,57 @@ struct kwk_engine_stats {
 
 /* A consistent snapshot. Thread-safe. */
 KWK_API void kwk_engine_get_stats(kwk_engine *e, struct kwk_engine_stats *s);
+
+/* ---------------------------------------------------------------------------------------------
+ * Encoders: embeddings of whole sequences
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kwk_encoder kwk_encoder;
+
+struct kwk_encoder_params {
+    int n_threads;    /* 0 = kwk_default_threads() */
+    int precision;    /* enum kwk_precision: preserve (the checkpoint's numbers, float32 math:
+                         transformers' float32 states), balanced or int4 (matrices packed as a
+                         decoder's are; the embeddings, position and layer norms stay float) */
+    int act_bits;     /* balanced / int4: 16 (default, 0) or 8, as kwk_decoder_params.act_bits */
+    int pooling;      /* enum kwk_pooling; -1 = the model's (kwk_model_info.pooling) */
+    int normalize;    /* 1 / 0; -1 = the model's */
+    int batch_tokens; /* tokens one forward pass may hold, whole sequences packed together;
+                         0 = 2048, raised to the model's max_position so any sequence fits */
+};
+
+KWK_API void kwk_encoder_params_init(struct kwk_encoder_params *p);
+
+/* An encoder with its own thread pool and scratch over a loaded encoder model (is_encoder):
+ * KWK_EUNSUPPORTED for a decoder, as kwk_decoder_new is for an encoder. The model must outlive
+ * it. Used by one thread at a time. NULL with err on failure. */
+KWK_API kwk_encoder *kwk_encoder_new(const kwk_model *m, const struct kwk_encoder_params *p,
+                                     struct kwk_err *err);
+KWK_API void kwk_encoder_free(kwk_encoder *e);
+
+/* Floats of one embedding (the model's hidden size). */
+KWK_API int kwk_encoder_dim(const kwk_encoder *e);
+/* Tokens one sequence may hold at most (the model's max_position_embeddings). */
+KWK_API int kwk_encoder_max_tokens(const kwk_encoder *e);
+/* The pooling and normalization kwk_encoder_embed applies (the params' or the model's). */
+KWK_API int kwk_encoder_pooling(const kwk_encoder *e);
+KWK_API int kwk_encoder_normalize(const kwk_encoder *e);
+
+/* Embed n_seqs sequences: sequence i is ids[offs[i] .. offs[i + 1]) (offs has n_seqs + 1
+ * entries, non-decreasing, offs[0] = 0), its tokens as the tokenizer gives them with special
+ * tokens added ([CLS] ... [SEP]). Writes out[n_seqs][dim], pooled (and normalized) as the
+ * encoder says. Sequences are packed into passes of batch_tokens, each attending only to its
+ * own tokens; a sequence's embedding is bitwise the same whatever it is batched with.
+ * Returns 0; KWK_EARG for bad offs or an empty sequence; KWK_ERANGE for an id outside the
+ * vocabulary; KWK_ELIMIT for a sequence longer than kwk_encoder_max_tokens (nothing is
+ * written then; err names the sequence). err may be NULL. */
+KWK_API int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t *offs,
+                              int n_seqs, float *out, struct kwk_err *err);
+
+/* The last layer's state of each token of one sequence ids[n], unpooled: out[n][dim]. Returns
+ * as kwk_encoder_embed. */
+KWK_API int kwk_encoder_states(kwk_encoder *e, const int32_t *ids, int n, float *out,
+                               struct kwk_err *err);
 
 /* ---------------------------------------------------------------------------------------------
  * Chat templates (section owned by src/text/template)

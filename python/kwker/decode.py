@@ -26,6 +26,9 @@ class _ModelInfo(ctypes.Structure):
         ("eos_ids", ctypes.c_int * 8),
         ("n_params", ctypes.c_int64),
         ("arch_name", ctypes.c_char * 64),
+        ("is_encoder", ctypes.c_int),
+        ("pooling", ctypes.c_int),
+        ("normalize", ctypes.c_int),
     ]
 
 
