@@ -13,11 +13,12 @@ __version__ = "0.1.0"
 # cheap and a missing optional piece fails only when it is used.
 _EXPORTS = {
     "KwkDecoder": "decode",
+    "Encoder": "encoder",
     "Tokenizer": "tokenizer",
     "ChatTemplate": "template",
     "Grammar": "grammar",
 }
-_SUBMODULES = ("decode", "cpu_backend", "tokenizer", "template", "grammar")
+_SUBMODULES = ("decode", "encoder", "cpu_backend", "tokenizer", "template", "grammar")
 
 
 def __getattr__(name):

@@ -359,3 +359,213 @@ def build_gguf(folder, ftype="f32", version=3):
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return out
+
+
+# -- BERT encoders ----------------------------------------------------------------------------
+#
+# What llama.cpp's converter does for BertModel / BertForMaskedLM (its BertModel class; the
+# behaviour, not its code), and so what export_bert does:
+# - Architecture "bert". A "bert." prefix (BertForMaskedLM) is dropped; embeddings.position_ids,
+#   the pooler and the MLM head (cls.*) are not written.
+# - Names (gguf-py's TensorNameMap for MODEL_ARCH.BERT): token_embd, position_embd, token_types,
+#   token_embd_norm; blk.N.attn_q / attn_k / attn_v / attn_output, attn_output_norm, ffn_up,
+#   ffn_down, layer_output_norm; ".weight" / ".bias" kept.
+# - Types: 1-D tensors, biases, "_norm.weight" tensors, position_embd and token_types are always
+#   F32; the other matrices (token_embd included) take the file type (F32, F16 or Q8_0, a row
+#   length that is not a multiple of the block falling back to F16).
+# - Metadata: bert.context_length (max_position_embeddings), embedding_length,
+#   feed_forward_length, block_count, attention.head_count, attention.layer_norm_epsilon,
+#   attention.causal = false, pooling_type from sentence-transformers' 1_Pooling (MEAN, CLS or
+#   LAST: the converter refuses the others; no key without modules.json), general.file_type.
+# - Vocabulary: tokenizer.ggml.model "bert", the WordPiece vocabulary in "phantom space" form
+#   (control tokens as they are; "##x" -> "x"; any other token t -> "\u2581" + t), token types
+#   (special added tokens CONTROL, ids the tokenizer lacks up to vocab_size "[PAD<i>]" UNUSED,
+#   the rest NORMAL), token_type_count (type_vocab_size), and the special ids. special="cls"
+#   writes them as llama.cpp's own BERT vocabulary files do (ggml-vocab-bert-bge.gguf:
+#   unknown, seperator (sic), padding, cls and mask token ids); special="bos" writes what
+#   gguf-py's SpecialVocab writes today (no cls key: bos = [CLS], eos = [SEP], add_bos / add_eos).
+
+_BERT_TOP = {
+    "embeddings.word_embeddings": "token_embd",
+    "embeddings.position_embeddings": "position_embd",
+    "embeddings.token_type_embeddings": "token_types",
+    "embeddings.LayerNorm": "token_embd_norm",
+}
+_BERT_LAYER = {
+    "attention.self.query": "attn_q",
+    "attention.self.key": "attn_k",
+    "attention.self.value": "attn_v",
+    "attention.output.dense": "attn_output",
+    "attention.output.LayerNorm": "attn_output_norm",
+    "intermediate.dense": "ffn_up",
+    "output.dense": "ffn_down",
+    "output.LayerNorm": "layer_output_norm",
+}
+_BERT_ARCHS = ("BertModel", "BertForMaskedLM")
+# sentence-transformers' pooling modes that a GGUF can say (gguf.PoolingType)
+_BERT_GGUF_POOLING = {"pooling_mode_mean_tokens": 1, "pooling_mode_cls_token": 2,
+                      "pooling_mode_lasttoken": 3}
+
+
+def bert_gguf_name(hf_name):
+    """The GGUF name of a BertModel tensor (without the "bert." prefix), or None for a tensor the
+    converter does not write."""
+    stem, _, suffix = hf_name.rpartition(".")
+    if hf_name == "embeddings.position_ids" or hf_name.startswith(("pooler.", "cls.")):
+        return None
+    if stem in _BERT_TOP:
+        return "%s.%s" % (_BERT_TOP[stem], suffix)
+    parts = stem.split(".", 3)
+    if len(parts) == 4 and parts[:2] == ["encoder", "layer"] and parts[3] in _BERT_LAYER:
+        return "blk.%s.%s.%s" % (parts[2], _BERT_LAYER[parts[3]], suffix)
+    raise KeyError("no GGUF name for BERT tensor %r" % hf_name)
+
+
+def bert_hf_name(gguf_tensor_name):
+    """Inverse of bert_gguf_name (BertModel's names)."""
+    stem, _, suffix = gguf_tensor_name.rpartition(".")
+    for k, v in _BERT_TOP.items():
+        if stem == v:
+            return "%s.%s" % (k, suffix)
+    parts = stem.split(".", 2)
+    inv = {v: k for k, v in _BERT_LAYER.items()}
+    if parts[0] == "blk" and parts[2] in inv:
+        return "encoder.layer.%s.%s.%s" % (parts[1], inv[parts[2]], suffix)
+    raise KeyError("no BERT name for GGUF tensor %r" % gguf_tensor_name)
+
+
+def _bert_pooling(folder):
+    """gguf.PoolingType value from sentence-transformers' files, or None without them."""
+    folder = Path(folder)
+    mods = folder / "modules.json"
+    if not mods.is_file():
+        return None
+    for mod in json.loads(mods.read_text()):
+        if mod["type"] == "sentence_transformers.models.Pooling":
+            cfg = json.loads((folder / mod["path"] / "config.json").read_text())
+            for key, val in _BERT_GGUF_POOLING.items():
+                if cfg.get(key):
+                    return val
+            raise ValueError("%s: a GGUF says only MEAN, CLS or LAST pooling" % folder)
+    return None
+
+
+def _bert_vocab(folder, n_vocab):
+    """(tokens in phantom-space form, token types, {special name: id}) of the folder's
+    tokenizer, padded to n_vocab."""
+    import gguf
+    tj = json.loads((Path(folder) / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    rev = {i: t for t, i in vocab.items()}
+    special = {a["id"]: a["content"] for a in tj.get("added_tokens", []) if a.get("special")}
+    for a in tj.get("added_tokens", []):
+        rev.setdefault(a["id"], a["content"])
+    tokens, types = [], []
+    for i in range(n_vocab):
+        if i not in rev:
+            tokens.append("[PAD%d]" % i)
+            types.append(gguf.TokenType.UNUSED)
+        elif i in special:
+            tokens.append(rev[i])
+            types.append(gguf.TokenType.CONTROL)
+        else:
+            tokens.append(rev[i])
+            types.append(gguf.TokenType.NORMAL)
+    tokens = [t if ty == gguf.TokenType.CONTROL else
+              (t[2:] if t.startswith("##") else "\u2581" + t) for t, ty in zip(tokens, types)]
+    cfg = {}
+    tc = Path(folder) / "tokenizer_config.json"
+    if tc.is_file():
+        cfg = json.loads(tc.read_text())
+    ids = {}
+    for name in ("unk", "sep", "pad", "cls", "mask"):
+        tok = cfg.get(name + "_token")
+        if isinstance(tok, dict):
+            tok = tok.get("content")
+        if tok is not None and tok in vocab:
+            ids[name] = vocab[tok]
+    return tokens, types, ids
+
+
+def export_bert(model_dir, out_path, ftype="f32", special="cls"):
+    """Write the BERT checkpoint in model_dir (BertModel or BertForMaskedLM, its tokenizer.json
+    and, when present, sentence-transformers' modules.json / 1_Pooling) as a GGUF file at
+    out_path the way llama.cpp's converter does (above). ftype: f32 | f16 | q8_0."""
+    import gguf
+    cfg = read_config(model_dir)
+    if cfg["architectures"][0] not in _BERT_ARCHS:
+        raise ValueError("not a BERT checkpoint: %s" % cfg["architectures"])
+    if ftype not in ("f32", "f16", "q8_0"):
+        raise ValueError("ftype must be f32, f16 or q8_0")
+    file_type = gguf.LlamaFileType.ALL_F32 if ftype == "f32" else \
+        gguf.LlamaFileType["MOSTLY_" + ftype.upper()]
+    qtype_for = gguf.GGMLQuantizationType[ftype.upper()]
+    tensors = []
+    for name, data in read_hf_tensors(model_dir).items():
+        if name.startswith("bert."):
+            name = name[5:]
+        g = bert_gguf_name(name)
+        if g is not None:
+            tensors.append((g, data))
+    n_vocab = cfg["vocab_size"]
+    tokens, types, ids = _bert_vocab(model_dir, n_vocab)
+
+    w = gguf.GGUFWriter(str(out_path), "bert")
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(Path(model_dir).name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_layer_norm_eps(cfg.get("layer_norm_eps", 1e-12))
+    w.add_file_type(file_type)
+    w.add_causal_attention(False)
+    pooling = _bert_pooling(model_dir)
+    if pooling is not None:
+        w.add_pooling_type(gguf.PoolingType(pooling))
+    w.add_token_type_count(cfg.get("type_vocab_size", 1))
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("bert-bge")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    if special == "cls":
+        w.add_unk_token_id(ids["unk"])
+        w.add_sep_token_id(ids["sep"])
+        w.add_pad_token_id(ids["pad"])
+        w.add_uint32("tokenizer.ggml.cls_token_id", ids["cls"])
+        w.add_mask_token_id(ids["mask"])
+    elif special == "bos":
+        gguf.SpecialVocab(Path(model_dir), n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+    else:
+        raise ValueError("special must be 'cls' or 'bos'")
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    for name, data in tensors:
+        qtype = qtype_for
+        if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or \
+                name.split(".")[0] in ("position_embd", "token_types"):
+            qtype = gguf.GGMLQuantizationType.F32
+        try:
+            q = gguf.quants.quantize(data, qtype)
+        except gguf.QuantError:
+            qtype = gguf.GGMLQuantizationType.F16
+            q = gguf.quants.quantize(data, qtype)
+        w.add_tensor(name, q, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(out_path)
+
+
+def read_back_bert(gguf_path):
+    """A BERT GGUF's weights as a float32 BertModel state dict (dequantized)."""
+    import gguf
+    import torch
+    sd = {}
+    for t in gguf.GGUFReader(str(gguf_path)).tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        sd[bert_hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(data.reshape(shape)))
+    return sd

@@ -1,0 +1,332 @@
+"""Tiny random BERT checkpoints saved by transformers, the oracle models of the encoder tests, and
+the child-process side of their runs on each kernel path (KWKER_ISA is read once per process).
+
+Each spec becomes a folder under the test cache ($KWK_TEST_CACHE or /tmp/kwker-test-models),
+keyed by a hash of the spec and of BUILDER_VERSION, written under a temporary name and renamed
+into place (as tiny_models.py does): config.json + model.safetensors from BertModel (or
+BertForMaskedLM, whose tensors carry a "bert." prefix and an MLM head), the all-MiniLM-L6-v2
+tokenizer files from the shared data beside them (so the vocabulary is the tokenizer's 30522, or
+larger: padded rows no text reaches), and, when the spec says, sentence-transformers' files
+(modules.json with or without a Normalize module, 1_Pooling/config.json).
+
+Weights: torch.manual_seed(spec seed), every matrix redrawn from N(0, 1/fan_in), the word,
+position and token-type embeddings from N(0, 1) (so a wrong position or token-type row shows),
+LayerNorm weights from 1 + N(0, 0.2) and every bias from N(0, 0.2): transformers' own init
+leaves norms at 1 and biases at 0, which would hide an encoder that ignores them.
+"""
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+BUILDER_VERSION = 1
+
+# name -> spec: hidden, heads, layers, inter, act (hidden_act), types (type_vocab_size), max_pos,
+# eps (layer_norm_eps), seed, vocab (default: the tokenizer's 30522), cls (the transformers class
+# saved), st (None: no sentence-transformers files; else dict(pool=mean|cls|max|mean_sqrt_len|
+# lasttoken, normalize=bool)).
+SPECS = {
+    "bert_gelu": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2,
+                      max_pos=128, eps=1e-12, seed=21),
+    "bert_gelu_new": dict(hidden=96, heads=6, layers=3, inter=200, act="gelu_new", types=1,
+                          max_pos=64, eps=1e-12, seed=22, vocab=30600),
+    "bert_h8": dict(hidden=128, heads=8, layers=2, inter=256, act="gelu", types=2, max_pos=512,
+                    eps=1e-12, seed=23),
+    "bert_mlm": dict(hidden=64, heads=2, layers=2, inter=96, act="gelu", types=2, max_pos=96,
+                     eps=1e-5, seed=24, cls="BertForMaskedLM"),
+    "st_mean_norm": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2,
+                         max_pos=128, eps=1e-12, seed=25, st=dict(pool="mean", normalize=True)),
+    "st_mean": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2, max_pos=128,
+                    eps=1e-12, seed=25, st=dict(pool="mean", normalize=False)),
+    "st_cls": dict(hidden=48, heads=3, layers=2, inter=96, act="gelu_new", types=2, max_pos=64,
+                   eps=1e-12, seed=26, st=dict(pool="cls", normalize=False)),
+    "st_max_norm": dict(hidden=64, heads=4, layers=1, inter=128, act="gelu", types=1,
+                        max_pos=64, eps=1e-12, seed=27, st=dict(pool="max", normalize=True)),
+    "st_sqrt": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2, max_pos=64,
+                    eps=1e-12, seed=28, st=dict(pool="mean_sqrt_len", normalize=False)),
+    "st_last_norm": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2,
+                         max_pos=64, eps=1e-12, seed=29, st=dict(pool="lasttoken",
+                                                                 normalize=True)),
+}
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.txt")
+TOKENIZER_VOCAB = 30522
+
+# What a folder without sentence-transformers files pools with (kwker.h, kwk_model_info: the
+# first token's state, normalized, vLLM's default for BERT).
+DEFAULT_POOLING = ("cls", True)
+
+TEXTS = [
+    "why is the sky blue?",
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "Naïve café owners in Zürich — ŒUVRE, 東京, ελληνικά, 🙂 and déjà vu.",
+    "a",
+]
+
+
+def cache_root():
+    root = Path(os.environ.get("KWK_TEST_CACHE") or "/tmp/kwker-test-models")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def tokenizer_dir():
+    from conftest import SHARED_DATA
+    d = SHARED_DATA / "tokenizers" / "bert-uncased" / "all-MiniLM-L6-v2"
+    assert (d / "tokenizer.json").is_file(), "shared tokenizer missing: %s" % d
+    return d
+
+
+def spec_key(name):
+    blob = json.dumps({"v": BUILDER_VERSION, "name": name, "spec": SPECS[name]}, sort_keys=True)
+    return "enc-%s-%s" % (name, hashlib.sha256(blob.encode()).hexdigest()[:12])
+
+
+def pooling_of(name):
+    """(pooling name, normalize) the folder of a spec asks for."""
+    st = SPECS[name].get("st")
+    if not st:
+        return DEFAULT_POOLING
+    pool = "last" if st["pool"] == "lasttoken" else st["pool"]
+    return pool, bool(st["normalize"])
+
+
+def _randomize(model):
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                if "embeddings" in name:
+                    p.normal_(0.0, 1.0)
+                else:
+                    p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
+            elif "LayerNorm.weight" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.2 * torch.randn_like(p))
+
+
+def write_st_files(folder, pool, normalize, dim):
+    """sentence-transformers' modules.json (Transformer, Pooling, and Normalize when asked)
+    and 1_Pooling/config.json with one pooling mode set."""
+    folder = Path(folder)
+    mods = [{"idx": 0, "name": "0", "path": "",
+             "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling",
+             "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        mods.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                     "type": "sentence_transformers.models.Normalize"})
+    (folder / "modules.json").write_text(json.dumps(mods, indent=2))
+    modes = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens",
+             "weightedmean_tokens", "lasttoken")
+    key = {"mean": "mean_tokens", "cls": "cls_token", "max": "max_tokens",
+           "mean_sqrt_len": "mean_sqrt_len_tokens", "lasttoken": "lasttoken"}[pool]
+    cfg = {"word_embedding_dimension": dim}
+    cfg.update({"pooling_mode_" + m: m == key for m in modes})
+    cfg["include_prompt"] = True
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(cfg, indent=2))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+
+
+def build(name, root=None):
+    """Path of the folder for SPECS[name], building it when missing."""
+    spec = SPECS[name]
+    root = cache_root() if root is None else Path(root)
+    out = root / spec_key(name)
+    if (out / "config.json").exists():
+        return out
+    import torch
+    import transformers
+
+    torch.manual_seed(spec["seed"])
+    cfg = transformers.BertConfig(
+        vocab_size=spec.get("vocab", TOKENIZER_VOCAB), hidden_size=spec["hidden"],
+        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
+        intermediate_size=spec["inter"], hidden_act=spec["act"],
+        max_position_embeddings=spec["max_pos"], type_vocab_size=spec["types"],
+        layer_norm_eps=spec["eps"], pad_token_id=0)
+    model_cls = getattr(transformers, spec.get("cls", "BertModel"))
+    model = model_cls(cfg).to(torch.float32).eval()
+    _randomize(model)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-" + name, dir=root))
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        for f in TOKENIZER_FILES:
+            shutil.copyfile(tokenizer_dir() / f, tmp / f)
+        if spec.get("st"):
+            write_st_files(tmp, spec["st"]["pool"], spec["st"]["normalize"], spec["hidden"])
+        (tmp / "kwk_spec.json").write_text(json.dumps({"name": name, "spec": spec}, indent=2))
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if not (out / "config.json").exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# -- the reference: transformers' float32 states, sentence-transformers' pooling ---------------
+
+def load_hf(path):
+    """transformers' BertModel of a folder (float32, eager attention, eval mode); a
+    BertForMaskedLM folder gives its "bert." encoder."""
+    import torch
+    from transformers import AutoModel
+    from tiny_models import torch_single_thread
+    torch_single_thread()
+    return AutoModel.from_pretrained(str(path), dtype=torch.float32,
+                                     attn_implementation="eager").eval()
+
+
+def hf_states(model, ids):
+    """float32 last_hidden_state [n, hidden] of one sequence alone (no padding; token types 0)."""
+    import torch
+    with torch.no_grad():
+        t = torch.tensor([list(ids)], dtype=torch.long)
+        out = model(input_ids=t, attention_mask=torch.ones_like(t),
+                    token_type_ids=torch.zeros_like(t))
+    return out.last_hidden_state[0].float().numpy()
+
+
+def pool(states, mode, normalize):
+    """sentence-transformers' Pooling (one unpadded sequence) then Normalize, in float64:
+    mean = sum / n; cls = the first row; last(token) = the last row; max = element-wise max;
+    mean_sqrt_len = sum / sqrt(n); Normalize divides by max(||x||_2, 1e-12) (F.normalize)."""
+    import numpy as np
+    s = np.asarray(states, dtype=np.float64)
+    n = s.shape[0]
+    if mode == "mean":
+        v = s.sum(0) / max(n, 1e-9)
+    elif mode == "cls":
+        v = s[0]
+    elif mode in ("last", "lasttoken"):
+        v = s[-1]
+    elif mode == "max":
+        v = s.max(0)
+    elif mode == "mean_sqrt_len":
+        v = s.sum(0) / np.sqrt(n)
+    else:
+        raise ValueError(mode)
+    if normalize:
+        v = v / max(np.linalg.norm(v), 1e-12)
+    return v
+
+
+def hf_tokenize(path, text, **kw):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(path))
+    return tok(text, **kw)["input_ids"]
+
+
+# -- the child process: kwker on one kernel path -------------------------------------------------
+
+def kwk_worker(job_path, out_path):
+    """Run each case's ops through kwker.Encoder in this process (its KWKER_ISA) and save every
+    result as key|op in an .npz, with errors (a traceback per failed op) and the encoder's
+    properties in __meta__. A case: {key, model, enc: Encoder kwargs, ops: [[name, kind,
+    arg]]}, kind "states" (arg: ids), "embed" (arg: a list of id lists or strings), "tokenize"
+    (arg: text)."""
+    import traceback
+    import numpy as np
+    job = json.loads(Path(job_path).read_text())
+    arrays, meta = {}, {"errors": {}, "props": {}, "isa": None, "setup_error": None}
+
+    def save():
+        arrays["__meta__"] = np.array(json.dumps(meta))
+        np.savez(out_path, **arrays)
+
+    try:
+        import ctypes
+        import kwker
+        from kwker import _lib
+        L = _lib.lib()
+        L.kwk_isa.restype = ctypes.c_int
+        L.kwk_isa_name.restype = ctypes.c_char_p
+        L.kwk_isa_name.argtypes = [ctypes.c_int]
+        meta["isa"] = L.kwk_isa_name(L.kwk_isa()).decode()
+    except BaseException:
+        meta["setup_error"] = traceback.format_exc()[-6000:]
+        save()
+        return
+    for c in job["cases"]:
+        key = c["key"]
+        errs = meta["errors"][key] = {}
+        print("case %s: load" % key, flush=True)  # locates a crash
+        try:
+            enc = kwker.Encoder(c["model"], **c.get("enc", {}))
+            meta["props"][key] = {"dim": enc.dim, "max_tokens": enc.max_tokens,
+                                  "pooling": enc.pooling, "normalize": enc.normalize}
+        except Exception:
+            errs["load"] = traceback.format_exc()[-3000:]
+            continue
+        for name, kind, arg in c["ops"]:
+            print("case %s: %s" % (key, name), flush=True)
+            try:
+                if kind == "states":
+                    arrays[key + "|" + name] = enc.states(arg)
+                elif kind == "embed":
+                    arrays[key + "|" + name] = enc.embed(arg)
+                elif kind == "tokenize":
+                    arrays[key + "|" + name] = np.asarray(enc.tokenize(arg), dtype=np.int64)
+                else:
+                    raise ValueError(kind)
+            except Exception:
+                errs[name] = traceback.format_exc()[-3000:]
+        enc.close()
+    save()
+
+
+class EncRunner:
+    """Runs encoder cases in child processes with a kernel path set, memoized per (isa, cases)."""
+
+    def __init__(self, tmpdir):
+        self.tmpdir = Path(tmpdir)
+        self.memo = {}
+
+    def run(self, cases, isa=None, timeout=900):
+        import subprocess
+        import sys
+        import numpy as np
+        from conftest import PY_DIR, TEST_DIR, isa_env
+        memo_key = (isa, json.dumps(cases, sort_keys=True))
+        if memo_key in self.memo:
+            return self.memo[memo_key]
+        fd, job = tempfile.mkstemp(suffix=".json", dir=str(self.tmpdir))
+        os.close(fd)
+        out = job[:-5] + ".npz"
+        Path(job).write_text(json.dumps({"cases": cases}))
+        env = isa_env(dict(os.environ), isa)
+        code = ("import sys; sys.path[:0] = [%r, %r]; import tiny_encoders; "
+                "tiny_encoders.kwk_worker(%r, %r)" % (str(PY_DIR), str(TEST_DIR), job, out))
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise AssertionError(
+                "kwker encoder worker (KWKER_ISA=%s) failed with exit code %d (a negative code "
+                "is a signal: the library crashed)\nstdout:\n%s\nstderr:\n%s" % (
+                    isa, proc.returncode, proc.stdout[-4000:], proc.stderr[-8000:]))
+        res = {"_arrays": {}}
+        with np.load(out, allow_pickle=False) as z:
+            meta = json.loads(str(z["__meta__"]))
+            for k in z.files:
+                if k != "__meta__":
+                    res["_arrays"][k] = z[k]
+        res["_meta"] = meta
+        self.memo[memo_key] = res
+        return res
+
+
+if __name__ == "__main__":
+    import sys
+    for n in sys.argv[1:] or list(SPECS):
+        print(n, build(n))
