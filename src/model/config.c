@@ -45,6 +45,7 @@ static const struct arch_name archs[] = {
     {"Qwen2ForCausalLM", "qwen2", KWK_ARCH_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", KWK_ARCH_QWEN3},
     {"Gemma3ForCausalLM", "gemma3_text", KWK_ARCH_GEMMA3},
+    {"BertModel", "bert", KWK_ARCH_BERT},
 };
 
 /* Sanity-check the numbers every later size computation relies on. */
@@ -68,7 +69,7 @@ static int cfg_validate(struct kwk_config *cfg, const char *label, struct kwk_er
     if (cfg->n_heads % cfg->n_kv_heads != 0)
         cfg_unsupported(cfg, "num_attention_heads (%d) is not a multiple of "
                         "num_key_value_heads (%d)", cfg->n_heads, cfg->n_kv_heads);
-    if (cfg->head_dim % 2 != 0)
+    if (cfg->head_dim % 2 != 0 && !cfg->encoder)
         cfg_unsupported(cfg, "head dim %d is odd (rotary embeddings need pairs)", cfg->head_dim);
     if (!(cfg->rms_eps > 0.0f) || !(cfg->rope_theta > 0.0f))
         return kwk_err_set(err, KWK_EFORMAT, "%s: rms_norm_eps and rope_theta must be positive",
@@ -243,11 +244,16 @@ static void json_arch(const json_t *root, struct kwk_config *cfg)
     if (!name)
         name = json_is_string(mt) ? json_string_value(mt) : "(none given)";
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name);
+    /* BertForMaskedLM and the other heads hold the same encoder: it is what embeddings use */
+    if (json_is_string(mt) && !strcmp(json_string_value(mt), "bert")) {
+        cfg->arch = KWK_ARCH_BERT;
+        return;
+    }
     if (!strcmp(name, "Gemma3ForConditionalGeneration"))
         cfg_unsupported(cfg, "architecture %.64s (text and images) is not supported: Kwker runs "
                         "Gemma 3's text decoder alone (Gemma3ForCausalLM)", name);
     cfg_unsupported(cfg, "architecture %.64s is not supported (supported: Llama, Mistral, Qwen2, "
-                    "Qwen3, Gemma3ForCausalLM)", name);
+                    "Qwen3, Gemma3ForCausalLM; encoders: BERT)", name);
 }
 
 /* The dimensions every architecture has; a config without them is not a model config. */
@@ -442,6 +448,45 @@ static int json_options(const json_t *root, struct kwk_config *cfg, const char *
     return 0;
 }
 
+/* A BERT encoder's options (BertConfig's names and defaults). */
+static int json_bert(const json_t *root, struct kwk_config *cfg, const char *label,
+                     struct kwk_err *err)
+{
+    int rc;
+    cfg->encoder = 1;
+    cfg->rms_eps = 1e-12f;
+    cfg->n_types = 2;
+    if ((rc = json_get_float(root, "layer_norm_eps", &cfg->rms_eps, label, err)) < 0 ||
+        (rc = json_get_int(root, "type_vocab_size", &cfg->n_types, label, err)) < 0)
+        return rc;
+    if (cfg->n_types < 1 || cfg->n_types > 65536)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: type_vocab_size is %d (must be in 1..65536)",
+                           label, cfg->n_types);
+    if (cfg->max_position <= 0)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: max_position_embeddings must be positive",
+                           label);
+    const json_t *act = json_object_get(root, "hidden_act");
+    const char *a = json_is_string(act) ? json_string_value(act) : act ? "(not a string)" : "gelu";
+    if (!strcmp(a, "gelu"))
+        cfg->act = KWK_ACT_GELU;
+    else if (!strcmp(a, "gelu_new") || !strcmp(a, "gelu_pytorch_tanh"))
+        cfg->act = KWK_ACT_GELU_TANH;
+    else
+        cfg_unsupported(cfg, "hidden_act %.40s is not supported for BERT (gelu, gelu_new, "
+                        "gelu_pytorch_tanh)", a);
+    const json_t *pe = json_object_get(root, "position_embedding_type");
+    if (pe && !json_is_null(pe) &&
+        !(json_is_string(pe) && !strcmp(json_string_value(pe), "absolute")))
+        cfg_unsupported(cfg, "position_embedding_type %.40s is not supported (only absolute)",
+                        json_is_string(pe) ? json_string_value(pe) : "(not a string)");
+    int decoder = 0;
+    if ((rc = json_get_bool(root, "is_decoder", &decoder, label, err)) < 0)
+        return rc;
+    if (decoder)
+        cfg_unsupported(cfg, "is_decoder=true (a causal BERT) is not supported");
+    return 0;
+}
+
 static json_t *load_json(const char *path, struct kwk_err *err)
 {
     char *text = NULL;
@@ -505,6 +550,15 @@ int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err 
     /* an architecture we do not know has fields we do not know: the reason is the answer */
     if (cfg->arch == KWK_ARCH_UNKNOWN)
         goto out;
+    if (cfg->arch == KWK_ARCH_BERT) {
+        cfg->max_position = 512;
+        if ((rc = json_dims(root, cfg, path, err)) < 0 ||
+            (rc = json_bert(root, cfg, path, err)) < 0 ||
+            (rc = kwk_st_pooling_load(cfg, dir, err)) < 0)
+            goto out;
+        rc = cfg_validate(cfg, path, err);
+        goto out;
+    }
     /* transformers' defaults per architecture */
     cfg->max_position = cfg->arch == KWK_ARCH_LLAMA ? 2048 : 32768;
     if (cfg->arch == KWK_ARCH_GEMMA3) {
@@ -807,6 +861,39 @@ static int gguf_gemma3(struct kwk_config *cfg, const struct kwk_gguf *g, const c
     return 0;
 }
 
+/* A BERT encoder as llama.cpp's converter writes it: LayerNorm epsilon, pooling type, the type
+ * table's rows; its GELU is BERT's erf one (llama.cpp computes the tanh form). Embeddings are
+ * normalized, as llama.cpp's server does by default. */
+static int gguf_bert(struct kwk_config *cfg, const struct kwk_gguf *g, const char *a,
+                     struct kwk_err *err)
+{
+    cfg->encoder = 1;
+    cfg->act = KWK_ACT_GELU;
+    cfg->rms_eps = 1e-12f;
+    cfg->normalize = 1;
+    int rc, pooling = KWK_POOLING_CLS, causal = 0;
+    if ((rc = gguf_dims(cfg, g, a, err)) < 0 ||
+        (rc = gguf_float(g, a, "attention.layer_norm_epsilon", &cfg->rms_eps, err)) < 0 ||
+        (rc = gguf_int(g, a, "pooling_type", &pooling, err)) < 0)
+        return rc;
+    if (pooling < KWK_POOLING_MEAN || pooling > KWK_POOLING_LAST)
+        cfg_unsupported(cfg, "%s.pooling_type %d is not supported (1 mean, 2 cls, 3 last)", a,
+                        pooling);
+    cfg->pooling = pooling;
+    char k[160];
+    snprintf(k, sizeof k, "%s.attention.causal", a);
+    if (kwk_gguf_get_bool(g, k, &causal) == 0 && causal)
+        cfg_unsupported(cfg, "%s is causal: not an encoder Kwker runs", k);
+    if (cfg->max_position <= 0)
+        return kwk_err_set(err, KWK_EFORMAT, "%s: %s.context_length must be positive", gpath(g),
+                           a);
+    const struct kwk_tensor_ref *t = gguf_tensor(g, "token_types.weight");
+    cfg->n_types = t && t->n_dims == 2 && t->shape[0] > 0 && t->shape[0] <= 65536
+                       ? (int)t->shape[0] : 1;
+    gguf_vocab(cfg, g, a);
+    return cfg_validate(cfg, gpath(g), err);
+}
+
 int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struct kwk_err *err)
 {
     cfg_defaults(cfg);
@@ -828,12 +915,16 @@ int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struc
         cfg->arch = KWK_ARCH_QWEN3, cfg->qk_norm = 1;
     else if (!strcmp(a, "gemma3"))
         cfg->arch = KWK_ARCH_GEMMA3;
+    else if (!strcmp(a, "bert"))
+        cfg->arch = KWK_ARCH_BERT;
     else {
         cfg_unsupported(cfg, "GGUF architecture %s is not supported (supported: llama, qwen2, "
-                        "qwen3, gemma3)", a);
+                        "qwen3, gemma3, bert)", a);
         return 0;
     }
     int rc;
+    if (cfg->arch == KWK_ARCH_BERT)
+        return gguf_bert(cfg, g, a, err);
     if ((rc = gguf_dims(cfg, g, a, err)) < 0 || (rc = gguf_rope(cfg, g, a, err)) < 0)
         return rc;
     if (cfg->arch == KWK_ARCH_GEMMA3 && (rc = gguf_gemma3(cfg, g, a, err)) < 0)

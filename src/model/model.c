@@ -103,6 +103,14 @@ static const struct kwk_tensor_ref *want_tensor(struct loader *ld, const char *n
     const struct kwk_tensor_ref *t = find_tensor(ld->m, name, &file);
     *rc = 0;
     if (!t) {
+        for (int s = 0; s < ld->m->n_st; s++)
+            for (int i = 0; i < ld->m->st[s].n_unrun; i++)
+                if (!strcmp(ld->m->st[s].unrun[i], name)) {
+                    *rc = kwk_err_set(ld->err, KWK_EUNSUPPORTED, "%s: tensor %s has a type Kwker "
+                                      "does not run (supported: F32, F16, BF16)", ld->m->st[s].path,
+                                      name);
+                    return NULL;
+                }
         if (!optional)
             *rc = kwk_err_set(ld->err, KWK_ENOTFOUND, "%s: %s is missing", ld->m->path, name);
         return NULL;
@@ -365,6 +373,132 @@ static int load_layer(struct loader *ld, int i, struct kwk_layer *L)
     return 0;
 }
 
+/* ---- encoders (BERT) ----------------------------------------------------------------------- */
+
+/* A small 2-D table (positions, token types) as owned float32 rows. */
+static int get_table(struct loader *ld, const char *name, int64_t rows, int64_t cols,
+                     float **out)
+{
+    int rc;
+    const struct kwk_tensor_ref *t = want_tensor(ld, name, 2, rows, cols, 0, &rc);
+    if (!t)
+        return rc;
+    float *v = own_floats(ld, rows * cols);
+    if (!v)
+        return ld->err ? ld->err->code : -ENOMEM;
+    size_t row_bytes = kwk_dtype_row_bytes(t->dtype, cols);
+    if (!row_bytes)
+        return kwk_err_set(ld->err, KWK_EFORMAT, "%s: %s: rows of %lld do not split into %s "
+                           "blocks", ld->m->path, name, (long long)cols,
+                           kwk_dtype_name(t->dtype));
+    for (int64_t r = 0; r < rows; r++)
+        kwk_dequant_row(t->dtype, t->data + (size_t)r * row_bytes, v + r * cols, cols);
+    *out = v;
+    return 0;
+}
+
+/* Tensor names of one BERT layer: Hugging Face's (under prefix) or llama.cpp's. */
+enum { EN_Q, EN_K, EN_V, EN_O, EN_ALN, EN_UP, EN_DOWN, EN_FLN, EN_COUNT };
+
+static void enc_names(const struct loader *ld, const char *prefix, int i,
+                      char n[EN_COUNT][128])
+{
+    static const char *const g[EN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                            "attn_output_norm", "ffn_up", "ffn_down",
+                                            "layer_output_norm"};
+    static const char *const h[EN_COUNT] = {
+        "attention.self.query", "attention.self.key", "attention.self.value",
+        "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
+        "output.dense", "output.LayerNorm"};
+    for (int k = 0; k < EN_COUNT; k++) {
+        if (ld->gguf)
+            snprintf(n[k], sizeof n[k], "blk.%d.%s", i, g[k]);
+        else
+            snprintf(n[k], sizeof n[k], "%sencoder.layer.%d.%s", prefix, i, h[k]);
+    }
+}
+
+/* Matrix base.weight [rows][cols] and its bias base.bias [rows]. */
+static int get_linear(struct loader *ld, const char *base, int64_t rows, int64_t cols,
+                      struct kwk_mat *w, float **b)
+{
+    char wn[160], bn[160];
+    snprintf(wn, sizeof wn, "%s.weight", base);
+    snprintf(bn, sizeof bn, "%s.bias", base);
+    int rc = get_mat(ld, wn, rows, cols, 0, 0, w);
+    return rc ? rc : get_vec(ld, bn, rows, 0, b);
+}
+
+/* LayerNorm base.weight and base.bias [n]. */
+static int get_layernorm(struct loader *ld, const char *base, int64_t n, float **w, float **b)
+{
+    char wn[160], bn[160];
+    snprintf(wn, sizeof wn, "%s.weight", base);
+    snprintf(bn, sizeof bn, "%s.bias", base);
+    int rc = get_vec(ld, wn, n, 0, w);
+    return rc ? rc : get_vec(ld, bn, n, 0, b);
+}
+
+static int load_enc_layer(struct loader *ld, const char *prefix, int i, struct kwk_enc_layer *L)
+{
+    const struct kwk_config *c = &ld->m->cfg;
+    int64_t d = c->d_model, ff = c->d_ff;
+    char n[EN_COUNT][128];
+    enc_names(ld, prefix, i, n);
+    int rc;
+    if ((rc = get_linear(ld, n[EN_Q], d, d, &L->wq, &L->bq)) ||
+        (rc = get_linear(ld, n[EN_K], d, d, &L->wk, &L->bk)) ||
+        (rc = get_linear(ld, n[EN_V], d, d, &L->wv, &L->bv)) ||
+        (rc = get_linear(ld, n[EN_O], d, d, &L->wo, &L->bo)) ||
+        (rc = get_layernorm(ld, n[EN_ALN], d, &L->attn_ln, &L->attn_ln_b)) ||
+        (rc = get_linear(ld, n[EN_UP], ff, d, &L->w_up, &L->b_up)) ||
+        (rc = get_linear(ld, n[EN_DOWN], d, ff, &L->w_down, &L->b_down)))
+        return rc;
+    return get_layernorm(ld, n[EN_FLN], d, &L->ffn_ln, &L->ffn_ln_b);
+}
+
+/* A BERT encoder: its tables, embedding LayerNorm and layers. Hugging Face's names come bare
+ * (BertModel) or under "bert." (BertForMaskedLM and the other heads, whose own tensors are
+ * not read). */
+static int assemble_encoder(struct loader *ld)
+{
+    struct kwk_model *m = ld->m;
+    const struct kwk_config *c = &m->cfg;
+    const char *prefix = "";
+    const char *file;
+    if (!ld->gguf && !find_tensor(m, "embeddings.word_embeddings.weight", &file) &&
+        find_tensor(m, "bert.embeddings.word_embeddings.weight", &file))
+        prefix = "bert.";
+    char emb[128], pos[128], typ[128], ln[128];
+    if (ld->gguf) {
+        snprintf(emb, sizeof emb, "token_embd.weight");
+        snprintf(pos, sizeof pos, "position_embd.weight");
+        snprintf(typ, sizeof typ, "token_types.weight");
+        snprintf(ln, sizeof ln, "token_embd_norm");
+    } else {
+        snprintf(emb, sizeof emb, "%sembeddings.word_embeddings.weight", prefix);
+        snprintf(pos, sizeof pos, "%sembeddings.position_embeddings.weight", prefix);
+        snprintf(typ, sizeof typ, "%sembeddings.token_type_embeddings.weight", prefix);
+        snprintf(ln, sizeof ln, "%sembeddings.LayerNorm", prefix);
+    }
+    int rc;
+    if ((rc = get_mat(ld, emb, c->n_vocab, c->d_model, 0, 0, &m->tok_emb)) ||
+        (rc = get_table(ld, pos, c->max_position, c->d_model, &m->pos_emb)) ||
+        (rc = get_table(ld, typ, c->n_types, c->d_model, &m->type_emb)) ||
+        (rc = get_layernorm(ld, ln, c->d_model, &m->emb_ln, &m->emb_ln_b)))
+        return rc;
+    m->enc_layers = kwk_calloc((size_t)c->n_layers, sizeof *m->enc_layers);
+    if (!m->enc_layers)
+        return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory", m->path);
+    for (int i = 0; i < c->n_layers; i++)
+        if ((rc = load_enc_layer(ld, prefix, i, &m->enc_layers[i])))
+            return rc;
+    int64_t d = c->d_model, ff = c->d_ff;
+    m->n_params = (int64_t)(c->n_vocab + c->max_position + c->n_types + 2) * d +
+                  (int64_t)c->n_layers * (4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d);
+    return 0;
+}
+
 static int64_t mat_params(const struct kwk_mat *w)
 {
     return w->rows * w->cols; /* absent optional matrices are all zero */
@@ -397,6 +531,8 @@ static int assemble(struct loader *ld)
     struct kwk_model *m = ld->m;
     const struct kwk_config *c = &m->cfg;
     int rc;
+    if (c->encoder)
+        return assemble_encoder(ld);
     m->layers = kwk_calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers)
         return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory", m->path);
@@ -883,6 +1019,7 @@ void kwk_model_free(kwk_model *m)
         close(m->emb_fd);
     kwk_free(m->owned);
     kwk_free(m->layers);
+    kwk_free(m->enc_layers);
     for (int i = 0; i < m->n_st; i++)
         kwk_st_close(&m->st[i]);
     kwk_free(m->st);
@@ -914,6 +1051,9 @@ void kwk_model_get_info(const kwk_model *m, struct kwk_model_info *info)
     memcpy(info->eos_ids, c->eos_ids, sizeof info->eos_ids);
     info->n_params = m->n_params;
     snprintf(info->arch_name, sizeof info->arch_name, "%s", c->arch_name);
+    info->is_encoder = c->encoder;
+    info->pooling = c->pooling;
+    info->normalize = c->normalize;
 }
 
 /* The configuration alone: a folder's config.json or a GGUF file's metadata. */

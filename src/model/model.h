@@ -60,13 +60,18 @@ struct kwk_st_file {
     char *path;
     struct kwk_map map;
     int n_tensors;
-    struct kwk_tensor_ref *tensors; /* sorted by name? no: file order */
+    struct kwk_tensor_ref *tensors; /* file order */
     char *names;                    /* storage for tensor names */
+    /* Tensors of a type Kwker does not run (integers, float64, float8: e.g. BERT's I64
+     * position_ids buffer): only named, so that a model needing one can say why. */
+    int n_unrun;
+    const char **unrun;             /* [n_unrun] into names */
 };
 
 /* Map and validate one .safetensors file: header length within the file, JSON header well
- * formed, dtypes known (F32/F16/BF16; others KWK_EUNSUPPORTED), shapes consistent with offsets,
- * offsets inside the data and not overlapping. Errors name the file. */
+ * formed, dtypes known (F32/F16/BF16 as tensors; the other safetensors types only named, in
+ * unrun), shapes consistent with offsets, offsets inside the data and not overlapping. Errors
+ * name the file. */
 int kwk_st_open(struct kwk_st_file *f, const char *path, struct kwk_err *err);
 /* Parse from memory (fuzzing and tests); label names the source in errors. Tensor data points
  * into buf. */
@@ -131,8 +136,9 @@ int kwk_gguf_arr_f64(const struct kwk_gguf_kv *kv, uint64_t i, double *out);
 /* ---- configuration -------------------------------------------------------------------------*/
 
 enum kwk_rope_type { KWK_ROPE_DEFAULT = 0, KWK_ROPE_LLAMA3 = 1, KWK_ROPE_LINEAR = 2 };
-/* The MLP's gate: SiLU (Llama, Qwen) or the tanh approximation of GELU (Gemma). */
-enum kwk_act { KWK_ACT_SILU = 0, KWK_ACT_GELU_TANH = 1 };
+/* The MLP's activation: SiLU (Llama, Qwen) or the tanh approximation of GELU (Gemma) on a
+ * gate; GELU itself (erf: BERT's "gelu") or its tanh form on an encoder's one product. */
+enum kwk_act { KWK_ACT_SILU = 0, KWK_ACT_GELU_TANH = 1, KWK_ACT_GELU = 2 };
 
 /* Layers a config can describe: layer_local holds one bit each. */
 #define KWK_MAX_LAYERS 4096
@@ -141,7 +147,7 @@ struct kwk_config {
     int arch;               /* enum kwk_arch */
     char arch_name[64];
     int n_vocab, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, max_position;
-    float rms_eps;
+    float rms_eps;          /* the norms' epsilon: RMS norms', an encoder's LayerNorms' */
     float rope_theta;
     int rope_type;          /* enum kwk_rope_type */
     float rope_factor;      /* llama3 / linear */
@@ -167,6 +173,12 @@ struct kwk_config {
     int bos_id;             /* -1 unknown */
     int n_eos;
     int eos_ids[8];
+    /* Encoders (BERT): post-norm LayerNorms with biases, absolute positions, a token type
+     * table, bidirectional attention; their states pooled into one embedding. */
+    int encoder;            /* 1: an encoder (kwk_encoder), not a decoder */
+    int n_types;            /* token type vocabulary (type_vocab_size) */
+    int pooling;            /* enum kwk_pooling: the model's own (sentence-transformers, GGUF) */
+    int normalize;          /* 1: its embeddings are L2-normalized */
     char unsupported[256];  /* non-empty: why this model cannot run */
 };
 
@@ -188,6 +200,10 @@ static inline int kwk_config_layer_local_rope(const struct kwk_config *cfg, int 
 /* Read config.json (and generation_config.json beside it, for eos ids) of a model folder. A
  * model Kwker cannot run is not an error here: cfg->unsupported says why. */
 int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err *err);
+/* An encoder folder's pooling and normalization (cfg->pooling, normalize) from its
+ * sentence-transformers files (modules.json, the Pooling module's config.json); without them the
+ * first token's state, normalized. A module Kwker does not run sets cfg->unsupported. */
+int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err *err);
 /* The same from GGUF metadata (general.architecture, <arch>.*). */
 int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struct kwk_err *err);
 
@@ -205,6 +221,18 @@ struct kwk_layer {
     float *post_ffn_norm;          /* [d_model] on the down product's output; NULL without */
     struct kwk_mat w_gate, w_up;   /* [d_ff][d_model] */
     struct kwk_mat w_down;         /* [d_model][d_ff] */
+};
+
+/* An encoder layer (BERT, post-norm): x = LN(x + attn(x) wo + bo), x = LN(x + act(x w_up + b_up)
+ * w_down + b_down). Every matrix has its bias; every LayerNorm its weight and bias. */
+struct kwk_enc_layer {
+    struct kwk_mat wq, wk, wv, wo;  /* [d_model][d_model] */
+    float *bq, *bk, *bv, *bo;       /* [d_model] */
+    float *attn_ln, *attn_ln_b;     /* [d_model] after attention's residual add */
+    struct kwk_mat w_up;            /* [d_ff][d_model] */
+    struct kwk_mat w_down;          /* [d_model][d_ff] */
+    float *b_up, *b_down;           /* [d_ff], [d_model] */
+    float *ffn_ln, *ffn_ln_b;       /* [d_model] after the MLP's residual add */
 };
 
 /* Drop the resident pages of the model's file mappings (safetensors shards, GGUF): after its
@@ -236,7 +264,12 @@ struct kwk_model {
     struct kwk_mat tok_emb;        /* [n_vocab][d_model] */
     struct kwk_mat lm_head;        /* [n_vocab][d_model]; == tok_emb when tied */
     float *out_norm;               /* [d_model] */
-    struct kwk_layer *layers;      /* [n_layers] */
+    struct kwk_layer *layers;      /* [n_layers] decoders */
+    /* Encoders (cfg.encoder): tok_emb is the word table; layers is NULL, out_norm unused. */
+    struct kwk_enc_layer *enc_layers; /* [n_layers] */
+    float *pos_emb;                /* [max_position][d_model] */
+    float *type_emb;               /* [n_types][d_model] */
+    float *emb_ln, *emb_ln_b;      /* [d_model] the embeddings' LayerNorm */
     /* what backs the weights */
     int n_st;
     struct kwk_st_file *st;        /* [n_st] safetensors shards */

@@ -72,9 +72,7 @@ static int st_entry(struct kwk_tensor_ref *t, const char *name, const json_t *e,
     const char *dts = json_string_value(jdt);
     int k = st_dtype(dts, &t->dtype);
     if (k > 0)
-        return kwk_err_set(err, KWK_EUNSUPPORTED,
-                           "%s: tensor %s has dtype %s (supported: F32, F16, BF16)", label, name,
-                           dts);
+        return 1; /* a type Kwker does not run (position_ids' I64): listed, never read */
     if (k < 0)
         return kwk_err_set(err, KWK_EFORMAT, "%s: tensor %s: unknown dtype \"%.32s\"", label,
                            name, dts);
@@ -159,8 +157,9 @@ static int st_fill(struct kwk_st_file *f, json_t *root, const uint8_t *data, siz
         count++;
     }
     f->tensors = kwk_calloc((size_t)count, sizeof *f->tensors);
+    f->unrun = kwk_calloc((size_t)count, sizeof *f->unrun);
     f->names = kwk_malloc(names_len);
-    if (!f->tensors || !f->names)
+    if (!f->tensors || !f->unrun || !f->names)
         return kwk_err_set(err, -ENOMEM, "%s: out of memory", label);
     char *p = f->names;
     json_object_foreach(root, key, val) {
@@ -172,9 +171,12 @@ static int st_fill(struct kwk_st_file *f, json_t *root, const uint8_t *data, siz
         t->name = p;
         p += kl;
         int rc = st_entry(t, t->name, val, data, n, label, err);
-        if (rc)
+        if (rc < 0)
             return rc;
-        f->n_tensors++;
+        if (rc > 0)
+            f->unrun[f->n_unrun++] = t->name;
+        else
+            f->n_tensors++;
     }
     return st_check_overlap(f, data, label, err);
 }
@@ -219,10 +221,13 @@ out:
     json_decref(root);
     if (rc) {
         kwk_free(f->tensors);
+        kwk_free(f->unrun);
         kwk_free(f->names);
         f->tensors = NULL;
+        f->unrun = NULL;
         f->names = NULL;
         f->n_tensors = 0;
+        f->n_unrun = 0;
     }
     return rc;
 }
@@ -257,6 +262,7 @@ void kwk_st_close(struct kwk_st_file *f)
         return;
     kwk_unmap(&f->map);
     kwk_free(f->tensors);
+    kwk_free(f->unrun);
     kwk_free(f->names);
     kwk_free(f->path);
     memset(f, 0, sizeof *f);

@@ -155,6 +155,11 @@ struct kwk_decoder *kwk_decoder_new_slots(const struct kwk_model *m,
         return NULL;
     }
     const struct kwk_config *c = &m->cfg;
+    if (c->encoder) {
+        kwk_err_set(err, KWK_EUNSUPPORTED, "%s is an encoder (%s): it makes embeddings "
+                    "(kwk_encoder_new), not tokens", m->path, c->arch_name);
+        return NULL;
+    }
     if (p->precision < KWK_PRECISION_PRESERVE || p->precision > KWK_PRECISION_INT4) {
         kwk_err_set(err, KWK_EARG, "unknown precision %d", p->precision);
         return NULL;

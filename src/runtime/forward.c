@@ -453,6 +453,18 @@ void kwk_forward_matmul(struct kwk_decoder *d, int n, const struct kwk_mat *w, c
     matmul(d, n, 1, &job);
 }
 
+void kwk_matmul_pool(const struct kwk_kernels *k, struct kwk_pool *pool, void *qact_mem,
+                     int64_t qact_cols, int n, const struct kwk_mat *const *w, const float *x,
+                     float *const *y, long ldy, int n_w)
+{
+    /* mm_plan and mm_exec read only these four fields of a decoder */
+    struct kwk_decoder d = {.k = k, .pool = pool, .qact_mem = qact_mem, .qact_cols = qact_cols};
+    struct mm_job jobs[3];
+    for (int j = 0; j < n_w; j++)
+        jobs[j] = (struct mm_job){w[j], x, y[j], ldy};
+    matmul(&d, n, n_w, jobs);
+}
+
 /* Tasks split by token leave every thread but the first idle on a one-token chunk (generation):
  * there the owner runs the task alone, which gives the same rows the same arithmetic and saves
  * the pool's round trip. */

@@ -127,6 +127,13 @@ void kwk_forward_chunk(struct kwk_decoder *d, const int32_t *ids, int n);
 void kwk_forward_matmul(struct kwk_decoder *d, int n, const struct kwk_mat *w, const float *x,
                         float *y, long ldy);
 
+/* The same product for a user without a decoder (an encoder): n_w (1 to 3) matrices of one
+ * input x, y[j] = x w[j]^T, shared out as one task; qact_mem holds kwk_qact_bytes(qact_cols, n)
+ * bytes when the matrices are quantized (NULL: plain only). */
+void kwk_matmul_pool(const struct kwk_kernels *k, struct kwk_pool *pool, void *qact_mem,
+                     int64_t qact_cols, int n, const struct kwk_mat *const *w, const float *x,
+                     float *const *y, long ldy, int n_w);
+
 /* Bytes of one K or V cache element: 2 (half) or 4 (float). */
 size_t kwk_kv_elem_size(const struct kwk_decoder *d);
 

@@ -127,11 +127,22 @@ static void test_errors(void)
     T_EQ(parse("{\"w\":{\"dtype\":\"Q9\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, &err),
          KWK_EFORMAT);
     T_CONTAINS(err.msg, "tensor w: unknown dtype \"Q9\"");
-    T_EQ(parse("{\"w\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, &err),
-         KWK_EUNSUPPORTED);
-    T_CONTAINS(err.msg, "tensor w has dtype I64");
-    T_EQ(parse("{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, &err),
-         KWK_EUNSUPPORTED);
+    /* types Kwker does not run are named, not tensors: BERT files carry an I64 position_ids */
+    {
+        size_t size;
+        uint8_t *b = mk("{\"w\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]},"
+                        "\"f\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[8,9]},"
+                        "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}",
+                        16, &size);
+        struct kwk_st_file f;
+        T_EQ(kwk_st_parse(&f, b, size, LABEL, &err), 0);
+        T_EQ(f.n_tensors, 1);
+        T_TRUE(!strcmp(f.tensors[0].name, "x"));
+        T_EQ(f.n_unrun, 2);
+        T_TRUE(!strcmp(f.unrun[0], "w") && !strcmp(f.unrun[1], "f"));
+        kwk_st_close(&f);
+        free(b);
+    }
 
     T_EQ(parse("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 20, &err),
          KWK_EFORMAT);

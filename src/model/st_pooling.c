@@ -1,0 +1,153 @@
+/* st_pooling.c - how a sentence-transformers folder turns an encoder's token states into one
+ * embedding: modules.json lists the modules applied after the transformer (Pooling, Normalize),
+ * the Pooling module's config.json says which pooling. A module Kwker does not run (Dense, a
+ * second transformer, ...) makes the model unsupported rather than giving embeddings the model's
+ * users would not get. Any thread. */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/model.h"
+
+#define ST_JSON_MAX ((size_t)1 << 20)
+
+/* The JSON object of file name in dir, or NULL: *rc 0 when the file is absent, else negative
+ * with err set (unreadable, malformed, not an object). */
+static json_t *read_object(const char *dir, const char *name, int *rc, struct kwk_err *err)
+{
+    char path[4096];
+    *rc = 0;
+    if (kwk_path_join(path, sizeof path, dir, name)) {
+        *rc = kwk_err_set(err, KWK_ELIMIT, "%s: path too long", dir);
+        return NULL;
+    }
+    if (!kwk_file_exists(path))
+        return NULL;
+    char *text = NULL;
+    size_t n = 0;
+    if ((*rc = kwk_read_file(path, ST_JSON_MAX, &text, &n, err)) < 0)
+        return NULL;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, n, 0, &jerr);
+    kwk_free(text);
+    if (!json_is_object(root)) {
+        *rc = kwk_err_set(err, KWK_EFORMAT, "%s: %s", path,
+                          root ? "not a JSON object" : jerr.text);
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+/* Why the model cannot run, unless an earlier reason was given (usually the root cause). */
+static void unsupported(struct kwk_config *cfg, const char *why)
+{
+    if (!cfg->unsupported[0])
+        snprintf(cfg->unsupported, sizeof cfg->unsupported, "%s", why);
+}
+
+static int flag(const json_t *o, const char *key)
+{
+    return json_is_true(json_object_get(o, key));
+}
+
+/* The pooling of a Pooling module's config.json: exactly one mode. */
+static int pooling_mode(struct kwk_config *cfg, const json_t *o)
+{
+    static const struct { const char *key; int pooling; } modes[] = {
+        {"pooling_mode_cls_token", KWK_POOLING_CLS},
+        {"pooling_mode_mean_tokens", KWK_POOLING_MEAN},
+        {"pooling_mode_max_tokens", KWK_POOLING_MAX},
+        {"pooling_mode_mean_sqrt_len_tokens", KWK_POOLING_MEAN_SQRT_LEN},
+        {"pooling_mode_lasttoken", KWK_POOLING_LAST},
+    };
+    int n = 0, pooling = KWK_POOLING_NONE;
+    for (size_t i = 0; i < KWK_ARRAY_LEN(modes); i++)
+        if (flag(o, modes[i].key)) {
+            pooling = modes[i].pooling;
+            n++;
+        }
+    if (flag(o, "pooling_mode_weightedmean_tokens"))
+        n += 2;
+    if (n != 1) {
+        unsupported(cfg, n ? "the Pooling module combines modes or weights its mean: not "
+                             "supported" : "the Pooling module names no pooling mode");
+        return KWK_POOLING_NONE;
+    }
+    return pooling;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err *err)
+{
+    /* a plain BERT folder: the first token's state, normalized, as vLLM embeds with one */
+    cfg->pooling = KWK_POOLING_CLS;
+    cfg->normalize = 1;
+    int rc;
+    char path[4096];
+    if (kwk_path_join(path, sizeof path, dir, "modules.json"))
+        return kwk_err_set(err, KWK_ELIMIT, "%s: path too long", dir);
+    if (!kwk_file_exists(path))
+        return 0;
+    char *text = NULL;
+    size_t n = 0;
+    if ((rc = kwk_read_file(path, ST_JSON_MAX, &text, &n, err)) < 0)
+        return rc;
+    json_error_t jerr;
+    json_t *list = json_loadb(text, n, 0, &jerr);
+    kwk_free(text);
+    if (!json_is_array(list)) {
+        rc = kwk_err_set(err, KWK_EFORMAT, "%s: %s", path,
+                         list ? "not a JSON array of modules" : jerr.text);
+        json_decref(list);
+        return rc;
+    }
+    cfg->normalize = 0;
+    int pooled = 0;
+    size_t i;
+    const json_t *m;
+    json_array_foreach(list, i, m) {
+        const char *type = json_string_value(json_object_get(m, "type"));
+        const char *sub = json_string_value(json_object_get(m, "path"));
+        if (!type) {
+            rc = kwk_err_set(err, KWK_EFORMAT, "%s: module %zu has no type", path, i);
+            break;
+        }
+        if (ends_with(type, ".Transformer") && i == 0)
+            continue;
+        if (ends_with(type, ".Normalize")) {
+            cfg->normalize = 1;
+            continue;
+        }
+        if (!ends_with(type, ".Pooling") || pooled || !sub || strstr(sub, "..")) {
+            char why[200];
+            snprintf(why, sizeof why, "sentence-transformers module %zu (%.80s) is not "
+                     "supported (Transformer, one Pooling, Normalize)", i, type);
+            unsupported(cfg, why);
+            break;
+        }
+        char file[4096];
+        if (snprintf(file, sizeof file, "%s/config.json", sub) >= (int)sizeof file) {
+            rc = kwk_err_set(err, KWK_ELIMIT, "%s: module path too long", path);
+            break;
+        }
+        json_t *pc = read_object(dir, file, &rc, err);
+        if (rc < 0)
+            break;
+        if (!pc) {
+            rc = kwk_err_set(err, KWK_ENOTFOUND, "%s: the Pooling module's %s is missing", dir,
+                             file);
+            break;
+        }
+        cfg->pooling = pooling_mode(cfg, pc);
+        pooled = 1;
+        json_decref(pc);
+    }
+    json_decref(list);
+    return rc < 0 ? rc : 0;
+}
