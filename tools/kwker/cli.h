@@ -13,6 +13,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_embed(int argc, char **argv);
 
 /* Parse a comma-separated id list into ids[cap]; returns the count or -1 on a bad list. */
 int cli_parse_ids(const char *s, int *ids, int cap);
@@ -21,6 +22,14 @@ int cli_parse_ids(const char *s, int *ids, int cap);
 int cli_parse_int(const char *s, int lo, int hi, int *out);
 /* enum kwk_precision for "preserve" | "balanced" | "int8" | "int4", or -1. */
 int cli_parse_precision(const char *s);
+/* enum kwk_pooling for "mean" | "cls" | "last" | "max" | "mean_sqrt_len", or -1. */
+int cli_parse_pooling(const char *s);
+#define CLI_POOLING_USAGE \
+    "  --pooling P              embedding models: mean | cls | last | max | mean_sqrt_len\n" \
+    "                           (default: the model's, from its sentence-transformers files)\n" \
+    "  --normalize, --no-normalize  embedding models: scale embeddings to unit length or not\n" \
+    "                           (default: the model's)\n"
+
 /* The packed-weight cache directory for --cache-dir v (NULL when the option is absent): "off"
  * means none (NULL); absent, $KWKER_CACHE ("" or "off": none) or else ~/.cache/kwker/packs.
  * The cache only matters for --precision balanced / int8 / int4. */

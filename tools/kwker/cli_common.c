@@ -45,6 +45,17 @@ int cli_parse_precision(const char *s)
     return -1;
 }
 
+int cli_parse_pooling(const char *s)
+{
+    static const char *const names[] = {[KWK_POOLING_MEAN] = "mean", [KWK_POOLING_CLS] = "cls",
+                                        [KWK_POOLING_LAST] = "last", [KWK_POOLING_MAX] = "max",
+                                        [KWK_POOLING_MEAN_SQRT_LEN] = "mean_sqrt_len"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (names[i] && !strcmp(s, names[i]))
+            return i;
+    return -1;
+}
+
 const char *cli_cache_dir(const char *v)
 {
     static char home_dir[4096];

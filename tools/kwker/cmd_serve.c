@@ -15,7 +15,8 @@ static void usage(FILE *f)
             "An OpenAI-compatible server: GET /v1/models, POST /v1/completions,\n"
             "POST /v1/chat/completions (stream true: server-sent events), POST /tokenize,\n"
             "POST /detokenize, GET /health, GET /metrics (Prometheus). One line per request\n"
-            "on stderr.\n"
+            "on stderr. An embedding model (an encoder such as all-MiniLM-L6-v2) answers\n"
+            "POST /v1/embeddings instead of the completions routes.\n"
             "  -m, --model M            .gguf file, model folder or Hugging Face id in the local\n"
             "                           cache (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
             "  --served-model-name N    the model id clients name (default: the file's name)\n"
@@ -29,6 +30,7 @@ static void usage(FILE *f)
             "  -t, --threads N          compute threads (default: the cores)\n"
             "  --precision P            preserve | balanced | int8 | int4\n"
             CLI_QUANT_USAGE
+            CLI_POOLING_USAGE
             "  --cache-dir D            packed-weight cache for balanced / int4 (default\n"
             "                           $KWKER_CACHE or ~/.cache/kwker/packs; off: none)\n"
             "  --max-queue N            requests waiting for a slot before 503 (default 4096)\n"
@@ -97,6 +99,8 @@ static int parse_opt(struct srv_opts *o, const char *a, const char *v)
         return v[0] ? (o->chat_template_file = v, 0) : -1;
     if (!strcmp(a, "--tool-format"))
         return (o->tool_format = srv_tool_format_parse(v)) < 0 ? -1 : 0;
+    if (!strcmp(a, "--pooling"))
+        return (o->pooling = cli_parse_pooling(v)) < 0 ? -1 : 0;
     if (!strcmp(a, "--shutdown-timeout"))
         return cli_parse_int(v, 0, 86400, &o->shutdown_timeout_s);
     return 1;
@@ -118,6 +122,8 @@ int cmd_serve(int argc, char **argv)
     o.max_header = 32 << 10;
     o.log_requests = 1;
     o.tool_format = -1;
+    o.pooling = -1;
+    o.normalize = -1;
     for (int i = 1; i < argc;) {
         const char *a = argv[i++];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -126,6 +132,10 @@ int cmd_serve(int argc, char **argv)
         }
         if (!strcmp(a, "--quiet")) {
             o.log_requests = 0;
+            continue;
+        }
+        if (!strcmp(a, "--normalize") || !strcmp(a, "--no-normalize")) {
+            o.normalize = !strcmp(a, "--normalize");
             continue;
         }
         int q = cli_quant_parse(&o.quant, a, i < argc ? argv[i] : NULL);

@@ -21,6 +21,7 @@ static const struct command commands[] = {
     {"perplexity", cmd_perplexity, "perplexity of a text file, llama.cpp's protocol"},
     {"chat", cmd_chat, "chat on the terminal with a model's chat template, streaming"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching)"},
+    {"embed", cmd_embed, "embeddings of texts from an embedding model (JSON arrays)"},
     /* KWK_CLI_COMMANDS: subcommands from other modules are listed here */
 };
 

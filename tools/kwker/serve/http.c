@@ -2,7 +2,8 @@
  * connection; requests go to the engine (kwk_engine_submit) and come back as events on the
  * engine's thread, which only copies them into the request and resumes its connection. srv_run
  * runs on the main thread; on_request / stream_read / on_completed on the event-loop thread;
- * on_event on the engine's thread.
+ * on_event on the engine's thread. An encoder (embedding) model has no engine: its requests go to
+ * the encoder worker (embedq.c), whose thread calls embed_done as the engine's calls on_event.
  *
  * Lifetimes: a request (struct rq) is reference-counted under its mutex. References: the
  * connection (dropped in on_completed, whichever way the request ends), the engine (taken before
@@ -33,7 +34,10 @@ struct srv {
     kwk_tokenizer *tok;
     kwk_template *tpl;       /* NULL when the model has no chat template */
     kwk_grammar_vocab *gvocab; /* tok's token bytes for constrained requests, built at start */
-    kwk_engine *e;
+    kwk_engine *e;           /* a decoder's; NULL when an encoder is served */
+    kwk_encoder *enc;        /* an encoder's; NULL when a decoder is served */
+    struct srv_embedq *eq;   /* the encoder's worker thread */
+    struct srv_embed_limits elim;
     int32_t eos[8];
     int n_eos;
     struct srv_limits lim;
@@ -49,7 +53,7 @@ struct srv {
 };
 
 enum rq_state { RQ_NEW, RQ_BODY, RQ_WAIT, RQ_STREAM, RQ_ANSWERED };
-enum rq_route { R_OTHER, R_CHAT, R_COMPLETION, R_TOKENIZE, R_DETOKENIZE };
+enum rq_route { R_OTHER, R_CHAT, R_COMPLETION, R_TOKENIZE, R_DETOKENIZE, R_EMBED };
 
 struct rq {
     struct srv *s;
@@ -63,6 +67,9 @@ struct rq {
     struct srv_buf body;
     int too_large;
     struct srv_req req;
+    struct srv_embed_req ereq; /* R_EMBED: the body, then its token ids */
+    struct srv_embed_job job;  /* R_EMBED: what the encoder worker runs */
+    float *vec;                /* R_EMBED: [n_in][dim], written by the worker */
     struct srv_ctx ctx;
     char id[48];
     uint64_t eid;             /* the engine's id, 0 until submitted */
@@ -118,6 +125,8 @@ static void rq_free(struct rq *r)
     srv_buf_free(&r->reply);
     srv_tool_reply_free(&r->tools);
     srv_req_free(&r->req);
+    srv_embed_req_free(&r->ereq);
+    free(r->vec);
     free(r->lps);
     pthread_mutex_destroy(&r->mu);
     free(r);
@@ -201,7 +210,7 @@ static int engine_stats(struct srv *s, struct kwk_engine_stats *st)
     int ok = 0;
     memset(st, 0, sizeof *st);
     pthread_mutex_lock(&s->mu);
-    if (!s->closing) {
+    if (!s->closing && s->e) {
         kwk_engine_get_stats(s->e, st);
         ok = 1;
     }
@@ -228,7 +237,15 @@ static enum MHD_Result get_route(struct rq *r)
         const union MHD_DaemonInfo *di =
             ci ? MHD_get_daemon_info(ci->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
         engine_stats(s, &st);
-        srv_metrics_render(&b, &s->met, &st, di ? di->num_connections : 0);
+        srv_metrics_render(&b, &s->met, s->e ? &st : NULL, di ? di->num_connections : 0);
+        if (s->enc) {
+            uint64_t batches = 0, seqs = 0;
+            pthread_mutex_lock(&s->mu);
+            if (!s->closing)
+                srv_embedq_stats(s->eq, &batches, &seqs);
+            pthread_mutex_unlock(&s->mu);
+            srv_metrics_render_embed(&b, batches, seqs);
+        }
         enum MHD_Result rc =
             b.err ? fail(r, 500, "server_error", NULL, NULL, "out of memory")
                   : respond(r, 200, "text/plain; version=0.0.4", b.p ? b.p : "", b.len);
@@ -461,6 +478,8 @@ static enum MHD_Result start_stream(struct rq *r)
 
 /* ---- a non-streaming answer once DONE came (event-loop thread) ------------------------------- */
 
+static enum MHD_Result embed_reply(struct rq *r);
+
 static enum MHD_Result answer(struct rq *r)
 {
     pthread_mutex_lock(&r->mu);
@@ -471,6 +490,8 @@ static enum MHD_Result answer(struct rq *r)
         return MHD_YES;
     }
     pthread_mutex_unlock(&r->mu);
+    if (r->route == R_EMBED)
+        return embed_reply(r);
     /* after DONE the engine no longer touches r: the fields below are final */
     if (r->estatus) {
         struct srv_err e;
@@ -713,6 +734,116 @@ static enum MHD_Result tokenize_answer(struct rq *r)
     return rc;
 }
 
+/* ---- /v1/embeddings (event-loop thread; embed_done on the encoder worker's) ------------------ */
+
+/* The worker ended r's job: as on_event's DONE, copy and wake. */
+static void embed_done(struct srv_embed_job *j, int status, const char *msg)
+{
+    struct rq *r = j->user;
+    struct MHD_Connection *wake = NULL;
+    pthread_mutex_lock(&r->mu);
+    r->done = 1;
+    r->estatus = status;
+    if (status && msg)
+        snprintf(r->err_msg, sizeof r->err_msg, "%s", msg);
+    int last = --r->refs == 0;
+    if (r->suspended && !r->conn_gone) {
+        r->suspended = 0;
+        wake = r->conn;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (wake)
+        MHD_resume_connection(wake);
+    if (last)
+        rq_free(r);
+}
+
+static int encode_text(void *tok, const char *text, size_t len, int32_t *ids, size_t cap,
+                       size_t *n)
+{
+    return kwk_tokenizer_encode(tok, text, len, 1, ids, cap, n);
+}
+
+/* Hand r's sequences to the worker; 0, or -1 with e (503 when the server is stopping). */
+static int embed_submit(struct rq *r, struct srv_err *e)
+{
+    struct srv *s = r->s;
+    struct srv_embed_req *q = &r->ereq;
+    size_t n = (size_t)q->n_in * (size_t)s->elim.dim;
+    if (!(r->vec = malloc(sizeof(float) * (n ? n : 1)))) {
+        srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    r->job = (struct srv_embed_job){.ids = q->ids, .offs = q->offs, .n_seqs = q->n_in,
+                                    .out = r->vec, .done = embed_done, .user = r};
+    pthread_mutex_lock(&r->mu);
+    r->refs++; /* the worker's, dropped in embed_done */
+    pthread_mutex_unlock(&r->mu);
+    int st = KWK_ECANCELED;
+    pthread_mutex_lock(&s->mu);
+    if (!s->closing && !atomic_load(&s->met.draining))
+        st = srv_embedq_submit(s->eq, &r->job);
+    pthread_mutex_unlock(&s->mu);
+    if (st == 0) {
+        r->counted = 1;
+        atomic_fetch_add(&s->met.in_flight, 1);
+        return 0;
+    }
+    r->job.done = NULL;
+    rq_unref(r); /* the worker never saw it: the connection still holds r */
+    srv_err_set(e, 503, "server_error", NULL, "server_busy", "the server is shutting down");
+    return -1;
+}
+
+static enum MHD_Result embed_route(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_err e;
+    if (!s->enc) /* vLLM answers a generative model's embeddings request so too */
+        return fail(r, 400, "invalid_request_error", "model", "model_not_supported",
+                    "This model does not make embeddings: it is a generative model; use "
+                    "/v1/chat/completions or /v1/completions");
+    if (srv_embed_parse(&r->ereq, r->body.p ? r->body.p : "", r->body.len, &s->elim, &e))
+        return respond_err(r, &e);
+    srv_buf_free(&r->body);
+    if (strcmp(r->ereq.model, s->model_id) && strcmp(r->ereq.model, s->model_path)) {
+        srv_err_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                    "The model '%.128s' does not exist; this server serves '%.128s'",
+                    r->ereq.model, s->model_id);
+        return respond_err(r, &e);
+    }
+    if (srv_embed_pack(&r->ereq, encode_text, s->tok, &s->elim, &e) || embed_submit(r, &e))
+        return respond_err(r, &e);
+    r->n_prompt = r->ereq.offs[r->ereq.n_in];
+    r->state = RQ_WAIT;
+    return answer(r);
+}
+
+/* The worker has ended the job: after embed_done it no longer touches r. */
+static enum MHD_Result embed_reply(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_metrics *m = &s->met;
+    if (r->estatus) {
+        struct srv_err e;
+        if (r->estatus == KWK_ECANCELED)
+            srv_err_set(&e, 503, "server_error", NULL, "server_busy", "%s", r->err_msg);
+        else
+            srv_err_set(&e, 500, "server_error", NULL, NULL, "embedding failed: %s",
+                        r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
+        return respond_err(r, &e);
+    }
+    struct srv_buf b = {0};
+    srv_embed_response(&b, s->model_id, r->vec, r->ereq.n_in, s->elim.dim, r->ereq.base64,
+                       r->n_prompt);
+    atomic_fetch_add_explicit(&m->prompt_tokens, (uint64_t)r->n_prompt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->embed_requests, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->embed_inputs, (uint64_t)r->ereq.n_in, memory_order_relaxed);
+    enum MHD_Result rc = respond_json(r, 200, &b);
+    srv_buf_free(&b);
+    return rc;
+}
+
 static enum MHD_Result body_done(struct rq *r)
 {
     struct srv *s = r->s;
@@ -724,6 +855,14 @@ static enum MHD_Result body_done(struct rq *r)
     if (r->too_large) {
         srv_err_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
                     "the request body is larger than %zu bytes", s->o->max_body);
+        return respond_err(r, &e);
+    }
+    if (r->route == R_EMBED)
+        return embed_route(r);
+    if (s->enc && (r->route == R_CHAT || r->route == R_COMPLETION)) {
+        srv_err_set(&e, 400, "invalid_request_error", "model", "model_not_supported",
+                    "The model '%.128s' is an embedding model: it does not generate text; use "
+                    "/v1/embeddings", s->model_id);
         return respond_err(r, &e);
     }
     static const int kinds[] = {[R_CHAT] = SRV_CHAT, [R_COMPLETION] = SRV_COMPLETION,
@@ -769,6 +908,8 @@ static int post_route(const char *path)
         return R_TOKENIZE;
     if (!strcmp(path, "/detokenize"))
         return R_DETOKENIZE;
+    if (!strcmp(path, "/v1/embeddings"))
+        return R_EMBED;
     return R_OTHER;
 }
 
@@ -875,8 +1016,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         log_request(r, toe);
     r->conn_gone = 1;
     uint64_t cancel = !r->done ? r->eid : 0;
+    int drop_job = !r->done && r->job.done; /* an embedding job the worker has not ended */
+    if (drop_job) /* under r->mu: the worker's reference keeps r alive until it ends the job */
+        atomic_store_explicit(&r->job.canceled, 1, memory_order_relaxed);
     int last = --r->refs == 0;
     pthread_mutex_unlock(&r->mu);
+    if (drop_job)
+        atomic_fetch_add_explicit(&s->met.client_aborts, 1, memory_order_relaxed);
     if (cancel) {
         atomic_fetch_add_explicit(&s->met.client_aborts, 1, memory_order_relaxed);
         pthread_mutex_lock(&s->mu);
@@ -949,6 +1095,65 @@ static void model_name(struct srv *s, const char *path)
         s->model_id[n - 5] = 0;
 }
 
+/* Decoder-only options given for an encoder, or the other way round: refused rather than
+ * ignored, so that a command line never means something other than what it says. */
+static int check_opts(const struct srv *s, const char *path, int encoder)
+{
+    const struct srv_opts *o = s->o;
+    const char *bad = NULL;
+    if (encoder && (o->quant.calib_file || o->quant.gptq || o->quant.mix_bits))
+        bad = "--calib, --gptq and --mix-bits";
+    else if (encoder && o->quant.kv_bits)
+        bad = "--kv-bits";
+    else if (encoder && o->engine.max_cache_len)
+        bad = "--max-cache-len";
+    else if (encoder && o->chat_template_file)
+        bad = "--chat-template-file";
+    else if (!encoder && (o->pooling >= 0 || o->normalize >= 0))
+        bad = "--pooling and --normalize";
+    if (!bad)
+        return 0;
+    fprintf(stderr, "kwker serve: %s: %s %s\n", path, bad,
+            encoder ? "apply to generative models only; this is an embedding model"
+                    : "apply to embedding models only; this is a generative model");
+    return -1;
+}
+
+/* An embedding model: the encoder and its worker thread instead of the engine. No chat
+ * template, grammar vocabulary or eos ids: nothing here generates. */
+static int load_encoder(struct srv *s, const char *path, const struct kwk_model_info *info)
+{
+    struct kwk_err err = {0};
+    struct kwk_encoder_params p;
+    if (check_opts(s, path, 1))
+        return -1;
+    kwk_encoder_params_init(&p);
+    p.n_threads = s->o->engine.n_threads;
+    p.precision = s->o->engine.precision;
+    p.act_bits = s->o->quant.act_bits;
+    p.pooling = s->o->pooling;
+    p.normalize = s->o->normalize;
+    p.batch_tokens = SRV_EMBED_BATCH_TOKENS;
+    if (!(s->enc = kwk_encoder_new(s->m, &p, &err))) {
+        fprintf(stderr, "kwker serve: %s: %s\n", path,
+                err.msg[0] ? err.msg : kwk_status_str(err.code));
+        return -1;
+    }
+    s->elim.n_vocab = info->n_vocab;
+    s->elim.dim = kwk_encoder_dim(s->enc);
+    s->elim.max_tokens = kwk_encoder_max_tokens(s->enc);
+    s->lim.n_vocab = info->n_vocab;
+    s->lim.max_cache_len = s->elim.max_tokens; /* /v1/models' and /tokenize's max_model_len */
+    /* the encoder raises its batch to hold the longest sequence; so does the worker */
+    int batch = s->elim.max_tokens > SRV_EMBED_BATCH_TOKENS ? s->elim.max_tokens
+                                                             : SRV_EMBED_BATCH_TOKENS;
+    if (!(s->eq = srv_embedq_new(s->enc, batch))) {
+        fprintf(stderr, "kwker serve: cannot start the encoder's thread\n");
+        return -1;
+    }
+    return 0;
+}
+
 static int load(struct srv *s, const char *path)
 {
     struct kwk_err err = {0};
@@ -956,6 +1161,10 @@ static int load(struct srv *s, const char *path)
     if (!(s->tok = kwk_tokenizer_load(path, &err)) || !(s->m = kwk_model_load(path, &err)))
         goto fail;
     kwk_model_get_info(s->m, &info);
+    if (info.is_encoder)
+        return load_encoder(s, path, &info);
+    if (check_opts(s, path, 0))
+        return -1;
     s->n_eos = info.n_eos < 8 ? info.n_eos : 8;
     memcpy(s->eos, info.eos_ids, sizeof(int32_t) * (size_t)s->n_eos);
     if (s->n_eos == 0) {
@@ -1072,10 +1281,13 @@ static void shutdown_all(struct srv *s)
     pthread_mutex_unlock(&s->mu);
     kwk_engine_free(s->e);
     s->e = NULL;
+    srv_embedq_free(s->eq); /* queued jobs end CANCELED, resuming their connections */
+    s->eq = NULL;
     if (s->d) {
         usleep(200 * 1000); /* let the loop write the final chunks it was woken for */
         MHD_stop_daemon(s->d);
     }
+    kwk_encoder_free(s->enc);
     kwk_template_free(s->tpl);
     kwk_grammar_vocab_free(s->gvocab);
     kwk_tokenizer_free(s->tok);
@@ -1112,7 +1324,13 @@ int srv_run(const struct srv_opts *o)
     if (!(s->d = start_daemon(s, max_conn)))
         goto out;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "kwker serve: listening on http://%s:%u (model %s, %d slots, %d positions "
+    if (s->enc)
+        fprintf(stderr, "kwker serve: listening on http://%s:%u (embedding model %s, %d floats, "
+                        "up to %d tokens an input, %u connections)\n",
+                o->host, di ? di->port : (unsigned)o->port, s->model_id, s->elim.dim,
+                s->elim.max_tokens, max_conn);
+    else
+        fprintf(stderr, "kwker serve: listening on http://%s:%u (model %s, %d slots, %d positions "
                     "each, %u connections)\n",
             o->host, di ? di->port : (unsigned)o->port, s->model_id,
             o->engine.max_batch ? o->engine.max_batch : 8, s->lim.max_cache_len, max_conn);

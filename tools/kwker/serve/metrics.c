@@ -49,6 +49,12 @@ static void render_server(struct srv_buf *out, const struct srv_metrics *m, unsi
            "tokens generated for finished requests");
     line(out, "kwker_completion_tokens_total %llu\n",
          (unsigned long long)get(&m->completion_tokens));
+    metric(out, "kwker_embeddings_requests_total", "counter",
+           "/v1/embeddings requests answered with embeddings");
+    line(out, "kwker_embeddings_requests_total %llu\n",
+         (unsigned long long)get(&m->embed_requests));
+    metric(out, "kwker_embeddings_inputs_total", "counter", "inputs embedded for them");
+    line(out, "kwker_embeddings_inputs_total %llu\n", (unsigned long long)get(&m->embed_inputs));
     metric(out, "kwker_streams_total", "counter", "streaming requests started");
     line(out, "kwker_streams_total %llu\n", (unsigned long long)get(&m->streams));
     metric(out, "kwker_client_aborts_total", "counter",
@@ -119,5 +125,18 @@ void srv_metrics_render(struct srv_buf *out, const struct srv_metrics *m,
                         const struct kwk_engine_stats *st, unsigned connections)
 {
     render_server(out, m, connections);
-    render_engine(out, st);
+    if (st)
+        render_engine(out, st);
+}
+
+void srv_metrics_render_embed(struct srv_buf *out, uint64_t batches, uint64_t seqs)
+{
+    metric(out, "kwker_encoder_batches_total", "counter",
+           "encoder calls, each one or more requests' inputs together");
+    line(out, "kwker_encoder_batches_total %llu\n", (unsigned long long)batches);
+    metric(out, "kwker_encoder_sequences_total", "counter", "sequences embedded");
+    line(out, "kwker_encoder_sequences_total %llu\n", (unsigned long long)seqs);
+    metric(out, "kwker_encoder_batch_size_mean", "gauge", "sequences per encoder call");
+    line(out, "kwker_encoder_batch_size_mean %.4f\n",
+         batches ? (double)seqs / (double)batches : 0.0);
 }

@@ -31,6 +31,8 @@ struct srv_opts {
     int shutdown_timeout_s;  /* on a signal: seconds the requests in flight may take to finish */
     const char *chat_template_file; /* --chat-template-file, or NULL: the model's template */
     int tool_format;         /* --tool-format: enum srv_tool_format, or -1: read off the template */
+    int pooling;             /* --pooling for an encoder: enum kwk_pooling, or -1: the model's */
+    int normalize;           /* --normalize / --no-normalize: 1 / 0, or -1: the model's */
 };
 
 /* ---- parsed requests ------------------------------------------------------------------------- */
@@ -235,6 +237,91 @@ void srv_text_response(struct srv_buf *out, const char *text, size_t len);
  * on the key's length. Returns 1 on a match. Thread-safe. */
 int srv_auth_ok(const char *header, const char *key);
 
+/* ---- embeddings (embed.c: /v1/embeddings bodies and replies; no HTTP, no threads) ---------- */
+
+#define SRV_EMBED_MAX_INPUTS 2048   /* inputs of one request (OpenAI's limit) */
+#define SRV_EMBED_BATCH_TOKENS 2048 /* tokens of the requests the encoder runs together */
+
+/* What an embeddings body is checked against. */
+struct srv_embed_limits {
+    int n_vocab;      /* token ids must be below */
+    int dim;          /* the embedding size: the only 'dimensions' accepted */
+    int max_tokens;   /* tokens of one input, special tokens included */
+};
+
+/* One input as the body gave it: text, or token ids taken as given. */
+struct srv_embed_input {
+    char *text;       /* NUL-terminated, text_len bytes; NULL for ids */
+    size_t text_len;
+    int32_t *ids;     /* [n_ids] when text is NULL */
+    int n_ids;
+};
+
+/* One /v1/embeddings body. Owned; srv_embed_req_free. After srv_embed_pack, ids / offs hold
+ * every input's tokens in kwk_encoder_embed's layout. */
+struct srv_embed_req {
+    char *model;
+    struct srv_embed_input *in;  /* [n_in] */
+    int n_in;
+    int base64;                  /* encoding_format "base64": little-endian float32, base64 */
+    int32_t *ids;                /* [offs[n_in]] after srv_embed_pack */
+    int32_t *offs;               /* [n_in + 1] */
+};
+
+/* Parse body[len] into r (zeroed first): input, model, encoding_format, dimensions, user.
+ * Returns 0, or -1 with e (a 400 naming the field and the input's index) and r freed. Does not
+ * tokenize. Thread-safe. */
+int srv_embed_parse(struct srv_embed_req *r, const char *body, size_t len,
+                    const struct srv_embed_limits *lim, struct srv_err *e);
+
+/* Tokenizes text the way kwk_tokenizer_encode does with add_special = 1 (a parameter so that
+ * tests and the fuzz target run without a model): up to cap ids, the full count in *n, 0 or
+ * KWK_ELIMIT when cap < *n, another negative code on failure. */
+typedef int (*srv_encode_fn)(void *user, const char *text, size_t len, int32_t *ids, size_t cap,
+                             size_t *n);
+
+/* Every input's tokens into r->ids / r->offs: texts through encode, ids as given. A 400
+ * context_length_exceeded (naming the input) when one holds more than lim->max_tokens. Returns
+ * 0 or -1 with e. */
+int srv_embed_pack(struct srv_embed_req *r, srv_encode_fn encode, void *user,
+                   const struct srv_embed_limits *lim, struct srv_err *e);
+void srv_embed_req_free(struct srv_embed_req *r);
+
+/* OpenAI's reply {"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+ * "model", "usage"} for vec[n][dim], each embedding a list of numbers that read back as the
+ * same float32 (null for a non-finite one) or, with base64, its little-endian bytes in base64.
+ * Appended to out. */
+void srv_embed_response(struct srv_buf *out, const char *model, const float *vec, int n,
+                        int dim, int base64, int n_tokens);
+
+/* ---- the encoder worker (embedq.c) ------------------------------------------------------------ */
+
+/* One request's sequences handed to the encoder worker. The submitter fills the first block and
+ * keeps the job (and what it points to) valid until done is called, which the worker does once
+ * per job, from its thread, on success, failure or cancellation. */
+struct srv_embed_job {
+    const int32_t *ids, *offs;   /* kwk_encoder_embed's layout */
+    int n_seqs;
+    float *out;                  /* [n_seqs][dim] */
+    void (*done)(struct srv_embed_job *j, int status, const char *msg);
+    void *user;
+    _Atomic int canceled;        /* set by anyone: the job is skipped if not yet running */
+    struct srv_embed_job *next;  /* the queue's */
+};
+
+struct srv_embedq;
+
+/* Start the worker thread over encoder enc (which it alone uses from now on). batch_tokens:
+ * queued jobs are taken together while their tokens fit (one job at least). NULL on failure. */
+struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens);
+/* Queue j; 0, or KWK_ECANCELED when the worker is stopping (done is not called then). */
+int srv_embedq_submit(struct srv_embedq *q, struct srv_embed_job *j);
+/* Stop: the batch running finishes, jobs still queued end with KWK_ECANCELED; joins the
+ * thread. NULL is fine. */
+void srv_embedq_free(struct srv_embedq *q);
+/* Batches run and sequences embedded so far (any thread). */
+void srv_embedq_stats(struct srv_embedq *q, uint64_t *batches, uint64_t *seqs);
+
 /* ---- metrics --------------------------------------------------------------------------------- */
 
 #define SRV_N_STATUS 600
@@ -243,6 +330,8 @@ struct srv_metrics {
     _Atomic uint64_t by_status[SRV_N_STATUS]; /* finished requests by HTTP status */
     _Atomic uint64_t prompt_tokens, completion_tokens;
     _Atomic uint64_t streams;                 /* streaming requests started */
+    _Atomic uint64_t embed_requests;          /* /v1/embeddings requests answered 200 */
+    _Atomic uint64_t embed_inputs;            /* inputs embedded for them */
     _Atomic uint64_t client_aborts;           /* requests ended by a client going away */
     _Atomic uint64_t ttft_us_sum, ttft_count; /* submit to first token, as the server saw it */
     _Atomic int in_flight;  /* requests submitted whose connection MHD has not completed */
@@ -250,9 +339,12 @@ struct srv_metrics {
 };
 
 void srv_metrics_status(struct srv_metrics *m, int http);
-/* Prometheus text exposition of m and the engine's snapshot st, appended to out. */
+/* Prometheus text exposition of m and the engine's snapshot st (NULL: an encoder is served, no
+ * engine), appended to out. */
 void srv_metrics_render(struct srv_buf *out, const struct srv_metrics *m,
                         const struct kwk_engine_stats *st, unsigned connections);
+/* The encoder worker's counters (an encoder is served), appended to out. */
+void srv_metrics_render_embed(struct srv_buf *out, uint64_t batches, uint64_t seqs);
 
 /* ---- the server ------------------------------------------------------------------------------ */
 
