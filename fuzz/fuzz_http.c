@@ -5,13 +5,17 @@
  * the request body. A body that parses is then written back as a response, SSE chunks and an
  * error (or the tokenize routes' answers), with logprobs made from its bytes, so the builders
  * see every string the parser lets through; its text is also read as a reply with tool calls
- * in every format (the model's output is untrusted too). */
+ * in every format (the model's output is untrusted too). Every body is also parsed as a
+ * /v1/embeddings request (embed.c): its inputs packed by a tokenizer stand-in (a byte a token
+ * between [CLS] and [SEP]) and its reply written as floats, some non-finite, and as base64;
+ * the reply must be JSON. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../tools/kwker/serve/openai.c"
 #include "../tools/kwker/serve/toolcall.c"
+#include "../tools/kwker/serve/embed.c"
 
 #define FUZZ_MAX_INPUT (256 * 1024)
 
@@ -70,6 +74,48 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
     srv_buf_free(&b);
 }
 
+/* kwk_tokenizer_encode's contract over bytes: [101] bytes [102]. */
+static int fake_encode(void *user, const char *text, size_t len, int32_t *ids, size_t cap,
+                       size_t *n)
+{
+    (void)user;
+    *n = len + 2;
+    for (size_t i = 0; i < *n && i < cap; i++)
+        ids[i] = i == 0 ? 101 : i == len + 1 ? 102 : (unsigned char)text[i - 1];
+    return cap < *n ? KWK_ELIMIT : 0;
+}
+
+static void embed_all(const uint8_t *data, size_t size)
+{
+    struct srv_embed_limits lim = {.n_vocab = 30522, .dim = 1 + data[0] % 7,
+                                   .max_tokens = 8 << (data[0] >> 5)};
+    struct srv_embed_req r;
+    struct srv_err e;
+    struct srv_buf b = {0};
+    if (srv_embed_parse(&r, (const char *)data + 1, size - 1, &lim, &e) ||
+        srv_embed_pack(&r, fake_encode, NULL, &lim, &e)) {
+        free(srv_json_error(&e));
+        srv_embed_req_free(&r);
+        return;
+    }
+    size_t n = (size_t)r.n_in * (size_t)lim.dim;
+    float *vec = malloc(sizeof(float) * n);
+    for (size_t i = 0; vec && i < n; i++) {
+        uint32_t u = (uint32_t)data[i % size] * 0x01010101u; /* 0xffffffff: a NaN */
+        memcpy(&vec[i], &u, 4);
+    }
+    for (int base64 = 0; vec && base64 < 2; base64++) {
+        srv_embed_response(&b, r.model, vec, r.n_in, lim.dim, base64, r.offs[r.n_in]);
+        json_t *j = b.err ? NULL : json_loadb(b.p, b.len, 0, NULL);
+        if (!b.err && !j)
+            abort();
+        json_decref(j);
+        srv_buf_free(&b);
+    }
+    free(vec);
+    srv_embed_req_free(&r);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size > FUZZ_MAX_INPUT)
@@ -82,6 +128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                              .tool_format = (data[0] >> 2 & 3) % SRV_TOOLS_N};
     struct srv_req r;
     struct srv_err e;
+    embed_all(data, size);
     if (srv_req_parse(&r, kind, body, len, &lim, &e) == 0) {
         build_all(&r, (const uint8_t *)body, len);
         srv_req_free(&r);
