@@ -1,0 +1,300 @@
+"""`kwker serve` with an embedding model (the real all-MiniLM-L6-v2, which scripts/setup --test
+puts in models/; $KWK_MINILM overrides): /v1/embeddings driven by the official `openai` client
+and by raw HTTP, against the library itself (kwker.Encoder, the same C code called directly)
+and `kwker embed`. Every comparison is bitwise: a sequence's embedding does not depend on what
+it is batched with, so the server's batching of concurrent requests must not change a bit.
+Also: the 400s of bad requests, chat on an encoder and embeddings on a decoder, a client that
+goes away. Nothing here asserts on time.
+"""
+import base64
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import cli_env, kwker_bin, smollm2_gguf
+from test_server import KEY, Server, metrics, request
+
+REPO = Path(__file__).resolve().parents[2]
+TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.",
+         "Kwker runs language models on CPUs.", "café, naïve, 東京", "a",
+         "An embedding is a vector that stands for a text; similar texts have near vectors.",
+         " ".join(["token"] * 300), "What is the capital of France?"]
+
+
+def minilm_path():
+    p = Path(os.environ.get("KWK_MINILM") or REPO / "models" / "all-MiniLM-L6-v2")
+    if not (p / "model.safetensors").exists():
+        pytest.fail("all-MiniLM-L6-v2 not found at %s: run scripts/setup --test" % p)
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server("--model", minilm_path(), "--api-key", KEY, "--timeout", 30)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return srv.client()
+
+
+@pytest.fixture(scope="module")
+def model_id(client):
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def enc():
+    import kwker
+    e = kwker.Encoder(minilm_path(), threads=2)
+    yield e
+    e.close()
+
+
+def embed_http(srv, body):
+    """(status, JSON) of a raw /v1/embeddings request."""
+    return request(srv.port, "POST", "/v1/embeddings", body)
+
+
+def floats_of(reply):
+    """float32 [n, dim] of an OpenAI reply (client object or JSON), float or base64."""
+    data = reply["data"] if isinstance(reply, dict) else [d.model_dump() for d in reply.data]
+    rows = []
+    for i, d in enumerate(data):
+        assert d["index"] == i and d["object"] == "embedding"
+        e = d["embedding"]
+        rows.append(np.frombuffer(base64.b64decode(e), dtype="<f4") if isinstance(e, str)
+                    else np.asarray(e, dtype=np.float64).astype(np.float32))
+    return np.stack(rows)
+
+
+def same(a, b):
+    """Bitwise equality of float32 arrays (NaN-free)."""
+    a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def test_models_health_tokenize(srv, model_id, enc):
+    assert model_id == "all-MiniLM-L6-v2"
+    status, j = request(srv.port, "GET", "/v1/models")
+    assert status == 200 and j["data"][0]["max_model_len"] == enc.max_tokens == 512
+    assert request(srv.port, "GET", "/health", key=None)[0] == 200
+    status, j = request(srv.port, "POST", "/tokenize", {"prompt": "Hello world"})
+    assert status == 200 and j["tokens"] == enc.tokenize("Hello world") == [101, 7592, 2088, 102]
+
+
+def test_equal_to_library(client, model_id, enc):
+    r = client.embeddings.create(model=model_id, input=TEXTS, encoding_format="float")
+    got = floats_of(r)
+    assert got.shape == (len(TEXTS), enc.dim)
+    assert same(got, enc.embed(TEXTS))
+    assert r.model == model_id and r.object == "list"
+    # the model's own pooling: mean, normalized
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+
+
+def test_float_equals_base64(srv, client, model_id):
+    f = floats_of(client.embeddings.create(model=model_id, input=TEXTS, encoding_format="float"))
+    # the client asks for base64 by default and decodes it itself
+    d = np.asarray([e.embedding for e in client.embeddings.create(model=model_id,
+                                                                   input=TEXTS).data],
+                   dtype=np.float32)
+    status, j = embed_http(srv, {"model": model_id, "input": TEXTS, "encoding_format": "base64"})
+    assert status == 200 and isinstance(j["data"][0]["embedding"], str)
+    assert same(f, d) and same(f, floats_of(j))
+
+
+def test_batch_equals_singles(client, model_id):
+    batch = floats_of(client.embeddings.create(model=model_id, input=TEXTS,
+                                               encoding_format="float"))
+    for i, t in enumerate(TEXTS):
+        one = floats_of(client.embeddings.create(model=model_id, input=t,
+                                                 encoding_format="float"))
+        assert same(one[0], batch[i]), "input %d: batched differs from alone" % i
+
+
+def test_concurrent_requests(srv, model_id, enc):
+    ref = enc.embed(TEXTS)
+    jobs = [[(i * 3 + k) % len(TEXTS) for k in range(1 + i % 4)] for i in range(24)]
+
+    def one(idx):
+        return embed_http(srv, {"model": model_id, "input": [TEXTS[k] for k in idx],
+                                "encoding_format": "float" if len(idx) % 2 else "base64"})
+    with concurrent.futures.ThreadPoolExecutor(12) as ex:
+        replies = list(ex.map(one, jobs))
+    for idx, (status, j) in zip(jobs, replies):
+        assert status == 200, j
+        assert same(floats_of(j), ref[idx])
+    m = metrics(srv.port)
+    assert m["kwker_encoder_sequences_total"] >= sum(len(j) for j in jobs)
+    assert 1 <= m["kwker_encoder_batches_total"] <= m["kwker_encoder_sequences_total"]
+
+
+def test_token_ids_equal_texts(srv, client, model_id, enc):
+    ids = [enc.tokenize(t) for t in TEXTS]
+    by_text = floats_of(client.embeddings.create(model=model_id, input=TEXTS,
+                                                 encoding_format="float"))
+    by_ids = floats_of(client.embeddings.create(model=model_id, input=ids,
+                                                encoding_format="float"))
+    assert same(by_text, by_ids)
+    one = floats_of(client.embeddings.create(model=model_id, input=ids[1],
+                                             encoding_format="float"))
+    assert same(one[0], by_text[1])
+
+
+def test_usage(srv, client, model_id, enc):
+    n = sum(len(enc.tokenize(t)) for t in TEXTS)
+    before = metrics(srv.port)
+    r = client.embeddings.create(model=model_id, input=TEXTS)
+    assert r.usage.prompt_tokens == n and r.usage.total_tokens == n
+    status, j = embed_http(srv, {"model": model_id, "input": [[101, 2000, 102], [101, 102]]})
+    assert status == 200 and j["usage"] == {"prompt_tokens": 5, "total_tokens": 5}
+    after = metrics(srv.port)
+    assert after["kwker_prompt_tokens_total"] - before["kwker_prompt_tokens_total"] == n + 5
+    assert after["kwker_embeddings_requests_total"] - before["kwker_embeddings_requests_total"] == 2
+    assert after["kwker_embeddings_inputs_total"] - before["kwker_embeddings_inputs_total"] == \
+        len(TEXTS) + 2
+
+
+BAD = [
+    ({"input": "x"}, "model", "'model' is required"),
+    ({"model": "M"}, "input", "'input' is required"),
+    ({"model": "M", "input": ""}, "input", "'input' is an empty string"),
+    ({"model": "M", "input": []}, "input", "'input' is an empty list"),
+    ({"model": "M", "input": ["a", ""]}, "input", "'input[1]' is an empty string"),
+    ({"model": "M", "input": [[101, 102], []]}, "input", "'input[1]' is an empty list"),
+    ({"model": "M", "input": ["a", [101]]}, "input", "'input[1]' is not a string"),
+    ({"model": "M", "input": [101, 30522]}, "input", "'input[1]' is 30522, not a token id"),
+    ({"model": "M", "input": [[101], [101, -5]]}, "input", "'input[1][1]' is -5"),
+    ({"model": "M", "input": 42}, "input", "'input' must be a string, a list of strings"),
+    ({"model": "M", "input": ["a"] * 2049}, "input", "at most 2048 inputs; it has 2049"),
+    ({"model": "M", "input": ["short", "word " * 600]}, "input",
+     "maximum context length is 512 tokens, however you requested 602 tokens (input 1)"),
+    ({"model": "M", "input": [[101] * 513]}, "input", "requested 513 tokens (input 0)"),
+    ({"model": "M", "input": "x", "encoding_format": "int8"}, "encoding_format",
+     "'float' or 'base64'"),
+    ({"model": "M", "input": "x", "dimensions": 128}, "dimensions",
+     "must be 384, this model's embedding size"),
+    ({"model": "M", "input": "x", "dimensions": "384"}, "dimensions", "must be an integer"),
+    ({"model": "M", "input": "x", "user": 5}, "user", "'user' must be a string"),
+    ("{\"model\": \"M\", \"input\": [", None, "could not parse the JSON"),
+    ("[" * 100 + "]" * 100, None, "nested deeper"),
+]
+
+
+@pytest.mark.parametrize("body,param,want", BAD, ids=[b[2][:40] for b in BAD])
+def test_bad_requests(srv, model_id, body, param, want):
+    if isinstance(body, dict) and body.get("model") == "M":
+        body = dict(body, model=model_id)
+    status, j = embed_http(srv, body)
+    assert status == 400, j
+    assert want in j["error"]["message"], j
+    assert j["error"]["param"] == param and j["error"]["type"] == "invalid_request_error"
+
+
+def test_bad_requests_through_client(client, model_id):
+    import openai
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
+        client.embeddings.create(model=model_id, input="word " * 600)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.embeddings.create(model="text-embedding-3-small", input="x")
+
+
+def test_chat_on_encoder(srv, client, model_id):
+    import openai
+    with pytest.raises(openai.BadRequestError, match="is an embedding model"):
+        client.chat.completions.create(model=model_id,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    with pytest.raises(openai.BadRequestError, match="is an embedding model"):
+        client.completions.create(model=model_id, prompt="Hi")
+    m = metrics(srv.port)  # /metrics keeps working without an engine
+    assert m['kwker_http_requests_total{status="400"}'] >= 2
+
+
+def test_embeddings_on_decoder():
+    s = Server("--timeout", 30)
+    try:
+        import openai
+        c = s.client()
+        with pytest.raises(openai.BadRequestError, match="does not make embeddings"):
+            c.embeddings.create(model=c.models.list().data[0].id, input="Hi")
+    finally:
+        s.stop()
+
+
+def test_client_goes_away(srv, model_id, enc):
+    """Requests whose clients close before the answer: the server answers the others and stops
+    cleanly (Server.stop checks the exit code, an ASan report included)."""
+    body = json.dumps({"model": model_id, "input": TEXTS * 64}).encode()
+    for _ in range(4):
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+                  str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.close()
+    status, j = embed_http(srv, {"model": model_id, "input": TEXTS[:2], "encoding_format":
+                                 "float"})
+    assert status == 200 and same(floats_of(j), enc.embed(TEXTS[:2]))
+
+
+def cli_embed(*args, stdin=None):
+    return subprocess.run([kwker_bin(), "embed", "--model", minilm_path(), "-t", "2"] +
+                          list(args), input=stdin, capture_output=True, text=True,
+                          env=cli_env(), timeout=600)
+
+
+def test_cli_equals_server(client, model_id):
+    server = floats_of(client.embeddings.create(model=model_id, input=TEXTS,
+                                                encoding_format="float"))
+    p = cli_embed(*TEXTS)
+    assert p.returncode == 0, p.stderr
+    assert same(np.asarray([json.loads(ln) for ln in p.stdout.splitlines()], np.float64), server)
+    p = cli_embed("--json", stdin="".join(t + "\n" for t in TEXTS))
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert j["dim"] == 384 and same(np.asarray(j["data"], np.float64), server)
+
+
+def test_cli_errors():
+    p = cli_embed("ok", "")
+    assert p.returncode != 0 and "text 1 is empty" in p.stderr
+    p = cli_embed("word " * 600)
+    assert p.returncode != 0 and "text 0 has 602 tokens, more than the model's 512" in p.stderr
+    p = subprocess.run([kwker_bin(), "embed", "--model", smollm2_gguf(), "Hi"],
+                       capture_output=True, text=True, env=cli_env(), timeout=600)
+    assert p.returncode != 0 and "not an embedding model" in p.stderr
+    p = cli_embed("--pooling", "median", "x")
+    assert p.returncode == 2 and "--pooling" in p.stderr
+
+
+def test_pooling_flags(enc):
+    """--pooling cls --no-normalize: the server's embeddings are the library's with the same
+    override."""
+    import kwker
+    s = Server("--model", minilm_path(), "--pooling", "cls", "--no-normalize")
+    try:
+        c = s.client()
+        got = floats_of(c.embeddings.create(model=c.models.list().data[0].id, input=TEXTS,
+                                            encoding_format="float"))
+    finally:
+        s.stop()
+    with kwker.Encoder(minilm_path(), threads=2, pooling="cls", normalize=False) as e:
+        assert same(got, e.embed(TEXTS))
+    assert not np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-3)
+
+
+def test_decoder_flags_refused():
+    """Flags of the other kind of model are refused at start, never ignored."""
+    for args, want in [(["--model", minilm_path(), "--kv-bits", "16"], "--kv-bits"),
+                       (["--model", smollm2_gguf(), "--pooling", "mean"], "--pooling")]:
+        p = subprocess.run([kwker_bin(), "serve", "--port", "0"] + args, capture_output=True,
+                           text=True, env=cli_env(), timeout=600)
+        assert p.returncode != 0 and want in p.stderr, p.stderr
