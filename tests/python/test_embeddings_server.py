@@ -138,6 +138,31 @@ def test_concurrent_requests(srv, model_id, enc):
     assert 1 <= m["kwker_encoder_batches_total"] <= m["kwker_encoder_sequences_total"]
 
 
+def test_queued_requests_share_a_batch(srv, model_id, enc):
+    """Requests that arrive while the encoder is busy wait, then run together: eight small
+    requests queued behind a large one take fewer encoder calls than requests, and each still
+    gets its own exact rows."""
+    from test_server import wait_for
+    before = metrics(srv.port)
+    big = {"model": model_id, "input": [TEXTS[6]] * 96, "encoding_format": "base64"}
+    with concurrent.futures.ThreadPoolExecutor(9) as ex:
+        first = ex.submit(embed_http, srv, big)
+        wait_for(lambda: metrics(srv.port)["kwker_http_requests_in_flight"] >= 1 or first.done(),
+                 "the large request to be running")
+        small = [ex.submit(embed_http, srv, {"model": model_id, "input": TEXTS[i],
+                                             "encoding_format": "float"}) for i in range(6)]
+        small += [ex.submit(embed_http, srv, {"model": model_id, "input": TEXTS[:2],
+                                              "encoding_format": "float"}) for _ in range(2)]
+        replies = [f.result() for f in [first] + small]
+    ref = enc.embed(TEXTS)
+    assert same(floats_of(replies[0][1]), np.repeat(ref[6:7], 96, axis=0))
+    for i, (status, j) in enumerate(replies[1:]):
+        assert status == 200 and same(floats_of(j), ref[i:i + 1] if i < 6 else ref[:2])
+    after = metrics(srv.port)
+    calls = after["kwker_encoder_batches_total"] - before["kwker_encoder_batches_total"]
+    assert 2 <= calls < 9, "%d encoder calls for 9 requests" % calls
+
+
 def test_token_ids_equal_texts(srv, client, model_id, enc):
     ids = [enc.tokenize(t) for t in TEXTS]
     by_text = floats_of(client.embeddings.create(model=model_id, input=TEXTS,
