@@ -494,7 +494,8 @@ def test_gguf_rounded(name, ftype):
     """F16 / Q8_0 GGUFs: preserve computes in float32 over the file's rounded weights, so its
     states equal transformers' on those weights (read back and dequantized by the gguf
     package) to the usual 1e-5; and the embeddings stay close to the checkpoint's by cosine
-    (measured: F16 > 0.99999, Q8_0 > 0.9999 on MiniLM)."""
+    (measured when this test was written: F16 >= 0.9999997, Q8_0 >= 0.99967 on MiniLM,
+    >= 0.99995 on the tiny models; bounds 0.9999 and 0.999)."""
     import torch
     from transformers import BertConfig, BertModel
     r = _ref_of(name)
