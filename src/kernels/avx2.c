@@ -7,6 +7,7 @@
 #include "kernels/avx2_exp.h"
 #include "kernels/bf16t.h"
 #include "kernels/float_rows.h"
+#include "kernels/gelu_erf.h"
 #include "kernels/kernels.h"
 #include "kernels/panel.h"
 #include "kernels/quant.h"
@@ -390,6 +391,52 @@ static void avx2_geglu(float *g, const float *u, long n)
     gated_rows(g, u, n, 1);
 }
 
+/* exp(-x^2 / 2) as exp(-s) (1 - e), s = x^2 / 2 rounded and e = x^2 / 2 - s exact (an FMA):
+ * from z = x / sqrt2 rounded, exp(-z^2) would be off by up to 1e-5 of itself near z = 8. */
+INLINE __m256 exp_neg_half_sq256(__m256 x)
+{
+    const __m256 half = _mm256_set1_ps(0.5f);
+    __m256 sq = _mm256_mul_ps(x, x);
+    __m256 e = _mm256_mul_ps(_mm256_fmsub_ps(x, x, sq), half);
+    __m256 v = exp256(_mm256_mul_ps(sq, _mm256_set1_ps(-0.5f)));
+    return _mm256_fnmadd_ps(v, e, v);
+}
+
+/* x Phi(x) by kernels/gelu_erf.h's two polynomials, both computed, one chosen per lane. */
+INLINE __m256 gelu8(__m256 x)
+{
+    __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f));
+    __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), z), s = _mm256_mul_ps(z, z);
+    __m256 p = _mm256_set1_ps(gelu_p[GELU_P_DEG]);
+    for (int k = GELU_P_DEG - 1; k >= 0; k--)
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(gelu_p[k]));
+    __m256 half = _mm256_set1_ps(0.5f);
+    __m256 phi_in = _mm256_fmadd_ps(_mm256_mul_ps(z, p), half, half); /* (1 + erf z) / 2 */
+    __m256 u = _mm256_sub_ps(_mm256_div_ps(_mm256_set1_ps(1.0f),
+                                           _mm256_min_ps(_mm256_max_ps(a, _mm256_set1_ps(1.0f)),
+                                                         _mm256_set1_ps(GELU_A_MAX))),
+                             _mm256_set1_ps(GELU_U0));
+    __m256 g = _mm256_set1_ps(gelu_g[GELU_G_DEG]);
+    for (int k = GELU_G_DEG - 1; k >= 0; k--)
+        g = _mm256_fmadd_ps(g, u, _mm256_set1_ps(gelu_g[k]));
+    __m256 half_erfc = _mm256_mul_ps(_mm256_mul_ps(exp_neg_half_sq256(x),
+                                                   g), half);
+    __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+    __m256 phi_out = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), half_erfc), half_erfc,
+                                      neg);
+    __m256 inner = _mm256_cmp_ps(a, _mm256_set1_ps(1.0f), _CMP_LE_OQ);
+    return _mm256_mul_ps(x, _mm256_blendv_ps(phi_out, phi_in, inner));
+}
+
+static void avx2_gelu(float *x, long n)
+{
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, gelu8(_mm256_loadu_ps(x + i)));
+    if (i < n)
+        kwk_kernels_ref.gelu(x + i, n - i);
+}
+
 /* kwk_f32_to_f16 eight at a time: the F16C conversion (nearest even), then its saturation and
  * NaN patched in 32-bit lanes and the lanes packed back to 16 bits. */
 static void avx2_to_half(uint16_t *y, const float *x, long n)
@@ -436,6 +483,7 @@ const struct kwk_kernels kwk_kernels_avx2 = {
     .softmax = avx2_softmax,
     .swiglu = avx2_swiglu,
     .geglu = avx2_geglu,
+    .gelu = avx2_gelu,
     .to_half = avx2_to_half,
     .from_half = avx2_from_half,
     .bf16_panels = 1,

@@ -8,6 +8,7 @@
 #include "kernels/avx512_exp.h"
 #include "kernels/bf16t.h"
 #include "kernels/float_rows.h"
+#include "kernels/gelu_erf.h"
 #include "kernels/kernels.h"
 #include "kernels/panel.h"
 #include "kernels/quant.h"
@@ -424,6 +425,54 @@ static void avx512_geglu(float *g, const float *u, long n)
     gated_rows(g, u, n, 1);
 }
 
+/* exp(-x^2 / 2) as exp(-s) (1 - e), s = x^2 / 2 rounded and e = x^2 / 2 - s exact (an FMA):
+ * from z = x / sqrt2 rounded, exp(-z^2) would be off by up to 1e-5 of itself near z = 8. */
+INLINE __m512 exp_neg_half_sq512(__m512 x)
+{
+    const __m512 half = _mm512_set1_ps(0.5f);
+    __m512 sq = _mm512_mul_ps(x, x);
+    __m512 e = _mm512_mul_ps(_mm512_fmsub_ps(x, x, sq), half);
+    __m512 v = exp512(_mm512_mul_ps(sq, _mm512_set1_ps(-0.5f)));
+    return _mm512_fnmadd_ps(v, e, v);
+}
+
+/* x Phi(x) by kernels/gelu_erf.h's two polynomials, both computed, one chosen per lane. */
+INLINE __m512 gelu16(__m512 x)
+{
+    __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f));
+    __m512 a = _mm512_abs_ps(z), s = _mm512_mul_ps(z, z);
+    __m512 p = _mm512_set1_ps(gelu_p[GELU_P_DEG]);
+    for (int k = GELU_P_DEG - 1; k >= 0; k--)
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(gelu_p[k]));
+    __m512 half = _mm512_set1_ps(0.5f);
+    __m512 phi_in = _mm512_fmadd_ps(_mm512_mul_ps(z, p), half, half); /* (1 + erf z) / 2 */
+    __m512 u = _mm512_sub_ps(_mm512_div_ps(_mm512_set1_ps(1.0f),
+                                           _mm512_min_ps(_mm512_max_ps(a, _mm512_set1_ps(1.0f)),
+                                                         _mm512_set1_ps(GELU_A_MAX))),
+                             _mm512_set1_ps(GELU_U0));
+    __m512 g = _mm512_set1_ps(gelu_g[GELU_G_DEG]);
+    for (int k = GELU_G_DEG - 1; k >= 0; k--)
+        g = _mm512_fmadd_ps(g, u, _mm512_set1_ps(gelu_g[k]));
+    __m512 half_erfc = _mm512_mul_ps(_mm512_mul_ps(exp_neg_half_sq512(x),
+                                                   g), half);
+    __mmask16 neg = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ);
+    __m512 phi_out = _mm512_mask_blend_ps(neg, _mm512_sub_ps(_mm512_set1_ps(1.0f), half_erfc),
+                                          half_erfc);
+    __mmask16 inner = _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.0f), _CMP_LE_OQ);
+    return _mm512_mul_ps(x, _mm512_mask_blend_ps(inner, phi_out, phi_in));
+}
+
+static void avx512_gelu(float *x, long n)
+{
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, gelu16(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, gelu16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
 /* kwk_f32_to_f16 sixteen at a time: the hardware's conversion (nearest even), then its
  * saturation and NaN patched in 32-bit lanes. */
 static void avx512_to_half(uint16_t *y, const float *x, long n)
@@ -466,6 +515,7 @@ const struct kwk_kernels kwk_kernels_avx512 = {
     .softmax = avx512_softmax,
     .swiglu = avx512_swiglu,
     .geglu = avx512_geglu,
+    .gelu = avx512_gelu,
     .to_half = avx512_to_half,
     .from_half = avx512_from_half,
     .dec_runs = KWK_DEC_STREAMS, /* float_rows.h; avx2_panel.c reads panels alike */

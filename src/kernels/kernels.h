@@ -81,6 +81,10 @@ struct kwk_kernels {
      * (x + 0.044715 x^3), is computed as its equal x / (1 + exp(-2y)): SiLU's form, so the tables
      * share their exp, and no 1 + tanh cancels where x is negative. */
     void (*geglu)(float *g, const float *u, long n);
+    /* x[i] = x[i] Phi(x[i]) = x (1 + erf(x / sqrt2)) / 2: the exact GELU (BERT's "gelu"), ref.c
+     * through erff, the SIMD tables through kernels/gelu_erf.h's polynomials (a few roundings
+     * from it). */
+    void (*gelu)(float *x, long n);
     /* y[i] = kwk_f32_to_f16(x[i]) (kernels/quant.h): nearest even, +-65504 beyond it, NaN as
      * sign | 0x7e00. The half KV cache's stores. */
     void (*to_half)(uint16_t *y, const float *x, long n);

@@ -152,6 +152,12 @@ static void ref_geglu(float *g, const float *u, long n)
     }
 }
 
+static void ref_gelu(float *x, long n)
+{
+    for (long i = 0; i < n; i++)
+        x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
 static void ref_to_half(uint16_t *y, const float *x, long n)
 {
     for (long i = 0; i < n; i++)
@@ -176,6 +182,7 @@ const struct kwk_kernels kwk_kernels_ref = {
     .softmax = ref_softmax,
     .swiglu = ref_swiglu,
     .geglu = ref_geglu,
+    .gelu = ref_gelu,
     .to_half = ref_to_half,
     .from_half = ref_from_half,
     .dec_runs = 1,

@@ -71,12 +71,12 @@ static void layer_norm(float *y, const float *x, const float *w, const float *b,
         y[i] = (x[i] - mf) * rstd * w[i] + b[i];
 }
 
-/* BERT's GELU: erf's ("gelu"), or the tanh form ("gelu_new", "gelu_pytorch_tanh"). */
-static void gelu(float *x, int n, int act)
+/* BERT's GELU: erf's ("gelu": the kernels'), or the tanh form ("gelu_new",
+ * "gelu_pytorch_tanh"), which only such checkpoints use. */
+static void gelu(const struct kwk_kernels *k, float *x, int n, int act)
 {
     if (act == KWK_ACT_GELU) {
-        for (int i = 0; i < n; i++)
-            x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+        k->gelu(x, n);
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -184,7 +184,7 @@ static void up_run(void *ctx, int ith, int nth)
     for (long r = r0; r < r1; r++) {
         float *u = e->up + r * ff;
         add_bias(u, t->l->b_up, ff);
-        gelu(u, ff, e->c->act);
+        gelu(e->k, u, ff, e->c->act);
     }
 }
 
