@@ -31,8 +31,7 @@ static json_t *read_object(const char *dir, const char *name, int *rc, struct kw
     json_t *root = json_loadb(text, n, 0, &jerr);
     kwk_free(text);
     if (!json_is_object(root)) {
-        *rc = kwk_err_set(err, KWK_EFORMAT, "%s: %s", path,
-                          root ? "not a JSON object" : jerr.text);
+        *rc = kwk_err_set(err, KWK_EFORMAT, "%s: %s", path, root ? "not a JSON object" : jerr.text);
         json_decref(root);
         return NULL;
     }
@@ -54,7 +53,10 @@ static int flag(const json_t *o, const char *key)
 /* The pooling of a Pooling module's config.json: exactly one mode. */
 static int pooling_mode(struct kwk_config *cfg, const json_t *o)
 {
-    static const struct { const char *key; int pooling; } modes[] = {
+    static const struct {
+        const char *key;
+        int pooling;
+    } modes[] = {
         {"pooling_mode_cls_token", KWK_POOLING_CLS},
         {"pooling_mode_mean_tokens", KWK_POOLING_MEAN},
         {"pooling_mode_max_tokens", KWK_POOLING_MAX},
@@ -71,7 +73,8 @@ static int pooling_mode(struct kwk_config *cfg, const json_t *o)
         n += 2;
     if (n != 1) {
         unsupported(cfg, n ? "the Pooling module combines modes or weights its mean: not "
-                             "supported" : "the Pooling module names no pooling mode");
+                             "supported"
+                           : "the Pooling module names no pooling mode");
         return KWK_POOLING_NONE;
     }
     return pooling;
@@ -111,7 +114,8 @@ int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err 
     int pooled = 0;
     size_t i;
     const json_t *m;
-    json_array_foreach(list, i, m) {
+    json_array_foreach(list, i, m)
+    {
         const char *type = json_string_value(json_object_get(m, "type"));
         const char *sub = json_string_value(json_object_get(m, "path"));
         if (!type) {
@@ -126,8 +130,10 @@ int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err 
         }
         if (!ends_with(type, ".Pooling") || pooled || !sub || strstr(sub, "..")) {
             char why[200];
-            snprintf(why, sizeof why, "sentence-transformers module %zu (%.80s) is not "
-                     "supported (Transformer, one Pooling, Normalize)", i, type);
+            snprintf(why, sizeof why,
+                     "sentence-transformers module %zu (%.80s) is not "
+                     "supported (Transformer, one Pooling, Normalize)",
+                     i, type);
             unsupported(cfg, why);
             break;
         }

@@ -24,25 +24,25 @@ struct kwk_encoder {
     const struct kwk_attn_kernel *ak;
     struct kwk_pool *pool;
     int n_threads;
-    int n_batch;                      /* rows a pass holds */
+    int n_batch; /* rows a pass holds */
     int pooling, normalize;
-    int holds_floats;                 /* holds the model's lazy float matrices (preserve) */
+    int holds_floats;                   /* holds the model's lazy float matrices (preserve) */
     const struct kwk_enc_layer *layers; /* the model's, or packed (packed_layers) */
     struct kwk_enc_layer *packed_layers;
-    void **packed_data;               /* [n_packed] blocks of the packed matrices */
+    void **packed_data; /* [n_packed] blocks of the packed matrices */
     int n_packed;
-    void *qact_mem;                   /* quantized precisions: activations of one product */
+    void *qact_mem; /* quantized precisions: activations of one product */
     int64_t qact_cols;
     /* scratch, n_batch rows each */
-    float *x;                         /* [n_batch][d] the residual stream, then the states */
-    float *q, *kx, *vx, *att, *tmp;   /* [n_batch][d] */
-    float *up;                        /* [n_batch][d_ff] */
-    float *scores;                    /* [n_threads][scores_per_thread] attention scratch */
+    float *x;                       /* [n_batch][d] the residual stream, then the states */
+    float *q, *kx, *vx, *att, *tmp; /* [n_batch][d] */
+    float *up;                      /* [n_batch][d_ff] */
+    float *scores;                  /* [n_threads][scores_per_thread] attention scratch */
     size_t scores_per_thread;
-    const void **k_rows, **v_rows;    /* [n_batch] each row's sequence's keys and values */
-    int *first, *last;                /* [n_batch] positions each row attends: its sequence */
-    int *pos;                         /* [n_batch] each row's position in its sequence */
-    const int32_t *ids;               /* the pass's tokens (borrowed during a pass) */
+    const void **k_rows, **v_rows; /* [n_batch] each row's sequence's keys and values */
+    int *first, *last;             /* [n_batch] positions each row attends: its sequence */
+    int *pos;                      /* [n_batch] each row's position in its sequence */
+    const int32_t *ids;            /* the pass's tokens (borrowed during a pass) */
 };
 
 void kwk_encoder_params_init(struct kwk_encoder_params *p)
@@ -57,8 +57,7 @@ void kwk_encoder_params_init(struct kwk_encoder_params *p)
 /* y = (x - mean) / sqrt(var + eps) * w + b over n floats (y may be x): transformers' LayerNorm,
  * its mean and biased variance summed in double, so the float result is within a rounding of
  * PyTorch's own sums whatever their order. */
-static void layer_norm(float *y, const float *x, const float *w, const float *b, int n,
-                       float eps)
+static void layer_norm(float *y, const float *x, const float *w, const float *b, int n, float eps)
 {
     double s = 0.0;
     for (int i = 0; i < n; i++)
@@ -143,11 +142,20 @@ static void attn_run(void *ctx, int ith, int nth)
     const struct row_task *t = ctx;
     struct kwk_encoder *e = t->e;
     const struct kwk_config *c = e->c;
-    struct kwk_attn_args a = {
-        .head_dim = c->head_dim, .n_heads = c->n_heads, .n_kv_heads = c->n_heads,
-        .ld_pos = c->d_model, .ld_head = c->head_dim, .scale = c->attn_scale,
-        .q = e->q, .ldq = c->d_model, .out = e->att, .ldo = c->d_model,
-        .k_rows = e->k_rows, .v_rows = e->v_rows, .first = e->first, .last = e->last};
+    struct kwk_attn_args a = {.head_dim = c->head_dim,
+                              .n_heads = c->n_heads,
+                              .n_kv_heads = c->n_heads,
+                              .ld_pos = c->d_model,
+                              .ld_head = c->head_dim,
+                              .scale = c->attn_scale,
+                              .q = e->q,
+                              .ldq = c->d_model,
+                              .out = e->att,
+                              .ldo = c->d_model,
+                              .k_rows = e->k_rows,
+                              .v_rows = e->v_rows,
+                              .first = e->first,
+                              .last = e->last};
     long i0, i1;
     kwk_split_range((long)t->n * c->n_heads, ith, nth, 1, &i0, &i1);
     if (i0 < i1)
@@ -291,12 +299,16 @@ static int check_seq(const struct kwk_encoder *e, const int32_t *ids, int n, int
     if (n <= 0)
         return kwk_err_set(err, KWK_EARG, "sequence %d is empty", i);
     if (n > e->c->max_position)
-        return kwk_err_set(err, KWK_ELIMIT, "sequence %d has %d tokens; the model takes at most "
-                           "%d", i, n, e->c->max_position);
+        return kwk_err_set(err, KWK_ELIMIT,
+                           "sequence %d has %d tokens; the model takes at most "
+                           "%d",
+                           i, n, e->c->max_position);
     for (int j = 0; j < n; j++)
         if (ids[j] < 0 || ids[j] >= e->c->n_vocab)
-            return kwk_err_set(err, KWK_ERANGE, "sequence %d: token %d is id %d, outside the "
-                               "vocabulary of %d", i, j, (int)ids[j], e->c->n_vocab);
+            return kwk_err_set(err, KWK_ERANGE,
+                               "sequence %d: token %d is id %d, outside the "
+                               "vocabulary of %d",
+                               i, j, (int)ids[j], e->c->n_vocab);
     return 0;
 }
 
@@ -336,8 +348,7 @@ int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t *offs, i
     return 0;
 }
 
-int kwk_encoder_states(kwk_encoder *e, const int32_t *ids, int n, float *out,
-                       struct kwk_err *err)
+int kwk_encoder_states(kwk_encoder *e, const int32_t *ids, int n, float *out, struct kwk_err *err)
 {
     if (!e || (n > 0 && (!ids || !out)))
         return kwk_err_set(err, KWK_EARG, "kwk_encoder_states: bad arguments");
@@ -384,10 +395,9 @@ static int pack_layers(struct kwk_encoder *e, int wtype, int act8, struct kwk_er
         const struct kwk_enc_layer *src = &e->m->enc_layers[L];
         struct kwk_enc_layer *dst = &e->packed_layers[L];
         *dst = *src; /* biases and norms are the model's */
-        const struct kwk_mat *from[6] = {&src->wq, &src->wk, &src->wv, &src->wo, &src->w_up,
-                                         &src->w_down};
-        struct kwk_mat *to[6] = {&dst->wq, &dst->wk, &dst->wv, &dst->wo, &dst->w_up,
-                                 &dst->w_down};
+        const struct kwk_mat *from[6] = {&src->wq, &src->wk,   &src->wv,
+                                         &src->wo, &src->w_up, &src->w_down};
+        struct kwk_mat *to[6] = {&dst->wq, &dst->wk, &dst->wv, &dst->wo, &dst->w_up, &dst->w_down};
         for (int j = 0; j < 6; j++) {
             size_t bytes;
             struct kwk_mat f;
@@ -398,8 +408,8 @@ static int pack_layers(struct kwk_encoder *e, int wtype, int act8, struct kwk_er
             if (!data)
                 return kwk_err_set(err, -ENOMEM, "out of memory packing the encoder");
             e->packed_data[e->n_packed++] = data;
-            *to[j] = (struct kwk_mat){.wtype = wtype, .rows = from[j]->rows,
-                                      .cols = from[j]->cols, .data = data};
+            *to[j] = (struct kwk_mat){
+                .wtype = wtype, .rows = from[j]->rows, .cols = from[j]->cols, .data = data};
             if ((rc = kwk_model_mat_acquire(e->m, from[j], &f, err)))
                 return rc;
             rc = kwk_scaled_pack(&f, NULL, NULL, to[j], e->pool, err);
@@ -421,8 +431,10 @@ static int alloc_scratch(struct kwk_encoder *e)
 {
     const struct kwk_config *c = e->c;
     size_t nb = (size_t)e->n_batch, d = (size_t)c->d_model;
-    struct kwk_attn_args shape = {.head_dim = c->head_dim, .n_heads = c->n_heads,
-                                  .n_kv_heads = c->n_heads, .ld_pos = c->d_model,
+    struct kwk_attn_args shape = {.head_dim = c->head_dim,
+                                  .n_heads = c->n_heads,
+                                  .n_kv_heads = c->n_heads,
+                                  .ld_pos = c->d_model,
                                   .ld_head = c->head_dim};
     e->scores_per_thread = kwk_attn_scratch_floats(&shape, c->max_position);
     float **bufs[] = {&e->x, &e->q, &e->kx, &e->vx, &e->att, &e->tmp};
@@ -455,8 +467,10 @@ kwk_encoder *kwk_encoder_new(const kwk_model *m, const struct kwk_encoder_params
     }
     const struct kwk_config *c = &m->cfg;
     if (!c->encoder) {
-        kwk_err_set(err, KWK_EUNSUPPORTED, "%s is a decoder (%s), not an encoder: it generates "
-                    "tokens (kwk_decoder_new), it makes no embeddings", m->path, c->arch_name);
+        kwk_err_set(err, KWK_EUNSUPPORTED,
+                    "%s is a decoder (%s), not an encoder: it generates "
+                    "tokens (kwk_decoder_new), it makes no embeddings",
+                    m->path, c->arch_name);
         return NULL;
     }
     if (p->precision < KWK_PRECISION_PRESERVE || p->precision > KWK_PRECISION_INT4 ||
@@ -465,15 +479,19 @@ kwk_encoder *kwk_encoder_new(const kwk_model *m, const struct kwk_encoder_params
         p->n_threads > 1024 || p->pooling < -1 || p->pooling > KWK_POOLING_MEAN_SQRT_LEN ||
         p->pooling == KWK_POOLING_NONE || p->normalize < -1 || p->normalize > 1 ||
         p->batch_tokens < 0 || p->batch_tokens > ENC_MAX_BATCH) {
-        kwk_err_set(err, KWK_EARG, "encoder params out of range (precision %d, act_bits %d: 8 "
+        kwk_err_set(err, KWK_EARG,
+                    "encoder params out of range (precision %d, act_bits %d: 8 "
                     "only for balanced / int4, threads %d, pooling %d, normalize %d, "
-                    "batch_tokens %d)", p->precision, p->act_bits, p->n_threads, p->pooling,
-                    p->normalize, p->batch_tokens);
+                    "batch_tokens %d)",
+                    p->precision, p->act_bits, p->n_threads, p->pooling, p->normalize,
+                    p->batch_tokens);
         return NULL;
     }
     if (c->max_position > ENC_MAX_BATCH) {
-        kwk_err_set(err, KWK_ELIMIT, "%s: max_position_embeddings %d is more than an encoder "
-                    "pass holds (%d)", m->path, c->max_position, ENC_MAX_BATCH);
+        kwk_err_set(err, KWK_ELIMIT,
+                    "%s: max_position_embeddings %d is more than an encoder "
+                    "pass holds (%d)",
+                    m->path, c->max_position, ENC_MAX_BATCH);
         return NULL;
     }
     struct kwk_encoder *e = kwk_calloc(1, sizeof *e);
@@ -492,8 +510,7 @@ kwk_encoder *kwk_encoder_new(const kwk_model *m, const struct kwk_encoder_params
     e->layers = m->enc_layers;
     e->pool = kwk_pool_new(e->n_threads);
     if (!e->pool || alloc_scratch(e)) {
-        kwk_err_set(err, -ENOMEM, "out of memory for an encoder of %d tokens a pass",
-                    e->n_batch);
+        kwk_err_set(err, -ENOMEM, "out of memory for an encoder of %d tokens a pass", e->n_batch);
         goto fail;
     }
     if (p->precision == KWK_PRECISION_PRESERVE) {
