@@ -1,7 +1,8 @@
 /* fuzz_model_json.c - libFuzzer target over the small files beside a Hugging Face checkpoint:
  * config.json, generation_config.json, tokenizer_config.json, special_tokens_map.json,
- * chat_template.jinja, and the vocabulary files of a folder without tokenizer.json (vocab.json,
- * merges.txt, vocab.txt). The input is those eight files in that order, separated by NUL bytes
+ * chat_template.jinja, the vocabulary files of a folder without tokenizer.json (vocab.json,
+ * merges.txt, vocab.txt), and an encoder's sentence-transformers files (modules.json,
+ * 1_Pooling/config.json). The input is those ten files in that order, separated by NUL bytes
  * (JSON never holds a raw NUL); an empty or missing piece is an absent file. They are written
  * into a folder of this process's, with a fixed tiny tokenizer.json unless a vocabulary file is
  * given, and read through the real entry points: the model configuration (kwk_config_load_dir)
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/base.h"
@@ -24,8 +26,11 @@
 static const char *const files[] = {"config.json", "generation_config.json",
                                     "tokenizer_config.json", "special_tokens_map.json",
                                     "chat_template.jinja",   "vocab.json",
-                                    "merges.txt",            "vocab.txt"};
-#define N_CONFIGS 5 /* files[] past these are vocabularies, which replace tokenizer.json */
+                                    "merges.txt",            "vocab.txt",
+                                    "modules.json",          "1_Pooling/config.json"};
+/* files[N_CONFIGS .. N_CONFIGS + 2] are vocabularies, which replace tokenizer.json */
+#define N_CONFIGS 5
+#define N_VOCABS 3
 
 /* Byte-level BPE over "hello world" with two added tokens the configs can name. */
 static const char tokenizer_json[] =
@@ -77,6 +82,9 @@ static void cleanup(void)
     for (size_t i = 0; i < KWK_ARRAY_LEN(files); i++)
         remove_file(files[i]);
     remove_file("tokenizer.json");
+    char sub[4096 + 16];
+    snprintf(sub, sizeof sub, "%s/1_Pooling", dir);
+    rmdir(sub);
     rmdir(dir);
 }
 
@@ -87,6 +95,10 @@ static void setup(void)
     snprintf(dir, sizeof dir, "%s/kwk_fuzz_model_json.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir))
         harness_fail("cannot make the folder", dir);
+    char sub[4096 + 16];
+    snprintf(sub, sizeof sub, "%s/1_Pooling", dir);
+    if (mkdir(sub, 0700))
+        harness_fail("cannot make the folder", sub);
     atexit(cleanup);
 }
 
@@ -145,7 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const uint8_t *stop = q ? q : end;
         if (stop > p) {
             write_file(files[i], p, (size_t)(stop - p));
-            legacy |= i >= N_CONFIGS;
+            legacy |= i >= N_CONFIGS && i < N_CONFIGS + N_VOCABS;
         } else {
             remove_file(files[i]);
         }
