@@ -237,7 +237,7 @@ static enum MHD_Result get_route(struct rq *r)
         const union MHD_DaemonInfo *di =
             ci ? MHD_get_daemon_info(ci->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
         engine_stats(s, &st);
-        srv_metrics_render(&b, &s->met, s->e ? &st : NULL, di ? di->num_connections : 0);
+        srv_metrics_render(&b, &s->met, s->enc ? NULL : &st, di ? di->num_connections : 0);
         if (s->enc) {
             uint64_t batches = 0, seqs = 0;
             pthread_mutex_lock(&s->mu);
