@@ -357,6 +357,26 @@ def test_bench_json(prec, lo, hi, tmp_path):
     assert r["load_s"] >= 0 and r["decoder_s"] >= 0, r
 
 
+@pytest.mark.parametrize("prec", ["preserve", "balanced"])
+def test_bench_encoder_json(prec):
+    """kwker bench on an encoder: -b sequences of -p tokens a call, embeddings per second, no
+    generation (tg_tps null); a -p past the model's positions is refused by name."""
+    import json
+    import tiny_encoders
+    path = tiny_encoders.build("st_mean_norm")  # max_position 128
+    p = run("bench", "--model", path, "--precision", prec, "-p", "16", "-b", "3", "-r", "2",
+            "-t", THREADS, "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["encoder"] is True and r["precision_name"] == prec, r
+    assert r["n_prompt"] == 16 and r["n_seqs"] == 3 and r["reps"] == 2, r
+    assert r["tg_tps"] is None and r["pp_tps"] > 0 and r["peak_rss_kib"] > 0, r
+    # both printed with 2 decimals: embed_per_s's rounding grows 16 times in pp_tps
+    assert abs(r["pp_tps"] - 16 * r["embed_per_s"]) <= 16 * 0.005 + 0.005, r
+    p = run("bench", "--model", path, "-p", "129", "-r", "1")
+    assert p.returncode == 1 and "at most 128 tokens" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("isa", [i for i in supported_isas() if i != "scalar"])
 def test_prefetch_level_changes_no_token(isa, tmp_path):
     """KWKER_PREFETCH=l1|l2 moves only where the decode tiles' prefetches go (base/cpu.c): the

@@ -1,6 +1,7 @@
 /* cmd_bench.c - kwker bench: prompt (pp) and generation (tg) tokens per second of one model,
- * medians over repetitions, as text or one JSON object (read by bench/side_by_side.py).
- * Runs on the main thread; the decoder's pool runs the kernels. */
+ * medians over repetitions, as text or one JSON object (read by bench/side_by_side.py); for an
+ * encoder, embeddings of -b sequences of -p tokens a call (pp only). Runs on the main thread;
+ * the decoder's (encoder's) pool runs the kernels. */
 #include <stdio.h>
 #include <sys/resource.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@ struct bench_opts {
     struct kwk_decoder_params params;
     struct cli_quant quant;
     int n_prompt, n_gen, reps, json;
+    int n_seqs; /* encoders: sequences a call */
 };
 
 static double now_s(void)
@@ -84,6 +86,7 @@ static int parse(int argc, char **argv, struct bench_opts *o)
     o->n_prompt = 512;
     o->n_gen = 128;
     o->reps = 3;
+    o->n_seqs = 1;
     cli_quant_init(&o->quant);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -109,6 +112,8 @@ static int parse(int argc, char **argv, struct bench_opts *o)
             bad = cli_parse_int(v, 1, 1 << 20, &o->n_prompt);
         else if (!strcmp(a, "-n"))
             bad = cli_parse_int(v, 0, 1 << 20, &o->n_gen);
+        else if (!strcmp(a, "-b"))
+            bad = cli_parse_int(v, 1, 1 << 16, &o->n_seqs);
         else if (!strcmp(a, "-r"))
             bad = cli_parse_int(v, 1, 1000, &o->reps);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
@@ -145,12 +150,92 @@ static int run_once(kwk_decoder *d, const int32_t *ids, const struct bench_opts 
     return rc;
 }
 
+/* An encoder: -b sequences of -p tokens embedded in one call, medians over -r calls. */
+static int bench_encoder(kwk_model *m, const struct bench_opts *o, double t_load)
+{
+    struct kwk_model_info info;
+    kwk_model_get_info(m, &info);
+    if (o->n_prompt > info.max_position) {
+        fprintf(stderr, "kwker bench: -p %d: the encoder takes at most %d tokens a sequence\n",
+                o->n_prompt, info.max_position);
+        return 1;
+    }
+    struct kwk_encoder_params ep;
+    kwk_encoder_params_init(&ep);
+    ep.n_threads = o->params.n_threads;
+    ep.precision = o->params.precision;
+    ep.act_bits = o->quant.act_bits;
+    struct kwk_err err = {0};
+    double t_enc = now_s();
+    kwk_encoder *e = kwk_encoder_new(m, &ep, &err);
+    t_enc = now_s() - t_enc;
+    size_t n_ids = (size_t)o->n_prompt * (size_t)o->n_seqs;
+    int32_t *ids = malloc(sizeof(int32_t) * n_ids);
+    int32_t *offs = malloc(sizeof(int32_t) * ((size_t)o->n_seqs + 1));
+    float *out = malloc(sizeof(float) * (size_t)o->n_seqs * (size_t)info.d_model);
+    double *pp = calloc((size_t)o->reps, sizeof(double));
+    int rc = 1;
+    if (!e || !ids || !offs || !out || !pp) {
+        fprintf(stderr, "kwker bench: %s\n", e ? "out of memory" : err.msg);
+        goto out;
+    }
+    for (size_t i = 0; i < n_ids; i++)
+        ids[i] = (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)info.n_vocab);
+    for (int s = 0; s <= o->n_seqs; s++)
+        offs[s] = s * o->n_prompt;
+    for (int r = -1; r < o->reps; r++) { /* r = -1: an untimed pass pages the weights in */
+        double t0 = now_s();
+        if (kwk_encoder_embed(e, ids, offs, o->n_seqs, out, &err)) {
+            fprintf(stderr, "kwker bench: %s\n", err.msg);
+            goto out;
+        }
+        if (r >= 0)
+            pp[r] = now_s() - t0;
+    }
+    double t = median(pp, o->reps), pp_tps = (double)n_ids / t;
+    int threads = ep.n_threads ? ep.n_threads : kwk_default_threads();
+    int act_bits = ep.precision == KWK_PRECISION_PRESERVE ? 32 : ep.act_bits ? ep.act_bits : 16;
+    long rss = peak_rss_kib();
+    if (o->json) {
+        printf("{\"model\": ");
+        put_json_str(o->model);
+        printf(", \"arch\": ");
+        put_json_str(info.arch_name);
+        printf(", \"encoder\": true, \"n_params\": %lld, \"precision\": %d, "
+               "\"precision_name\": \"%s\", \"isa\": \"%s\", \"threads\": %d, "
+               "\"n_prompt\": %d, \"n_seqs\": %d, \"reps\": %d, \"load_s\": %.3f, "
+               "\"encoder_s\": %.3f, \"pp_tps\": %.2f, \"embed_per_s\": %.2f, "
+               "\"tg_tps\": null, \"peak_rss_kib\": %ld, \"act_bits\": %d}\n",
+               (long long)info.n_params, ep.precision, precision_name(ep.precision),
+               kwk_isa_name(kwk_isa()), threads, o->n_prompt, o->n_seqs, o->reps, t_load,
+               t_enc, pp_tps, o->n_seqs / t, rss, act_bits);
+    } else {
+        printf("model %s (%s encoder, %.1fM params), precision %s (%d-bit activations), isa "
+               "%s, %d threads, load %.2f s, encoder %.2f s\n"
+               "pp%d x %d sequences: %.2f tokens/s, %.2f embeddings/s   (medians of %d)\n"
+               "peak resident memory: %.1f MiB\n",
+               o->model, info.arch_name, info.n_params / 1e6, precision_name(ep.precision),
+               act_bits, kwk_isa_name(kwk_isa()), threads, t_load, t_enc, o->n_prompt,
+               o->n_seqs, pp_tps, o->n_seqs / t, o->reps, rss / 1024.0);
+    }
+    rc = 0;
+out:
+    kwk_encoder_free(e);
+    free(ids);
+    free(offs);
+    free(out);
+    free(pp);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     struct bench_opts o = {0};
     if (parse(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: kwker bench --model M [--precision P] [-p 512] [-n 128] [-t N] "
-                        "[-r 3] [--json] [--cache-dir DIR|off]\n" CLI_QUANT_USAGE);
+                        "[-r 3] [--json] [--cache-dir DIR|off]\n"
+                        "       (an encoder: -b N sequences of -p tokens a call; -n unused)\n"
+                        CLI_QUANT_USAGE);
         return 2;
     }
     o.params.max_cache_len = o.n_prompt + o.n_gen;
@@ -169,6 +254,12 @@ int cmd_bench(int argc, char **argv)
     }
     if (cli_quant_load(&o.quant, o.model, "bench"))
         goto out;
+    struct kwk_model_info minfo;
+    kwk_model_get_info(m, &minfo);
+    if (minfo.is_encoder) {
+        rc = bench_encoder(m, &o, t_load);
+        goto out;
+    }
     o.params.mix_bits = o.quant.mix_bits;
     o.params.calib = o.quant.ids;
     o.params.n_calib = (int64_t)o.quant.n_ids;
