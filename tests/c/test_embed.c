@@ -1,8 +1,8 @@
 /* test_embed.c - kwker serve's /v1/embeddings bodies and replies (tools/kwker/serve/embed.c,
- * included whole with openai.c and toolcall.c as the fuzz target does: the server lives in the CLI): each
- * input form, the 400s with the field and input they name, packing with the length limit, and
- * the reply's floats and base64 read back bit for bit. The server with a real encoder is
- * tests/python/test_embeddings_server.py. */
+ * included whole with openai.c and toolcall.c as the fuzz target does: the server lives in the
+ * CLI): each input form, the 400s with the field and input they name, packing with the length
+ * limit, and the reply's floats and base64 read back bit for bit. The server with a real
+ * encoder is tests/python/test_embeddings_server.py. */
 #include "test.h"
 
 #include "../../tools/kwker/serve/openai.c"
