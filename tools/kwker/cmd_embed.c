@@ -39,7 +39,8 @@ static void usage(FILE *f)
             "  --act-bits N             balanced / int4 activations: 16 (default) or 8\n"
             "  -t, --threads N          compute threads (default: the cores)\n"
             CLI_POOLING_USAGE
-            "  --json                   one object instead: {\"model\", \"dim\", \"data\": [...]}\n");
+            "  --json                   one object instead: {\"model\", \"dim\",\n"
+            "                           \"data\": [[...], ...]}\n");
 }
 
 /* One option at argv[*i]; 0, 1 when it is not an option (a text), -1 on a bad value. */

@@ -294,7 +294,7 @@ void srv_embed_req_free(struct srv_embed_req *r);
 void srv_embed_response(struct srv_buf *out, const char *model, const float *vec, int n,
                         int dim, int base64, int n_tokens);
 
-/* ---- the encoder worker (embedq.c) ------------------------------------------------------------ */
+/* ---- the encoder worker (embedq.c) ----------------------------------------------------------- */
 
 /* One request's sequences handed to the encoder worker. The submitter fills the first block and
  * keeps the job (and what it points to) valid until done is called, which the worker does once
