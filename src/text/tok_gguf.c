@@ -328,10 +328,16 @@ static int load_bert(struct gv *v)
     t->pretok.subs[0].kind = TOK_P_WSPLIT;
     t->pretok.subs[1].kind = TOK_P_PUNCT;
     t->pretok.subs[1].behavior = TOK_SPLIT_ISOLATED;
+    /* gguf-py's converter writes [CLS] / [SEP] as bos / eos (and seperator_token_id) without a
+     * cls_token_id; llama.cpp then frames a sequence with bos and eos */
     int64_t cls = get_id(v, "tokenizer.ggml.cls_token_id");
+    if (cls < 0)
+        cls = get_id(v, "tokenizer.ggml.bos_token_id");
     int64_t sep = get_id(v, "tokenizer.ggml.seperator_token_id");
     if (sep < 0)
         sep = get_id(v, "tokenizer.ggml.separator_token_id");
+    if (sep < 0)
+        sep = get_id(v, "tokenizer.ggml.eos_token_id");
     return set_template(t, (int32_t)cls, (int32_t)sep);
 }
 

@@ -518,11 +518,6 @@ def test_gguf_rounded(name, ftype):
     assert min(cos) > bound, "%s %s: cosines to the checkpoint's %s" % (name, ftype, cos)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library: a bert GGUF without tokenizer.ggml.cls_token_id (what gguf-py 0.19's SpecialVocab "
-    "writes: bos_token_id = [CLS] 101, eos_token_id = seperator_token_id = [SEP] 102, "
-    "add_bos/add_eos true) tokenizes with neither [CLS] nor [SEP] (src/text/tok_gguf.c "
-    "load_bert reads only cls_token_id / seperator_token_id); llama.cpp takes bos as [CLS]"))
 def test_gguf_bos_special_keys():
     """A GGUF written by today's gguf-py (no cls_token_id: bos = [CLS], eos = [SEP]) still
     tokenizes as Hugging Face does."""
@@ -530,4 +525,4 @@ def test_gguf_bos_special_keys():
     with kwker.Encoder(str(_gguf("st_mean_norm", "f32", special="bos"))) as g:
         for i, t in enumerate(te.TEXTS):
             assert g.tokenize(t) == r.seqs[i], "bos-style GGUF tokenizer: %r" % t
-        check_close(g.embed(te.TEXTS), r.pooled(), "bos-style GGUF embed")
+        check_close(g.embed(te.TEXTS), r.pooled()[:len(te.TEXTS)], "bos-style GGUF embed")
