@@ -323,3 +323,26 @@ def test_decoder_flags_refused():
         p = subprocess.run([kwker_bin(), "serve", "--port", "0"] + args, capture_output=True,
                            text=True, env=cli_env(), timeout=600)
         assert p.returncode != 0 and want in p.stderr, p.stderr
+
+
+def test_max_queue():
+    """--max-queue bounds the requests waiting for the encoder: beyond it a 503 server_busy,
+    while the ones taken are answered in full."""
+    from test_server import wait_for
+    s = Server("--model", minilm_path(), "--max-queue", 1)
+    try:
+        mid = s.client().models.list().data[0].id
+        big = {"model": mid, "input": [TEXTS[6]] * 96}
+        with concurrent.futures.ThreadPoolExecutor(6) as ex:
+            first = ex.submit(request, s.port, "POST", "/v1/embeddings", big)
+            wait_for(lambda: metrics(s.port)["kwker_http_requests_in_flight"] >= 1 or
+                     first.done(), "the large request to be running")
+            small = [ex.submit(request, s.port, "POST", "/v1/embeddings",
+                               {"model": mid, "input": TEXTS[i]}) for i in range(5)]
+            replies = [f.result() for f in [first] + small]
+    finally:
+        s.stop()
+    assert replies[0][0] == 200
+    busy = [j for st, j in replies[1:] if st == 503]
+    assert all(st in (200, 503) for st, _ in replies[1:])
+    assert 1 <= len(busy) <= 4 and "--max-queue" in busy[0]["error"]["message"]

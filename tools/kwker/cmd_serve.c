@@ -33,7 +33,8 @@ static void usage(FILE *f)
             CLI_POOLING_USAGE
             "  --cache-dir D            packed-weight cache for balanced / int4 (default\n"
             "                           $KWKER_CACHE or ~/.cache/kwker/packs; off: none)\n"
-            "  --max-queue N            requests waiting for a slot before 503 (default 4096)\n"
+            "  --max-queue N            requests waiting for a slot (an embedding model: for\n"
+            "                           the encoder) before 503 (default 4096)\n"
             "  --timeout S              close a connection idle or stalled for S seconds\n"
             "                           (slow headers included; default 60)\n"
             "  --max-body BYTES         larger request bodies get 413 (default 1048576)\n"

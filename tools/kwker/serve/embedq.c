@@ -19,6 +19,7 @@ struct srv_embedq {
     pthread_mutex_t mu;          /* guards the queue and stopping */
     pthread_cond_t cv;
     struct srv_embed_job *head, *tail;
+    int n_queued, max_queue;
     int stopping;
     _Atomic uint64_t batches, seqs;
     /* the worker's: several jobs' sequences joined for one call */
@@ -42,6 +43,8 @@ static struct srv_embed_job *take(struct srv_embedq *q)
         last = last->next;
         tokens += job_tokens(last);
     }
+    for (struct srv_embed_job *j = first; j != last->next; j = j->next)
+        q->n_queued--;
     q->head = last->next;
     if (!q->head)
         q->tail = NULL;
@@ -161,7 +164,7 @@ static void *worker(void *arg)
     }
 }
 
-struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens)
+struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens, int max_queue)
 {
     struct srv_embedq *q = calloc(1, sizeof *q);
     if (!q)
@@ -169,6 +172,7 @@ struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens)
     q->enc = enc;
     q->dim = kwk_encoder_dim(enc);
     q->batch_tokens = batch_tokens > 0 ? (size_t)batch_tokens : 1;
+    q->max_queue = max_queue > 0 ? max_queue : 4096;
     if (pthread_mutex_init(&q->mu, NULL))
         goto out_free;
     if (pthread_cond_init(&q->cv, NULL))
@@ -193,6 +197,11 @@ int srv_embedq_submit(struct srv_embedq *q, struct srv_embed_job *j)
         pthread_mutex_unlock(&q->mu);
         return KWK_ECANCELED;
     }
+    if (q->n_queued >= q->max_queue) {
+        pthread_mutex_unlock(&q->mu);
+        return KWK_ELIMIT;
+    }
+    q->n_queued++;
     if (q->tail)
         q->tail->next = j;
     else

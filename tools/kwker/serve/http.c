@@ -791,7 +791,10 @@ static int embed_submit(struct rq *r, struct srv_err *e)
     }
     r->job.done = NULL;
     rq_unref(r); /* the worker never saw it: the connection still holds r */
-    srv_err_set(e, 503, "server_error", NULL, "server_busy", "the server is shutting down");
+    srv_err_set(e, 503, "server_error", NULL, "server_busy", "%s",
+                st == KWK_ELIMIT ? "the server is busy: too many embeddings requests are "
+                                   "waiting (--max-queue)"
+                                 : "the server is shutting down");
     return -1;
 }
 
@@ -1147,7 +1150,7 @@ static int load_encoder(struct srv *s, const char *path, const struct kwk_model_
     /* the encoder raises its batch to hold the longest sequence; so does the worker */
     int batch = s->elim.max_tokens > SRV_EMBED_BATCH_TOKENS ? s->elim.max_tokens
                                                              : SRV_EMBED_BATCH_TOKENS;
-    if (!(s->eq = srv_embedq_new(s->enc, batch))) {
+    if (!(s->eq = srv_embedq_new(s->enc, batch, s->o->engine.max_queue))) {
         fprintf(stderr, "kwker serve: cannot start the encoder's thread\n");
         return -1;
     }

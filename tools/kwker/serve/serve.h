@@ -312,9 +312,11 @@ struct srv_embed_job {
 struct srv_embedq;
 
 /* Start the worker thread over encoder enc (which it alone uses from now on). batch_tokens:
- * queued jobs are taken together while their tokens fit (one job at least). NULL on failure. */
-struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens);
-/* Queue j; 0, or KWK_ECANCELED when the worker is stopping (done is not called then). */
+ * queued jobs are taken together while their tokens fit (one job at least); max_queue: jobs
+ * that may wait (0: 4096, as the engine's). NULL on failure. */
+struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens, int max_queue);
+/* Queue j; 0, KWK_ELIMIT when max_queue jobs wait, or KWK_ECANCELED when the worker is
+ * stopping (done is not called then). */
 int srv_embedq_submit(struct srv_embedq *q, struct srv_embed_job *j);
 /* Stop: the batch running finishes, jobs still queued end with KWK_ECANCELED; joins the
  * thread. NULL is fine. */
