@@ -89,6 +89,9 @@ def test_models_health_tokenize(srv, model_id, enc):
     assert request(srv.port, "GET", "/health", key=None)[0] == 200
     status, j = request(srv.port, "POST", "/tokenize", {"prompt": "Hello world"})
     assert status == 200 and j["tokens"] == enc.tokenize("Hello world") == [101, 7592, 2088, 102]
+    status, j = request(srv.port, "POST", "/tokenize",
+                        {"messages": [{"role": "user", "content": "Hi"}]})
+    assert status == 400 and "embedding model and has no chat template" in j["error"]["message"]
 
 
 def test_equal_to_library(client, model_id, enc):

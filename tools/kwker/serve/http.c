@@ -525,7 +525,9 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
     int rc = -1;
     if (!s->tpl) {
         srv_err_set(e, 400, "invalid_request_error", "messages", "no_chat_template",
-                    "the model has no chat template: use /v1/completions");
+                    s->enc ? "the model is an embedding model and has no chat template: "
+                             "tokenize a prompt instead of messages"
+                           : "the model has no chat template: use /v1/completions");
         return -1;
     }
     /* the generic format describes the tools in its own system message: a template that knows
