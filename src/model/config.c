@@ -244,9 +244,13 @@ static void json_arch(const json_t *root, struct kwk_config *cfg)
     if (!name)
         name = json_is_string(mt) ? json_string_value(mt) : "(none given)";
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name);
-    /* BertForMaskedLM and the other heads hold the same encoder: it is what embeddings use */
-    if (json_is_string(mt) && !strcmp(json_string_value(mt), "bert")) {
+    /* BertForMaskedLM and the other heads hold the same encoder: it is what embeddings use;
+     * RoBERTa and XLM-RoBERTa are BERT's layers with positions counted from pad_token_id + 1 */
+    if (json_is_string(mt) && (!strcmp(json_string_value(mt), "bert") ||
+                               !strcmp(json_string_value(mt), "roberta") ||
+                               !strcmp(json_string_value(mt), "xlm-roberta"))) {
         cfg->arch = KWK_ARCH_BERT;
+        cfg->pos_offset = strcmp(json_string_value(mt), "bert") ? -1 : 0; /* json_bert sets it */
         return;
     }
     if (!strcmp(name, "Gemma3ForConditionalGeneration"))
@@ -462,6 +466,17 @@ static int json_bert(const json_t *root, struct kwk_config *cfg, const char *lab
     if (cfg->n_types < 1 || cfg->n_types > 65536)
         return kwk_err_set(err, KWK_EFORMAT, "%s: type_vocab_size is %d (must be in 1..65536)",
                            label, cfg->n_types);
+    if (cfg->pos_offset < 0) {
+        /* RoBERTa's position ids: padding_idx + 1 + the token's place (no padding here) */
+        int pad = 1;
+        if ((rc = json_get_int(root, "pad_token_id", &pad, label, err)) < 0)
+            return rc;
+        if (pad < 0 || pad >= cfg->max_position - 1)
+            return kwk_err_set(err, KWK_EFORMAT, "%s: pad_token_id %d leaves no positions of "
+                               "max_position_embeddings %d", label, pad, cfg->max_position);
+        cfg->pos_offset = pad + 1;
+        cfg->max_position -= cfg->pos_offset;
+    }
     if (cfg->max_position <= 0)
         return kwk_err_set(err, KWK_EFORMAT, "%s: max_position_embeddings must be positive",
                            label);

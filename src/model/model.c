@@ -458,17 +458,22 @@ static int load_enc_layer(struct loader *ld, const char *prefix, int i, struct k
 }
 
 /* A BERT encoder: its tables, embedding LayerNorm and layers. Hugging Face's names come bare
- * (BertModel) or under "bert." (BertForMaskedLM and the other heads, whose own tensors are
- * not read). */
+ * (BertModel, RobertaModel) or under "bert." / "roberta." (the models with heads, whose own
+ * tensors are not read). */
 static int assemble_encoder(struct loader *ld)
 {
     struct kwk_model *m = ld->m;
     const struct kwk_config *c = &m->cfg;
     const char *prefix = "";
     const char *file;
-    if (!ld->gguf && !find_tensor(m, "embeddings.word_embeddings.weight", &file) &&
-        find_tensor(m, "bert.embeddings.word_embeddings.weight", &file))
-        prefix = "bert.";
+    static const char *const heads[] = {"bert.", "roberta."};
+    for (size_t i = 0; !ld->gguf && i < KWK_ARRAY_LEN(heads); i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%sembeddings.word_embeddings.weight", heads[i]);
+        if (!find_tensor(m, "embeddings.word_embeddings.weight", &file) &&
+            find_tensor(m, name, &file))
+            prefix = heads[i];
+    }
     char emb[128], pos[128], typ[128], ln[128];
     if (ld->gguf) {
         snprintf(emb, sizeof emb, "token_embd.weight");
@@ -483,10 +488,12 @@ static int assemble_encoder(struct loader *ld)
     }
     int rc;
     if ((rc = get_mat(ld, emb, c->n_vocab, c->d_model, 0, 0, &m->tok_emb)) ||
-        (rc = get_table(ld, pos, c->max_position, c->d_model, &m->pos_emb)) ||
+        (rc = get_table(ld, pos, (int64_t)c->max_position + c->pos_offset, c->d_model,
+                        &m->pos_emb)) ||
         (rc = get_table(ld, typ, c->n_types, c->d_model, &m->type_emb)) ||
         (rc = get_layernorm(ld, ln, c->d_model, &m->emb_ln, &m->emb_ln_b)))
         return rc;
+    m->pos_emb += (size_t)c->pos_offset * (size_t)c->d_model; /* rows before are never read */
     m->enc_layers = kwk_calloc((size_t)c->n_layers, sizeof *m->enc_layers);
     if (!m->enc_layers)
         return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory", m->path);

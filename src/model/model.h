@@ -177,6 +177,8 @@ struct kwk_config {
      * table, bidirectional attention; their states pooled into one embedding. */
     int encoder;            /* 1: an encoder (kwk_encoder), not a decoder */
     int n_types;            /* token type vocabulary (type_vocab_size) */
+    int pos_offset;         /* the position table's row of a sequence's first token: 0, or
+                               RoBERTa's pad_token_id + 1 (max_position counts the rows after) */
     int pooling;            /* enum kwk_pooling: the model's own (sentence-transformers, GGUF) */
     int normalize;          /* 1: its embeddings are L2-normalized */
     char unsupported[256];  /* non-empty: why this model cannot run */
@@ -267,7 +269,7 @@ struct kwk_model {
     struct kwk_layer *layers;      /* [n_layers] decoders */
     /* Encoders (cfg.encoder): tok_emb is the word table; layers is NULL, out_norm unused. */
     struct kwk_enc_layer *enc_layers; /* [n_layers] */
-    float *pos_emb;                /* [max_position][d_model] */
+    float *pos_emb;                /* [max_position][d_model], from a first token's row */
     float *type_emb;               /* [n_types][d_model] */
     float *emb_ln, *emb_ln_b;      /* [d_model] the embeddings' LayerNorm */
     /* what backs the weights */

@@ -2,7 +2,8 @@
 sentence-transformers' pooling, on every kernel path this CPU has.
 
 Models: the tiny random BERT checkpoints of tiny_encoders.SPECS (gelu and gelu_new, 1 to 8 heads,
-type_vocab_size 1 and 2, a BertForMaskedLM checkpoint whose tensors carry "bert.", folders with
+type_vocab_size 1 and 2, a BertForMaskedLM checkpoint whose tensors carry "bert.", an
+XLM-RoBERTa and a RobertaForMaskedLM checkpoint ("roberta.", positions from pad + 1), folders with
 and without sentence-transformers' files: mean / cls / max / mean_sqrt_len / lasttoken pooling,
 with and without a Normalize module) and the real all-MiniLM-L6-v2 (scripts/setup --test puts
 it in models/; $KWK_MINILM elsewhere; a missing folder fails, never skips).
@@ -97,10 +98,10 @@ def tiny_ref(name):
         model = te.load_hf(path)
         spec = te.SPECS[name]
         seqs = [te.hf_tokenize(path, t) for t in te.TEXTS]
-        seqs += [_long_ids(spec["max_pos"], spec["seed"]), [101, 102], _long_ids(37, 5)]
+        seqs += [_long_ids(te.max_tokens(spec), spec["seed"]), [101, 102], _long_ids(37, 5)]
         pooling, normalize = te.pooling_of(name)
         _refs[name] = Ref(path, seqs, [te.hf_states(model, s) for s in seqs], pooling,
-                          normalize, spec["max_pos"])
+                          normalize, te.max_tokens(spec))
     return _refs[name]
 
 

@@ -4,10 +4,11 @@ the child-process side of their runs on each kernel path (KWKER_ISA is read once
 Each spec becomes a folder under the test cache ($KWK_TEST_CACHE or /tmp/kwker-test-models),
 keyed by a hash of the spec and of BUILDER_VERSION, written under a temporary name and renamed
 into place (as tiny_models.py does): config.json + model.safetensors from BertModel (or
-BertForMaskedLM, whose tensors carry a "bert." prefix and an MLM head), the all-MiniLM-L6-v2
-tokenizer files from the shared data beside them (so the vocabulary is the tokenizer's 30522, or
-larger: padded rows no text reaches), and, when the spec says, sentence-transformers' files
-(modules.json with or without a Normalize module, 1_Pooling/config.json).
+BertForMaskedLM, whose tensors carry a "bert." prefix and an MLM head; RoBERTa's classes too),
+the all-MiniLM-L6-v2 tokenizer files from the shared data beside them (so the vocabulary is the
+tokenizer's 30522, or larger: padded rows no text reaches), and, when the spec says,
+sentence-transformers' files (modules.json with or without a Normalize module,
+1_Pooling/config.json).
 
 Weights: torch.manual_seed(spec seed), every matrix redrawn from N(0, 1/fan_in), the word,
 position and token-type embeddings from N(0, 1) (so a wrong position or token-type row shows),
@@ -25,8 +26,9 @@ BUILDER_VERSION = 1
 
 # name -> spec: hidden, heads, layers, inter, act (hidden_act), types (type_vocab_size), max_pos,
 # eps (layer_norm_eps), seed, vocab (default: the tokenizer's 30522), cls (the transformers class
-# saved), st (None: no sentence-transformers files; else dict(pool=mean|cls|max|mean_sqrt_len|
-# lasttoken, normalize=bool)).
+# saved), config (its config class, default BertConfig; RoBERTa's count positions from pad + 1),
+# pad (pad_token_id, default 0), st (None: no sentence-transformers files; else
+# dict(pool=mean|cls|max|mean_sqrt_len|lasttoken, normalize=bool)).
 SPECS = {
     "bert_gelu": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2,
                       max_pos=128, eps=1e-12, seed=21),
@@ -49,7 +51,19 @@ SPECS = {
     "st_last_norm": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2,
                          max_pos=64, eps=1e-12, seed=29, st=dict(pool="lasttoken",
                                                                  normalize=True)),
+    "xlmr_mean_norm": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=1,
+                           max_pos=66, eps=1e-5, seed=30, config="XLMRobertaConfig",
+                           cls="XLMRobertaModel", pad=1, st=dict(pool="mean", normalize=True)),
+    "roberta_mlm": dict(hidden=48, heads=2, layers=2, inter=96, act="gelu", types=1,
+                        max_pos=80, eps=1e-5, seed=31, config="RobertaConfig",
+                        cls="RobertaForMaskedLM", pad=1),
 }
+
+
+def max_tokens(spec):
+    """Tokens a sequence of spec's model may hold: its positions, less RoBERTa's pad + 1 rows."""
+    return spec["max_pos"] - (spec["pad"] + 1 if spec.get("config", "BertConfig") != "BertConfig"
+                              else 0)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt")
@@ -145,12 +159,12 @@ def build(name, root=None):
     import transformers
 
     torch.manual_seed(spec["seed"])
-    cfg = transformers.BertConfig(
+    cfg = getattr(transformers, spec.get("config", "BertConfig"))(
         vocab_size=spec.get("vocab", TOKENIZER_VOCAB), hidden_size=spec["hidden"],
         num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
         intermediate_size=spec["inter"], hidden_act=spec["act"],
         max_position_embeddings=spec["max_pos"], type_vocab_size=spec["types"],
-        layer_norm_eps=spec["eps"], pad_token_id=0)
+        layer_norm_eps=spec["eps"], pad_token_id=spec.get("pad", 0))
     model_cls = getattr(transformers, spec.get("cls", "BertModel"))
     model = model_cls(cfg).to(torch.float32).eval()
     _randomize(model)
