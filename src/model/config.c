@@ -257,7 +257,7 @@ static void json_arch(const json_t *root, struct kwk_config *cfg)
         cfg_unsupported(cfg, "architecture %.64s (text and images) is not supported: Kwker runs "
                         "Gemma 3's text decoder alone (Gemma3ForCausalLM)", name);
     cfg_unsupported(cfg, "architecture %.64s is not supported (supported: Llama, Mistral, Qwen2, "
-                    "Qwen3, Gemma3ForCausalLM; encoders: BERT)", name);
+                    "Qwen3, Gemma3ForCausalLM; encoders: BERT, RoBERTa, XLM-RoBERTa)", name);
 }
 
 /* The dimensions every architecture has; a config without them is not a model config. */

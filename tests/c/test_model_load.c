@@ -336,7 +336,7 @@ static void test_broken(void)
     char reason[256];
     T_EQ(kwk_model_check(dir, 0, reason, sizeof reason), KWK_EUNSUPPORTED);
     T_CONTAINS(reason, "architecture GPT2LMHeadModel is not supported (supported: Llama, "
-               "Mistral, Qwen2, Qwen3, Gemma3ForCausalLM; encoders: BERT)");
+               "Mistral, Qwen2, Qwen3, Gemma3ForCausalLM; encoders: BERT, RoBERTa, XLM-RoBERTa)");
     expect_fail(dir, KWK_EUNSUPPORTED, "architecture GPT2LMHeadModel is not supported");
     make_dir(dir, sizeof dir, "yarn");
     write_config(dir, "false", ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0}");

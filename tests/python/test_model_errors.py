@@ -180,7 +180,7 @@ def test_gpt2_unsupported(tmp_path):
     rc, reason = check(d, 16)
     assert rc == KWK_EUNSUPPORTED
     assert "architecture GPT2LMHeadModel is not supported (supported: Llama, Mistral, Qwen2, " \
-           "Qwen3, Gemma3ForCausalLM; encoders: BERT)" in reason
+           "Qwen3, Gemma3ForCausalLM; encoders: BERT, RoBERTa, XLM-RoBERTa)" in reason
     assert "\n" not in reason
     expect_error(d, KWK_EUNSUPPORTED, d, "architecture GPT2LMHeadModel is not supported")
 
