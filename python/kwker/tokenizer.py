@@ -81,20 +81,27 @@ def _text_bytes(text):
 
 
 class Tokenizer:
-    """A tokenizer loaded from a folder, a tokenizer.json, a .gguf file or a local HF id."""
+    """A tokenizer loaded from a folder, a tokenizer.json, a .gguf file or a local HF id:
+    Tokenizer(path_or_id), the same as Tokenizer.from_pretrained(path_or_id)."""
 
-    def __init__(self, handle):
-        self._h = handle
+    def __init__(self, path_or_id, _handle=None):
         self._L = _protos()
+        self._h = None
+        if _handle is not None:
+            self._h = _handle
+            return
+        if not isinstance(path_or_id, (str, bytes, os.PathLike)):
+            raise TypeError("Tokenizer(path_or_id): a path or a Hugging Face id, not %s"
+                            % type(path_or_id).__name__)
+        err = KwkErr()
+        h = self._L.kwk_tokenizer_load(os.fsencode(path_or_id), ctypes.byref(err))
+        if not h:
+            raise_err(err, "Tokenizer")
+        self._h = h
 
     @classmethod
     def from_pretrained(cls, path_or_id):
-        L = _protos()
-        err = KwkErr()
-        h = L.kwk_tokenizer_load(os.fsencode(str(path_or_id)), ctypes.byref(err))
-        if not h:
-            raise_err(err, "Tokenizer.from_pretrained")
-        return cls(h)
+        return cls(path_or_id)
 
     @classmethod
     def from_json(cls, text):
@@ -104,7 +111,7 @@ class Tokenizer:
         h = L.kwk_tokenizer_load_json(data, len(data), ctypes.byref(err))
         if not h:
             raise_err(err, "Tokenizer.from_json")
-        return cls(h)
+        return cls(None, _handle=h)
 
     def close(self):
         if getattr(self, "_h", None):

@@ -773,3 +773,18 @@ def test_apply_chat_template_matches_transformers():
                 want_ids = ref(want, add_special_tokens=False)["input_ids"]
                 assert ours.apply_chat_template(msgs, tools=tl, add_generation_prompt=gen,
                                                 tokenize=True) == want_ids
+
+
+def test_constructor_takes_a_path_only():
+    """Tokenizer(path) loads as from_pretrained does (a str or a PathLike); anything else is a
+    TypeError: the constructor once took a raw handle, and a path passed as one crashed."""
+    folder = SHARED_DATA / "tokenizers" / "gpt2"
+    want = Tokenizer.from_pretrained(str(folder)).encode("hello world")
+    assert want == [31373, 995]
+    assert Tokenizer(folder).encode("hello world") == want
+    assert Tokenizer(str(folder)).encode("hello world") == want
+    for bad in (5, None, 1.5, [str(folder)]):
+        with pytest.raises(TypeError):
+            Tokenizer(bad)
+    with pytest.raises(KwkError, match="no such file"):
+        Tokenizer(str(folder / "missing"))
