@@ -432,14 +432,9 @@ def kwk_worker(job_path, out_path):
     # the binding's mirror of struct kwk_decoder_params: one place to follow the header
     from kwker.decode import _DecoderParams as Params
 
-    class Info(ctypes.Structure):
-        _fields_ = [("arch", ctypes.c_int), ("n_vocab", ctypes.c_int),
-                    ("n_layers", ctypes.c_int), ("d_model", ctypes.c_int),
-                    ("n_heads", ctypes.c_int), ("n_kv_heads", ctypes.c_int),
-                    ("head_dim", ctypes.c_int), ("d_ff", ctypes.c_int),
-                    ("max_position", ctypes.c_int), ("bos_id", ctypes.c_int),
-                    ("n_eos", ctypes.c_int), ("eos_ids", ctypes.c_int * 8),
-                    ("n_params", ctypes.c_int64), ("arch_name", ctypes.c_char * 64)]
+    # and of struct kwk_model_info (a copy here went stale when the header grew: the library
+    # wrote past it)
+    from kwker.decode import _ModelInfo as Info
 
     vp = ctypes.c_void_p
     raw.kwk_model_load.restype = vp
