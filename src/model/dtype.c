@@ -198,6 +198,41 @@ static void deq_block(int dtype, const uint8_t *b, float *y)
     }
 }
 
+int kwk_dequant_grid4(int dtype, const void *src, int64_t n, uint8_t *q, float *d, float *m)
+{
+    if (dtype != KWK_DT_Q4_0 && dtype != KWK_DT_Q4_1 && dtype != KWK_DT_Q4_K)
+        return -1;
+    const uint8_t *b = src;
+    size_t bb = dtypes[dtype].block_bytes;
+    if (dtype == KWK_DT_Q4_K) {
+        for (int64_t i = 0; i + QK_K <= n; i += QK_K, b += bb) {
+            float dk = rd_half(b), dmin = rd_half(b + 2);
+            for (int s = 0; s < 8; s++) {
+                int sc, mn;
+                k_scale_min(b + 4, s, &sc, &mn);
+                d[i / QK + s] = dk * (float)sc;
+                m[i / QK + s] = -(dmin * (float)mn);
+                const uint8_t *chunk = b + 16 + 32 * (s / 2);
+                for (int l = 0; l < QK; l++)
+                    q[i + QK * s + l] = (chunk[l] >> ((s & 1) ? 4 : 0)) & 0x0f;
+            }
+        }
+        return 0;
+    }
+    for (int64_t i = 0; i + QK <= n; i += QK, b += bb) {
+        float dh = rd_half(b);
+        /* Q4_0: d (q - 8) = d q - 8 d, exact in float (a half times 8) */
+        d[i / QK] = dh;
+        m[i / QK] = dtype == KWK_DT_Q4_0 ? -8.0f * dh : rd_half(b + 2);
+        const uint8_t *qs = b + (dtype == KWK_DT_Q4_0 ? 2 : 4);
+        for (int j = 0; j < QK / 2; j++) {
+            q[i + j] = qs[j] & 0x0f;
+            q[i + j + QK / 2] = qs[j] >> 4;
+        }
+    }
+    return 0;
+}
+
 void kwk_dequant_row(int dtype, const void *src, float *dst, int64_t n)
 {
     const uint8_t *s = src;

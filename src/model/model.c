@@ -230,14 +230,16 @@ static int lazy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t r
 
 /* Remember the file's type of out, a copy of a tensor of that type: a float32 copy no longer
  * says whether it came from 4 or 8 bits, which int4's packing asks (kwk_model_mat_dtype). */
-static int note_src(struct loader *ld, const struct kwk_mat *out, int dtype)
+static int note_src(struct loader *ld, const struct kwk_mat *out,
+                    const struct kwk_tensor_ref *t, int n_head)
 {
     struct kwk_model *m = ld->m;
     struct kwk_mat_src *n = kwk_realloc(m->srcs, sizeof *n * (size_t)(m->n_srcs + 1));
     if (!n)
         return kwk_err_set(ld->err, -ENOMEM, "%s: out of memory", m->path);
     m->srcs = n;
-    m->srcs[m->n_srcs++] = (struct kwk_mat_src){.mat = out, .dtype = dtype};
+    m->srcs[m->n_srcs++] =
+        (struct kwk_mat_src){.mat = out, .dtype = t->dtype, .t = t, .n_head = n_head};
     return 0;
 }
 
@@ -247,7 +249,7 @@ static int copy_mat(struct loader *ld, const struct kwk_tensor_ref *t, int64_t r
                     int64_t cols, int n_head, struct kwk_mat *out)
 {
     size_t bytes;
-    int rc = note_src(ld, out, t->dtype);
+    int rc = note_src(ld, out, t, n_head);
     if (rc)
         return rc;
     if (ld->lazy)
@@ -881,6 +883,29 @@ static const struct kwk_lazy_mat *find_lazy(const struct kwk_model *m, const str
         if (m->lazy[i].mat == w || m->lazy[i].alias == w)
             return &m->lazy[i];
     return NULL;
+}
+
+const struct kwk_tensor_ref *kwk_model_mat_tensor(const struct kwk_model *m,
+                                                  const struct kwk_mat *w, int *n_head)
+{
+    if (w == &m->lm_head && m->cfg.tie_embeddings)
+        w = &m->tok_emb; /* the same matrix */
+    for (int i = 0; i < m->n_srcs; i++)
+        if (m->srcs[i].mat == w) {
+            *n_head = m->srcs[i].n_head;
+            return m->srcs[i].t;
+        }
+    *n_head = 0;
+    return NULL;
+}
+
+/* hf_row's inverse: Hugging Face's row (h, j, i) was stored at (h, i, j). */
+int64_t kwk_model_file_row(int64_t r, int64_t rows, int n_head)
+{
+    if (n_head <= 0)
+        return r;
+    int64_t per_head = rows / n_head, h = r / per_head, k = r % per_head, half = per_head / 2;
+    return h * per_head + (k < half ? 2 * k : 2 * (k - half) + 1);
 }
 
 int kwk_model_mat_dtype(const struct kwk_model *m, const struct kwk_mat *w)

@@ -256,8 +256,10 @@ struct kwk_lazy_mat {
 
 /* The file's type of a matrix the loader copied (quantized, or permuted / misaligned plain). */
 struct kwk_mat_src {
-    const struct kwk_mat *mat; /* the model's matrix */
-    int dtype;                 /* enum kwk_dtype of the tensor it is made from */
+    const struct kwk_mat *mat;         /* the model's matrix */
+    int dtype;                         /* enum kwk_dtype of the tensor it is made from */
+    const struct kwk_tensor_ref *t;    /* that tensor */
+    int n_head;                        /* > 0: its rows are llama.cpp's permuted q / k rows */
 };
 
 struct kwk_model {
@@ -337,6 +339,21 @@ void kwk_model_mat_release(const struct kwk_model *m, const struct kwk_mat *w,
  * data for a matrix the loader did not make (mapped in place, or an in-memory model's); -1 when
  * that is no file type. Thread-safe (the table is fixed after load). */
 int kwk_model_mat_dtype(const struct kwk_model *m, const struct kwk_mat *w);
+
+/* The file tensor a copied matrix w was made from (a quantized GGUF tensor, or permuted /
+ * misaligned plain rows), or NULL; *n_head > 0 when its rows are llama.cpp's permuted q / k
+ * rows: row r of w is then the tensor's row kwk_model_file_row(r, w->rows, *n_head). For a
+ * packer that reads a file's own quantization grid rather than its dequantized floats.
+ * Thread-safe. */
+const struct kwk_tensor_ref *kwk_model_mat_tensor(const struct kwk_model *m,
+                                                  const struct kwk_mat *w, int *n_head);
+int64_t kwk_model_file_row(int64_t r, int64_t rows, int n_head);
+
+/* A 4-bit grid of n elements of one row of a Q4_0, Q4_1 or Q4_K tensor: q[n] the codes in
+ * [0, 15] and, per group of 32, d[n / 32] and m[n / 32] with element k = d * q[k] + m (as the
+ * file's dequantization computes it, to float rounding: Q4_K's d * scale and dmin * min are
+ * products of a half and a 6-bit integer). Returns 0, or -1 for another type (nothing written). */
+int kwk_dequant_grid4(int dtype, const void *src, int64_t n, uint8_t *q, float *d, float *m);
 
 /* out[d_model] = the embedding row of token id (0 <= id < n_vocab): the float32 table's row, or
  * that one row dequantized from the file when the table is lazy (the same floats). k reads a

@@ -13,7 +13,7 @@
 /* The layout of a pack file and of every block it holds. Bump it whenever kernels/quant.h's block
  * structs, group sizes or row interleaving change, or packing computes different numbers from
  * the same floats: files of another version are packed again and replaced. */
-#define KWK_PACK_FORMAT_VERSION 2
+#define KWK_PACK_FORMAT_VERSION 3 /* 3: int4 keeps a Q4_0 / Q4_1 / Q4_K file's grid */
 
 /* Default size limit of a cache directory: 16 GiB (KWKER_CACHE_MAX or a parameter overrides). */
 #define KWK_PACK_CACHE_MAX_DEFAULT ((int64_t)16 << 30)

@@ -137,7 +137,64 @@ struct pack_job {
     const struct kwk_mat *src;
     struct kwk_mat *dst;
     long first_unit; /* units (row blocks) before this job */
+    /* int4 from a 4-bit file tensor (Q4_0, Q4_1, Q4_K): its codes and group parameters are
+     * kept (set_grid), not fitted again to its dequantized floats; NULL otherwise */
+    const struct kwk_tensor_ref *grid;
+    int grid_n_head; /* > 0: llama.cpp's permuted q / k rows (kwk_model_file_row) */
 };
+
+static int int4_grid_on(void)
+{
+    return kwk_env_word("KWKER_INT4_GRID", (const char *const[]){"on", "off"}, 2) != 1;
+}
+
+/* Whether job j (int4, no calibration) packs from its file's own 4-bit grid. Every block of the
+ * formats it comes from is groups of 32 with one scale and offset each, int4's own shape: the
+ * file's codes kept with its scales rounded to halves move a weight by at most 2^-11 of its
+ * group's range, where fitting the grid again to the floats could not find a Q4_K sub-block's
+ * grid (its offset is a fitted minimum, not the values' own) and moved weights by up to half a
+ * step (Gemma 3 270M's Q4_K_M: logits 0.127 from preserve's, relative RMS, before; 0.049 after,
+ * docs/benchmarks.md). KWKER_INT4_GRID=off fits every matrix again. */
+static void set_grid(const struct kwk_model *m, struct pack_job *j)
+{
+    j->grid = NULL;
+    j->grid_n_head = 0;
+    if (j->dst->wtype != KWK_W_Q4 || !int4_grid_on())
+        return;
+    int n_head;
+    const struct kwk_tensor_ref *t = kwk_model_mat_tensor(m, j->src, &n_head);
+    if (t && (t->dtype == KWK_DT_Q4_0 || t->dtype == KWK_DT_Q4_1 || t->dtype == KWK_DT_Q4_K) &&
+        j->src->cols % KWK_Q4_GROUP == 0) {
+        j->grid = t;
+        j->grid_n_head = n_head;
+    }
+}
+
+/* Row block rb of job's matrix from its file's grid: codes and parameters row by row (in
+ * Hugging Face's row order), the parameters rounded to halves as int4 stores them. buf holds
+ * KWK_QROWS * cols floats. */
+static void pack_grid_rows(const struct pack_job *job, int64_t rb, float *buf)
+{
+    const struct kwk_tensor_ref *t = job->grid;
+    int64_t rows = job->src->rows, cols = job->src->cols, groups = cols / KWK_Q4_GROUP;
+    size_t row_bytes = kwk_dtype_row_bytes(t->dtype, cols);
+    uint8_t *codes = (uint8_t *)buf;                          /* [16][cols] */
+    float *d = buf + (size_t)KWK_QROWS * (size_t)cols / 4;    /* [16][groups] */
+    float *m = d + (size_t)KWK_QROWS * (size_t)groups;        /* [16][groups] */
+    int64_t r1 = KWK_MIN(rows, (rb + 1) * KWK_QROWS);
+    for (int64_t r = rb * KWK_QROWS; r < r1; r++) {
+        int64_t i = r - rb * KWK_QROWS, fr = kwk_model_file_row(r, rows, job->grid_n_head);
+        float *di = d + i * groups, *mi = m + i * groups;
+        kwk_dequant_grid4(t->dtype, t->data + (size_t)fr * row_bytes, cols,
+                          codes + i * cols, di, mi);
+        for (int64_t g = 0; g < groups; g++) {
+            di[g] = kwk_f16_to_f32(kwk_f32_to_f16(di[g]));
+            mi[g] = kwk_f16_to_f32(kwk_f32_to_f16(mi[g]));
+        }
+    }
+    kwk_quant_pack_codes(KWK_W_Q4, (void *)job->dst->data, rows, cols, rb,
+                         (const int8_t *)codes, (long)cols, d, m);
+}
 
 struct pack_task {
     const struct kwk_kernels *k;
@@ -164,6 +221,10 @@ static void pack_run(void *ctx, int ith, int nth)
             j++; /* units only grow for a thread, so the job index only moves forward */
         const struct pack_job *job = &t->jobs[j];
         int64_t rb = u - job->first_unit, rows = job->src->rows, cols = job->src->cols;
+        if (job->grid) {
+            pack_grid_rows(job, rb, buf);
+            continue;
+        }
         int64_t r1 = KWK_MIN(rows, (rb + 1) * KWK_QROWS);
         for (int64_t r = rb * KWK_QROWS; r < r1; r++)
             t->k->mat_row(job->src, r, buf + (size_t)(r - rb * KWK_QROWS) * (size_t)cols);
@@ -215,15 +276,18 @@ static int run_jobs_lazy(const struct kwk_model *m, const struct pack_job *jobs,
     struct pack_job mine[7];
     int got = 0, rc = 0;
     for (; got < n && got < 7; got++) {
+        mine[got] = jobs[got];
+        if (jobs[got].grid) /* read from the file's blocks: no floats needed */
+            continue;
         if ((rc = kwk_model_mat_acquire(m, jobs[got].src, &src[got], err)))
             break;
-        mine[got] = jobs[got];
         mine[got].src = &src[got];
     }
     if (!rc)
         rc = run_jobs(mine, got, pool, err);
     while (got-- > 0)
-        kwk_model_mat_release(m, jobs[got].src, &src[got]);
+        if (!jobs[got].grid)
+            kwk_model_mat_release(m, jobs[got].src, &src[got]);
     return rc;
 }
 
@@ -327,8 +391,12 @@ static int cached_blocks_match(const struct kwk_model *m, const struct pack_job 
                                 .cols = b->cols,
                                 .data = kwk_malloc_aligned(bytes ? bytes : 64)};
         struct kwk_mat src; /* the float source, made for this check when the model's are lazy */
-        struct pack_job job = {&src, &fresh, 0};
-        if (fresh.data && !kwk_model_mat_acquire(m, jobs[best].src, &src, NULL)) {
+        struct pack_job job = {&src, &fresh, 0, jobs[best].grid, jobs[best].grid_n_head};
+        if (fresh.data && jobs[best].grid) {
+            job.src = jobs[best].src;
+            if (!run_jobs(&job, 1, pool, NULL))
+                ok = !memcmp(fresh.data, b->data, bytes);
+        } else if (fresh.data && !kwk_model_mat_acquire(m, jobs[best].src, &src, NULL)) {
             if (!run_jobs(&job, 1, pool, NULL))
                 ok = !memcmp(fresh.data, b->data, bytes);
             kwk_model_mat_release(m, jobs[best].src, &src);
@@ -734,14 +802,16 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         for (int w = 0; w < 7; w++) {
             const struct kwk_mat *src = layer_mat(&m->layers[L], w);
             int wt = int4 ? int4_wtype(m, src, w, L, keep8, file_widths, wide) : wide;
-            jobs[n_jobs++] = (struct pack_job){src, layer_mat(&p->layers[L], w), 0};
+            jobs[n_jobs++] = (struct pack_job){src, layer_mat(&p->layers[L], w), 0, NULL, 0};
             *jobs[n_jobs - 1].dst =
                 (struct kwk_mat){.wtype = wt, .rows = 0, .cols = 0, .data = NULL};
         }
     }
     int wt_head = int4 ? int4_wtype(m, &m->lm_head, M_HEAD, 0, keep8, file_widths, wide) : wide;
-    jobs[n_jobs++] = (struct pack_job){&m->lm_head, &p->lm_head, 0};
+    jobs[n_jobs++] = (struct pack_job){&m->lm_head, &p->lm_head, 0, NULL, 0};
     p->lm_head.wtype = wt_head;
+    for (int i = 0; i < n_jobs && !calib; i++)
+        set_grid(m, &jobs[i]);
     for (int i = 0; i < n_jobs; i++) {
         struct kwk_mat *d = jobs[i].dst;
         d->rows = jobs[i].src->rows;
@@ -789,6 +859,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         opts.salt ^= qo.gptq ? 0x6e7071ull : 0;
     }
     opts.salt ^= (uint64_t)keep8 * 0x9e3779b97f4a7c15ull; /* KWKER_INT4_KEEP8 changes types */
+    opts.salt ^= int4 && !int4_grid_on() ? 0x67726964ull : 0; /* and KWKER_INT4_GRID blocks */
     if (opts.dir && opts.dir[0] && pack_sources(m, &opts))
         goto out_nomem;
     int cached = kwk_packcache_open(&opts, ents, n_ents, pool, &p->cache);

@@ -45,6 +45,29 @@ static void check_type(int dtype)
         same &= memcmp(one, got + i, 4 * (size_t)blk) == 0;
     }
     T_TRUE(same);
+    /* the 4-bit grids int4 keeps: d * q + m gives the dequantized values, bit for bit where the
+     * file's own arithmetic is the same (Q4_1; Q4_0's d (q - 8); Q4_K's d1 q - m1), codes in
+     * [0, 15]; the other types have none */
+    uint8_t *q = malloc((size_t)count);
+    float *gd = malloc(4 * ((size_t)count / 32 + 1)), *gm = malloc(4 * ((size_t)count / 32 + 1));
+    int grid = kwk_dequant_grid4(dtype, buf + 4, count, q, gd, gm) == 0;
+    T_EQ(grid, dtype == KWK_DT_Q4_0 || dtype == KWK_DT_Q4_1 || dtype == KWK_DT_Q4_K);
+    for (uint32_t i = 0; grid && i < count; i++) {
+        float v = dtype == KWK_DT_Q4_0 ? gd[i / 32] * (float)((int)q[i] - 8)
+                                       : gd[i / 32] * (float)q[i] + gm[i / 32];
+        if (q[i] > 15 || memcmp(&v, &want[i], 4) != 0) {
+            T_CHECK(0, "%s grid element %u: code %d gives %.9g, dequantized %.9g",
+                    kwk_dtype_name(dtype), i, q[i], v, want[i]);
+            break;
+        }
+        if (dtype == KWK_DT_Q4_0 && gm[i / 32] != -8.0f * gd[i / 32]) {
+            T_CHECK(0, "Q4_0 grid group %u: offset %.9g is not -8 d", i / 32, gm[i / 32]);
+            break;
+        }
+    }
+    free(q);
+    free(gd);
+    free(gm);
     free(got);
     free(want);
 out:
