@@ -216,3 +216,33 @@ def test_export_vocabulary_readable_by_transformers():
     assert (tok.bos_token_id, tok.eos_token_id) == tiny_models.special_ids(
         tiny_models.SPECS["llama_tied"])
     assert tok.convert_ids_to_tokens([0, 3, 300]) == ["<unk>", "<0x00>", "\u2581t300"]
+
+
+@pytest.mark.parametrize("model", ["qwen2", "mistral"])
+def test_int4_keeps_a_q4_0_files_grid(model, tmp_path):
+    """int4 from a Q4_0 GGUF packs the file's own codes and scales (w = d q - 8 d, exact in
+    int4's half scale and offset): its logits differ from preserve's on the same file only by the
+    activations' 16-bit rounding (measured 0.004 relative RMS), where fitting a grid again to the
+    dequantized floats moved them 0.07-0.14 (KWKER_INT4_GRID=off). Mistral's q / k rows are
+    stored permuted by llama.cpp's converter: the grid is read from the file's rows in that
+    order (kwk_model_file_row)."""
+    import os
+    import subprocess
+    import sys
+    from conftest import PY_DIR
+    from test_precision import rel_rms
+    path = gguf_export.build_gguf(tiny_models.build(model), "q4_0")
+    assert "Q4_0" in set(gguf_export.tensor_types(path).values())
+    out = {}
+    for prec, grid in (("preserve", "on"), ("int4", "on"), ("int4", "off")):
+        npy = tmp_path / ("%s_%s.npy" % (prec, grid))
+        code = ("import sys, numpy as np; sys.path.insert(0, %r); import kwker\n"
+                "d = kwker.KwkDecoder(%r, max_cache_len=64, precision=%r)\n"
+                "np.save(%r, np.asarray(d.forward(np.arange(3, 40, dtype=np.int32))))\n"
+                % (str(PY_DIR), str(path), prec, str(npy)))
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=300,
+                       env=dict(os.environ, KWKER_INT4_GRID=grid))
+        out[prec, grid] = np.load(npy)
+    on = rel_rms(out["int4", "on"], out["preserve", "on"])
+    off = rel_rms(out["int4", "off"], out["preserve", "on"])
+    assert on <= 0.02 and off >= 0.04, (model, on, off)
