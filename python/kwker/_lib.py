@@ -31,6 +31,23 @@ class KwkError(RuntimeError):
         self.pos = pos
 
 
+class Closing:
+    """A handle's owner whose close() frees it: closed as a context manager's exit and when
+    collected (an error while collecting is dropped, as Python drops it anyway)."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def _candidates():
     env = os.environ.get("KWKER_LIB")
     if env:

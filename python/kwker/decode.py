@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from ._lib import KwkErr, KwkError, check, lib, raise_err
+from ._lib import Closing, KwkErr, KwkError, check, lib, raise_err
 from .sampling import SamplerParams
 
 _PRECISIONS = {"preserve": 0, "balanced": 1, "int8": 1, "int4": 2}
@@ -331,7 +331,7 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
     return p, keep
 
 
-class KwkDecoder:
+class KwkDecoder(Closing):
     """A model plus a KV cache of max_cache_len positions, run by libkwker on the CPU.
 
     model: a folder (config.json + safetensors), a .gguf file, or a Hugging Face id found in the
@@ -413,15 +413,6 @@ class KwkDecoder:
         if getattr(self, "_model", None):
             self._lib.kwk_model_free(self._model)
             self._model = None
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _raise(self, rc, what, err=None):
         if rc == -10005:  # KWK_ERANGE: the only range the caller controls here is token ids

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from ._lib import KwkErr, KwkError, check, lib, raise_err
+from ._lib import Closing, KwkErr, KwkError, check, lib, raise_err
 
 _PRECISIONS = {"preserve": 0, "balanced": 1, "int8": 1, "int4": 2}
 # enum kwk_pooling, by the names sentence-transformers' Pooling modes go by
@@ -93,7 +93,7 @@ def _is_ids(x):
     return False
 
 
-class Encoder:
+class Encoder(Closing):
     """An encoder model (BERT) loaded with libkwker, giving embeddings of whole sequences.
 
     model: a folder (config.json + safetensors, the tokenizer beside them; sentence-transformers'
@@ -157,18 +157,6 @@ class Encoder:
         if tok is not None:
             tok.close()
             self._tokenizer = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _handle(self):
         if not self._enc:

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ._lib import KwkErr, KwkError, lib, raise_err
+from ._lib import Closing, KwkErr, KwkError, lib, raise_err
 
 TOP_MAX = 20
 
@@ -94,7 +94,7 @@ def draw(probs, u):
     return _bind().kwk_sample_draw(a.ctypes.data_as(_F32P), a.shape[0], float(u))
 
 
-class Sampler:
+class Sampler(Closing):
     """A sampler for rows of n_vocab logits.
 
     Parameters (transformers' generate() names and defaults; top_k defaults to 50 as there):
@@ -141,15 +141,6 @@ class Sampler:
         if self._h:
             self._lib.kwk_sampler_free(self._h)
             self._h = None
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     @property
     def seed(self):

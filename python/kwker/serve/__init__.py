@@ -31,7 +31,7 @@ import weakref
 
 import numpy as np
 
-from .._lib import KwkErr, KwkError, lib, raise_err
+from .._lib import Closing, KwkErr, KwkError, lib, raise_err
 from ..decode import (_FINISH, _PRECISIONS, _TOP_MAX, KwkDecoder, _ModelInfo, _as_ids,
                       gen_params)
 from ..decode import _bind as _dec_bind
@@ -300,7 +300,7 @@ class Request:
         return list(self.tokens)
 
 
-class Engine:
+class Engine(Closing):
     """Continuous batching over one model: up to max_batch requests advance together in one
     batched forward pass a step.
 
@@ -405,18 +405,6 @@ class Engine:
             _dec_bind().kwk_model_free(self._model)
             self._model = None
         self._decoder = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _handle(self):
         if not self._e:
