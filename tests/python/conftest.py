@@ -187,6 +187,27 @@ def first_token_diff(got, ref):
     return "identical"
 
 
+def run_worker(tmpdir, module, job, isa, timeout, what):
+    """module.kwk_worker(job file, out file) in a child process with the kernel path isa set
+    (KWKER_ISA is read once a process); job is written as JSON. Returns the .npz path the child
+    wrote; a child that failed or wrote nothing fails the test with its output."""
+    fd, job_path = tempfile.mkstemp(suffix=".json", dir=str(tmpdir))
+    os.close(fd)
+    out = job_path[:-5] + ".npz"
+    Path(job_path).write_text(json.dumps(job))
+    env = isa_env(dict(os.environ), isa)
+    code = ("import sys; sys.path[:0] = [%r, %r]; import %s; %s.kwk_worker(%r, %r)"
+            % (str(PY_DIR), str(TEST_DIR), module, module, job_path, out))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0 or not os.path.exists(out):
+        raise AssertionError(
+            "%s (KWKER_ISA=%s) failed with exit code %d (a negative code is a signal: the "
+            "library crashed)\nstdout:\n%s\nstderr:\n%s" % (
+                what, isa, proc.returncode, proc.stdout[-4000:], proc.stderr[-8000:]))
+    return out
+
+
 class KwkRunner:
     """Runs decoder cases in child processes with KWKER_ISA set, memoized per (isa, batch)."""
 
@@ -201,20 +222,8 @@ class KwkRunner:
         memo_key = (isa, json.dumps(cases, sort_keys=True))
         if memo_key in self.memo:
             return self.memo[memo_key]
-        fd, job = tempfile.mkstemp(suffix=".json", dir=str(self.tmpdir))
-        os.close(fd)
-        out = job[:-5] + ".npz"
-        Path(job).write_text(json.dumps({"isa": isa, "cases": cases}))
-        env = isa_env(dict(os.environ), isa)
-        code = ("import sys; sys.path[:0] = [%r, %r]; import tiny_models; "
-                "tiny_models.kwk_worker(%r, %r)" % (str(PY_DIR), str(TEST_DIR), job, out))
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise AssertionError(
-                "kwker worker (KWKER_ISA=%s) failed with exit code %d (a negative code is a "
-                "signal: the library crashed)\nstdout:\n%s\nstderr:\n%s" % (
-                    isa, proc.returncode, proc.stdout[-4000:], proc.stderr[-8000:]))
+        out = run_worker(self.tmpdir, "tiny_models", {"isa": isa, "cases": cases}, isa, timeout,
+                         "kwker worker")
         res = {}
         with np.load(out, allow_pickle=False) as z:
             meta = json.loads(str(z["__meta__"]))

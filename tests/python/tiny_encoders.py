@@ -308,27 +308,13 @@ class EncRunner:
         self.memo = {}
 
     def run(self, cases, isa=None, timeout=900):
-        import subprocess
-        import sys
         import numpy as np
-        from conftest import PY_DIR, TEST_DIR, isa_env
+        from conftest import run_worker
         memo_key = (isa, json.dumps(cases, sort_keys=True))
         if memo_key in self.memo:
             return self.memo[memo_key]
-        fd, job = tempfile.mkstemp(suffix=".json", dir=str(self.tmpdir))
-        os.close(fd)
-        out = job[:-5] + ".npz"
-        Path(job).write_text(json.dumps({"cases": cases}))
-        env = isa_env(dict(os.environ), isa)
-        code = ("import sys; sys.path[:0] = [%r, %r]; import tiny_encoders; "
-                "tiny_encoders.kwk_worker(%r, %r)" % (str(PY_DIR), str(TEST_DIR), job, out))
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise AssertionError(
-                "kwker encoder worker (KWKER_ISA=%s) failed with exit code %d (a negative code "
-                "is a signal: the library crashed)\nstdout:\n%s\nstderr:\n%s" % (
-                    isa, proc.returncode, proc.stdout[-4000:], proc.stderr[-8000:]))
+        out = run_worker(self.tmpdir, "tiny_encoders", {"cases": cases}, isa, timeout,
+                         "kwker encoder worker")
         res = {"_arrays": {}}
         with np.load(out, allow_pickle=False) as z:
             meta = json.loads(str(z["__meta__"]))
