@@ -283,9 +283,18 @@ def export(folder, out_path, ftype="f32"):
     w.add_add_eos_token(False)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
+    return _write_tensors(w, tensors, qtype_for, out_path)
+
+
+def _write_tensors(w, tensors, qtype_for, out_path, float_tables=()):
+    """Add tensors in qtype_for, as llama.cpp's converter keeps them: 1-D ones, norms, biases and
+    the tables named in float_tables in F32; a matrix its rows cannot be quantized to (not whole
+    blocks) in F16. Then write and close the file."""
+    import gguf
     for name, data in tensors:
         qtype = qtype_for
-        if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or \
+                name.split(".")[0] in float_tables:
             qtype = gguf.GGMLQuantizationType.F32
         try:
             q = gguf.quants.quantize(data, qtype)
@@ -541,22 +550,8 @@ def export_bert(model_dir, out_path, ftype="f32", special="cls"):
         raise ValueError("special must be 'cls' or 'bos'")
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    for name, data in tensors:
-        qtype = qtype_for
-        if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight") or \
-                name.split(".")[0] in ("position_embd", "token_types"):
-            qtype = gguf.GGMLQuantizationType.F32
-        try:
-            q = gguf.quants.quantize(data, qtype)
-        except gguf.QuantError:
-            qtype = gguf.GGMLQuantizationType.F16
-            q = gguf.quants.quantize(data, qtype)
-        w.add_tensor(name, q, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(out_path)
+    return _write_tensors(w, tensors, qtype_for, out_path,
+                          float_tables=("position_embd", "token_types"))
 
 
 def read_back_bert(gguf_path):
