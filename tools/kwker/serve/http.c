@@ -307,11 +307,28 @@ static void on_done(struct rq *r, const struct kwk_event *ev)
     }
 }
 
+/* Called with r->mu held, which it releases: wakes r's suspended connection when `ready` (and
+ * the client is still there), then frees r when `last` (the last reference was dropped).
+ * MHD_resume_connection runs outside our mutex: MHD takes its own lock, which its thread holds
+ * when it calls us. */
+static void rq_wake_unlock(struct rq *r, int ready, int last)
+{
+    struct MHD_Connection *wake = NULL;
+    if (ready && r->suspended && !r->conn_gone) {
+        r->suspended = 0;
+        wake = r->conn;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (wake)
+        MHD_resume_connection(wake);
+    if (last)
+        rq_free(r);
+}
+
 /* Copy and return: the engine's step waits for this. */
 static void on_event(void *user, const struct kwk_event *ev)
 {
     struct rq *r = user;
-    struct MHD_Connection *wake = NULL;
     int last = 0;
     pthread_mutex_lock(&r->mu);
     if (ev->type == KWK_EVENT_TOKEN) {
@@ -328,17 +345,7 @@ static void on_event(void *user, const struct kwk_event *ev)
         last = --r->refs == 0;
     }
     /* a non-streaming request waits for DONE only: no wake-up per token */
-    if (r->suspended && !r->conn_gone &&
-        (r->done || (r->req.stream && (r->text.len || r->n_lps)))) {
-        r->suspended = 0;
-        wake = r->conn;
-    }
-    pthread_mutex_unlock(&r->mu);
-    /* outside our mutex: MHD takes its own lock, which its thread holds when it calls us */
-    if (wake)
-        MHD_resume_connection(wake);
-    if (last)
-        rq_free(r);
+    rq_wake_unlock(r, r->done || (r->req.stream && (r->text.len || r->n_lps)), last);
 }
 
 /* ---- streaming (event-loop thread) ----------------------------------------------------------- */
@@ -742,22 +749,12 @@ static enum MHD_Result tokenize_answer(struct rq *r)
 static void embed_done(struct srv_embed_job *j, int status, const char *msg)
 {
     struct rq *r = j->user;
-    struct MHD_Connection *wake = NULL;
     pthread_mutex_lock(&r->mu);
     r->done = 1;
     r->estatus = status;
     if (status && msg)
         snprintf(r->err_msg, sizeof r->err_msg, "%s", msg);
-    int last = --r->refs == 0;
-    if (r->suspended && !r->conn_gone) {
-        r->suspended = 0;
-        wake = r->conn;
-    }
-    pthread_mutex_unlock(&r->mu);
-    if (wake)
-        MHD_resume_connection(wake);
-    if (last)
-        rq_free(r);
+    rq_wake_unlock(r, 1, --r->refs == 0);
 }
 
 static int encode_text(void *tok, const char *text, size_t len, int32_t *ids, size_t cap,
