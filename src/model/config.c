@@ -45,7 +45,6 @@ static const struct arch_name archs[] = {
     {"Qwen2ForCausalLM", "qwen2", KWK_ARCH_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", KWK_ARCH_QWEN3},
     {"Gemma3ForCausalLM", "gemma3_text", KWK_ARCH_GEMMA3},
-    {"BertModel", "bert", KWK_ARCH_BERT},
 };
 
 /* Sanity-check the numbers every later size computation relies on. */
@@ -71,6 +70,12 @@ static int cfg_validate(struct kwk_config *cfg, const char *label, struct kwk_er
                         "num_key_value_heads (%d)", cfg->n_heads, cfg->n_kv_heads);
     if (cfg->head_dim % 2 != 0 && !cfg->encoder)
         cfg_unsupported(cfg, "head dim %d is odd (rotary embeddings need pairs)", cfg->head_dim);
+    /* an encoder's heads split its hidden size: its scratch and its attention assume it */
+    if (cfg->encoder && ((int64_t)cfg->n_heads * cfg->head_dim != cfg->d_model ||
+                         cfg->n_kv_heads != cfg->n_heads))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: an encoder's %d heads of %d (key / value "
+                           "heads %d) must split its hidden size %d", label, cfg->n_heads,
+                           cfg->head_dim, cfg->n_kv_heads, cfg->d_model);
     if (!(cfg->rms_eps > 0.0f) || !(cfg->rope_theta > 0.0f))
         return kwk_err_set(err, KWK_EFORMAT, "%s: rms_norm_eps and rope_theta must be positive",
                            label);
@@ -233,6 +238,17 @@ static void json_arch(const json_t *root, struct kwk_config *cfg)
     if (json_is_array(a) && json_array_size(a) > 0 && json_is_string(json_array_get(a, 0)))
         name = json_string_value(json_array_get(a, 0));
     const json_t *mt = json_object_get(root, "model_type");
+    /* BertForMaskedLM and the other heads hold the same encoder: it is what embeddings use;
+     * RoBERTa and XLM-RoBERTa are BERT's layers with positions counted from pad_token_id + 1.
+     * model_type decides (a RoBERTa config may still name BertModel among its architectures) */
+    const char *family = json_is_string(mt) ? json_string_value(mt)
+                         : name && !strncmp(name, "Bert", 4) ? "bert" : "";
+    if (!strcmp(family, "bert") || !strcmp(family, "roberta") || !strcmp(family, "xlm-roberta")) {
+        cfg->arch = KWK_ARCH_BERT;
+        cfg->pos_offset = strcmp(family, "bert") ? -1 : 0; /* json_bert sets RoBERTa's */
+        snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name ? name : family);
+        return;
+    }
     for (size_t i = 0; i < KWK_ARRAY_LEN(archs); i++) {
         if ((name && !strcmp(name, archs[i].hf)) ||
             (!name && json_is_string(mt) && !strcmp(json_string_value(mt), archs[i].model_type))) {
@@ -244,15 +260,6 @@ static void json_arch(const json_t *root, struct kwk_config *cfg)
     if (!name)
         name = json_is_string(mt) ? json_string_value(mt) : "(none given)";
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name);
-    /* BertForMaskedLM and the other heads hold the same encoder: it is what embeddings use;
-     * RoBERTa and XLM-RoBERTa are BERT's layers with positions counted from pad_token_id + 1 */
-    if (json_is_string(mt) && (!strcmp(json_string_value(mt), "bert") ||
-                               !strcmp(json_string_value(mt), "roberta") ||
-                               !strcmp(json_string_value(mt), "xlm-roberta"))) {
-        cfg->arch = KWK_ARCH_BERT;
-        cfg->pos_offset = strcmp(json_string_value(mt), "bert") ? -1 : 0; /* json_bert sets it */
-        return;
-    }
     if (!strcmp(name, "Gemma3ForConditionalGeneration"))
         cfg_unsupported(cfg, "architecture %.64s (text and images) is not supported: Kwker runs "
                         "Gemma 3's text decoder alone (Gemma3ForCausalLM)", name);

@@ -124,7 +124,7 @@ int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err 
         }
         if (ends_with(type, ".Transformer") && i == 0)
             continue;
-        if (ends_with(type, ".Normalize")) {
+        if (ends_with(type, ".Normalize") && pooled) {
             cfg->normalize = 1;
             continue;
         }
@@ -132,7 +132,7 @@ int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err 
             char why[200];
             snprintf(why, sizeof why,
                      "sentence-transformers module %zu (%.80s) is not "
-                     "supported (Transformer, one Pooling, Normalize)",
+                     "supported (Transformer, then one Pooling, then Normalize)",
                      i, type);
             unsupported(cfg, why);
             break;
@@ -155,5 +155,8 @@ int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err 
         json_decref(pc);
     }
     json_decref(list);
+    if (rc >= 0 && !pooled)
+        unsupported(cfg, "modules.json has no Pooling module: sentence-transformers gives token "
+                         "states, not one embedding");
     return rc < 0 ? rc : 0;
 }

@@ -527,3 +527,77 @@ def test_gguf_bos_special_keys():
         for i, t in enumerate(te.TEXTS):
             assert g.tokenize(t) == r.seqs[i], "bos-style GGUF tokenizer: %r" % t
         check_close(g.embed(te.TEXTS), r.pooled()[:len(te.TEXTS)], "bos-style GGUF embed")
+
+
+@pytest.mark.parametrize("name", ["st_mean_norm", "minilm"])
+def test_int4_keeps_a_q4_0_files_grid(name):
+    """int4 from a Q4_0 BERT GGUF packs the file's own codes and scales (as decoders do): its
+    embeddings are preserve's of the same file but for the activations' 16-bit rounding
+    (1 - cos under 1e-5; measured 1.000000 on MiniLM), where KWKER_INT4_GRID=off fits a grid
+    again to the dequantized floats and moves them (MiniLM's llama.cpp Q4_0: cosine 0.984-0.99).
+    Each run in its own process: the switch is read when packing."""
+    import subprocess
+    import sys
+    path = _gguf(name, "q4_0")
+    texts = te.TEXTS if name != "minilm" else minilm_texts()
+    out = {}
+    for prec, grid in (("preserve", "on"), ("int4", "on"), ("int4", "off")):
+        code = ("import sys, json, numpy as np; sys.path.insert(0, %r); import kwker\n"
+                "e = kwker.Encoder(%r, precision=%r)\n"
+                "np.save(sys.argv[1], e.embed(json.loads(sys.argv[2]), truncate=True))\n"
+                % (str(REPO / "python"), str(path), prec))
+        npy = str(te.cache_root() / ("grid-%s-%s-%s.npy" % (name, prec, grid)))
+        subprocess.run([sys.executable, "-c", code, npy, json.dumps(texts)], check=True,
+                       timeout=300, env=dict(os.environ, KWKER_INT4_GRID=grid))
+        out[prec, grid] = np.load(npy)
+    on = rowwise_cosines(out["int4", "on"], out["preserve", "on"])
+    off = rowwise_cosines(out["int4", "off"], out["preserve", "on"])
+    assert min(on) > 1 - 1e-5, on
+    assert min(off) < 1 - 1e-4, off
+
+
+def _edited_copy(name, tmp_path, config=None, modules=None):
+    """A copy of tiny model name's folder with config.json keys replaced and modules.json set."""
+    import shutil
+    src = te.build(name)
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    if config:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(config)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if modules is not None:
+        mods = [{"idx": i, "name": str(i), "path": p, "type": "sentence_transformers.models." + t}
+                for i, (t, p) in enumerate(modules)]
+        (dst / "modules.json").write_text(json.dumps(mods))
+    return dst
+
+
+def test_heads_must_split_the_hidden_size(tmp_path):
+    """An encoder whose head_dim * heads is not its hidden size is refused by name at load (its
+    passes assume it: a 64-wide model with head_dim 32 x 4 heads overflowed the scratch)."""
+    d = _edited_copy("bert_gelu", tmp_path, config={"head_dim": 32})
+    with pytest.raises(KwkError, match="must split its hidden size 64"):
+        kwker.Encoder(str(d))
+
+
+def test_roberta_model_type_decides(tmp_path):
+    """model_type says RoBERTa even where architectures names BertModel: positions still start
+    at pad_token_id + 1, so the embeddings are the RoBERTa folder's, bit for bit."""
+    d = _edited_copy("xlmr_mean_norm", tmp_path, config={"architectures": ["BertModel"]})
+    with kwker.Encoder(str(te.build("xlmr_mean_norm"))) as a, kwker.Encoder(str(d)) as b:
+        assert a.max_tokens == b.max_tokens == te.max_tokens(te.SPECS["xlmr_mean_norm"])
+        assert np.array_equal(a.embed(te.TEXTS), b.embed(te.TEXTS))
+
+
+@pytest.mark.parametrize("modules", [
+    [("Transformer", ""), ("Normalize", "2_Normalize"), ("Pooling", "1_Pooling")],
+    [("Transformer", ""), ("Normalize", "2_Normalize")],
+    [("Transformer", "")],
+])
+def test_modules_out_of_order_or_without_pooling_are_refused(tmp_path, modules):
+    """sentence-transformers runs its modules in order: Normalize before Pooling, or no Pooling
+    at all (token states, not one embedding), is not what Kwker's pooling computes: refused."""
+    d = _edited_copy("st_mean_norm", tmp_path, modules=modules)
+    with pytest.raises(KwkError, match="Pooling"):
+        kwker.Encoder(str(d))
