@@ -11,7 +11,7 @@
 #include "base/pool.h"
 #include "kernels/attn.h"
 #include "kernels/quant.h"
-#include "runtime/quantfit.h"
+#include "runtime/packed.h"
 #include "runtime/runtime.h"
 
 #define ENC_DEFAULT_BATCH 2048
@@ -400,7 +400,6 @@ static int pack_layers(struct kwk_encoder *e, int wtype, int act8, struct kwk_er
         struct kwk_mat *to[6] = {&dst->wq, &dst->wk, &dst->wv, &dst->wo, &dst->w_up, &dst->w_down};
         for (int j = 0; j < 6; j++) {
             size_t bytes;
-            struct kwk_mat f;
             int rc = kwk_quant_bytes(wtype, from[j]->rows, from[j]->cols, &bytes);
             if (rc)
                 return kwk_err_set(err, KWK_ELIMIT, "a matrix too large to pack");
@@ -410,11 +409,7 @@ static int pack_layers(struct kwk_encoder *e, int wtype, int act8, struct kwk_er
             e->packed_data[e->n_packed++] = data;
             *to[j] = (struct kwk_mat){
                 .wtype = wtype, .rows = from[j]->rows, .cols = from[j]->cols, .data = data};
-            if ((rc = kwk_model_mat_acquire(e->m, from[j], &f, err)))
-                return rc;
-            rc = kwk_scaled_pack(&f, NULL, NULL, to[j], e->pool, err);
-            kwk_model_mat_release(e->m, from[j], &f);
-            if (rc)
+            if ((rc = kwk_packed_mat(e->m, from[j], to[j], e->pool, err)))
                 return rc;
             to[j]->act8 = act8;
         }

@@ -153,21 +153,26 @@ static int int4_grid_on(void)
  * file's codes kept with its scales rounded to halves move a weight by at most 2^-11 of its
  * group's range, where fitting the grid again to the floats could not find a Q4_K sub-block's
  * grid (its offset is a fitted minimum, not the values' own) and moved weights by up to half a
- * step (Gemma 3 270M's Q4_K_M: logits 0.127 from preserve's, relative RMS, before; 0.049 after,
+ * step (Gemma 3 270M's Q4_K_M: logits 0.127 from preserve's, relative RMS, before; 0.023 after,
  * docs/benchmarks.md). KWKER_INT4_GRID=off fits every matrix again. */
-static void set_grid(const struct kwk_model *m, struct pack_job *j)
+/* Returns 1 when j could keep a grid (whether or not `on` lets it), so that the switch counts
+ * in the pack cache's key only where it changes blocks. */
+static int set_grid(const struct kwk_model *m, struct pack_job *j, int on)
 {
     j->grid = NULL;
     j->grid_n_head = 0;
-    if (j->dst->wtype != KWK_W_Q4 || !int4_grid_on())
-        return;
+    if (j->dst->wtype != KWK_W_Q4)
+        return 0;
     int n_head;
     const struct kwk_tensor_ref *t = kwk_model_mat_tensor(m, j->src, &n_head);
-    if (t && (t->dtype == KWK_DT_Q4_0 || t->dtype == KWK_DT_Q4_1 || t->dtype == KWK_DT_Q4_K) &&
-        j->src->cols % KWK_Q4_GROUP == 0) {
+    if (!t || (t->dtype != KWK_DT_Q4_0 && t->dtype != KWK_DT_Q4_1 && t->dtype != KWK_DT_Q4_K) ||
+        j->src->cols % KWK_Q4_GROUP != 0)
+        return 0;
+    if (on) {
         j->grid = t;
         j->grid_n_head = n_head;
     }
+    return 1;
 }
 
 /* Row block rb of job's matrix from its file's grid: codes and parameters row by row (in
@@ -362,6 +367,14 @@ static int pack_sources(const struct kwk_model *m, struct kwk_packcache_opts *o)
     o->n_sources = n;
     o->drop_sources = 1; /* kwk_map_file's mappings: PROT_READ, never written */
     return 0;
+}
+
+int kwk_packed_mat(const struct kwk_model *m, const struct kwk_mat *src, struct kwk_mat *dst,
+                   struct kwk_pool *pool, struct kwk_err *err)
+{
+    struct pack_job job = {src, dst, 0, NULL, 0};
+    set_grid(m, &job, int4_grid_on());
+    return run_jobs_lazy(m, &job, 1, pool, err);
 }
 
 /* A pack file names its format version, but a change to packing that forgets to bump it would
@@ -810,8 +823,9 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
     int wt_head = int4 ? int4_wtype(m, &m->lm_head, M_HEAD, 0, keep8, file_widths, wide) : wide;
     jobs[n_jobs++] = (struct pack_job){&m->lm_head, &p->lm_head, 0, NULL, 0};
     p->lm_head.wtype = wt_head;
+    int grid_on = int4_grid_on(), gridded = 0;
     for (int i = 0; i < n_jobs && !calib; i++)
-        set_grid(m, &jobs[i]);
+        gridded |= set_grid(m, &jobs[i], grid_on);
     for (int i = 0; i < n_jobs; i++) {
         struct kwk_mat *d = jobs[i].dst;
         d->rows = jobs[i].src->rows;
@@ -859,7 +873,7 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
         opts.salt ^= qo.gptq ? 0x6e7071ull : 0;
     }
     opts.salt ^= (uint64_t)keep8 * 0x9e3779b97f4a7c15ull; /* KWKER_INT4_KEEP8 changes types */
-    opts.salt ^= int4 && !int4_grid_on() ? 0x67726964ull : 0; /* and KWKER_INT4_GRID blocks */
+    opts.salt ^= gridded && !grid_on ? 0x67726964ull : 0; /* and KWKER_INT4_GRID blocks */
     if (opts.dir && opts.dir[0] && pack_sources(m, &opts))
         goto out_nomem;
     int cached = kwk_packcache_open(&opts, ents, n_ents, pool, &p->cache);

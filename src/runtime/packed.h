@@ -36,6 +36,12 @@ struct kwk_packed *kwk_packed_new(const struct kwk_model *m, int precision,
                                   const struct kwk_packcache_opts *cache, struct kwk_pool *pool,
                                   struct kwk_err *err);
 void kwk_packed_free(struct kwk_packed *p);
+/* One matrix of m packed into dst as kwk_packed_new packs it without calibration (a 4-bit
+ * file's grid kept for int4, the source's floats made and dropped around it): dst->wtype, rows
+ * and cols set, dst->data holding packed_bytes of them. For a user of m's matrices outside its
+ * decoder layers (an encoder's). Returns 0 or a negative code with err. */
+int kwk_packed_mat(const struct kwk_model *m, const struct kwk_mat *src, struct kwk_mat *dst,
+                   struct kwk_pool *pool, struct kwk_err *err);
 /* 1 when every layer matrix and the lm_head of m is bf16: preserve can run them as panels. */
 int kwk_packed_panels_apply(const struct kwk_model *m);
 /* [n_layers] layers whose matrices are the packed ones. */

@@ -499,13 +499,13 @@ def _bert_vocab(folder, n_vocab):
 def export_bert(model_dir, out_path, ftype="f32", special="cls"):
     """Write the BERT checkpoint in model_dir (BertModel or BertForMaskedLM, its tokenizer.json
     and, when present, sentence-transformers' modules.json / 1_Pooling) as a GGUF file at
-    out_path the way llama.cpp's converter does (above). ftype: f32 | f16 | q8_0."""
+    out_path the way llama.cpp's converter does (above). ftype: f32 | f16 | q8_0 | q4_0."""
     import gguf
     cfg = read_config(model_dir)
     if cfg["architectures"][0] not in _BERT_ARCHS:
         raise ValueError("not a BERT checkpoint: %s" % cfg["architectures"])
-    if ftype not in ("f32", "f16", "q8_0"):
-        raise ValueError("ftype must be f32, f16 or q8_0")
+    if ftype not in ("f32", "f16", "q8_0", "q4_0"):
+        raise ValueError("ftype must be f32, f16, q8_0 or q4_0")
     file_type = gguf.LlamaFileType.ALL_F32 if ftype == "f32" else \
         gguf.LlamaFileType["MOSTLY_" + ftype.upper()]
     qtype_for = gguf.GGMLQuantizationType[ftype.upper()]
