@@ -395,6 +395,10 @@ static void avx2_geglu(float *g, const float *u, long n)
  * from z = x / sqrt2 rounded, exp(-z^2) would be off by up to 1e-5 of itself near z = 8. */
 INLINE __m256 exp_neg_half_sq256(__m256 x)
 {
+    /* past |x| = sqrt2 GELU_A_MAX the value is 0 in float anyway; clamped, x^2 cannot reach
+     * inf (and inf - inf make NaN) for a huge or infinite x */
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-1.4142135f * GELU_A_MAX)),
+                      _mm256_set1_ps(1.4142135f * GELU_A_MAX));
     const __m256 half = _mm256_set1_ps(0.5f);
     __m256 sq = _mm256_mul_ps(x, x);
     __m256 e = _mm256_mul_ps(_mm256_fmsub_ps(x, x, sq), half);
@@ -421,6 +425,10 @@ INLINE __m256 gelu8(__m256 x)
         g = _mm256_fmadd_ps(g, u, _mm256_set1_ps(gelu_g[k]));
     __m256 half_erfc = _mm256_mul_ps(_mm256_mul_ps(exp_neg_half_sq256(x),
                                                    g), half);
+    /* beyond a = GELU_A_MAX erfc is 0 (its float would be subnormal, which a huge x scales
+     * back up) */
+    half_erfc = _mm256_and_ps(half_erfc,
+                              _mm256_cmp_ps(a, _mm256_set1_ps(GELU_A_MAX), _CMP_LE_OQ));
     __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
     __m256 phi_out = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), half_erfc), half_erfc,
                                       neg);

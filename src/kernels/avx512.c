@@ -429,6 +429,10 @@ static void avx512_geglu(float *g, const float *u, long n)
  * from z = x / sqrt2 rounded, exp(-z^2) would be off by up to 1e-5 of itself near z = 8. */
 INLINE __m512 exp_neg_half_sq512(__m512 x)
 {
+    /* past |x| = sqrt2 GELU_A_MAX the value is 0 in float anyway; clamped, x^2 cannot reach
+     * inf (and inf - inf make NaN) for a huge or infinite x */
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-1.4142135f * GELU_A_MAX)),
+                      _mm512_set1_ps(1.4142135f * GELU_A_MAX));
     const __m512 half = _mm512_set1_ps(0.5f);
     __m512 sq = _mm512_mul_ps(x, x);
     __m512 e = _mm512_mul_ps(_mm512_fmsub_ps(x, x, sq), half);
@@ -455,6 +459,10 @@ INLINE __m512 gelu16(__m512 x)
         g = _mm512_fmadd_ps(g, u, _mm512_set1_ps(gelu_g[k]));
     __m512 half_erfc = _mm512_mul_ps(_mm512_mul_ps(exp_neg_half_sq512(x),
                                                    g), half);
+    /* beyond a = GELU_A_MAX erfc is 0 (its float would be subnormal, which a huge x scales
+     * back up) */
+    half_erfc = _mm512_maskz_mov_ps(
+        _mm512_cmp_ps_mask(a, _mm512_set1_ps(GELU_A_MAX), _CMP_LE_OQ), half_erfc);
     __mmask16 neg = _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ);
     __m512 phi_out = _mm512_mask_blend_ps(neg, _mm512_sub_ps(_mm512_set1_ps(1.0f), half_erfc),
                                           half_erfc);

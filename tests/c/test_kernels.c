@@ -415,6 +415,13 @@ static void test_gelu(const struct kwk_kernels *k)
     float z = 0.0f;
     k->gelu(&z, 1);
     T_TRUE(z == 0.0f);
+    /* huge and infinite inputs: x itself, or (nearly) nothing, as erfc makes them; never NaN */
+    float big[5] = {3e38f, -3e38f, 2e19f, -2e19f, INFINITY};
+    k->gelu(big, 5);
+    T_CHECK(big[0] == 3e38f && big[2] == 2e19f && big[4] == INFINITY,
+            "%s gelu of huge x: %g %g %g", k->name, big[0], big[2], big[4]);
+    T_CHECK(fabsf(big[1]) <= 1e-30f && fabsf(big[3]) <= 1e-30f && big[1] <= 0.0f,
+            "%s gelu of huge -x: %g %g", k->name, big[1], big[3]);
     free(x);
     free(y);
 }
