@@ -503,7 +503,7 @@ static int assemble_encoder(struct loader *ld)
         if ((rc = load_enc_layer(ld, prefix, i, &m->enc_layers[i])))
             return rc;
     int64_t d = c->d_model, ff = c->d_ff;
-    m->n_params = (int64_t)(c->n_vocab + c->max_position + c->n_types + 2) * d +
+    m->n_params = ((int64_t)c->n_vocab + c->max_position + c->n_types + 2) * d +
                   (int64_t)c->n_layers * (4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d);
     return 0;
 }

@@ -457,9 +457,12 @@ void kwk_matmul_pool(const struct kwk_kernels *k, struct kwk_pool *pool, void *q
                      int64_t qact_cols, int n, const struct kwk_mat *const *w, const float *x,
                      float *const *y, long ldy, int n_w)
 {
-    /* mm_plan and mm_exec read only these four fields of a decoder */
+    /* mm_plan and mm_exec read only these four fields of a decoder (kept so by
+     * tests/python/test_encoder.py, which runs every kernel path through here) */
     struct kwk_decoder d = {.k = k, .pool = pool, .qact_mem = qact_mem, .qact_cols = qact_cols};
     struct mm_job jobs[3];
+    if (n_w < 1 || n_w > (int)KWK_ARRAY_LEN(jobs))
+        return; /* the callers' constant: one product, or q / k / v */
     for (int j = 0; j < n_w; j++)
         jobs[j] = (struct mm_job){w[j], x, y[j], ldy};
     matmul(&d, n, n_w, jobs);

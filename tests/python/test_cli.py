@@ -375,6 +375,10 @@ def test_bench_encoder_json(prec):
     assert abs(r["pp_tps"] - 16 * r["embed_per_s"]) <= 16 * 0.005 + 0.005, r
     p = run("bench", "--model", path, "-p", "129", "-r", "1")
     assert p.returncode == 1 and "at most 128 tokens" in p.stderr, p.stderr
+    p = run("bench", "--model", path, "-p", "65536", "-b", "65536", "-r", "1")
+    assert p.returncode == 1 and "more than one call takes" in p.stderr, p.stderr
+    p = run("bench", "--model", path, "--mix-bits", "8", "-p", "8", "-r", "1")
+    assert p.returncode == 1 and "apply to decoders" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("isa", [i for i in supported_isas() if i != "scalar"])

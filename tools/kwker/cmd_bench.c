@@ -155,6 +155,16 @@ static int bench_encoder(kwk_model *m, const struct bench_opts *o, double t_load
 {
     struct kwk_model_info info;
     kwk_model_get_info(m, &info);
+    if ((int64_t)o->n_prompt * o->n_seqs > INT32_MAX) {
+        fprintf(stderr, "kwker bench: -p %d x -b %d tokens is more than one call takes\n",
+                o->n_prompt, o->n_seqs);
+        return 1;
+    }
+    if (o->quant.mix_bits || o->quant.calib_file || o->quant.gptq || o->quant.kv_bits) {
+        fprintf(stderr, "kwker bench: --mix-bits, --calib, --gptq and --kv-bits apply to "
+                        "decoders; this model is an encoder\n");
+        return 1;
+    }
     if (o->n_prompt > info.max_position) {
         fprintf(stderr, "kwker bench: -p %d: the encoder takes at most %d tokens a sequence\n",
                 o->n_prompt, info.max_position);
