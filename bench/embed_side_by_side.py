@@ -131,17 +131,8 @@ def model_files(name, a, formats):
     if name == "minilm":
         folder = minilm
     else:
-        folder = out / "hf"
-        stamp = out / "builder.json"
-        want = {"version": BUILDER_VERSION, "config": BGE_BASE}
-        have = json.loads(stamp.read_text()) if stamp.exists() else None
-        if have != want or not (folder / "model.safetensors").is_file():
-            t0 = time.time()
-            write_random_bert(minilm, folder)
-            for p in out.glob("*.gguf"):
-                p.unlink()
-            stamp.write_text(json.dumps(want))
-            log("wrote %s (%.1f s)" % (folder, time.time() - t0))
+        folder = sbs.fresh_checkpoint(out, {"version": BUILDER_VERSION, "config": BGE_BASE},
+                                      lambda f: write_random_bert(minilm, f))
     f32 = out / ("%s.f32.gguf" % name)
     if not fresh(f32, folder / "model.safetensors"):
         t0 = time.time()

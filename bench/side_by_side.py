@@ -216,6 +216,21 @@ def write_bf16_gguf(folder, out_path):
     os.replace(tmp, out_path)
 
 
+def fresh_checkpoint(out, want, write):
+    """out/hf, the random checkpoint write(folder) makes, written again (and the GGUFs made from
+    it removed) when out/builder.json does not record `want` or the weights are missing."""
+    folder = out / "hf"
+    stamp = out / "builder.json"
+    have = json.loads(stamp.read_text()) if stamp.exists() else None
+    if have != want or not (folder / "model.safetensors").is_file():
+        t0 = time.time()
+        write(folder)
+        for p in out.glob("*.gguf"):
+            p.unlink()
+        stamp.write_text(json.dumps(want))
+        log("wrote %s (%.1f s)" % (folder, time.time() - t0))
+    return folder
+
 def model_files(name, models_dir, formats, threads=2):
     """{"kwker": {precision: path}, "llama": {format: path}} for one model, built when missing
     (or older than their source). Random models: Kwker loads the safetensors folder, llama.cpp
@@ -234,17 +249,8 @@ def model_files(name, models_dir, formats, threads=2):
         return {"kwker": {"preserve": paths["bf16"], "balanced": paths["f32"],
                           "int4": paths["f32"]},
                 "llama": {f: paths[f] for f in formats}}
-    folder = out / "hf"
-    stamp = out / "builder.json"
-    want = {"version": BUILDER_VERSION, "spec": {k: v for k, v in spec.items()}}
-    have = json.loads(stamp.read_text()) if stamp.exists() else None
-    if have != want or not (folder / "model.safetensors").exists():
-        t0 = time.time()
-        write_checkpoint(spec, folder)
-        for p in out.glob("*.gguf"):
-            p.unlink()
-        stamp.write_text(json.dumps(want))
-        log("wrote %s (%.1f s)" % (folder, time.time() - t0))
+    folder = fresh_checkpoint(out, {"version": BUILDER_VERSION, "spec": dict(spec)},
+                              lambda f: write_checkpoint(spec, f))
     bf16 = out / ("%s.bf16.gguf" % name)
     if not bf16.exists():
         t0 = time.time()
