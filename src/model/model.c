@@ -821,6 +821,11 @@ static void drop_file_pages(const struct kwk_model *m, const void *p, size_t n)
         drop_in_map(&m->st[i].map, p, n, &done);
 }
 
+void kwk_model_drop_pages(const struct kwk_model *m, const void *p, size_t n)
+{
+    drop_file_pages(m, p, n);
+}
+
 int kwk_model_floats_acquire(const struct kwk_model *cm, struct kwk_err *err)
 {
     struct kwk_model *m = mutable_model(cm);

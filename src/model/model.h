@@ -345,6 +345,10 @@ int kwk_model_mat_dtype(const struct kwk_model *m, const struct kwk_mat *w);
  * rows: row r of w is then the tensor's row kwk_model_file_row(r, w->rows, *n_head). For a
  * packer that reads a file's own quantization grid rather than its dequantized floats.
  * Thread-safe. */
+/* Drop the resident pages of bytes [p, p + n) of one of m's files (a residency change: they
+ * fault back in when read), as kwk_model_mat_release does for the tensors it read: for a
+ * reader of a file tensor's own bytes (int4's grid). */
+void kwk_model_drop_pages(const struct kwk_model *m, const void *p, size_t n);
 const struct kwk_tensor_ref *kwk_model_mat_tensor(const struct kwk_model *m,
                                                   const struct kwk_mat *w, int *n_head);
 int64_t kwk_model_file_row(int64_t r, int64_t rows, int n_head);

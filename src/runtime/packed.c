@@ -290,9 +290,12 @@ static int run_jobs_lazy(const struct kwk_model *m, const struct pack_job *jobs,
     }
     if (!rc)
         rc = run_jobs(mine, got, pool, err);
-    while (got-- > 0)
+    while (got-- > 0) {
         if (!jobs[got].grid)
             kwk_model_mat_release(m, jobs[got].src, &src[got]);
+        else /* its blocks were read in place: their pages go as a float source's would */
+            kwk_model_drop_pages(m, jobs[got].grid->data, jobs[got].grid->nbytes);
+    }
     return rc;
 }
 
