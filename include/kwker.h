@@ -103,6 +103,12 @@ enum kwk_pooling {
     KWK_POOLING_MEAN_SQRT_LEN = 5, /* the sum over the tokens / sqrt(tokens) */
 };
 
+/* What turns a classification head's logits into scores (kwk_model_info.score_act). */
+enum kwk_score_act {
+    KWK_SCORE_IDENTITY = 0, /* the logits themselves */
+    KWK_SCORE_SIGMOID = 1,  /* 1 / (1 + exp(-logit)), each label alone */
+};
+
 struct kwk_model_info {
     int arch;              /* enum kwk_arch */
     int n_vocab;
@@ -125,6 +131,13 @@ struct kwk_model_info {
     int is_encoder;
     int pooling;           /* enum kwk_pooling */
     int normalize;         /* 1: embeddings scaled to unit L2 length */
+    /* Cross-encoders (rerankers) and text classifiers: a *ForSequenceClassification checkpoint
+     * of an encoder, or a GGUF with llama.cpp's rank head (cls, cls.output). n_labels is the
+     * head's outputs (1 for a reranker), 0 without a head; score_act how sentence-transformers'
+     * CrossEncoder turns its logits into scores (config.json's
+     * sentence_transformers.activation_fn; without it sigmoid for one label, else identity). */
+    int n_labels;
+    int score_act;         /* enum kwk_score_act */
 };
 
 /* Load a model: a folder with config.json + safetensors, a .gguf file, or a Hugging Face id
@@ -410,6 +423,21 @@ KWK_API int kwk_tokenizer_encode_offsets(const kwk_tokenizer *t, const char *tex
                                          int add_special, int32_t **ids, uint32_t **offsets,
                                          size_t *n);
 KWK_API void kwk_tokenizer_mem_free(void *p);
+
+/* Encode a pair of texts as one sequence, as Hugging Face's tokenizer(a, b, truncation=True,
+ * max_length=max_tokens) does: each text encoded without special tokens; when max_tokens > 0,
+ * the two truncated so the whole, special tokens included, holds at most max_tokens (the
+ * "longest_first" strategy: the longer text loses tokens from its end first); then joined by
+ * the post-processor's pair form ([CLS] a [SEP] b [SEP] for BERT, <s> a </s></s> b </s> for
+ * RoBERTa, a TemplateProcessing's "pair"; a GGUF's as llama.cpp's rerank prompt joins them).
+ * Allocates *ids and, when types is not NULL, *types (each token's type id, the
+ * token_type_ids: 0 for a's part, 1 for b's where the post-processor says so), both freed with
+ * kwk_tokenizer_mem_free; *n is the count. Returns 0; KWK_EUNSUPPORTED when the tokenizer has
+ * no pair form (err-free: a decoder's tokenizer usually has none); KWK_ELIMIT when max_tokens
+ * cannot hold the special tokens the pair adds. */
+KWK_API int kwk_tokenizer_encode_pair(const kwk_tokenizer *t, const char *a, size_t na,
+                                      const char *b, size_t nb, size_t max_tokens,
+                                      int32_t **ids, int32_t **types, size_t *n);
 
 /* Decode ids[n] to UTF-8 text exactly as Hugging Face's decode does (skip_special drops
  * special added tokens). Writes a NUL-terminated string to buf[cap] and its length to *len;
@@ -796,6 +824,21 @@ KWK_API int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t 
  * as kwk_encoder_embed. */
 KWK_API int kwk_encoder_states(kwk_encoder *e, const int32_t *ids, int n, float *out,
                                struct kwk_err *err);
+
+/* Outputs of the model's classification head (kwk_model_info.n_labels; 0 without one). */
+KWK_API int kwk_encoder_n_labels(const kwk_encoder *e);
+
+/* The classification head's logits for n_seqs sequences (ids and offs as kwk_encoder_embed;
+ * types[offs[n_seqs]] each token's type id as kwk_tokenizer_encode_pair gives them, NULL for
+ * all 0): out[n_seqs][n_labels], raw (kwk_model_info.score_act says how scores are made of
+ * them). The head reads the first token's state: BERT's pooler (dense, tanh) then classifier;
+ * RoBERTa's and XLM-R's classifier.dense, tanh, then out_proj; a GGUF's cls, tanh, cls.output
+ * as llama.cpp names them. Bitwise the same whatever a sequence is batched with. Returns as
+ * kwk_encoder_embed; KWK_EUNSUPPORTED when the model has no head, KWK_ERANGE also for a type id
+ * outside the model's token types. */
+KWK_API int kwk_encoder_classify(kwk_encoder *e, const int32_t *ids, const int32_t *types,
+                                 const int32_t *offs, int n_seqs, float *out,
+                                 struct kwk_err *err);
 
 /* ---------------------------------------------------------------------------------------------
  * Chat templates (section owned by src/text/template)

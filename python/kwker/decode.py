@@ -29,6 +29,8 @@ class _ModelInfo(ctypes.Structure):
         ("is_encoder", ctypes.c_int),
         ("pooling", ctypes.c_int),
         ("normalize", ctypes.c_int),
+        ("n_labels", ctypes.c_int),
+        ("score_act", ctypes.c_int),
     ]
 
 

@@ -246,6 +246,8 @@ static void json_arch(const json_t *root, struct kwk_config *cfg)
     if (!strcmp(family, "bert") || !strcmp(family, "roberta") || !strcmp(family, "xlm-roberta")) {
         cfg->arch = KWK_ARCH_BERT;
         cfg->pos_offset = strcmp(family, "bert") ? -1 : 0; /* json_bert sets RoBERTa's */
+        size_t nl = name ? strlen(name) : 0, ns = strlen("ForSequenceClassification");
+        cfg->cls_head = nl > ns && !strcmp(name + nl - ns, "ForSequenceClassification");
         snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", name ? name : family);
         return;
     }
@@ -459,6 +461,35 @@ static int json_options(const json_t *root, struct kwk_config *cfg, const char *
     return 0;
 }
 
+/* How sentence-transformers' CrossEncoder makes scores of a classifier's logits: the class its
+ * config.json names (sentence_transformers.activation_fn since version 4,
+ * sbert_ce_default_activation_function before), else sigmoid for one label and the logits
+ * themselves for more (the label count is the head tensor's, so 1 here stands for unknown). */
+static int json_score_act(const json_t *root, struct kwk_config *cfg, const char *label,
+                          struct kwk_err *err)
+{
+    cfg->score_act = -1; /* the default, settled when the head's labels are known */
+    const json_t *st = json_object_get(root, "sentence_transformers");
+    const json_t *fn = json_is_object(st) ? json_object_get(st, "activation_fn") : NULL;
+    if (!fn)
+        fn = json_object_get(root, "sbert_ce_default_activation_function");
+    if (!fn || json_is_null(fn))
+        return 0;
+    if (!json_is_string(fn))
+        return kwk_err_set(err, KWK_EFORMAT, "%s: the cross-encoder's activation_fn is not a "
+                           "string", label);
+    const char *v = json_string_value(fn), *dot = strrchr(v, '.');
+    const char *cls = dot ? dot + 1 : v;
+    if (!strcmp(cls, "Sigmoid"))
+        cfg->score_act = KWK_SCORE_SIGMOID;
+    else if (!strcmp(cls, "Identity"))
+        cfg->score_act = KWK_SCORE_IDENTITY;
+    else
+        cfg_unsupported(cfg, "the cross-encoder's activation_fn %.80s is not supported "
+                        "(Sigmoid, Identity)", v);
+    return 0;
+}
+
 /* A BERT encoder's options (BertConfig's names and defaults). */
 static int json_bert(const json_t *root, struct kwk_config *cfg, const char *label,
                      struct kwk_err *err)
@@ -506,7 +537,7 @@ static int json_bert(const json_t *root, struct kwk_config *cfg, const char *lab
         return rc;
     if (decoder)
         cfg_unsupported(cfg, "is_decoder=true (a causal BERT) is not supported");
-    return 0;
+    return cfg->cls_head ? json_score_act(root, cfg, label, err) : 0;
 }
 
 static json_t *load_json(const char *path, struct kwk_err *err)
@@ -898,9 +929,15 @@ static int gguf_bert(struct kwk_config *cfg, const struct kwk_gguf *g, const cha
         (rc = gguf_float(g, a, "attention.layer_norm_epsilon", &cfg->rms_eps, err)) < 0 ||
         (rc = gguf_int(g, a, "pooling_type", &pooling, err)) < 0)
         return rc;
+    if (pooling == 4) {
+        /* llama.cpp's RANK: a reranker's head (cls, cls.output) on the first token */
+        cfg->cls_head = 1;
+        cfg->score_act = -1;
+        pooling = KWK_POOLING_CLS;
+    }
     if (pooling < KWK_POOLING_MEAN || pooling > KWK_POOLING_LAST)
-        cfg_unsupported(cfg, "%s.pooling_type %d is not supported (1 mean, 2 cls, 3 last)", a,
-                        pooling);
+        cfg_unsupported(cfg, "%s.pooling_type %d is not supported (1 mean, 2 cls, 3 last, "
+                        "4 rank)", a, pooling);
     cfg->pooling = pooling;
     char k[160];
     snprintf(k, sizeof k, "%s.attention.causal", a);

@@ -459,6 +459,74 @@ static int load_enc_layer(struct loader *ld, const char *prefix, int i, struct k
     return get_layernorm(ld, n[EN_FLN], d, &L->ffn_ln, &L->ffn_ln_b);
 }
 
+/* A [rows][cols] float table whose row count the tensor decides (a classifier's labels):
+ * 2-D, cols wide, 1 to 65536 rows. 0 rows when optional and absent. */
+static int get_head_rows(struct loader *ld, const char *name, int64_t cols, int optional,
+                         int64_t *rows)
+{
+    const char *file = NULL;
+    const struct kwk_tensor_ref *t = find_tensor(ld->m, name, &file);
+    *rows = 0;
+    if (!t) {
+        int rc;
+        want_tensor(ld, name, 2, 1, cols, optional, &rc); /* its missing / unrun message */
+        return rc;
+    }
+    if (t->n_dims != 2 || t->shape[1] != cols || t->shape[0] < 1 || t->shape[0] > 65536)
+        return kwk_err_set(ld->err, KWK_EFORMAT, "%s: %s: a classifier's matrix must be "
+                           "[labels (1 to 65536)][%lld]", file, name, (long long)cols);
+    *rows = t->shape[0];
+    return 0;
+}
+
+/* The classification head of a cross-encoder: BERT's pooler then classifier, RoBERTa's
+ * classifier.dense then classifier.out_proj (as transformers' *ForSequenceClassification), or
+ * llama.cpp's cls then cls.output (a GGUF may lack cls and cls.output's bias, as llama.cpp's
+ * loader allows; its rerankers of cls alone, with no cls.output, are not run). */
+static int load_cls_head(struct loader *ld, const char *prefix)
+{
+    struct kwk_model *m = ld->m;
+    struct kwk_config *c = &m->cfg;
+    int64_t d = c->d_model, n_dense = 0, n_out = 0;
+    const char *file;
+    char dense[96], out[96], wn[112], bn[112];
+    if (ld->gguf) {
+        snprintf(dense, sizeof dense, "cls");
+        snprintf(out, sizeof out, "cls.output");
+    } else if (find_tensor(m, "classifier.out_proj.weight", &file)) {
+        snprintf(dense, sizeof dense, "classifier.dense");
+        snprintf(out, sizeof out, "classifier.out_proj");
+    } else {
+        snprintf(dense, sizeof dense, "%spooler.dense", prefix);
+        snprintf(out, sizeof out, "classifier");
+    }
+    int rc;
+    snprintf(wn, sizeof wn, "%s.weight", dense);
+    if ((rc = get_head_rows(ld, wn, d, ld->gguf, &n_dense)))
+        return rc;
+    if (n_dense && n_dense != d)
+        return kwk_err_set(ld->err, KWK_EFORMAT, "%s: %s is [%lld][%lld], not [%lld][%lld]",
+                           m->path, wn, (long long)n_dense, (long long)d, (long long)d,
+                           (long long)d);
+    if (n_dense) {
+        snprintf(bn, sizeof bn, "%s.bias", dense);
+        if ((rc = get_table(ld, wn, d, d, &m->head_dense_w)) ||
+            (rc = get_vec(ld, bn, d, 0, &m->head_dense_b)))
+            return rc;
+    }
+    snprintf(wn, sizeof wn, "%s.weight", out);
+    snprintf(bn, sizeof bn, "%s.bias", out);
+    if ((rc = get_head_rows(ld, wn, d, 0, &n_out)) ||
+        (rc = get_table(ld, wn, n_out, d, &m->head_out_w)) ||
+        (rc = get_vec(ld, bn, n_out, ld->gguf, &m->head_out_b)))
+        return rc;
+    c->n_labels = (int)n_out;
+    if (c->score_act < 0)
+        c->score_act = c->n_labels == 1 ? KWK_SCORE_SIGMOID : KWK_SCORE_IDENTITY;
+    m->n_params += (n_dense ? d * d + d : 0) + n_out * d + (m->head_out_b ? n_out : 0);
+    return 0;
+}
+
 /* A BERT encoder: its tables, embedding LayerNorm and layers. Hugging Face's names come bare
  * (BertModel, RobertaModel) or under "bert." / "roberta." (the models with heads, whose own
  * tensors are not read). */
@@ -505,7 +573,7 @@ static int assemble_encoder(struct loader *ld)
     int64_t d = c->d_model, ff = c->d_ff;
     m->n_params = ((int64_t)c->n_vocab + c->max_position + c->n_types + 2) * d +
                   (int64_t)c->n_layers * (4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d);
-    return 0;
+    return c->cls_head ? load_cls_head(ld, prefix) : 0;
 }
 
 static int64_t mat_params(const struct kwk_mat *w)
@@ -1091,6 +1159,8 @@ void kwk_model_get_info(const kwk_model *m, struct kwk_model_info *info)
     info->is_encoder = c->encoder;
     info->pooling = c->pooling;
     info->normalize = c->normalize;
+    info->n_labels = c->n_labels;
+    info->score_act = c->score_act > 0 ? c->score_act : KWK_SCORE_IDENTITY;
 }
 
 /* The configuration alone: a folder's config.json or a GGUF file's metadata. */

@@ -181,6 +181,11 @@ struct kwk_config {
                                RoBERTa's pad_token_id + 1 (max_position counts the rows after) */
     int pooling;            /* enum kwk_pooling: the model's own (sentence-transformers, GGUF) */
     int normalize;          /* 1: its embeddings are L2-normalized */
+    /* A sequence-classification head (a cross-encoder) on the first token's state. */
+    int cls_head;           /* 1: the checkpoint has one (*ForSequenceClassification, GGUF's
+                               pooling_type 4, llama.cpp's RANK) */
+    int n_labels;           /* its outputs, from its tensor (0 without a head) */
+    int score_act;          /* enum kwk_score_act: sentence-transformers' CrossEncoder's */
     char unsupported[256];  /* non-empty: why this model cannot run */
 };
 
@@ -274,6 +279,10 @@ struct kwk_model {
     float *pos_emb;                /* [max_position][d_model], from a first token's row */
     float *type_emb;               /* [n_types][d_model] */
     float *emb_ln, *emb_ln_b;      /* [d_model] the embeddings' LayerNorm */
+    /* The classification head (cfg.cls_head): y = out_w tanh(dense_w x + dense_b) + out_b on
+     * the first token's state x; dense absent (NULL) in a GGUF without cls.weight. */
+    float *head_dense_w, *head_dense_b; /* [d_model][d_model], [d_model] */
+    float *head_out_w, *head_out_b;     /* [n_labels][d_model], [n_labels] (bias may be NULL) */
     /* what backs the weights */
     int n_st;
     struct kwk_st_file *st;        /* [n_st] safetensors shards */

@@ -43,6 +43,7 @@ struct kwk_encoder {
     int *first, *last;             /* [n_batch] positions each row attends: its sequence */
     int *pos;                      /* [n_batch] each row's position in its sequence */
     const int32_t *ids;            /* the pass's tokens (borrowed during a pass) */
+    const int32_t *types;          /* their type ids, or NULL for type 0 (borrowed too) */
 };
 
 void kwk_encoder_params_init(struct kwk_encoder_params *p)
@@ -102,7 +103,7 @@ static void my_rows(const struct row_task *t, int ith, int nth, long *r0, long *
     kwk_split_range(t->n, ith, nth, 1, r0, r1);
 }
 
-/* Embeddings: (word + token type 0) + position, then their LayerNorm, as BertEmbeddings adds
+/* Embeddings: (word + token type) + position, then their LayerNorm, as BertEmbeddings adds
  * them. */
 static void embed_run(void *ctx, int ith, int nth)
 {
@@ -115,9 +116,10 @@ static void embed_run(void *ctx, int ith, int nth)
     for (long r = r0; r < r1; r++) {
         float *x = e->x + r * d;
         const float *pos = m->pos_emb + (size_t)e->pos[r] * d;
+        const float *typ = m->type_emb + (e->types ? (size_t)e->types[r] * d : 0);
         kwk_model_embed_row(m, e->k, e->ids[r], x);
         for (int i = 0; i < d; i++)
-            x[i] = (x[i] + m->type_emb[i]) + pos[i];
+            x[i] = (x[i] + typ[i]) + pos[i];
         layer_norm(x, x, m->emb_ln, m->emb_ln_b, d, e->c->rms_eps);
     }
 }
@@ -215,11 +217,12 @@ static void matmul(struct kwk_encoder *e, int n, const struct kwk_mat *const *w,
 
 /* Runs the n rows of a pass (whole sequences, laid out by set_sequence) through every layer;
  * the last layer's states are left in e->x. */
-static void forward_pass(struct kwk_encoder *e, const int32_t *ids, int n)
+static void forward_pass(struct kwk_encoder *e, const int32_t *ids, const int32_t *types, int n)
 {
     const struct kwk_config *c = e->c;
     struct row_task t = {.e = e, .n = n};
     e->ids = ids;
+    e->types = types;
     kwk_pool_run(e->pool, embed_run, &t);
     for (int L = 0; L < c->n_layers; L++) {
         const struct kwk_enc_layer *l = &e->layers[L];
@@ -312,11 +315,50 @@ static int check_seq(const struct kwk_encoder *e, const int32_t *ids, int n, int
     return 0;
 }
 
-int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t *offs, int n_seqs,
-                      float *out, struct kwk_err *err)
+/* What a batch's sequences become once their pass has run: an embedding, or the classification
+ * head's logits. */
+typedef void (*seq_out_fn)(const struct kwk_encoder *e, int r0, int r1, float *out);
+
+static void embed_out(const struct kwk_encoder *e, int r0, int r1, float *out)
 {
-    if (!e || n_seqs < 0 || (n_seqs > 0 && (!ids || !offs || !out)))
-        return kwk_err_set(err, KWK_EARG, "kwk_encoder_embed: bad arguments");
+    pool_rows(e, r0, r1, out);
+}
+
+/* y[n] = w[n][d] x[d] + b (b may be NULL), each dot product summed in double and rounded once,
+ * so the float result is within a rounding of PyTorch's whatever its order. */
+static void head_linear(float *y, const float *w, const float *b, const float *x, int n, int d)
+{
+    for (int o = 0; o < n; o++) {
+        const float *wr = w + (size_t)o * d;
+        double s = 0.0;
+        for (int i = 0; i < d; i++)
+            s += (double)wr[i] * x[i];
+        y[o] = b ? (float)s + b[o] : (float)s;
+    }
+}
+
+/* The head on the sequence's first token: tanh(dense x + b), then out_w that + out_b. */
+static void classify_out(const struct kwk_encoder *e, int r0, int r1, float *out)
+{
+    (void)r1;
+    const struct kwk_model *m = e->m;
+    int d = e->c->d_model;
+    const float *x = e->x + (size_t)r0 * d;
+    if (m->head_dense_w) {
+        float *h = e->tmp; /* free once the pass is done; the pooled rows are read from x */
+        head_linear(h, m->head_dense_w, m->head_dense_b, x, d, d);
+        for (int i = 0; i < d; i++)
+            h[i] = tanhf(h[i]);
+        x = h;
+    }
+    head_linear(out, m->head_out_w, m->head_out_b, x, e->c->n_labels, d);
+}
+
+/* Checks every sequence, then runs them in passes of whole sequences, writing width floats a
+ * sequence to out. */
+static int run_seqs(kwk_encoder *e, const int32_t *ids, const int32_t *types, const int32_t *offs,
+                    int n_seqs, float *out, int width, seq_out_fn fn, struct kwk_err *err)
+{
     if (n_seqs > 0 && offs[0] != 0)
         return kwk_err_set(err, KWK_EARG, "offs[0] is %d, not 0", (int)offs[0]);
     for (int i = 0; i < n_seqs; i++) {
@@ -325,8 +367,12 @@ int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t *offs, i
         int rc = check_seq(e, ids + offs[i], offs[i + 1] - offs[i], i, err);
         if (rc)
             return rc;
+        for (int j = offs[i]; types && j < offs[i + 1]; j++)
+            if (types[j] < 0 || types[j] >= e->c->n_types)
+                return kwk_err_set(err, KWK_ERANGE, "sequence %d: token %d has type id %d; the "
+                                   "model has %d token types", i, j - offs[i], (int)types[j],
+                                   e->c->n_types);
     }
-    int d = e->c->d_model;
     for (int s0 = 0; s0 < n_seqs;) {
         /* the next pass: whole sequences while they fit (one always does: n_batch >= the
          * longest a sequence may be) */
@@ -337,15 +383,40 @@ int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t *offs, i
             rows += len;
             s1++;
         }
-        forward_pass(e, ids + offs[s0], rows);
+        forward_pass(e, ids + offs[s0], types ? types + offs[s0] : NULL, rows);
         for (int s = s0, r = 0; s < s1; s++) {
             int len = offs[s + 1] - offs[s];
-            pool_rows(e, r, r + len, out + (size_t)s * d);
+            fn(e, r, r + len, out + (size_t)s * width);
             r += len;
         }
         s0 = s1;
     }
     return 0;
+}
+
+int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t *offs, int n_seqs,
+                      float *out, struct kwk_err *err)
+{
+    if (!e || n_seqs < 0 || (n_seqs > 0 && (!ids || !offs || !out)))
+        return kwk_err_set(err, KWK_EARG, "kwk_encoder_embed: bad arguments");
+    return run_seqs(e, ids, NULL, offs, n_seqs, out, e->c->d_model, embed_out, err);
+}
+
+int kwk_encoder_classify(kwk_encoder *e, const int32_t *ids, const int32_t *types,
+                         const int32_t *offs, int n_seqs, float *out, struct kwk_err *err)
+{
+    if (!e || n_seqs < 0 || (n_seqs > 0 && (!ids || !offs || !out)))
+        return kwk_err_set(err, KWK_EARG, "kwk_encoder_classify: bad arguments");
+    if (!e->c->cls_head || !e->m->head_out_w)
+        return kwk_err_set(err, KWK_EUNSUPPORTED, "%s has no classification head (a "
+                           "*ForSequenceClassification checkpoint, or a GGUF of pooling_type "
+                           "4): it gives embeddings, not scores", e->m->path);
+    return run_seqs(e, ids, types, offs, n_seqs, out, e->c->n_labels, classify_out, err);
+}
+
+int kwk_encoder_n_labels(const kwk_encoder *e)
+{
+    return e ? e->c->n_labels : 0;
 }
 
 int kwk_encoder_states(kwk_encoder *e, const int32_t *ids, int n, float *out, struct kwk_err *err)
@@ -356,7 +427,7 @@ int kwk_encoder_states(kwk_encoder *e, const int32_t *ids, int n, float *out, st
     if (rc)
         return rc;
     set_sequence(e, 0, n);
-    forward_pass(e, ids, n);
+    forward_pass(e, ids, NULL, n);
     memcpy(out, e->x, sizeof(float) * (size_t)n * (size_t)e->c->d_model);
     return 0;
 }
