@@ -14,6 +14,7 @@ int cmd_template(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_embed(int argc, char **argv);
+int cmd_rerank(int argc, char **argv);
 
 /* Parse a comma-separated id list into ids[cap]; returns the count or -1 on a bad list. */
 int cli_parse_ids(const char *s, int *ids, int cap);

@@ -22,6 +22,7 @@ static const struct command commands[] = {
     {"chat", cmd_chat, "chat on the terminal with a model's chat template, streaming"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (continuous batching)"},
     {"embed", cmd_embed, "embeddings of texts from an embedding model (JSON arrays)"},
+    {"rerank", cmd_rerank, "documents ordered by relevance to a query (a reranker)"},
     /* KWK_CLI_COMMANDS: subcommands from other modules are listed here */
 };
 

@@ -1,9 +1,10 @@
 /* embedq.c - the encoder worker of `kwker serve`: one thread owns the kwk_encoder (used by one
  * thread at a time) and runs the queued requests' sequences together. Requests that arrive
- * while a batch runs wait in a FIFO; the next batch takes as many whole requests as fit in the
+ * while a batch runs wait in a FIFO; the next batch takes as many whole requests of the head's
+ * kind (embeddings, or a reranker's pairs through the classification head) as fit in the
  * encoder's batch, so concurrent clients share passes instead of queueing one pass each. A
- * sequence's embedding does not depend on what it is batched with (kwk_encoder_embed), so
- * batching never changes an answer. srv_embedq_submit from any thread (http.c: the event loop);
+ * sequence's embedding or logits do not depend on what it is batched with (kwk_encoder_embed,
+ * kwk_encoder_classify), so batching never changes an answer. srv_embedq_submit from any thread (http.c: the event loop);
  * each job's done callback on the worker's thread. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -13,7 +14,7 @@
 
 struct srv_embedq {
     kwk_encoder *enc;
-    int dim;
+    int dim, n_labels;
     size_t batch_tokens;
     pthread_t th;
     pthread_mutex_t mu;          /* guards the queue and stopping */
@@ -23,9 +24,9 @@ struct srv_embedq {
     int stopping;
     _Atomic uint64_t batches, seqs;
     /* the worker's: several jobs' sequences joined for one call */
-    int32_t *ids, *offs;
+    int32_t *ids, *types, *offs;
     float *out;
-    size_t cap_ids, cap_seqs, cap_out;
+    size_t cap_ids, cap_types, cap_seqs, cap_out;
 };
 
 static size_t job_tokens(const struct srv_embed_job *j)
@@ -33,13 +34,21 @@ static size_t job_tokens(const struct srv_embed_job *j)
     return (size_t)j->offs[j->n_seqs];
 }
 
-/* Whole jobs off the queue's head while their tokens fit (the first always: one request larger
- * than a batch runs alone, and the encoder cuts it into passes). Under q->mu. */
+/* Floats of one sequence's output. */
+static size_t job_width(const struct srv_embedq *q, const struct srv_embed_job *j)
+{
+    return (size_t)(j->classify ? q->n_labels : q->dim);
+}
+
+/* Whole jobs off the queue's head while their tokens fit and they ask for what the first asks
+ * (the first always: one request larger than a batch runs alone, and the encoder cuts it into
+ * passes). Under q->mu. */
 static struct srv_embed_job *take(struct srv_embedq *q)
 {
     struct srv_embed_job *first = q->head, *last = first;
     size_t tokens = job_tokens(first);
-    while (last->next && tokens + job_tokens(last->next) <= q->batch_tokens) {
+    while (last->next && last->next->classify == first->classify &&
+           tokens + job_tokens(last->next) <= q->batch_tokens) {
         last = last->next;
         tokens += job_tokens(last);
     }
@@ -59,10 +68,17 @@ static void finish(struct srv_embedq *q, struct srv_embed_job *j, int status, co
     j->done(j, status, msg); /* may free j */
 }
 
+static int encode(struct srv_embedq *q, int classify, const int32_t *ids, const int32_t *types,
+                  const int32_t *offs, int n_seqs, float *out, struct kwk_err *err)
+{
+    return classify ? kwk_encoder_classify(q->enc, ids, types, offs, n_seqs, out, err)
+                    : kwk_encoder_embed(q->enc, ids, offs, n_seqs, out, err);
+}
+
 static void run_one(struct srv_embedq *q, struct srv_embed_job *j)
 {
     struct kwk_err err = {0};
-    int st = kwk_encoder_embed(q->enc, j->ids, j->offs, j->n_seqs, j->out, &err);
+    int st = encode(q, j->classify, j->ids, j->types, j->offs, j->n_seqs, j->out, &err);
     atomic_fetch_add_explicit(&q->batches, 1, memory_order_relaxed);
     finish(q, j, st, err.msg);
 }
@@ -79,17 +95,24 @@ static int grow(void **p, size_t *cap, size_t want, size_t elem)
     return 0;
 }
 
-/* The jobs' sequences joined into the worker's buffers; -1 when they cannot be allocated. */
+/* The jobs' sequences (and, to classify, their type ids: 0 for a job without) joined into the
+ * worker's buffers; -1 when they cannot be allocated. */
 static int join(struct srv_embedq *q, struct srv_embed_job *jobs, size_t n_tok, size_t n_seq)
 {
+    int classify = jobs->classify;
     if (grow((void **)&q->ids, &q->cap_ids, n_tok, sizeof(int32_t)) ||
+        (classify && grow((void **)&q->types, &q->cap_types, n_tok, sizeof(int32_t))) ||
         grow((void **)&q->offs, &q->cap_seqs, n_seq + 1, sizeof(int32_t)) ||
-        grow((void **)&q->out, &q->cap_out, n_seq * (size_t)q->dim, sizeof(float)))
+        grow((void **)&q->out, &q->cap_out, n_seq * job_width(q, jobs), sizeof(float)))
         return -1;
     size_t t = 0, s = 0;
     q->offs[0] = 0;
     for (struct srv_embed_job *j = jobs; j; j = j->next) {
         memcpy(q->ids + t, j->ids, sizeof(int32_t) * job_tokens(j));
+        if (classify && j->types)
+            memcpy(q->types + t, j->types, sizeof(int32_t) * job_tokens(j));
+        else if (classify)
+            memset(q->types + t, 0, sizeof(int32_t) * job_tokens(j));
         for (int i = 0; i < j->n_seqs; i++)
             q->offs[s + (size_t)i + 1] = (int32_t)(t + (size_t)j->offs[i + 1]);
         t += job_tokens(j);
@@ -124,18 +147,18 @@ static void run(struct srv_embedq *q, struct srv_embed_job *jobs)
     struct kwk_err err = {0};
     int st = !live || n_seq > INT32_MAX / 2 || n_tok > INT32_MAX || join(q, live, n_tok, n_seq)
                  ? -1
-                 : kwk_encoder_embed(q->enc, q->ids, q->offs, (int)n_seq, q->out, &err);
+                 : encode(q, live->classify, q->ids, q->types, q->offs, (int)n_seq, q->out, &err);
     if (live && st == 0)
         atomic_fetch_add_explicit(&q->batches, 1, memory_order_relaxed);
-    size_t row = 0;
+    size_t row = 0, width = live ? job_width(q, live) : 0;
     for (struct srv_embed_job *j = live; j; j = next) {
         next = j->next;
         if (st) {
             run_one(q, j);
             continue;
         }
-        size_t n = (size_t)j->n_seqs * (size_t)q->dim;
-        memcpy(j->out, q->out + row * (size_t)q->dim, sizeof(float) * n);
+        size_t n = (size_t)j->n_seqs * width;
+        memcpy(j->out, q->out + row * width, sizeof(float) * n);
         row += (size_t)j->n_seqs;
         finish(q, j, 0, NULL);
     }
@@ -171,6 +194,7 @@ struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens, int max_qu
         return NULL;
     q->enc = enc;
     q->dim = kwk_encoder_dim(enc);
+    q->n_labels = kwk_encoder_n_labels(enc);
     q->batch_tokens = batch_tokens > 0 ? (size_t)batch_tokens : 1;
     q->max_queue = max_queue > 0 ? max_queue : 4096;
     if (pthread_mutex_init(&q->mu, NULL))
@@ -224,6 +248,7 @@ void srv_embedq_free(struct srv_embedq *q)
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
     free(q->ids);
+    free(q->types);
     free(q->offs);
     free(q->out);
     free(q);

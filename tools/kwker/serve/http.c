@@ -2,8 +2,9 @@
  * connection; requests go to the engine (kwk_engine_submit) and come back as events on the
  * engine's thread, which only copies them into the request and resumes its connection. srv_run
  * runs on the main thread; on_request / stream_read / on_completed on the event-loop thread;
- * on_event on the engine's thread. An encoder (embedding) model has no engine: its requests go to
- * the encoder worker (embedq.c), whose thread calls embed_done as the engine's calls on_event.
+ * on_event on the engine's thread. An encoder (embedding or reranking) model has no engine: its
+ * requests (/v1/embeddings, /v1/rerank) go to the encoder worker (embedq.c), whose thread calls
+ * embed_done as the engine's calls on_event.
  *
  * Lifetimes: a request (struct rq) is reference-counted under its mutex. References: the
  * connection (dropped in on_completed, whichever way the request ends), the engine (taken before
@@ -38,6 +39,8 @@ struct srv {
     kwk_encoder *enc;        /* an encoder's; NULL when a decoder is served */
     struct srv_embedq *eq;   /* the encoder's worker thread */
     struct srv_embed_limits elim;
+    int n_labels;            /* an encoder's classification head: 1 for a reranker, 0 none */
+    int score_act;           /* enum kwk_score_act: scores of its logits */
     int32_t eos[8];
     int n_eos;
     struct srv_limits lim;
@@ -53,7 +56,7 @@ struct srv {
 };
 
 enum rq_state { RQ_NEW, RQ_BODY, RQ_WAIT, RQ_STREAM, RQ_ANSWERED };
-enum rq_route { R_OTHER, R_CHAT, R_COMPLETION, R_TOKENIZE, R_DETOKENIZE, R_EMBED };
+enum rq_route { R_OTHER, R_CHAT, R_COMPLETION, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_RERANK };
 
 struct rq {
     struct srv *s;
@@ -68,8 +71,10 @@ struct rq {
     int too_large;
     struct srv_req req;
     struct srv_embed_req ereq; /* R_EMBED: the body, then its token ids */
-    struct srv_embed_job job;  /* R_EMBED: what the encoder worker runs */
-    float *vec;                /* R_EMBED: [n_in][dim], written by the worker */
+    struct srv_rerank_req rreq; /* R_RERANK: the body, then its pairs' token ids */
+    struct srv_embed_job job;  /* R_EMBED, R_RERANK: what the encoder worker runs */
+    float *vec;                /* written by the worker: R_EMBED [n_in][dim], R_RERANK
+                                * [n_docs] logits, then scores */
     struct srv_ctx ctx;
     char id[48];
     uint64_t eid;             /* the engine's id, 0 until submitted */
@@ -126,6 +131,7 @@ static void rq_free(struct rq *r)
     srv_tool_reply_free(&r->tools);
     srv_req_free(&r->req);
     srv_embed_req_free(&r->ereq);
+    srv_rerank_req_free(&r->rreq);
     free(r->vec);
     free(r->lps);
     pthread_mutex_destroy(&r->mu);
@@ -486,6 +492,7 @@ static enum MHD_Result start_stream(struct rq *r)
 /* ---- a non-streaming answer once DONE came (event-loop thread) ------------------------------- */
 
 static enum MHD_Result embed_reply(struct rq *r);
+static enum MHD_Result rerank_reply(struct rq *r);
 
 static enum MHD_Result answer(struct rq *r)
 {
@@ -499,6 +506,8 @@ static enum MHD_Result answer(struct rq *r)
     pthread_mutex_unlock(&r->mu);
     if (r->route == R_EMBED)
         return embed_reply(r);
+    if (r->route == R_RERANK)
+        return rerank_reply(r);
     /* after DONE the engine no longer touches r: the fields below are final */
     if (r->estatus) {
         struct srv_err e;
@@ -763,18 +772,20 @@ static int encode_text(void *tok, const char *text, size_t len, int32_t *ids, si
     return kwk_tokenizer_encode(tok, text, len, 1, ids, cap, n);
 }
 
-/* Hand r's sequences to the worker; 0, or -1 with e (503 when the server is stopping). */
-static int embed_submit(struct rq *r, struct srv_err *e)
+/* Hand r's sequences (r->job's ids, offs, n_seqs, types and classify filled) to the worker,
+ * its output into r->vec of width floats a sequence; 0, or -1 with e (503 when the queue is
+ * full or the server is stopping). */
+static int job_submit(struct rq *r, size_t width, struct srv_err *e)
 {
     struct srv *s = r->s;
-    struct srv_embed_req *q = &r->ereq;
-    size_t n = (size_t)q->n_in * (size_t)s->elim.dim;
+    size_t n = (size_t)r->job.n_seqs * width;
     if (!(r->vec = malloc(sizeof(float) * (n ? n : 1)))) {
         srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
         return -1;
     }
-    r->job = (struct srv_embed_job){.ids = q->ids, .offs = q->offs, .n_seqs = q->n_in,
-                                    .out = r->vec, .done = embed_done, .user = r};
+    r->job.out = r->vec;
+    r->job.done = embed_done;
+    r->job.user = r;
     pthread_mutex_lock(&r->mu);
     r->refs++; /* the worker's, dropped in embed_done */
     pthread_mutex_unlock(&r->mu);
@@ -791,10 +802,29 @@ static int embed_submit(struct rq *r, struct srv_err *e)
     r->job.done = NULL;
     rq_unref(r); /* the worker never saw it: the connection still holds r */
     srv_err_set(e, 503, "server_error", NULL, "server_busy", "%s",
-                st == KWK_ELIMIT ? "the server is busy: too many embeddings requests are "
-                                   "waiting (--max-queue)"
+                st == KWK_ELIMIT ? "the server is busy: too many requests are waiting for the "
+                                   "encoder (--max-queue)"
                                  : "the server is shutting down");
     return -1;
+}
+
+static int embed_submit(struct rq *r, struct srv_err *e)
+{
+    struct srv_embed_req *q = &r->ereq;
+    r->job = (struct srv_embed_job){.ids = q->ids, .offs = q->offs, .n_seqs = q->n_in};
+    return job_submit(r, (size_t)r->s->elim.dim, e);
+}
+
+/* The model named by a request (NULL: none, as /v1/rerank allows) is the one served: else a
+ * 404 into e. */
+static int model_ok(const struct srv *s, const char *model, struct srv_err *e)
+{
+    if (!model || !strcmp(model, s->model_id) || !strcmp(model, s->model_path))
+        return 1;
+    srv_err_set(e, 404, "invalid_request_error", "model", "model_not_found",
+                "The model '%.128s' does not exist; this server serves '%.128s'", model,
+                s->model_id);
+    return 0;
 }
 
 static enum MHD_Result embed_route(struct rq *r)
@@ -808,12 +838,8 @@ static enum MHD_Result embed_route(struct rq *r)
     if (srv_embed_parse(&r->ereq, r->body.p ? r->body.p : "", r->body.len, &s->elim, &e))
         return respond_err(r, &e);
     srv_buf_free(&r->body);
-    if (strcmp(r->ereq.model, s->model_id) && strcmp(r->ereq.model, s->model_path)) {
-        srv_err_set(&e, 404, "invalid_request_error", "model", "model_not_found",
-                    "The model '%.128s' does not exist; this server serves '%.128s'",
-                    r->ereq.model, s->model_id);
+    if (!model_ok(s, r->ereq.model, &e))
         return respond_err(r, &e);
-    }
     if (srv_embed_pack(&r->ereq, encode_text, s->tok, &s->elim, &e) || embed_submit(r, &e))
         return respond_err(r, &e);
     r->n_prompt = r->ereq.offs[r->ereq.n_in];
@@ -846,6 +872,91 @@ static enum MHD_Result embed_reply(struct rq *r)
     return rc;
 }
 
+/* ---- /v1/rerank (event-loop thread; the pairs run on the encoder worker's) ------------------- */
+
+int srv_encode_pair(void *tok, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
+                    int32_t *types, size_t cap, size_t *n)
+{
+    int32_t *pi = NULL, *pt = NULL;
+    int st = kwk_tokenizer_encode_pair(tok, a, na, b, nb, cap, &pi, &pt, n);
+    if (st == 0 && *n <= cap) {
+        memcpy(ids, pi, sizeof(int32_t) * *n);
+        memcpy(types, pt, sizeof(int32_t) * *n);
+    }
+    kwk_tokenizer_mem_free(pi);
+    kwk_tokenizer_mem_free(pt);
+    return st;
+}
+
+/* Why this server cannot rerank, or NULL when it can (an encoder with one label). */
+static const char *rerank_refusal(const struct srv *s)
+{
+    if (!s->enc) /* as /v1/embeddings answers a generative model */
+        return "This model does not rerank: it is a generative model; use /v1/chat/completions "
+               "or /v1/completions";
+    if (s->n_labels == 0)
+        return "This model cannot rerank: it is an embedding model without a classification "
+               "head (a reranker is a cross-encoder, e.g. a *ForSequenceClassification "
+               "checkpoint with one label); use /v1/embeddings";
+    if (s->n_labels > 1)
+        return "This model cannot rerank: its classification head has more than one label (a "
+               "reranker's has one relevance logit)";
+    return NULL;
+}
+
+static enum MHD_Result rerank_route(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_rerank_req *q = &r->rreq;
+    struct srv_err e;
+    const char *no = rerank_refusal(s);
+    if (no)
+        return fail(r, 400, "invalid_request_error", "model", "model_not_supported", no);
+    if (srv_rerank_parse(q, r->body.p ? r->body.p : "", r->body.len, &e))
+        return respond_err(r, &e);
+    srv_buf_free(&r->body);
+    if (!model_ok(s, q->model, &e))
+        return respond_err(r, &e);
+    if (srv_rerank_pack(q, srv_encode_pair, s->tok, s->elim.max_tokens, &e))
+        return respond_err(r, &e);
+    r->job = (struct srv_embed_job){.ids = q->ids, .types = q->types, .offs = q->offs,
+                                    .n_seqs = q->n_docs, .classify = 1};
+    if (job_submit(r, 1, &e))
+        return respond_err(r, &e);
+    r->n_prompt = q->offs[q->n_docs];
+    r->state = RQ_WAIT;
+    return answer(r);
+}
+
+/* The worker has ended the job: after embed_done it no longer touches r. */
+static enum MHD_Result rerank_reply(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_metrics *m = &s->met;
+    if (r->estatus) {
+        struct srv_err e;
+        if (r->estatus == KWK_ECANCELED)
+            srv_err_set(&e, 503, "server_error", NULL, "server_busy", "%s", r->err_msg);
+        else
+            srv_err_set(&e, 500, "server_error", NULL, NULL, "reranking failed: %s",
+                        r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
+        return respond_err(r, &e);
+    }
+    uint64_t n = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed);
+    snprintf(r->id, sizeof r->id, "rerank-%016llx",
+             (unsigned long long)((n * 0x9e3779b97f4a7c15ull) ^ s->id_salt));
+    srv_rerank_scores(r->vec, r->rreq.n_docs, s->score_act);
+    struct srv_buf b = {0};
+    srv_rerank_response(&b, r->id, s->model_id, &r->rreq, r->vec);
+    atomic_fetch_add_explicit(&m->prompt_tokens, (uint64_t)r->n_prompt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->rerank_requests, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->rerank_documents, (uint64_t)r->rreq.n_docs,
+                              memory_order_relaxed);
+    enum MHD_Result rc = respond_json(r, 200, &b);
+    srv_buf_free(&b);
+    return rc;
+}
+
 static enum MHD_Result body_done(struct rq *r)
 {
     struct srv *s = r->s;
@@ -861,10 +972,13 @@ static enum MHD_Result body_done(struct rq *r)
     }
     if (r->route == R_EMBED)
         return embed_route(r);
+    if (r->route == R_RERANK)
+        return rerank_route(r);
     if (s->enc && (r->route == R_CHAT || r->route == R_COMPLETION)) {
         srv_err_set(&e, 400, "invalid_request_error", "model", "model_not_supported",
                     "The model '%.128s' is an embedding model: it does not generate text; use "
-                    "/v1/embeddings", s->model_id);
+                    "%s", s->model_id, s->n_labels == 1 ? "/v1/rerank or /v1/embeddings"
+                                                         : "/v1/embeddings");
         return respond_err(r, &e);
     }
     static const int kinds[] = {[R_CHAT] = SRV_CHAT, [R_COMPLETION] = SRV_COMPLETION,
@@ -912,6 +1026,12 @@ static int post_route(const char *path)
         return R_DETOKENIZE;
     if (!strcmp(path, "/v1/embeddings"))
         return R_EMBED;
+    /* vLLM's and Jina's, Cohere's v2, and llama.cpp's names */
+    static const char *const rerank[] = {"/v1/rerank", "/rerank", "/v2/rerank", "/v1/reranking",
+                                         "/reranking"};
+    for (size_t i = 0; i < sizeof rerank / sizeof rerank[0]; i++)
+        if (!strcmp(path, rerank[i]))
+            return R_RERANK;
     return R_OTHER;
 }
 
@@ -939,7 +1059,7 @@ static enum MHD_Result dispatch(struct rq *r)
 {
     struct srv *s = r->s;
     int guarded = !strncmp(r->path, "/v1/", 4) || r->route == R_TOKENIZE ||
-                  r->route == R_DETOKENIZE;
+                  r->route == R_DETOKENIZE || r->route == R_RERANK;
     if (guarded && s->o->api_key && s->o->api_key[0]) {
         const char *auth = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                        MHD_HTTP_HEADER_AUTHORIZATION);
@@ -1083,18 +1203,22 @@ static const char *default_model(char *buf, size_t cap)
     return rel;
 }
 
-static void model_name(struct srv *s, const char *path)
+void srv_model_id(char *buf, size_t cap, const char *path)
 {
-    if (s->o->model_name) {
-        snprintf(s->model_id, sizeof s->model_id, "%.200s", s->o->model_name);
-        return;
-    }
     const char *base = strrchr(path, '/');
     base = base && base[1] ? base + 1 : path;
-    snprintf(s->model_id, sizeof s->model_id, "%.200s", base);
-    size_t n = strlen(s->model_id);
-    if (n > 5 && !strcmp(s->model_id + n - 5, ".gguf"))
-        s->model_id[n - 5] = 0;
+    snprintf(buf, cap, "%.200s", base);
+    size_t n = strlen(buf);
+    if (n > 5 && !strcmp(buf + n - 5, ".gguf"))
+        buf[n - 5] = 0;
+}
+
+static void model_name(struct srv *s, const char *path)
+{
+    if (s->o->model_name)
+        snprintf(s->model_id, sizeof s->model_id, "%.200s", s->o->model_name);
+    else
+        srv_model_id(s->model_id, sizeof s->model_id, path);
 }
 
 /* Decoder-only options given for an encoder, or the other way round: refused rather than
@@ -1144,6 +1268,8 @@ static int load_encoder(struct srv *s, const char *path, const struct kwk_model_
     s->elim.n_vocab = info->n_vocab;
     s->elim.dim = kwk_encoder_dim(s->enc);
     s->elim.max_tokens = kwk_encoder_max_tokens(s->enc);
+    s->n_labels = kwk_encoder_n_labels(s->enc);
+    s->score_act = info->score_act;
     s->lim.n_vocab = info->n_vocab;
     s->lim.max_cache_len = s->elim.max_tokens; /* /v1/models' and /tokenize's max_model_len */
     /* the encoder raises its batch to hold the longest sequence; so does the worker */
@@ -1326,7 +1452,12 @@ int srv_run(const struct srv_opts *o)
     if (!(s->d = start_daemon(s, max_conn)))
         goto out;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    if (s->enc)
+    if (s->enc && s->n_labels == 1)
+        fprintf(stderr, "kwker serve: listening on http://%s:%u (reranker %s: /v1/rerank and "
+                        "/v1/embeddings, up to %d tokens a pair or input, %u connections)\n",
+                o->host, di ? di->port : (unsigned)o->port, s->model_id, s->elim.max_tokens,
+                max_conn);
+    else if (s->enc)
         fprintf(stderr, "kwker serve: listening on http://%s:%u (embedding model %s, %d floats, "
                         "up to %d tokens an input, %u connections)\n",
                 o->host, di ? di->port : (unsigned)o->port, s->model_id, s->elim.dim,

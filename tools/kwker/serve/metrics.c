@@ -55,6 +55,12 @@ static void render_server(struct srv_buf *out, const struct srv_metrics *m, unsi
          (unsigned long long)get(&m->embed_requests));
     metric(out, "kwker_embeddings_inputs_total", "counter", "inputs embedded for them");
     line(out, "kwker_embeddings_inputs_total %llu\n", (unsigned long long)get(&m->embed_inputs));
+    metric(out, "kwker_rerank_requests_total", "counter",
+           "/v1/rerank requests answered with scores");
+    line(out, "kwker_rerank_requests_total %llu\n", (unsigned long long)get(&m->rerank_requests));
+    metric(out, "kwker_rerank_documents_total", "counter", "documents scored for them");
+    line(out, "kwker_rerank_documents_total %llu\n",
+         (unsigned long long)get(&m->rerank_documents));
     metric(out, "kwker_streams_total", "counter", "streaming requests started");
     line(out, "kwker_streams_total %llu\n", (unsigned long long)get(&m->streams));
     metric(out, "kwker_client_aborts_total", "counter",
@@ -134,7 +140,8 @@ void srv_metrics_render_embed(struct srv_buf *out, uint64_t batches, uint64_t se
     metric(out, "kwker_encoder_batches_total", "counter",
            "encoder calls, each one or more requests' inputs together");
     line(out, "kwker_encoder_batches_total %llu\n", (unsigned long long)batches);
-    metric(out, "kwker_encoder_sequences_total", "counter", "sequences embedded");
+    metric(out, "kwker_encoder_sequences_total", "counter",
+           "sequences embedded or scored by the classification head");
     line(out, "kwker_encoder_sequences_total %llu\n", (unsigned long long)seqs);
     metric(out, "kwker_encoder_batch_size_mean", "gauge", "sequences per encoder call");
     line(out, "kwker_encoder_batch_size_mean %.4f\n",

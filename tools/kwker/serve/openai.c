@@ -867,6 +867,11 @@ static json_t *json_text(const char *s, size_t n)
     return j;
 }
 
+json_t *srv_json_text(const char *s, size_t n)
+{
+    return json_text(s, n);
+}
+
 /* A token's text (its own decode; may be part of a character) into buf. */
 static size_t token_text(const kwk_tokenizer *tok, int32_t id, char *buf, size_t cap)
 {

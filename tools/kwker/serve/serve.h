@@ -294,15 +294,81 @@ void srv_embed_req_free(struct srv_embed_req *r);
 void srv_embed_response(struct srv_buf *out, const char *model, const float *vec, int n,
                         int dim, int base64, int n_tokens);
 
+/* ---- rerank (rerank.c: /v1/rerank bodies and replies; no HTTP, no threads) ----------------- */
+
+#define SRV_RERANK_MAX_DOCS 1000  /* documents of one request (Cohere's and Voyage's bound) */
+/* Bytes the tokenizer reads for one request: each pair's query and document, so the query is
+ * counted once per document (a long query is tokenized with every document). */
+#define SRV_RERANK_MAX_TEXT ((size_t)8 << 20)
+
+/* One document: a string of the body, or the string "text" of an object (Jina's, Cohere's). */
+struct srv_rerank_doc {
+    char *text;                  /* NUL-terminated, len bytes (may be empty) */
+    size_t len;
+};
+
+/* One /v1/rerank body. Owned; srv_rerank_req_free. After srv_rerank_pack, ids / types / offs
+ * hold every (query, document) pair in kwk_encoder_classify's layout. */
+struct srv_rerank_req {
+    char *model;                 /* NULL when the body names none (optional, as vLLM's) */
+    char *query;                 /* NUL-terminated, query_len bytes (may be empty) */
+    size_t query_len;
+    struct srv_rerank_doc *docs; /* [n_docs] */
+    int n_docs;
+    int top_n;                   /* results kept, 1..n_docs (absent, null or 0: all) */
+    int return_documents;        /* each result carries {"text"} (default 1) */
+    int32_t *ids, *types;        /* [offs[n_docs]] after srv_rerank_pack */
+    int32_t *offs;               /* [n_docs + 1] */
+};
+
+/* Parse body[len] into r (zeroed first): query, documents, top_n, return_documents, model.
+ * Returns 0, or -1 with e (a 400 naming the field, and the document's index) and r freed. Does
+ * not tokenize. Thread-safe. */
+int srv_rerank_parse(struct srv_rerank_req *r, const char *body, size_t len, struct srv_err *e);
+
+/* Tokenizes a pair as kwk_tokenizer_encode_pair does with max_tokens = cap (a parameter so that
+ * tests and the fuzz target run without a model): the pair truncated to at most cap ids, its
+ * ids and type ids written to ids[cap] / types[cap], the count to *n. 0, or a negative code. */
+typedef int (*srv_pair_fn)(void *user, const char *a, size_t na, const char *b, size_t nb,
+                           int32_t *ids, int32_t *types, size_t cap, size_t *n);
+
+/* Every (query, document i) pair through encode into r->ids / types / offs, each truncated to
+ * max_tokens as Hugging Face's CrossEncoder does (never an error). Returns 0, or -1 with e (500:
+ * out of memory or the tokenizer failed). */
+int srv_rerank_pack(struct srv_rerank_req *r, srv_pair_fn encode, void *user, int max_tokens,
+                    struct srv_err *e);
+/* r itself from the CLI: query and documents copied; top_n 0 for all. 0, or -1 when out of
+ * memory (r freed). */
+int srv_rerank_init(struct srv_rerank_req *r, const char *query, size_t query_len,
+                    const char *const *docs, const size_t *doc_lens, int n_docs, int top_n);
+void srv_rerank_req_free(struct srv_rerank_req *r);
+
+/* Scores of the head's logits[n][1] by act (enum kwk_score_act), in place. */
+void srv_rerank_scores(float *logits, int n, int act);
+
+/* The reply {"id", "object": "list", "model", "results": [{"index", "relevance_score",
+ * "document": {"text"}}], "usage": {"prompt_tokens", "total_tokens"}}: results by score, the
+ * highest first (equal scores by index; a NaN last, written null), cut to r->top_n. id NULL:
+ * no "id" (the CLI). Appended to out. */
+void srv_rerank_response(struct srv_buf *out, const char *id, const char *model,
+                         const struct srv_rerank_req *r, const float *scores);
+
+/* A JSON string of bytes that may not be valid UTF-8 (invalid sequences become U+FFFD), or
+ * NULL when out of memory. */
+json_t *srv_json_text(const char *s, size_t n);
+
 /* ---- the encoder worker (embedq.c) ----------------------------------------------------------- */
 
-/* One request's sequences handed to the encoder worker. The submitter fills the first block and
- * keeps the job (and what it points to) valid until done is called, which the worker does once
- * per job, from its thread, on success, failure or cancellation. */
+/* One request's sequences handed to the encoder worker: embedded, or through the model's
+ * classification head. The submitter fills the first block and keeps the job (and what it
+ * points to) valid until done is called, which the worker does once per job, from its thread,
+ * on success, failure or cancellation. */
 struct srv_embed_job {
     const int32_t *ids, *offs;   /* kwk_encoder_embed's layout */
+    const int32_t *types;        /* classify: each token's type id, or NULL for all 0 */
+    int classify;                /* 1: kwk_encoder_classify; 0: kwk_encoder_embed */
     int n_seqs;
-    float *out;                  /* [n_seqs][dim] */
+    float *out;                  /* [n_seqs][dim], classify: [n_seqs][n_labels] */
     void (*done)(struct srv_embed_job *j, int status, const char *msg);
     void *user;
     _Atomic int canceled;        /* set by anyone: the job is skipped if not yet running */
@@ -312,8 +378,8 @@ struct srv_embed_job {
 struct srv_embedq;
 
 /* Start the worker thread over encoder enc (which it alone uses from now on). batch_tokens:
- * queued jobs are taken together while their tokens fit (one job at least); max_queue: jobs
- * that may wait (0: 4096, as the engine's). NULL on failure. */
+ * queued jobs of one kind (embed or classify) are taken together while their tokens fit (one
+ * job at least); max_queue: jobs that may wait (0: 4096, as the engine's). NULL on failure. */
 struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens, int max_queue);
 /* Queue j; 0, KWK_ELIMIT when max_queue jobs wait, or KWK_ECANCELED when the worker is
  * stopping (done is not called then). */
@@ -321,7 +387,7 @@ int srv_embedq_submit(struct srv_embedq *q, struct srv_embed_job *j);
 /* Stop: the batch running finishes, jobs still queued end with KWK_ECANCELED; joins the
  * thread. NULL is fine. */
 void srv_embedq_free(struct srv_embedq *q);
-/* Batches run and sequences embedded so far (any thread). */
+/* Batches run and sequences embedded or classified so far (any thread). */
 void srv_embedq_stats(struct srv_embedq *q, uint64_t *batches, uint64_t *seqs);
 
 /* ---- metrics --------------------------------------------------------------------------------- */
@@ -334,6 +400,8 @@ struct srv_metrics {
     _Atomic uint64_t streams;                 /* streaming requests started */
     _Atomic uint64_t embed_requests;          /* /v1/embeddings requests answered 200 */
     _Atomic uint64_t embed_inputs;            /* inputs embedded for them */
+    _Atomic uint64_t rerank_requests;         /* /v1/rerank requests answered 200 */
+    _Atomic uint64_t rerank_documents;        /* documents scored for them */
     _Atomic uint64_t client_aborts;           /* requests ended by a client going away */
     _Atomic uint64_t ttft_us_sum, ttft_count; /* submit to first token, as the server saw it */
     _Atomic int in_flight;  /* requests submitted whose connection MHD has not completed */
@@ -349,6 +417,14 @@ void srv_metrics_render(struct srv_buf *out, const struct srv_metrics *m,
 void srv_metrics_render_embed(struct srv_buf *out, uint64_t batches, uint64_t seqs);
 
 /* ---- the server ------------------------------------------------------------------------------ */
+
+/* The model id a server shows for a model path (its last component, ".gguf" dropped), into
+ * buf[cap]. Thread-safe. */
+void srv_model_id(char *buf, size_t cap, const char *path);
+
+/* srv_pair_fn over a kwk_tokenizer (tok): kwk_tokenizer_encode_pair with max_tokens = cap. */
+int srv_encode_pair(void *tok, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
+                    int32_t *types, size_t cap, size_t *n);
 
 /* Load the model, start the engine and the HTTP daemon, serve until SIGINT / SIGTERM, then drain
  * (stop listening, finish the requests in flight within shutdown_timeout_s). Returns the process
