@@ -14,11 +14,12 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "KwkDecoder": "decode",
     "Encoder": "encoder",
+    "Reranker": "reranker",
     "Tokenizer": "tokenizer",
     "ChatTemplate": "template",
     "Grammar": "grammar",
 }
-_SUBMODULES = ("decode", "encoder", "cpu_backend", "tokenizer", "template", "grammar")
+_SUBMODULES = ("decode", "encoder", "reranker", "cpu_backend", "tokenizer", "template", "grammar")
 
 
 def __getattr__(name):

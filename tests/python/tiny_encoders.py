@@ -29,6 +29,15 @@ BUILDER_VERSION = 1
 # saved), config (its config class, default BertConfig; RoBERTa's count positions from pad + 1),
 # pad (pad_token_id, default 0), st (None: no sentence-transformers files; else
 # dict(pool=mean|cls|max|mean_sqrt_len|lasttoken, normalize=bool)).
+# Cross-encoders (cls *ForSequenceClassification) add labels (num_labels), id2label (config.json's
+# label names; default transformers' LABEL_i), ce_act (sentence-transformers' CrossEncoder
+# activation_fn, written to config.json as sentence_transformers.activation_fn, as its save
+# does; default none: sigmoid for one label, the logits for more) and post (None: the BERT
+# tokenizer's own pair form [CLS] a [SEP] b [SEP], token types 0 / 1; "roberta": its
+# tokenizer.json's post-processor replaced by a RobertaProcessing, [CLS] a [SEP] [SEP] b [SEP]
+# with token types all 0, "template": a TemplateProcessing of that same pair form; both with
+# tokenizer_class PreTrainedTokenizerFast, which follows tokenizer.json, where transformers'
+# BertTokenizer would rebuild BERT's pair form).
 SPECS = {
     "bert_gelu": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2,
                       max_pos=128, eps=1e-12, seed=21),
@@ -57,7 +66,29 @@ SPECS = {
     "roberta_mlm": dict(hidden=48, heads=2, layers=2, inter=96, act="gelu", types=1,
                         max_pos=80, eps=1e-5, seed=31, config="RobertaConfig",
                         cls="RobertaForMaskedLM", pad=1),
+    "ce_bert1": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2, max_pos=128,
+                     eps=1e-12, seed=40, cls="BertForSequenceClassification", labels=1),
+    "ce_bert3": dict(hidden=48, heads=3, layers=2, inter=96, act="gelu_new", types=2,
+                     max_pos=96, eps=1e-12, seed=41, cls="BertForSequenceClassification",
+                     labels=3, id2label={"0": "contradiction", "1": "entailment",
+                                         "2": "neutral"}),
+    "ce_bert1_identity": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2,
+                              max_pos=64, eps=1e-12, seed=42,
+                              cls="BertForSequenceClassification", labels=1,
+                              ce_act="torch.nn.modules.linear.Identity"),
+    "ce_roberta1": dict(hidden=48, heads=2, layers=2, inter=96, act="gelu", types=1,
+                        max_pos=80, eps=1e-5, seed=43, config="RobertaConfig",
+                        cls="RobertaForSequenceClassification", pad=1, labels=1,
+                        post="roberta"),
+    "ce_xlmr1": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=1, max_pos=66,
+                     eps=1e-5, seed=44, config="XLMRobertaConfig",
+                     cls="XLMRobertaForSequenceClassification", pad=1, labels=1,
+                     post="template"),
 }
+
+# The cross-encoders among SPECS.
+CROSS_ENCODERS = [n for n, sp in SPECS.items() if sp.get("cls", "").endswith(
+    "ForSequenceClassification")]
 
 
 def max_tokens(spec):
@@ -148,6 +179,36 @@ def write_st_files(folder, pool, normalize, dim):
         json.dumps({"max_seq_length": 512, "do_lower_case": False}))
 
 
+def write_pair_form(folder, post):
+    """Replace the BERT tokenizer's pair form in folder (spec "post"): "roberta" writes a
+    RobertaProcessing, "template" a TemplateProcessing, both [CLS] a [SEP] [SEP] b [SEP] with
+    every token type 0 (RoBERTa's and XLM-R's form, over the BERT vocabulary), and
+    tokenizer_config.json's class becomes PreTrainedTokenizerFast so that transformers follows
+    tokenizer.json (its BertTokenizer builds BERT's own pair form instead)."""
+    folder = Path(folder)
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    if post == "roberta":
+        tj["post_processor"] = {"type": "RobertaProcessing", "sep": ["[SEP]", 102],
+                                "cls": ["[CLS]", 101], "trim_offsets": True,
+                                "add_prefix_space": False}
+    elif post == "template":
+        def special(t):
+            return {"SpecialToken": {"id": t, "type_id": 0}}
+
+        def seq(t):
+            return {"Sequence": {"id": t, "type_id": 0}}
+        pp = tj["post_processor"]
+        assert pp["type"] == "TemplateProcessing", pp["type"]
+        pp["pair"] = [special("[CLS]"), seq("A"), special("[SEP]"), special("[SEP]"), seq("B"),
+                      special("[SEP]")]
+    else:
+        raise ValueError("post must be 'roberta' or 'template', not %r" % (post,))
+    (folder / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
+    tc = json.loads((folder / "tokenizer_config.json").read_text())
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (folder / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+
+
 def build(name, root=None):
     """Path of the folder for SPECS[name], building it when missing."""
     spec = SPECS[name]
@@ -165,6 +226,11 @@ def build(name, root=None):
         intermediate_size=spec["inter"], hidden_act=spec["act"],
         max_position_embeddings=spec["max_pos"], type_vocab_size=spec["types"],
         layer_norm_eps=spec["eps"], pad_token_id=spec.get("pad", 0))
+    if "labels" in spec:
+        cfg.num_labels = spec["labels"]
+        if spec.get("id2label"):
+            cfg.id2label = {int(k): v for k, v in spec["id2label"].items()}
+            cfg.label2id = {v: int(k) for k, v in spec["id2label"].items()}
     model_cls = getattr(transformers, spec.get("cls", "BertModel"))
     model = model_cls(cfg).to(torch.float32).eval()
     _randomize(model)
@@ -175,6 +241,14 @@ def build(name, root=None):
         model.save_pretrained(str(tmp), safe_serialization=True)
         for f in TOKENIZER_FILES:
             shutil.copyfile(tokenizer_dir() / f, tmp / f)
+        if spec.get("post"):
+            write_pair_form(tmp, spec["post"])
+        if spec.get("ce_act"):
+            cfg_path = tmp / "config.json"
+            saved = json.loads(cfg_path.read_text())
+            saved["sentence_transformers"] = {"activation_fn": spec["ce_act"],
+                                              "version": "4.1.0"}
+            cfg_path.write_text(json.dumps(saved, indent=2))
         if spec.get("st"):
             write_st_files(tmp, spec["st"]["pool"], spec["st"]["normalize"], spec["hidden"])
         (tmp / "kwk_spec.json").write_text(json.dumps({"name": name, "spec": spec}, indent=2))
