@@ -29,6 +29,10 @@ def _protos():
                                                ctypes.POINTER(_c_i32_p),
                                                ctypes.POINTER(ctypes.POINTER(ctypes.c_uint32)),
                                                szp]
+    L.kwk_tokenizer_encode_pair.restype = ctypes.c_int
+    L.kwk_tokenizer_encode_pair.argtypes = [vp, ctypes.c_char_p, sz, ctypes.c_char_p, sz, sz,
+                                            ctypes.POINTER(_c_i32_p), ctypes.POINTER(_c_i32_p),
+                                            szp]
     L.kwk_tokenizer_mem_free.restype = None
     L.kwk_tokenizer_mem_free.argtypes = [vp]
     L.kwk_tokenizer_decode_alloc.restype = ctypes.c_int
@@ -154,6 +158,25 @@ class Tokenizer:
         finally:
             self._L.kwk_tokenizer_mem_free(ids)
             self._L.kwk_tokenizer_mem_free(offs)
+
+    def encode_pair(self, a, b, max_tokens=0):
+        """(ids, type_ids) of the pair (a, b) joined by the tokenizer's pair form, as
+        Hugging Face's tokenizer(a, b, truncation=True, max_length=max_tokens) gives
+        input_ids and token_type_ids (max_tokens=0: no truncation). Raises KwkError with
+        KWK_EUNSUPPORTED when the tokenizer has no pair form, KWK_ELIMIT when max_tokens
+        cannot hold its special tokens."""
+        da, db = _text_bytes(a), _text_bytes(b)
+        ids, types = _c_i32_p(), _c_i32_p()
+        n = ctypes.c_size_t()
+        rc = self._L.kwk_tokenizer_encode_pair(self._h, da, len(da), db, len(db),
+                                               int(max_tokens), ctypes.byref(ids),
+                                               ctypes.byref(types), ctypes.byref(n))
+        _check(rc, "encode_pair")
+        try:
+            return ids[:n.value], types[:n.value]
+        finally:
+            self._L.kwk_tokenizer_mem_free(ids)
+            self._L.kwk_tokenizer_mem_free(types)
 
     def decode(self, ids, skip_special_tokens=False):
         ids = [int(i) for i in ids]

@@ -309,6 +309,61 @@ out:
     return rc;
 }
 
+/* [CLS] and [SEP]: gguf-py's converter writes them as bos / eos (and seperator_token_id, so
+ * spelled) without a cls_token_id; older files have cls_token_id. */
+static void bert_ids(struct gv *v, int32_t *cls, int32_t *sep)
+{
+    int64_t c = get_id(v, "tokenizer.ggml.cls_token_id");
+    if (c < 0)
+        c = get_id(v, "tokenizer.ggml.bos_token_id");
+    int64_t s = get_id(v, "tokenizer.ggml.seperator_token_id");
+    if (s < 0)
+        s = get_id(v, "tokenizer.ggml.separator_token_id");
+    if (s < 0)
+        s = get_id(v, "tokenizer.ggml.eos_token_id");
+    *cls = (int32_t)c;
+    *sep = (int32_t)s;
+}
+
+/* The pair as llama.cpp's rerank prompt joins it (format_rerank): [bos] a [eos] [sep] b [eos],
+ * each special there when its add_*_token flag says so (defaults by vocabulary as llama.cpp
+ * sets them), eos standing in for a missing sep and the reverse. Type ids as BERT's: 0 up to
+ * the separators after a, 1 from b on. */
+static int set_rerank_pair(struct gv *v, int is_bert, int is_spm, const char *pre, size_t pre_n)
+{
+    int32_t bos = v->t->bos_id, sep = -1, eos = (int32_t)get_id(v, "tokenizer.ggml.eos_token_id");
+    int add_bos = is_bert || is_spm, add_eos = 0, add_sep = is_bert;
+    if (is_bert) {
+        bert_ids(v, &bos, &sep);
+    } else {
+        sep = (int32_t)get_id(v, "tokenizer.ggml.seperator_token_id");
+        if (sep < 0)
+            sep = (int32_t)get_id(v, "tokenizer.ggml.separator_token_id");
+        if (pre && name_in("llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2|"
+                           "tekken|chameleon", pre, pre_n))
+            add_bos = 1;
+        if (pre && name_in("jina-v1-en|jina-v2-code|roberta-bpe", pre, pre_n))
+            add_sep = 1;
+    }
+    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.add_bos_token", &add_bos);
+    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.add_eos_token", &add_eos);
+    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.add_sep_token", &add_sep);
+    int32_t end = eos >= 0 ? eos : sep;
+    struct tok_piece p[6];
+    int n = 0;
+    if (add_bos && bos >= 0)
+        p[n++] = (struct tok_piece){bos, 0};
+    p[n++] = (struct tok_piece){TOK_PAIR_A, 0};
+    if (add_eos && end >= 0)
+        p[n++] = (struct tok_piece){end, 0};
+    if (add_sep && sep >= 0)
+        p[n++] = (struct tok_piece){sep, 0};
+    p[n++] = (struct tok_piece){TOK_PAIR_B, 1};
+    if (add_eos && end >= 0)
+        p[n++] = (struct tok_piece){end, 1};
+    return tok_pair_set(v->t, p, n);
+}
+
 static int load_bert(struct gv *v)
 {
     struct kwk_tokenizer *t = v->t;
@@ -328,17 +383,10 @@ static int load_bert(struct gv *v)
     t->pretok.subs[0].kind = TOK_P_WSPLIT;
     t->pretok.subs[1].kind = TOK_P_PUNCT;
     t->pretok.subs[1].behavior = TOK_SPLIT_ISOLATED;
-    /* gguf-py's converter writes [CLS] / [SEP] as bos / eos (and seperator_token_id) without a
-     * cls_token_id; llama.cpp then frames a sequence with bos and eos */
-    int64_t cls = get_id(v, "tokenizer.ggml.cls_token_id");
-    if (cls < 0)
-        cls = get_id(v, "tokenizer.ggml.bos_token_id");
-    int64_t sep = get_id(v, "tokenizer.ggml.seperator_token_id");
-    if (sep < 0)
-        sep = get_id(v, "tokenizer.ggml.separator_token_id");
-    if (sep < 0)
-        sep = get_id(v, "tokenizer.ggml.eos_token_id");
-    return set_template(t, (int32_t)cls, (int32_t)sep);
+    /* llama.cpp frames one sequence with [CLS] and [SEP] */
+    int32_t cls, sep;
+    bert_ids(v, &cls, &sep);
+    return set_template(t, cls, sep);
 }
 
 /* GGUF BERT vocabularies mark word starts with "▁" and drop "##": undo that. */
@@ -431,6 +479,9 @@ int tok_load_gguf(struct kwk_tokenizer *t, const char *path, struct kwk_err *err
         if (rc)
             goto out;
     }
+    if ((rc = set_rerank_pair(&v, is_bert, model_n == 5 && !memcmp(model, "llama", 5), pre,
+                              pre_n)))
+        goto out;
     if (t->bos_id >= 0 && t->pieces[t->bos_id])
         t->bos_token = kwk_strdup(t->pieces[t->bos_id]);
     if (eos >= 0 && t->pieces[eos])

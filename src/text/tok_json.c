@@ -317,6 +317,111 @@ static int32_t pair_id(json_t *v)
     return jid(json_array_get(v, 1));
 }
 
+/* BertProcessing: [CLS] A [SEP] B [SEP], B's part type 1. RobertaProcessing: <s> A </s> </s> B
+ * </s>, all type 0 (as tokenizers gives them: RoBERTa has no token types). */
+static int cls_sep_forms(struct tok_step *st, int32_t cls, int32_t sep, int roberta)
+{
+    const struct tok_piece bert[] = {{cls, 0}, {TOK_PAIR_A, 0}, {sep, 0}, {TOK_PAIR_B, 1},
+                                     {sep, 1}};
+    const struct tok_piece rob[] = {{cls, 0}, {TOK_PAIR_A, 0}, {sep, 0}, {sep, 0},
+                                    {TOK_PAIR_B, 0}, {sep, 0}};
+    const struct tok_piece *p = roberta ? rob : bert;
+    int n = roberta ? (int)KWK_ARRAY_LEN(rob) : (int)KWK_ARRAY_LEN(bert);
+    st->kind = TOK_PP_TEMPLATE;
+    st->tmpl = kwk_malloc(3 * sizeof *st->tmpl);
+    st->pair = kwk_malloc((size_t)n * sizeof *st->pair);
+    if (!st->tmpl || !st->pair)
+        return -ENOMEM;
+    st->tmpl[0] = cls;
+    st->tmpl[1] = -1;
+    st->tmpl[2] = sep;
+    st->n_tmpl = 3;
+    memcpy(st->pair, p, (size_t)n * sizeof *p);
+    st->n_pair = n;
+    return 0;
+}
+
+static int push_piece(struct tok_piece **v, int *n, size_t *cap, int32_t id, int32_t type_id)
+{
+    if ((size_t)*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 8;
+        struct tok_piece *p = kwk_realloc(*v, nc * sizeof *p);
+        if (!p)
+            return -ENOMEM;
+        *v = p;
+        *cap = nc;
+    }
+    (*v)[(*n)++] = (struct tok_piece){id, type_id};
+    return 0;
+}
+
+/* One TemplateProcessing list: {"SpecialToken": {"id": name, "type_id": k}} expands to the
+ * special's ids, {"Sequence": {"id": "A" or "B", "type_id": k}} to a text. In the single
+ * list every sequence is the one text (TOK_PAIR_A). */
+static int parse_template_list(struct jctx *c, json_t *list, json_t *specials, int single,
+                               struct tok_piece **out, int *n_out)
+{
+    size_t cap = 0;
+    *out = NULL;
+    *n_out = 0;
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        json_t *it = json_array_get(list, i), *sp = json_object_get(it, "SpecialToken");
+        json_t *sq = json_object_get(it, "Sequence");
+        json_int_t ty = json_integer_value(json_object_get(sp ? sp : sq, "type_id"));
+        if (ty < 0 || ty > INT32_MAX)
+            return bad(c, "TemplateProcessing has a type_id out of range");
+        int rc = 0;
+        if (sp) {
+            json_t *def = json_object_get(specials, jstr(sp, "id") ? jstr(sp, "id") : "");
+            json_t *ids = json_object_get(def, "ids");
+            if (!json_is_array(ids))
+                return bad(c, "TemplateProcessing names an undefined special token");
+            for (size_t k = 0; k < json_array_size(ids) && !rc; k++) {
+                int32_t id = jid(json_array_get(ids, k));
+                if (id < 0)
+                    return bad(c, "TemplateProcessing has an id out of range (0 to 2^24 - 1)");
+                rc = push_piece(out, n_out, &cap, id, (int32_t)ty);
+            }
+        } else {
+            const char *name = jstr(sq, "id");
+            int b = name && !strcmp(name, "B");
+            if (!single && !b && !(name && !strcmp(name, "A")))
+                return bad(c, "TemplateProcessing pair has a sequence other than A and B");
+            rc = push_piece(out, n_out, &cap, single || !b ? TOK_PAIR_A : TOK_PAIR_B,
+                            (int32_t)ty);
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int parse_template(struct jctx *c, json_t *o, struct tok_step *st)
+{
+    json_t *single = json_object_get(o, "single"), *pair = json_object_get(o, "pair");
+    json_t *specials = json_object_get(o, "special_tokens");
+    struct tok_piece *p = NULL;
+    int n = 0;
+    if (!json_is_array(single))
+        return bad(c, "TemplateProcessing without single");
+    st->kind = TOK_PP_TEMPLATE;
+    int rc = parse_template_list(c, single, specials, 1, &p, &n);
+    if (!rc && !(st->tmpl = kwk_malloc((size_t)(n ? n : 1) * sizeof *st->tmpl)))
+        rc = -ENOMEM;
+    for (int i = 0; !rc && i < n; i++)
+        st->tmpl[i] = p[i].id;
+    st->n_tmpl = rc ? 0 : n;
+    kwk_free(p);
+    /* Hugging Face refuses a file without "pair"; here the single form still works and
+     * kwk_tokenizer_encode_pair says it has no pair form. */
+    if (!rc && json_is_array(pair)) {
+        rc = parse_template_list(c, pair, specials, 0, &st->pair, &st->n_pair);
+        if (!rc && !st->pair && !(st->pair = kwk_malloc(sizeof *st->pair)))
+            rc = -ENOMEM; /* an empty pair list is a pair form: nothing at all */
+    }
+    return rc;
+}
+
 static int parse_post(struct jctx *c, json_t *o, const char *type, struct tok_step *st)
 {
     if (!strcmp(type, "Sequence"))
@@ -326,52 +431,13 @@ static int parse_post(struct jctx *c, json_t *o, const char *type, struct tok_st
         return 0;
     }
     if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
-        st->kind = TOK_PP_TEMPLATE;
-        st->tmpl = kwk_malloc(3 * sizeof *st->tmpl);
-        if (!st->tmpl)
-            return -ENOMEM;
-        st->tmpl[0] = pair_id(json_object_get(o, "cls"));
-        st->tmpl[1] = -1;
-        st->tmpl[2] = pair_id(json_object_get(o, "sep"));
-        st->n_tmpl = 3;
-        if (st->tmpl[0] < 0 || st->tmpl[2] < 0)
+        int32_t cls = pair_id(json_object_get(o, "cls")), sep = pair_id(json_object_get(o, "sep"));
+        if (cls < 0 || sep < 0)
             return bad(c, "post-processor cls/sep must be [token, id]");
-        return 0;
+        return cls_sep_forms(st, cls, sep, type[0] == 'R');
     }
-    if (!strcmp(type, "TemplateProcessing")) {
-        json_t *single = json_object_get(o, "single"), *specials = json_object_get(o, "special_tokens");
-        if (!json_is_array(single))
-            return bad(c, "TemplateProcessing without single");
-        st->kind = TOK_PP_TEMPLATE;
-        size_t cap = 0, n = 0;
-        for (size_t i = 0; i < json_array_size(single); i++) {
-            json_t *it = json_array_get(single, i), *sp = json_object_get(it, "SpecialToken");
-            json_t *ids = NULL;
-            if (sp) {
-                json_t *def = json_object_get(specials, jstr(sp, "id") ? jstr(sp, "id") : "");
-                ids = json_object_get(def, "ids");
-                if (!json_is_array(ids))
-                    return bad(c, "TemplateProcessing names an undefined special token");
-            }
-            size_t add = ids ? json_array_size(ids) : 1;
-            if (n + add > cap) {
-                cap = (n + add) * 2;
-                int32_t *p = kwk_realloc(st->tmpl, cap * sizeof *p);
-                if (!p)
-                    return -ENOMEM;
-                st->tmpl = p;
-            }
-            if (!ids) {
-                st->tmpl[n++] = -1;
-                continue;
-            }
-            for (size_t k = 0; k < add; k++)
-                if ((st->tmpl[n++] = jid(json_array_get(ids, k))) < 0)
-                    return bad(c, "TemplateProcessing has an id out of range (0 to 2^24 - 1)");
-        }
-        st->n_tmpl = (int)n;
-        return 0;
-    }
+    if (!strcmp(type, "TemplateProcessing"))
+        return parse_template(c, o, st);
     return kwk_err_set(c->err, KWK_EUNSUPPORTED, "%s: post-processor %s is not supported",
                        c->label, type);
 }

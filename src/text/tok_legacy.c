@@ -215,6 +215,11 @@ static int load_wordpiece(struct kwk_tokenizer *t, const char *path, const char 
         t->post.tmpl[1] = -1;
         t->post.tmpl[2] = sep;
         t->post.n_tmpl = 3;
+        /* BERT's pair, as transformers' converter builds it: [CLS] a [SEP] b [SEP] */
+        const struct tok_piece pair[] = {{cls, 0}, {TOK_PAIR_A, 0}, {sep, 0}, {TOK_PAIR_B, 1},
+                                         {sep, 1}};
+        if ((rc = tok_pair_set(t, pair, (int)KWK_ARRAY_LEN(pair))))
+            goto out;
     }
     static const char *const specials[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
     for (size_t i = 0; i < KWK_ARRAY_LEN(specials) && !rc; i++) {

@@ -300,6 +300,9 @@ static int post_ids_ok(const struct kwk_tokenizer *t, const struct tok_step *st)
     for (int i = 0; i < st->n_tmpl; i++)
         if (st->tmpl[i] < -1 || st->tmpl[i] >= t->n_vocab)
             return 0;
+    for (int i = 0; i < st->n_pair; i++)
+        if (st->pair[i].id < TOK_PAIR_B || st->pair[i].id >= t->n_vocab)
+            return 0;
     return 1;
 }
 
@@ -308,7 +311,13 @@ int tok_finish(struct kwk_tokenizer *t, struct kwk_err *err)
     if (!post_ids_ok(t, &t->post))
         return kwk_err_set(err, KWK_EFORMAT, "%s: the post-processor names an id outside the "
                            "vocabulary", t->source);
-    int rc = finish_added(t);
+    for (int i = 0; i < t->n_pair; i++)
+        if (t->pair[i].id < TOK_PAIR_B || t->pair[i].id >= t->n_vocab)
+            return kwk_err_set(err, KWK_EFORMAT, "%s: the pair form names an id outside the "
+                               "vocabulary", t->source);
+    int rc = tok_pair_resolve(t);
+    if (!rc)
+        rc = finish_added(t);
     if (!rc)
         rc = finish_bytes(t);
     if (rc == KWK_EFORMAT)
@@ -347,6 +356,7 @@ void tok_step_free(struct tok_step *s)
     kwk_free(s->pat);
     kwk_free(s->content);
     kwk_free(s->tmpl);
+    kwk_free(s->pair);
     if (s->re)
         pcre2_code_free(s->re);
     memset(s, 0, sizeof *s);
@@ -371,6 +381,7 @@ void kwk_tokenizer_free(kwk_tokenizer *t)
     tok_step_free(&t->pretok);
     tok_step_free(&t->decoder);
     tok_step_free(&t->post);
+    kwk_free(t->pair);
     for (int i = 0; i < t->n_added; i++)
         kwk_free(t->added[i].content);
     kwk_free(t->added);

@@ -142,6 +142,17 @@ struct tok_step {
     int cleanup;                     /* WordPiece decoder */
     int32_t *tmpl;                   /* TemplateProcessing single: ids, -1 = the sequence */
     int n_tmpl;
+    struct tok_piece *pair;          /* [n_pair] the pair form (TemplateProcessing "pair",
+                                      * Bert's, Roberta's); NULL when the file gives none */
+    int n_pair;
+};
+
+/* One piece of a pair form: a special token (id >= 0) or a text (TOK_PAIR_A, TOK_PAIR_B),
+ * with the type id its tokens get (the token_type_ids). */
+enum { TOK_PAIR_A = -1, TOK_PAIR_B = -2 };
+struct tok_piece {
+    int32_t id;
+    int32_t type_id;
 };
 
 void tok_step_free(struct tok_step *s); /* frees contents, not s itself */
@@ -196,6 +207,10 @@ struct kwk_tokenizer {
     size_t max_piece_len;
 
     struct tok_step normalizer, pretok, decoder, post;
+    /* How kwk_tokenizer_encode_pair joins two texts: set by the GGUF and legacy loaders, else
+     * resolved from post by tok_pair_resolve; NULL when there is none. */
+    struct tok_piece *pair;  /* [n_pair] */
+    int n_pair;
 
     struct tok_added *added; /* sorted by first byte, then longest first */
     int n_added;
@@ -242,6 +257,13 @@ int tok_load_configs(struct kwk_tokenizer *t, const char *dir, struct kwk_err *e
  * tokenize). A json_t * as void * so that this header needs no jansson. */
 void *tok_read_config_json(const char *dir, const char *name);
 #define TOK_CONFIG_MAX ((size_t)64 << 20)
+
+/* tok_pair.c: t->pair from t->post as Hugging Face joins a pair (no token-adding step: a then
+ * b, type ids 0 then 1; one step: its pair form; more: none). Kept when a loader set it.
+ * 0 or -ENOMEM. */
+int tok_pair_resolve(struct kwk_tokenizer *t);
+/* Set t->pair to a copy of p[n]. 0 or -ENOMEM. */
+int tok_pair_set(struct kwk_tokenizer *t, const struct tok_piece *p, int n);
 
 /* tokenizer.c: shared load steps. */
 /* Token ids a tokenizer may hold: [0, TOK_MAX_VOCAB). The largest real vocabularies are about
