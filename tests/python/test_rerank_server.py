@@ -33,36 +33,9 @@ DOCS = ["Paris is the capital and largest city of France.",
 RERANKER, THREE_LABELS, EMBEDDER = "ce_bert1", "ce_bert3", "st_mean_norm"
 
 
-def _local_cross_encoder(name, labels, root):
-    """A BertForSequenceClassification of `labels` outputs saved with the shared BERT tokenizer,
-    as tiny_encoders builds its models: only used while tiny_encoders has no spec of that name."""
-    import torch
-    import transformers
-    out = root / ("rerank-local-%s" % name)
-    if (out / "config.json").exists():
-        return out
-    torch.manual_seed(50 + labels)
-    cfg = transformers.BertConfig(vocab_size=tiny_encoders.TOKENIZER_VOCAB, hidden_size=64,
-                                  num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=128, max_position_embeddings=128,
-                                  type_vocab_size=2, num_labels=labels)
-    model = transformers.BertForSequenceClassification(cfg).eval()
-    tiny_encoders._randomize(model)
-    model.save_pretrained(str(out), safe_serialization=True)
-    for f in tiny_encoders.TOKENIZER_FILES:
-        (out / f).write_bytes((tiny_encoders.tokenizer_dir() / f).read_bytes())
-    return out
-
-
-def model_path(name, labels=None):
-    if name in tiny_encoders.SPECS:
-        return str(tiny_encoders.build(name))
-    return str(_local_cross_encoder(name, labels, tiny_encoders.cache_root()))
-
-
 @pytest.fixture(scope="module")
 def ce_path():
-    return model_path(RERANKER, 1)
+    return str(tiny_encoders.build(RERANKER))
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +52,20 @@ def info(srv):
     return j["data"][0]["id"], j["data"][0]["max_model_len"]
 
 
-@pytest.fixture(scope="module")
-def hf(ce_path):
+def load_hf(path):
     import torch
     import transformers
     from tiny_models import torch_single_thread
     torch_single_thread()
-    tok = transformers.AutoTokenizer.from_pretrained(ce_path)
+    tok = transformers.AutoTokenizer.from_pretrained(path)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        ce_path, dtype=torch.float32, attn_implementation="eager").eval()
+        path, dtype=torch.float32, attn_implementation="eager").eval()
     return tok, model
+
+
+@pytest.fixture(scope="module")
+def hf(ce_path):
+    return load_hf(ce_path)
 
 
 def hf_pairs(hf, max_tokens, query, docs):
@@ -98,19 +75,26 @@ def hf_pairs(hf, max_tokens, query, docs):
     return tok([query] * len(docs), list(docs), truncation=True, max_length=max_tokens)
 
 
-def hf_scores(hf, max_tokens, query, docs):
-    """float32 sigmoid of transformers' float32 logit of each pair, run alone (no padding)."""
+def hf_logits(hf, max_tokens, query, docs):
+    """transformers' float32 logit of each pair, run alone (no padding)."""
     import torch
     _, model = hf
     enc = hf_pairs(hf, max_tokens, query, docs)
     out = []
     with torch.no_grad():
-        for ids, types in zip(enc["input_ids"], enc["token_type_ids"]):
+        for i, ids in enumerate(enc["input_ids"]):
             t = torch.tensor([ids])
-            logit = model(input_ids=t, token_type_ids=torch.tensor([types]),
-                          attention_mask=torch.ones_like(t)).logits[0, 0]
-            out.append(torch.sigmoid(logit).item())
-    return np.asarray(out, dtype=np.float32)
+            types = torch.tensor([enc["token_type_ids"][i]]) if "token_type_ids" in enc \
+                else torch.zeros_like(t)
+            out.append(model(input_ids=t, token_type_ids=types,
+                             attention_mask=torch.ones_like(t)).logits[0, 0])
+    return torch.stack(out)
+
+
+def hf_scores(hf, max_tokens, query, docs):
+    """float32 sigmoid of transformers' float32 logits (CrossEncoder's default for one label)."""
+    import torch
+    return torch.sigmoid(hf_logits(hf, max_tokens, query, docs)).numpy().astype(np.float32)
 
 
 def rerank(srv, body, path="/v1/rerank", key=KEY):
@@ -168,6 +152,29 @@ def test_empty_query(srv, info, hf):
     status, j = rerank(srv, {"query": "", "documents": DOCS[:3]})
     assert status == 200, j
     np.testing.assert_allclose(by_index(j), hf_scores(hf, max_tokens, "", DOCS[:3]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["ce_roberta1", "ce_xlmr1", "ce_bert1_identity"])
+def test_other_rerankers(name):
+    """RoBERTa's and XLM-R's pair forms (<s> a </s></s> b </s>, token types all 0), and a
+    CrossEncoder saved with activation_fn Identity: its scores are the raw logits."""
+    path = str(tiny_encoders.build(name))
+    spec = tiny_encoders.SPECS[name]
+    max_tokens = tiny_encoders.max_tokens(spec)
+    s = Server("--model", path, "--timeout", 30)
+    try:
+        status, j = request(s.port, "POST", "/v1/rerank", {"query": QUERY, "documents": DOCS})
+    finally:
+        s.stop()
+    assert status == 200, j
+    check_order(j)
+    logits = hf_logits(load_hf(path), max_tokens, QUERY, DOCS).numpy()
+    got = by_index(j)
+    if spec.get("ce_act", "").endswith("Identity"):
+        span = logits.max() - logits.min()
+        assert np.abs(got - logits).max() <= 1e-5 * span, (got, logits)
+    else:
+        np.testing.assert_allclose(got, 1 / (1 + np.exp(-logits.astype(np.float64))), rtol=1e-5)
 
 
 def test_top_n_and_return_documents(srv):
@@ -334,7 +341,7 @@ def test_client_goes_away(srv):
 ])
 def test_models_that_cannot_rerank(which, want):
     path = {"embedder": lambda: str(tiny_encoders.build(EMBEDDER)),
-            "three": lambda: model_path(THREE_LABELS, 3),
+            "three": lambda: str(tiny_encoders.build(THREE_LABELS)),
             "decoder": smollm2_gguf}[which]()
     s = Server("--model", path, "--timeout", 30)
     try:
