@@ -42,6 +42,7 @@ struct kwk_encoder {
     const void **k_rows, **v_rows; /* [n_batch] each row's sequence's keys and values */
     int *first, *last;             /* [n_batch] positions each row attends: its sequence */
     int *pos;                      /* [n_batch] each row's position in its sequence */
+    int *keep;                     /* [n_batch] the rows the last layer finishes (one_row) */
     const int32_t *ids;            /* the pass's tokens (borrowed during a pass) */
     const int32_t *types;          /* their type ids, or NULL for type 0 (borrowed too) */
 };
@@ -215,9 +216,32 @@ static void matmul(struct kwk_encoder *e, int n, const struct kwk_mat *const *w,
     kwk_matmul_pool(e->k, e->pool, e->qact_mem, e->qact_cols, n, w, x, y, ldy, n_w);
 }
 
+/* The last layer's rows after its keys and values: only e->keep[n_keep], moved to the pass's
+ * first n_keep rows (in order, so no row is overwritten before it is read: keep[j] >= j). */
+static void keep_rows(struct kwk_encoder *e, int n_keep)
+{
+    size_t d = (size_t)e->c->d_model;
+    for (int j = 0; j < n_keep; j++) {
+        int r = e->keep[j];
+        if (r == j)
+            continue;
+        memcpy(e->q + j * d, e->q + (size_t)r * d, sizeof(float) * d);
+        memcpy(e->x + j * d, e->x + (size_t)r * d, sizeof(float) * d);
+        e->k_rows[j] = e->k_rows[r];
+        e->v_rows[j] = e->v_rows[r];
+        e->first[j] = e->first[r];
+        e->last[j] = e->last[r];
+    }
+}
+
 /* Runs the n rows of a pass (whole sequences, laid out by set_sequence) through every layer;
- * the last layer's states are left in e->x. */
-static void forward_pass(struct kwk_encoder *e, const int32_t *ids, const int32_t *types, int n)
+ * the last layer's states are left in e->x. With n_keep > 0 only the rows e->keep[n_keep] are
+ * wanted (one a sequence, for CLS or last-token pooling and a classification head): the last
+ * layer computes every row's keys and values but the rest of its work for those rows alone,
+ * left in rows 0 .. n_keep - 1. Each row's numbers are the same either way: attention is per
+ * (row, head) and the products per row. */
+static void forward_pass(struct kwk_encoder *e, const int32_t *ids, const int32_t *types, int n,
+                         int n_keep)
 {
     const struct kwk_config *c = e->c;
     struct row_task t = {.e = e, .n = n};
@@ -229,17 +253,21 @@ static void forward_pass(struct kwk_encoder *e, const int32_t *ids, const int32_
         t.l = l;
         const struct kwk_mat *qkv[3] = {&l->wq, &l->wk, &l->wv};
         float *qkv_out[3] = {e->q, e->kx, e->vx};
-        matmul(e, n, qkv, e->x, qkv_out, c->d_model, 3);
+        matmul(e, t.n, qkv, e->x, qkv_out, c->d_model, 3);
         kwk_pool_run(e->pool, qkv_bias_run, &t);
+        if (n_keep > 0 && L == c->n_layers - 1) {
+            keep_rows(e, n_keep);
+            t.n = n_keep;
+        }
         kwk_pool_run(e->pool, attn_run, &t);
         const struct kwk_mat *wo[1] = {&l->wo};
-        matmul(e, n, wo, e->att, &e->tmp, c->d_model, 1);
+        matmul(e, t.n, wo, e->att, &e->tmp, c->d_model, 1);
         kwk_pool_run(e->pool, attn_out_run, &t);
         const struct kwk_mat *wu[1] = {&l->w_up};
-        matmul(e, n, wu, e->x, &e->up, c->d_ff, 1);
+        matmul(e, t.n, wu, e->x, &e->up, c->d_ff, 1);
         kwk_pool_run(e->pool, up_run, &t);
         const struct kwk_mat *wd[1] = {&l->w_down};
-        matmul(e, n, wd, e->up, &e->tmp, c->d_model, 1);
+        matmul(e, t.n, wd, e->up, &e->tmp, c->d_model, 1);
         kwk_pool_run(e->pool, ffn_out_run, &t);
     }
 }
@@ -315,8 +343,12 @@ static int check_seq(const struct kwk_encoder *e, const int32_t *ids, int n, int
     return 0;
 }
 
+/* Which rows of a sequence its output reads from the last layer: all, or one (the last layer
+ * then finishes that row alone, forward_pass's n_keep). */
+enum { ROW_ALL, ROW_FIRST, ROW_LAST };
+
 /* What a batch's sequences become once their pass has run: an embedding, or the classification
- * head's logits. */
+ * head's logits; rows [r0, r1) are the sequence's, or its one kept row. */
 typedef void (*seq_out_fn)(const struct kwk_encoder *e, int r0, int r1, float *out);
 
 static void embed_out(const struct kwk_encoder *e, int r0, int r1, float *out)
@@ -357,7 +389,8 @@ static void classify_out(const struct kwk_encoder *e, int r0, int r1, float *out
 /* Checks every sequence, then runs them in passes of whole sequences, writing width floats a
  * sequence to out. */
 static int run_seqs(kwk_encoder *e, const int32_t *ids, const int32_t *types, const int32_t *offs,
-                    int n_seqs, float *out, int width, seq_out_fn fn, struct kwk_err *err)
+                    int n_seqs, float *out, int width, seq_out_fn fn, int one_row,
+                    struct kwk_err *err)
 {
     if (n_seqs > 0 && offs[0] != 0)
         return kwk_err_set(err, KWK_EARG, "offs[0] is %d, not 0", (int)offs[0]);
@@ -380,13 +413,19 @@ static int run_seqs(kwk_encoder *e, const int32_t *ids, const int32_t *types, co
         while (s1 < n_seqs && rows + (offs[s1 + 1] - offs[s1]) <= e->n_batch) {
             int len = offs[s1 + 1] - offs[s1];
             set_sequence(e, rows, rows + len);
+            if (one_row != ROW_ALL)
+                e->keep[s1 - s0] = one_row == ROW_FIRST ? rows : rows + len - 1;
             rows += len;
             s1++;
         }
-        forward_pass(e, ids + offs[s0], types ? types + offs[s0] : NULL, rows);
+        int n_keep = one_row != ROW_ALL ? s1 - s0 : 0;
+        forward_pass(e, ids + offs[s0], types ? types + offs[s0] : NULL, rows, n_keep);
         for (int s = s0, r = 0; s < s1; s++) {
             int len = offs[s + 1] - offs[s];
-            fn(e, r, r + len, out + (size_t)s * width);
+            if (n_keep)
+                fn(e, s - s0, s - s0 + 1, out + (size_t)s * width); /* its kept row */
+            else
+                fn(e, r, r + len, out + (size_t)s * width);
             r += len;
         }
         s0 = s1;
@@ -399,7 +438,10 @@ int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t *offs, i
 {
     if (!e || n_seqs < 0 || (n_seqs > 0 && (!ids || !offs || !out)))
         return kwk_err_set(err, KWK_EARG, "kwk_encoder_embed: bad arguments");
-    return run_seqs(e, ids, NULL, offs, n_seqs, out, e->c->d_model, embed_out, err);
+    int one_row = e->pooling == KWK_POOLING_CLS    ? ROW_FIRST
+                  : e->pooling == KWK_POOLING_LAST ? ROW_LAST
+                                                   : ROW_ALL;
+    return run_seqs(e, ids, NULL, offs, n_seqs, out, e->c->d_model, embed_out, one_row, err);
 }
 
 int kwk_encoder_classify(kwk_encoder *e, const int32_t *ids, const int32_t *types,
@@ -411,7 +453,8 @@ int kwk_encoder_classify(kwk_encoder *e, const int32_t *ids, const int32_t *type
         return kwk_err_set(err, KWK_EUNSUPPORTED, "%s has no classification head (a "
                            "*ForSequenceClassification checkpoint, or a GGUF of pooling_type "
                            "4): it gives embeddings, not scores", e->m->path);
-    return run_seqs(e, ids, types, offs, n_seqs, out, e->c->n_labels, classify_out, err);
+    return run_seqs(e, ids, types, offs, n_seqs, out, e->c->n_labels, classify_out, ROW_FIRST,
+                    err);
 }
 
 int kwk_encoder_n_labels(const kwk_encoder *e)
@@ -427,7 +470,7 @@ int kwk_encoder_states(kwk_encoder *e, const int32_t *ids, int n, float *out, st
     if (rc)
         return rc;
     set_sequence(e, 0, n);
-    forward_pass(e, ids, NULL, n);
+    forward_pass(e, ids, NULL, n, 0);
     memcpy(out, e->x, sizeof(float) * (size_t)n * (size_t)e->c->d_model);
     return 0;
 }
@@ -514,7 +557,9 @@ static int alloc_scratch(struct kwk_encoder *e)
     e->first = kwk_calloc(nb, sizeof *e->first);
     e->last = kwk_calloc(nb, sizeof *e->last);
     e->pos = kwk_calloc(nb, sizeof *e->pos);
-    if (!e->up || !e->scores || !e->k_rows || !e->v_rows || !e->first || !e->last || !e->pos)
+    e->keep = kwk_calloc(nb, sizeof *e->keep);
+    if (!e->up || !e->scores || !e->k_rows || !e->v_rows || !e->first || !e->last || !e->pos ||
+        !e->keep)
         return -ENOMEM;
     return 0;
 }
@@ -617,5 +662,6 @@ void kwk_encoder_free(kwk_encoder *e)
     kwk_free(e->first);
     kwk_free(e->last);
     kwk_free(e->pos);
+    kwk_free(e->keep);
     kwk_free(e);
 }
