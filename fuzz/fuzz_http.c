@@ -8,7 +8,11 @@
  * in every format (the model's output is untrusted too). Every body is also parsed as a
  * /v1/embeddings request (embed.c): its inputs packed by a tokenizer stand-in (a byte a token
  * between [CLS] and [SEP]) and its reply written as floats, some non-finite, and as base64;
- * the reply must be JSON. */
+ * the reply must be JSON. And as a /v1/rerank request (rerank.c): its pairs packed by a pair
+ * tokenizer stand-in (longest_first over bytes) at a length limit from the first byte, scored
+ * from logits made of its bytes (NaN and infinities among them) by both activations, and its
+ * reply, which must be JSON with top_n results in order. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +20,7 @@
 #include "../tools/kwker/serve/openai.c"
 #include "../tools/kwker/serve/toolcall.c"
 #include "../tools/kwker/serve/embed.c"
+#include "../tools/kwker/serve/rerank.c"
 
 #define FUZZ_MAX_INPUT (256 * 1024)
 
@@ -116,6 +121,76 @@ static void embed_all(const uint8_t *data, size_t size)
     srv_embed_req_free(&r);
 }
 
+/* kwk_tokenizer_encode_pair's contract over bytes: [101] a [102] b [102], types 0 then 1, the
+ * longer text losing bytes from its end first until the whole fits cap (at least the three). */
+static int fake_pair(void *user, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
+                     int32_t *types, size_t cap, size_t *n)
+{
+    (void)user;
+    if (cap < 3)
+        return KWK_ELIMIT;
+    while (na + nb + 3 > cap)
+        *(na > nb ? &na : &nb) -= 1;
+    size_t k = 0;
+    ids[k] = 101, types[k++] = 0;
+    for (size_t i = 0; i < na; i++)
+        ids[k] = (unsigned char)a[i], types[k++] = 0;
+    ids[k] = 102, types[k++] = 0;
+    for (size_t i = 0; i < nb; i++)
+        ids[k] = (unsigned char)b[i], types[k++] = 1;
+    ids[k] = 102, types[k++] = 1;
+    *n = k;
+    return 0;
+}
+
+/* The reply's results: top_n of them, scores not increasing (a non-finite one is null). */
+static void check_rerank_reply(const struct srv_buf *b, const struct srv_rerank_req *r)
+{
+    if (b->err)
+        return;
+    json_t *j = json_loadb(b->p, b->len, 0, NULL);
+    json_t *res = json_object_get(j, "results");
+    if (!j || json_array_size(res) != (size_t)r->top_n)
+        abort();
+    double prev = INFINITY;
+    for (size_t i = 0; i < json_array_size(res); i++) {
+        json_t *s = json_object_get(json_array_get(res, i), "relevance_score");
+        if (json_is_number(s) && json_number_value(s) > prev)
+            abort();
+        if (json_is_number(s))
+            prev = json_number_value(s);
+    }
+    json_decref(j);
+}
+
+static void rerank_all(const uint8_t *data, size_t size)
+{
+    struct srv_rerank_req r;
+    struct srv_err e;
+    struct srv_buf b = {0};
+    if (srv_rerank_parse(&r, (const char *)data + 1, size - 1, &e) ||
+        srv_rerank_pack(&r, fake_pair, NULL, 3 + (data[0] & 63), &e)) {
+        free(srv_json_error(&e));
+        srv_rerank_req_free(&r);
+        return;
+    }
+    float *s = malloc(sizeof(float) * (size_t)r.n_docs);
+    for (int act = 0; s && act < 2; act++) {
+        for (int i = 0; i < r.n_docs; i++) {
+            uint32_t u = (uint32_t)data[(size_t)i % size] * 0x01010101u; /* NaN, huge, tiny */
+            memcpy(&s[i], &u, 4);
+            if (data[(size_t)i % size] == 0x7f)
+                s[i] = i % 2 ? INFINITY : -INFINITY;
+        }
+        srv_rerank_scores(s, r.n_docs, act ? KWK_SCORE_SIGMOID : KWK_SCORE_IDENTITY);
+        srv_rerank_response(&b, act ? "rerank-1" : NULL, r.model ? r.model : "m", &r, s);
+        check_rerank_reply(&b, &r);
+        srv_buf_free(&b);
+    }
+    free(s);
+    srv_rerank_req_free(&r);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size > FUZZ_MAX_INPUT)
@@ -129,6 +204,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct srv_req r;
     struct srv_err e;
     embed_all(data, size);
+    rerank_all(data, size);
     if (srv_req_parse(&r, kind, body, len, &lim, &e) == 0) {
         build_all(&r, (const uint8_t *)body, len);
         srv_req_free(&r);
