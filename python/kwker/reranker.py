@@ -224,8 +224,8 @@ class Reranker(Closing):
     def predict(self, pairs, batch_size=32, activation=True, apply_softmax=False):
         """Scores of (a, b) text pairs, as CrossEncoder.predict gives them.
 
-        pairs: a list of pairs (a list / tuple of two strings each), or one pair. Each pair is
-        tokenized as tokenize() does (truncated to max_length).
+        pairs: a list of pairs (a list / tuple of two strings each; a [n, 2] string array), or
+        one pair. Each pair is tokenized as tokenize() does (truncated to max_length).
         activation: True or None applies the model's score activation (score_activation:
         sigmoid or identity); False gives the raw logits; "sigmoid" / "identity" choose.
         apply_softmax: with more than one label, a softmax over the labels after the
@@ -234,6 +234,8 @@ class Reranker(Closing):
         for no pairs); one pair gives a scalar ([n_labels] for more labels).
         A pair's score is bitwise the same whatever it is batched with.
         """
+        if isinstance(pairs, np.ndarray):  # a 1-D array of two strings is one pair
+            pairs = pairs.tolist()
         single = _is_pair(pairs)
         items = [pairs] if single else list(pairs)
         if batch_size is None or int(batch_size) < 1:

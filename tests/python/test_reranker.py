@@ -475,6 +475,8 @@ def test_batch_invariance_in_process():
         alone = np.stack([rr.predict(p, activation=False) for p in PAIRS])
         assert np.array_equal(rr.predict(PAIRS, activation=False), alone)
         assert np.array_equal(rr.predict(PAIRS[::-1], activation=False)[::-1], alone)
+        assert np.array_equal(rr.predict(np.array(PAIRS), activation=False), alone)
+        assert np.array_equal(rr.predict(np.array(PAIRS[2]), activation=False), alone[2])
         for bs in (1, 4):
             assert np.array_equal(rr.predict(PAIRS, activation=False, batch_size=bs), alone)
         with pytest.raises(ValueError):
