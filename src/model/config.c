@@ -461,10 +461,10 @@ static int json_options(const json_t *root, struct kwk_config *cfg, const char *
     return 0;
 }
 
-/* How sentence-transformers' CrossEncoder makes scores of a classifier's logits: the class its
- * config.json names (sentence_transformers.activation_fn since version 4,
- * sbert_ce_default_activation_function before), else sigmoid for one label and the logits
- * themselves for more (the label count is the head tensor's, so 1 here stands for unknown). */
+/* How sentence-transformers' CrossEncoder makes scores of a classifier's logits, as config.json
+ * says it (sentence_transformers.activation_fn since version 4, sbert_ce_default_activation_
+ * function before); config_sentence_transformers.json, which version 5 writes and which wins,
+ * is read with the folder's other sentence-transformers files (st_pooling.c). */
 static int json_score_act(const json_t *root, struct kwk_config *cfg, const char *label,
                           struct kwk_err *err)
 {
@@ -478,15 +478,7 @@ static int json_score_act(const json_t *root, struct kwk_config *cfg, const char
     if (!json_is_string(fn))
         return kwk_err_set(err, KWK_EFORMAT, "%s: the cross-encoder's activation_fn is not a "
                            "string", label);
-    const char *v = json_string_value(fn), *dot = strrchr(v, '.');
-    const char *cls = dot ? dot + 1 : v;
-    if (!strcmp(cls, "Sigmoid"))
-        cfg->score_act = KWK_SCORE_SIGMOID;
-    else if (!strcmp(cls, "Identity"))
-        cfg->score_act = KWK_SCORE_IDENTITY;
-    else
-        cfg_unsupported(cfg, "the cross-encoder's activation_fn %.80s is not supported "
-                        "(Sigmoid, Identity)", v);
+    kwk_score_act_set(cfg, json_string_value(fn));
     return 0;
 }
 

@@ -211,6 +211,11 @@ int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err 
  * sentence-transformers files (modules.json, the Pooling module's config.json); without them the
  * first token's state, normalized. A module Kwker does not run sets cfg->unsupported. */
 int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err *err);
+/* A cross-encoder's activation_fn as sentence-transformers names it (a class path):
+ * cfg->score_act Sigmoid or Identity; a path outside torch stays the default, as
+ * sentence-transformers does without trust_remote_code; another torch class makes the model
+ * unsupported. */
+void kwk_score_act_set(struct kwk_config *cfg, const char *path);
 /* The same from GGUF metadata (general.architecture, <arch>.*). */
 int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struct kwk_err *err);
 

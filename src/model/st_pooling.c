@@ -86,12 +86,49 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && !strcmp(s + n - m, suffix);
 }
 
+void kwk_score_act_set(struct kwk_config *cfg, const char *path)
+{
+    if (strncmp(path, "torch.", 6))
+        return;
+    const char *dot = strrchr(path, '.');
+    if (!strcmp(dot + 1, "Sigmoid")) {
+        cfg->score_act = KWK_SCORE_SIGMOID;
+    } else if (!strcmp(dot + 1, "Identity")) {
+        cfg->score_act = KWK_SCORE_IDENTITY;
+    } else {
+        char why[200];
+        snprintf(why, sizeof why, "the cross-encoder's activation_fn %.80s is not supported "
+                 "(Sigmoid, Identity)", path);
+        unsupported(cfg, why);
+    }
+}
+
+/* config_sentence_transformers.json's activation_fn (sentence-transformers 5 and later write
+ * it there; it wins over config.json's). */
+static int st_score_act(struct kwk_config *cfg, const char *dir, struct kwk_err *err)
+{
+    int rc;
+    json_t *o = read_object(dir, "config_sentence_transformers.json", &rc, err);
+    if (!o)
+        return rc;
+    const json_t *fn = json_object_get(o, "activation_fn");
+    if (json_is_string(fn))
+        kwk_score_act_set(cfg, json_string_value(fn));
+    else if (fn && !json_is_null(fn))
+        rc = kwk_err_set(err, KWK_EFORMAT, "%s/config_sentence_transformers.json: activation_fn "
+                         "is not a string", dir);
+    json_decref(o);
+    return rc;
+}
+
 int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err *err)
 {
     /* a plain BERT folder: the first token's state, normalized, as vLLM embeds with one */
     cfg->pooling = KWK_POOLING_CLS;
     cfg->normalize = 1;
     int rc;
+    if (cfg->cls_head && (rc = st_score_act(cfg, dir, err)) < 0)
+        return rc;
     char path[4096];
     if (kwk_path_join(path, sizeof path, dir, "modules.json"))
         return kwk_err_set(err, KWK_ELIMIT, "%s: path too long", dir);
@@ -155,7 +192,12 @@ int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err 
         json_decref(pc);
     }
     json_decref(list);
-    if (rc >= 0 && !pooled)
+    if (rc >= 0 && !pooled && cfg->cls_head) {
+        /* a CrossEncoder's folder lists its Transformer alone: its scores come from the head,
+         * and its embeddings, if asked for, are the plain BERT folder's */
+        cfg->pooling = KWK_POOLING_CLS;
+        cfg->normalize = 1;
+    } else if (rc >= 0 && !pooled)
         unsupported(cfg, "modules.json has no Pooling module: sentence-transformers gives token "
                          "states, not one embedding");
     return rc < 0 ? rc : 0;

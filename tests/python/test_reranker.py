@@ -409,8 +409,6 @@ def test_unsupported_activation_refused(tmp_path):
     assert ei.value.code == KWK_EUNSUPPORTED and "Tanh" in str(ei.value), ei.value
 
 
-@pytest.mark.xfail(strict=True, reason="kwker reads activation_fn from config.json only; "
-                   "sentence-transformers >= 5 saves it in config_sentence_transformers.json")
 def test_activation_from_config_sentence_transformers_json(tmp_path):
     """What sentence-transformers 5 and 6 save (CrossEncoder.save): activation_fn in
     config_sentence_transformers.json, which CrossEncoder reads before config.json's keys."""
@@ -421,9 +419,19 @@ def test_activation_from_config_sentence_transformers_json(tmp_path):
         assert rr.score_activation == "identity"
 
 
-@pytest.mark.xfail(strict=True, reason="a CrossEncoder saved by sentence-transformers >= 5 has "
-                   "a modules.json of one Transformer module, which the encoder loader refuses "
-                   "(no Pooling)")
+def test_untrusted_activation_is_the_default(tmp_path):
+    """An activation_fn outside torch is ignored as sentence-transformers ignores it without
+    trust_remote_code: the default (sigmoid for one label), whichever file names it."""
+    d = _edited_copy("ce_bert1", tmp_path, config={
+        "sentence_transformers": {"activation_fn": "mypkg.Scaled"}})
+    with kwker.Reranker(str(d)) as rr:
+        assert rr.score_activation == "sigmoid"
+    d2 = _edited_copy("ce_bert1_identity", tmp_path / "b", files={
+        "config_sentence_transformers.json": {"activation_fn": "mypkg.Scaled"}})
+    with kwker.Reranker(str(d2)) as rr:
+        assert rr.score_activation == "identity"  # config.json's Identity stands
+
+
 def test_folder_saved_by_sentence_transformers(tmp_path):
     """CrossEncoder(...).save(folder) with activation_fn Identity, loaded back by kwker: the
     same scores as CrossEncoder loaded from that folder."""
