@@ -1,6 +1,7 @@
-/* fuzz_tokenizer.c - libFuzzer target over encode, decode and the streaming detokenizer with
- * fixed small tokenizers built in memory. The first input byte picks the tokenizer and options;
- * the rest is text (and, reinterpreted, ids, some out of range). Inputs are capped at 8 KiB. */
+/* fuzz_tokenizer.c - libFuzzer target over encode, decode, the streaming detokenizer and pair
+ * encoding with fixed small tokenizers built in memory. The first input byte picks the tokenizer
+ * and options; the rest is text (and, reinterpreted, ids, some out of range; and, split in two,
+ * a pair). Inputs are capped at 8 KiB. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,29 @@ static void init(void)
     }
 }
 
+/* The text split in two at a point its first byte picks, encoded as a pair with a limit of 0
+ * (none) to 15 tokens from the option byte: the result holds at most the limit, has as many
+ * type ids as ids, and without a limit holds both texts whole. */
+static void check_pair(const kwk_tokenizer *t, uint8_t opt, const char *text, size_t len)
+{
+    size_t cut = len ? (uint8_t)text[0] % (len + 1) : 0, max = opt >> 4;
+    int32_t *ids = NULL, *types = NULL, *a = NULL, *b = NULL;
+    size_t n = 0, na = 0, nb = 0;
+    int rc = kwk_tokenizer_encode_pair(t, text, cut, text + cut, len - cut, max, &ids, &types,
+                                       &n);
+    if (rc == 0 && max && n > max)
+        abort();
+    if (rc == 0 && (!ids || !types))
+        abort();
+    if (rc == 0 && !max && kwk_tokenizer_encode_alloc(t, text, cut, 0, &a, &na) == 0 &&
+        kwk_tokenizer_encode_alloc(t, text + cut, len - cut, 0, &b, &nb) == 0 && n < na + nb)
+        abort();
+    kwk_tokenizer_mem_free(a);
+    kwk_tokenizer_mem_free(b);
+    kwk_tokenizer_mem_free(ids);
+    kwk_tokenizer_mem_free(types);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size > 8192)
@@ -142,5 +166,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kwk_tokenizer_mem_free(out);
         free(raw);
     }
+    check_pair(t, data[0], text, len);
     return 0;
 }

@@ -429,12 +429,17 @@ KWK_API void kwk_tokenizer_mem_free(void *p);
  * the two truncated so the whole, special tokens included, holds at most max_tokens (the
  * "longest_first" strategy: the longer text loses tokens from its end first); then joined by
  * the post-processor's pair form ([CLS] a [SEP] b [SEP] for BERT, <s> a </s></s> b </s> for
- * RoBERTa, a TemplateProcessing's "pair"; a GGUF's as llama.cpp's rerank prompt joins them).
+ * RoBERTa, a TemplateProcessing's "pair"; a then b when no post-processor adds tokens, as for
+ * most decoders; a GGUF's as llama.cpp's rerank prompt joins them: [bos] a [eos] [sep] b [eos]
+ * by its add_*_token flags). An empty b keeps the pair form, as the tokenizers library and
+ * transformers' batched call do (transformers 5's unbatched call encodes a alone then).
  * Allocates *ids and, when types is not NULL, *types (each token's type id, the
  * token_type_ids: 0 for a's part, 1 for b's where the post-processor says so), both freed with
  * kwk_tokenizer_mem_free; *n is the count. Returns 0; KWK_EUNSUPPORTED when the tokenizer has
- * no pair form (err-free: a decoder's tokenizer usually has none); KWK_ELIMIT when max_tokens
- * cannot hold the special tokens the pair adds. */
+ * no pair form (a tokenizer.json whose TemplateProcessing lacks "pair", or whose Sequence holds
+ * two token-adding processors: files Hugging Face refuses or mangles); KWK_ELIMIT when
+ * 0 < max_tokens < the special tokens the pair adds (Hugging Face then silently leaves the
+ * pair whole). Thread-safe. */
 KWK_API int kwk_tokenizer_encode_pair(const kwk_tokenizer *t, const char *a, size_t na,
                                       const char *b, size_t nb, size_t max_tokens,
                                       int32_t **ids, int32_t **types, size_t *n);
