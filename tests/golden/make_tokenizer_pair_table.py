@@ -1,7 +1,8 @@
 """Prints tests/c/test_tokenizer_pair.c's truncation table: {na, nb, max_length, kept of a, kept
 of b} as transformers gives them for tokenizer("a a ...", "b b ...", truncation=True,
 max_length=max_length) with all-MiniLM-L6-v2's tokenizer (one token a word, BERT's pair form:
-three special tokens). Run from the repository root: python3 tests/golden/make_tokenizer_pair_table.py
+three special tokens). Run from the repository root:
+    python3 tests/golden/make_tokenizer_pair_table.py
 
 Batched, as cross-encoders call it: transformers 5 encodes an unbatched tokenizer(a, "") as the
 single text a (tokenization_utils_tokenizers.py: `[(text, text_pair)] if text_pair else

@@ -47,6 +47,8 @@ TEXTS = texts()
 def pairs(n, seed):
     rng = random.Random(seed)
     out = [(a, b) for a in HARD[:4] for b in HARD[:4]]
+    # equal lengths: on a tie b keeps the odd token of an odd budget
+    out += [("a b c d e f g", "h i j k l m n"), ("x " * 70, "y " * 70), ("q " * 9, "r " * 8)]
     while len(out) < n:
         out.append((rng.choice(TEXTS), rng.choice(TEXTS)))
     return out
@@ -196,7 +198,8 @@ def test_roberta_in_sequence_against_tokenizers(tmp_path):
 
 def test_xlmr_style_against_tokenizers(tmp_path):
     hf = train_unigram_xlmr(tmp_path / "tokenizer.json")
-    check_against(Tokenizer(str(tmp_path / "tokenizer.json")), hf, seed=10)
+    # fewer pairs: tokenizers' encode of this trained Unigram is slow (~17 ms a call)
+    check_against(Tokenizer(str(tmp_path / "tokenizer.json")), hf, n_pairs=25, seed=10)
 
 
 def test_two_token_adders_unsupported(tmp_path):
