@@ -564,3 +564,74 @@ def read_back_bert(gguf_path):
         data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
         sd[bert_hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(data.reshape(shape)))
     return sd
+
+
+def export_rank(folder, out_path, ftype="f32", pooler_as_cls=False):
+    """Write the cross-encoder in folder (BertForSequenceClassification,
+    RobertaForSequenceClassification or XLMRobertaForSequenceClassification with its
+    tokenizer.json) as the rank GGUF llama.cpp's converter writes for it (its BertModel /
+    RobertaModel / XLMRobertaModel classes; the behaviour, not its code), at out_path.
+
+    Beyond export_bert's BERT layout: "bert." / "roberta." prefixes dropped; RoBERTa's position
+    table cut by pad_token_id + 1 rows (context_length the same less); RoBERTa's
+    classifier.dense -> cls, classifier.out_proj -> cls.output; BERT's classifier -> cls.output,
+    and BERT's pooler is not written (the converter drops pooler.dense: "only using BERT for
+    embeddings"); pooling_type 4 (RANK); classifier.output_labels from id2label unless it is
+    transformers' two-label default. pooler_as_cls=True writes BERT's pooler as cls, what a
+    converter keeping the whole head would write. ftype: f32 | f16 | q8_0 | q4_0 (types as
+    export_bert gives them)."""
+    import gguf
+    cfg = read_config(folder)
+    roberta = cfg.get("model_type") in ("roberta", "xlm-roberta")
+    off = cfg.get("pad_token_id", 1) + 1 if roberta else 0
+    heads = {"classifier": "cls.output", "classifier.out_proj": "cls.output",
+             "classifier.dense": "cls"}
+    tensors = []
+    for name, data in read_hf_tensors(folder).items():
+        for prefix in ("bert.", "roberta."):
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+        stem, _, suffix = name.rpartition(".")
+        if stem in heads:
+            tensors.append(("%s.%s" % (heads[stem], suffix), data))
+            continue
+        if stem == "pooler.dense":
+            if pooler_as_cls:
+                tensors.append(("cls." + suffix, data))
+            continue
+        if name == "embeddings.position_embeddings.weight":
+            data = data[off:]
+        g = bert_gguf_name(name)
+        if g is not None:
+            tensors.append((g, data))
+    tokens, types, ids = _bert_vocab(folder, cfg["vocab_size"])
+    w = gguf.GGUFWriter(str(out_path), "bert")
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(Path(folder).name)
+    w.add_context_length(cfg["max_position_embeddings"] - off)
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_layer_norm_eps(cfg.get("layer_norm_eps", 1e-12))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if ftype == "f32" else
+                    gguf.LlamaFileType["MOSTLY_" + ftype.upper()])
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.RANK)
+    labels = cfg.get("id2label") or {}
+    if labels and not (len(labels) == 2 and labels.get("0") == "LABEL_0"):
+        w.add_classifier_output_labels([v for _, v in sorted(labels.items(),
+                                                             key=lambda kv: int(kv[0]))])
+    w.add_token_type_count(cfg.get("type_vocab_size", 1))
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("bert-bge")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_unk_token_id(ids["unk"])
+    w.add_sep_token_id(ids["sep"])
+    w.add_pad_token_id(ids["pad"])
+    w.add_uint32("tokenizer.ggml.cls_token_id", ids["cls"])
+    w.add_mask_token_id(ids["mask"])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    return _write_tensors(w, tensors, gguf.GGMLQuantizationType[ftype.upper()],
+                                      out_path, float_tables=("position_embd", "token_types"))
