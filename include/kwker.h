@@ -835,12 +835,13 @@ KWK_API int kwk_encoder_n_labels(const kwk_encoder *e);
 
 /* The classification head's logits for n_seqs sequences (ids and offs as kwk_encoder_embed;
  * types[offs[n_seqs]] each token's type id as kwk_tokenizer_encode_pair gives them, NULL for
- * all 0): out[n_seqs][n_labels], raw (kwk_model_info.score_act says how scores are made of
- * them). The head reads the first token's state: BERT's pooler (dense, tanh) then classifier;
- * RoBERTa's and XLM-R's classifier.dense, tanh, then out_proj; a GGUF's cls, tanh, cls.output
- * as llama.cpp names them. Bitwise the same whatever a sequence is batched with. Returns as
+ * all 0; a model of one token type, as RoBERTa's and XLM-R's, reads every token as type 0):
+ * out[n_seqs][n_labels], raw (kwk_model_info.score_act says how scores are made of them). The
+ * head reads the first token's state: BERT's pooler (dense, tanh) then classifier; RoBERTa's
+ * and XLM-R's classifier.dense, tanh, then out_proj; a GGUF's cls, tanh, cls.output as
+ * llama.cpp names them. Bitwise the same whatever a sequence is batched with. Returns as
  * kwk_encoder_embed; KWK_EUNSUPPORTED when the model has no head, KWK_ERANGE also for a type id
- * outside the model's token types. */
+ * outside the model's token types (of two or more). */
 KWK_API int kwk_encoder_classify(kwk_encoder *e, const int32_t *ids, const int32_t *types,
                                  const int32_t *offs, int n_seqs, float *out,
                                  struct kwk_err *err);

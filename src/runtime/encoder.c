@@ -453,6 +453,10 @@ int kwk_encoder_classify(kwk_encoder *e, const int32_t *ids, const int32_t *type
         return kwk_err_set(err, KWK_EUNSUPPORTED, "%s has no classification head (a "
                            "*ForSequenceClassification checkpoint, or a GGUF of pooling_type "
                            "4): it gives embeddings, not scores", e->m->path);
+    /* a model of one token type (RoBERTa, XLM-R) has no segments: a pair's type ids, which a
+     * tokenizer of BERT's family gives it, all read as 0, as llama.cpp sends them */
+    if (e->c->n_types == 1)
+        types = NULL;
     return run_seqs(e, ids, types, offs, n_seqs, out, e->c->n_labels, classify_out, ROW_FIRST,
                     err);
 }

@@ -327,8 +327,10 @@ static void bert_ids(struct gv *v, int32_t *cls, int32_t *sep)
 
 /* The pair as llama.cpp's rerank prompt joins it (format_rerank): [bos] a [eos] [sep] b [eos],
  * each special there when its add_*_token flag says so (defaults by vocabulary as llama.cpp
- * sets them), eos standing in for a missing sep and the reverse. Type ids as BERT's: 0 up to
- * the separators after a, 1 from b on. */
+ * sets them), eos standing in for a missing sep and the reverse. Type ids as Hugging Face's
+ * tokenizer of the model's family gives them: a WordPiece (BERT) vocabulary's 0 up to the
+ * separators after a, 1 from b on; any other's all 0, as RoBERTa's and XLM-R's post-processor
+ * (their rerankers have one token type, and llama.cpp sends 0 for every token). */
 static int set_rerank_pair(struct gv *v, int is_bert, int is_spm, const char *pre, size_t pre_n)
 {
     int32_t bos = v->t->bos_id, sep = -1, eos = (int32_t)get_id(v, "tokenizer.ggml.eos_token_id");
@@ -358,9 +360,10 @@ static int set_rerank_pair(struct gv *v, int is_bert, int is_spm, const char *pr
         p[n++] = (struct tok_piece){end, 0};
     if (add_sep && sep >= 0)
         p[n++] = (struct tok_piece){sep, 0};
-    p[n++] = (struct tok_piece){TOK_PAIR_B, 1};
+    int tb = is_bert ? 1 : 0;
+    p[n++] = (struct tok_piece){TOK_PAIR_B, tb};
     if (add_eos && end >= 0)
-        p[n++] = (struct tok_piece){end, 1};
+        p[n++] = (struct tok_piece){end, tb};
     return tok_pair_set(v->t, p, n);
 }
 

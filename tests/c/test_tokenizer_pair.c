@@ -300,7 +300,8 @@ static void test_gguf(void)
         check_pair(t, "hello hello", "world world", 4, tr, tr_types, 4);
         kwk_tokenizer_free(t);
     }
-    /* SentencePiece: add_bos_token true, add_eos_token false, no separator: <s> a b */
+    /* SentencePiece: add_bos_token true, add_eos_token false, no separator: <s> a b, all
+     * of type 0 */
     if ((t = load_vocab("ggml-vocab-llama-spm.gguf"))) {
         int32_t *a = NULL, *b = NULL, *ids = NULL, *types = NULL;
         size_t na = 0, nb = 0, n = 0;
@@ -311,8 +312,10 @@ static void test_gguf(void)
         if (n == 1 + na + nb && na && nb) {
             T_EQ(ids[0], 1);
             T_TRUE(!memcmp(ids + 1, a, na * sizeof *a) && !memcmp(ids + 1 + na, b, nb * sizeof *b));
+            /* a vocabulary not BERT's: every type 0, as RoBERTa's and XLM-R's tokenizers */
             T_EQ(types[na], 0);
-            T_EQ(types[na + 1], 1);
+            T_EQ(types[na + 1], 0);
+            T_EQ(types[n - 1], 0);
         }
         kwk_tokenizer_mem_free(a);
         kwk_tokenizer_mem_free(b);
