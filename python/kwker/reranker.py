@@ -57,9 +57,10 @@ def _is_pair(x):
         all(isinstance(t, (str, bytes)) for t in x)
 
 
-def _labels_of(path):
+def _labels_of(path, n_labels):
     """config.json's id2label of a model folder as a list by id, or None (a GGUF, a Hugging
-    Face id, a folder without the key)."""
+    Face id, a folder without the key, or one whose ids are not those of the n_labels outputs:
+    the file is untrusted, so no list is sized by its numbers)."""
     cfg = os.path.join(path, "config.json")
     if not os.path.isfile(cfg):
         return None
@@ -71,7 +72,9 @@ def _labels_of(path):
         byid = {int(k): str(v) for k, v in id2label.items()}
     except (ValueError, OSError, TypeError):
         return None
-    return [byid.get(i, "LABEL_%d" % i) for i in range(max(byid) + 1)]
+    if len(byid) != n_labels or any(not 0 <= i < n_labels for i in byid):
+        return None
+    return [byid[i] for i in range(n_labels)]
 
 
 class Reranker(Closing):
@@ -114,9 +117,8 @@ class Reranker(Closing):
                            KWK_EUNSUPPORTED)
         limit = self._encoder.max_tokens
         self.max_length = limit if max_length is None else min(int(max_length), limit)
-        self.labels = _labels_of(self.model_path) if os.path.isdir(self.model_path) else None
-        if self.labels is not None and len(self.labels) != self.n_labels:
-            self.labels = None  # names that do not match the head's outputs say nothing
+        self.labels = (_labels_of(self.model_path, self.n_labels)
+                       if os.path.isdir(self.model_path) else None)
 
     # -- lifetime ---------------------------------------------------------------------------
 

@@ -341,8 +341,15 @@ static int cls_sep_forms(struct tok_step *st, int32_t cls, int32_t sep, int robe
     return 0;
 }
 
+/* Pieces one TemplateProcessing list may expand to (its specials' ids included). Real
+ * templates have a handful; without a bound a 1 MB file could name a 20,000-id special 5,000
+ * times, and every encode would add those 10^8 ids again. */
+#define TOK_TEMPLATE_MAX_PIECES 4096
+
 static int push_piece(struct tok_piece **v, int *n, size_t *cap, int32_t id, int32_t type_id)
 {
+    if (*n >= TOK_TEMPLATE_MAX_PIECES)
+        return KWK_ELIMIT;
     if ((size_t)*n == *cap) {
         size_t nc = *cap ? *cap * 2 : 8;
         struct tok_piece *p = kwk_realloc(*v, nc * sizeof *p);
@@ -390,6 +397,8 @@ static int parse_template_list(struct jctx *c, json_t *list, json_t *specials, i
             rc = push_piece(out, n_out, &cap, single || !b ? TOK_PAIR_A : TOK_PAIR_B,
                             (int32_t)ty);
         }
+        if (rc == KWK_ELIMIT)
+            return bad(c, "TemplateProcessing expands to more than 4096 tokens");
         if (rc)
             return rc;
     }

@@ -325,8 +325,48 @@ static void test_gguf(void)
     }
 }
 
+/* A template list that would expand to more than 4096 tokens is refused at load (a small file
+ * naming a long special many times would otherwise cost every encode its length); 4096 load. */
+static void test_template_bound(void)
+{
+    for (int n_refs = 4096; n_refs <= 4097; n_refs++) {
+        static const char ref[] = "{\"SpecialToken\": {\"id\": \"[CLS]\", \"type_id\": 0}},";
+        size_t cap = strlen(json_head) + (size_t)n_refs * (sizeof ref - 1) + 1024;
+        char *json = malloc(cap), *p = json;
+        T_TRUE(json != NULL);
+        if (!json)
+            return;
+        p += sprintf(p, "%s{\"type\": \"TemplateProcessing\", \"single\": [", json_head);
+        p += sprintf(p, "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], \"pair\": [");
+        for (int i = 0; i < n_refs - 2; i++)
+            p += sprintf(p, "%s", ref);
+        p += sprintf(p, "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}},"
+                        "{\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}],"
+                        " \"special_tokens\": {\"[CLS]\": {\"id\": \"[CLS]\", \"ids\": [1],"
+                        " \"tokens\": [\"[CLS]\"]}}}}");
+        struct kwk_err err;
+        kwk_tokenizer *t = kwk_tokenizer_load_json(json, strlen(json), &err);
+        if (n_refs == 4096) {
+            T_TRUE(t != NULL);
+            int32_t *ids = NULL, *types = NULL;
+            size_t n = 0;
+            T_EQ(kwk_tokenizer_encode_pair(t, "a", 1, "b", 1, 0, &ids, &types, &n), 0);
+            T_EQ(n, 4096);
+            kwk_tokenizer_mem_free(ids);
+            kwk_tokenizer_mem_free(types);
+        } else {
+            T_TRUE(t == NULL);
+            T_EQ(err.code, KWK_EFORMAT);
+            T_TRUE(strstr(err.msg, "4096") != NULL);
+        }
+        kwk_tokenizer_free(t);
+        free(json);
+    }
+}
+
 int main(void)
 {
+    test_template_bound();
     test_forms();
     test_truncation_table();
     test_errors();

@@ -333,6 +333,19 @@ def test_labels():
         assert rr.labels == ["LABEL_0"]  # transformers writes its default name
 
 
+def test_labels_untrusted(tmp_path):
+    """id2label is untrusted: ids that are not the head's outputs give no labels, and nothing
+    is sized by them (a key of 3e8 once made a list of that length)."""
+    for n, id2label in enumerate([{"0": "a", "300000000": "b"}, {"1": "a"}, {"0": "a", "1": "b"},
+                                  {"x": "a"}, []]):
+        d = _edited_copy("ce_bert1", tmp_path / str(n), config={"id2label": id2label})
+        with kwker.Reranker(str(d)) as rr:
+            assert rr.labels is None, id2label
+    d = _edited_copy("ce_bert1", tmp_path / "ok", config={"id2label": {"0": "relevant"}})
+    with kwker.Reranker(str(d)) as rr:
+        assert rr.labels == ["relevant"]
+
+
 def test_against_sentence_transformers():
     """CrossEncoder.predict and .rank themselves (their default activation, padded batches of
     32 through transformers' default attention), to 1e-5 of the largest score."""
