@@ -443,6 +443,11 @@ KWK_API void kwk_tokenizer_mem_free(void *p);
 KWK_API int kwk_tokenizer_encode_pair(const kwk_tokenizer *t, const char *a, size_t na,
                                       const char *b, size_t nb, size_t max_tokens,
                                       int32_t **ids, int32_t **types, size_t *n);
+/* The same from the two texts' ids, each as kwk_tokenizer_encode(add_special 0) gives them: a
+ * text encoded once joins many pairs (a reranker's query with each of its documents). */
+KWK_API int kwk_tokenizer_join_pair(const kwk_tokenizer *t, const int32_t *a, size_t na,
+                                    const int32_t *b, size_t nb, size_t max_tokens,
+                                    int32_t **ids, int32_t **types, size_t *n);
 
 /* Decode ids[n] to UTF-8 text exactly as Hugging Face's decode does (skip_special drops
  * special added tokens). Writes a NUL-terminated string to buf[cap] and its length to *len;

@@ -108,12 +108,11 @@ static size_t joined_len(const struct kwk_tokenizer *t, size_t na, size_t nb)
     return n;
 }
 
-int kwk_tokenizer_encode_pair(const kwk_tokenizer *t, const char *a, size_t na, const char *b,
-                              size_t nb, size_t max_tokens, int32_t **ids, int32_t **types,
-                              size_t *n)
+int kwk_tokenizer_join_pair(const kwk_tokenizer *t, const int32_t *a, size_t na,
+                            const int32_t *b, size_t nb, size_t max_tokens, int32_t **ids,
+                            int32_t **types, size_t *n)
 {
-    int32_t *ia = NULL, *ib = NULL, *out = NULL, *out_types = NULL;
-    size_t la = 0, lb = 0;
+    int32_t *out = NULL, *out_types = NULL;
     if (!t || !ids || !n || (!a && na) || (!b && nb))
         return KWK_EARG;
     *ids = NULL;
@@ -125,34 +124,48 @@ int kwk_tokenizer_encode_pair(const kwk_tokenizer *t, const char *a, size_t na, 
     size_t specials = (size_t)n_specials(t);
     if (max_tokens && max_tokens < specials)
         return KWK_ELIMIT; /* tokenizers then leaves the pair whole, longer than asked */
-    int rc = kwk_tokenizer_encode_alloc(t, a ? a : "", na, 0, &ia, &la);
-    if (!rc)
-        rc = kwk_tokenizer_encode_alloc(t, b ? b : "", nb, 0, &ib, &lb);
-    if (rc)
-        goto out;
     if (max_tokens)
-        truncate_longest_first(&la, &lb, max_tokens - specials);
-    size_t total = joined_len(t, la, lb);
-    if (total == SIZE_MAX) {
-        rc = KWK_ELIMIT;
-        goto out;
-    }
+        truncate_longest_first(&na, &nb, max_tokens - specials);
+    size_t total = joined_len(t, na, nb);
+    if (total == SIZE_MAX)
+        return KWK_ELIMIT;
     out = kwk_malloc((total ? total : 1) * sizeof *out);
     out_types = types ? kwk_malloc((total ? total : 1) * sizeof *out_types) : NULL;
     if (!out || (types && !out_types)) {
-        rc = -ENOMEM;
-        goto out;
+        kwk_free(out);
+        kwk_free(out_types);
+        return -ENOMEM;
     }
-    join(t, ia, la, ib, lb, out, out_types);
+    join(t, a, na, b, nb, out, out_types);
     *ids = out;
     if (types)
         *types = out_types;
     *n = total;
-    out = out_types = NULL;
-out:
+    return 0;
+}
+
+int kwk_tokenizer_encode_pair(const kwk_tokenizer *t, const char *a, size_t na, const char *b,
+                              size_t nb, size_t max_tokens, int32_t **ids, int32_t **types,
+                              size_t *n)
+{
+    int32_t *ia = NULL, *ib = NULL;
+    size_t la = 0, lb = 0;
+    if (!t || !ids || !n || (!a && na) || (!b && nb))
+        return KWK_EARG;
+    *ids = NULL;
+    *n = 0;
+    if (types)
+        *types = NULL;
+    if (!t->pair)
+        return KWK_EUNSUPPORTED;
+    if (max_tokens && max_tokens < (size_t)n_specials(t))
+        return KWK_ELIMIT; /* before encoding anything */
+    int rc = kwk_tokenizer_encode_alloc(t, a ? a : "", na, 0, &ia, &la);
+    if (!rc)
+        rc = kwk_tokenizer_encode_alloc(t, b ? b : "", nb, 0, &ib, &lb);
+    if (!rc)
+        rc = kwk_tokenizer_join_pair(t, ia, la, ib, lb, max_tokens, ids, types, n);
     kwk_free(ia);
     kwk_free(ib);
-    kwk_free(out);
-    kwk_free(out_types);
     return rc;
 }

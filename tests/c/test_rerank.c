@@ -225,8 +225,38 @@ static void test_reply(void)
     T_EQ(id[0], -3.5f);
 }
 
+/* A pair form that adds no tokens (no post-processor) joins an empty query and document into
+ * nothing: a 400 naming the document, not the 500 of a tokenizer failure. */
+static int bare_pair(void *user, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
+                     int32_t *types, size_t cap, size_t *n)
+{
+    (void)user;
+    (void)cap;
+    size_t k = 0;
+    for (size_t i = 0; i < na; i++)
+        ids[k] = (unsigned char)a[i], types[k++] = 0;
+    for (size_t i = 0; i < nb; i++)
+        ids[k] = (unsigned char)b[i], types[k++] = 1;
+    *n = k;
+    return 0;
+}
+
+static void test_empty_pair(void)
+{
+    struct srv_rerank_req r;
+    struct srv_err e;
+    const char *docs[] = {"ab", ""};
+    size_t lens[] = {2, 0};
+    T_EQ(srv_rerank_init(&r, "", 0, docs, lens, 2, 0), 0);
+    T_EQ(srv_rerank_pack(&r, bare_pair, NULL, 64, &e), -1);
+    T_EQ(e.http, 400);
+    T_TRUE(strstr(e.msg, "document 1") != NULL);
+    srv_rerank_req_free(&r);
+}
+
 int main(void)
 {
+    test_empty_pair();
     test_forms();
     test_errors();
     test_limits();

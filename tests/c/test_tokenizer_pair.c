@@ -364,8 +364,42 @@ static void test_template_bound(void)
     }
 }
 
+/* kwk_tokenizer_join_pair on the two texts' own ids is encode_pair, truncation included. */
+static void test_join(void)
+{
+    static const char *const forms[] = {bert_pp, roberta_pp, template_pp};
+    for (size_t f = 0; f < KWK_ARRAY_LEN(forms); f++) {
+        kwk_tokenizer *t = load_with(forms[f]);
+        if (!t)
+            continue;
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        T_EQ(kwk_tokenizer_encode_alloc(t, "hello a b a", 11, 0, &a, &na), 0);
+        T_EQ(kwk_tokenizer_encode_alloc(t, "world x", 7, 0, &b, &nb), 0);
+        for (size_t max = 0; max <= 12; max += 1) {
+            int32_t *i1 = NULL, *t1 = NULL, *i2 = NULL, *t2 = NULL;
+            size_t n1 = 0, n2 = 0;
+            int r1 = kwk_tokenizer_encode_pair(t, "hello a b a", 11, "world x", 7, max, &i1, &t1,
+                                               &n1);
+            int r2 = kwk_tokenizer_join_pair(t, a, na, b, nb, max, &i2, &t2, &n2);
+            T_EQ(r1, r2);
+            T_EQ(n1, n2);
+            T_TRUE(n1 == n2 && (!n1 || (!memcmp(i1, i2, n1 * sizeof *i1) &&
+                                        !memcmp(t1, t2, n1 * sizeof *t1))));
+            kwk_tokenizer_mem_free(i1);
+            kwk_tokenizer_mem_free(t1);
+            kwk_tokenizer_mem_free(i2);
+            kwk_tokenizer_mem_free(t2);
+        }
+        kwk_tokenizer_mem_free(a);
+        kwk_tokenizer_mem_free(b);
+        kwk_tokenizer_free(t);
+    }
+}
+
 int main(void)
 {
+    test_join();
     test_template_bound();
     test_forms();
     test_truncation_table();

@@ -334,15 +334,31 @@ def test_client_goes_away(srv):
     assert status == 200 and len(j["results"]) == 2
 
 
+def _no_pair_form(tmp_path):
+    """A reranker whose tokenizer.json has a TemplateProcessing without "pair" (tokenizers
+    refuses such a file; Kwker loads it with no pair form)."""
+    import shutil
+    d = tmp_path / "no_pair"
+    shutil.copytree(tiny_encoders.build("ce_bert1"), d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["post_processor"] = {"type": "TemplateProcessing",
+                            "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                            "special_tokens": {}}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    return str(d)
+
+
 @pytest.mark.parametrize("which,want", [
     ("embedder", "embedding model without a classification head"),
     ("three", "more than one label"),
     ("decoder", "it is a generative model"),
+    ("no_pair", "no pair form"),
 ])
-def test_models_that_cannot_rerank(which, want):
+def test_models_that_cannot_rerank(which, want, tmp_path):
     path = {"embedder": lambda: str(tiny_encoders.build(EMBEDDER)),
             "three": lambda: str(tiny_encoders.build(THREE_LABELS)),
-            "decoder": smollm2_gguf}[which]()
+            "decoder": smollm2_gguf,
+            "no_pair": lambda: _no_pair_form(tmp_path)}[which]()
     s = Server("--model", path, "--timeout", 30)
     try:
         status, j = request(s.port, "POST", "/v1/rerank", {"query": "q", "documents": ["a"]})

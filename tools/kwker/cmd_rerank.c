@@ -167,7 +167,10 @@ static int score(const struct rerank_opts *o, kwk_tokenizer *tok, kwk_encoder *e
         return -1;
     }
     r.return_documents = !o->no_documents;
-    if (srv_rerank_pack(&r, srv_encode_pair, tok, kwk_encoder_max_tokens(enc), &e)) {
+    struct srv_pair_enc pe = {.tok = tok};
+    int packed = srv_rerank_pack(&r, srv_encode_pair, &pe, kwk_encoder_max_tokens(enc), &e);
+    srv_pair_enc_free(&pe);
+    if (packed) {
         fprintf(stderr, "kwker rerank: %s\n", e.msg);
         goto out;
     }

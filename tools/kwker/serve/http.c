@@ -40,6 +40,7 @@ struct srv {
     struct srv_embedq *eq;   /* the encoder's worker thread */
     struct srv_embed_limits elim;
     int n_labels;            /* an encoder's classification head: 1 for a reranker, 0 none */
+    int pair_ok;             /* its tokenizer joins pairs (kwk_tokenizer_join_pair) */
     int score_act;           /* enum kwk_score_act: scores of its logits */
     int32_t eos[8];
     int n_eos;
@@ -874,18 +875,39 @@ static enum MHD_Result embed_reply(struct rq *r)
 
 /* ---- /v1/rerank (event-loop thread; the pairs run on the encoder worker's) ------------------- */
 
-int srv_encode_pair(void *tok, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
-                    int32_t *types, size_t cap, size_t *n)
+int srv_encode_pair(void *pair_enc, const char *a, size_t na, const char *b, size_t nb,
+                    int32_t *ids, int32_t *types, size_t cap, size_t *n)
 {
-    int32_t *pi = NULL, *pt = NULL;
-    int st = kwk_tokenizer_encode_pair(tok, a, na, b, nb, cap, &pi, &pt, n);
+    struct srv_pair_enc *pe = pair_enc;
+    int32_t *ib = NULL, *pi = NULL, *pt = NULL;
+    size_t lb = 0;
+    int st = 0;
+    *n = 0;
+    if (!pe->ia || pe->a != a || pe->na != na) {
+        srv_pair_enc_free(pe);
+        if ((st = kwk_tokenizer_encode_alloc(pe->tok, a, na, 0, &pe->ia, &pe->la)))
+            return st;
+        pe->a = a;
+        pe->na = na;
+    }
+    if (!(st = kwk_tokenizer_encode_alloc(pe->tok, b, nb, 0, &ib, &lb)))
+        st = kwk_tokenizer_join_pair(pe->tok, pe->ia, pe->la, ib, lb, cap, &pi, &pt, n);
     if (st == 0 && *n <= cap) {
         memcpy(ids, pi, sizeof(int32_t) * *n);
         memcpy(types, pt, sizeof(int32_t) * *n);
     }
+    kwk_tokenizer_mem_free(ib);
     kwk_tokenizer_mem_free(pi);
     kwk_tokenizer_mem_free(pt);
     return st;
+}
+
+void srv_pair_enc_free(struct srv_pair_enc *pe)
+{
+    kwk_tokenizer_mem_free(pe->ia);
+    pe->ia = NULL;
+    pe->a = NULL;
+    pe->na = pe->la = 0;
 }
 
 /* Why this server cannot rerank, or NULL when it can (an encoder with one label). */
@@ -901,6 +923,10 @@ static const char *rerank_refusal(const struct srv *s)
     if (s->n_labels > 1)
         return "This model cannot rerank: its classification head has more than one label (a "
                "reranker's has one relevance logit)";
+    if (!s->pair_ok)
+        return "This model cannot rerank: its tokenizer has no pair form to join a query and a "
+               "document (a TemplateProcessing without \"pair\", or two post-processors that "
+               "add tokens)";
     return NULL;
 }
 
@@ -917,7 +943,10 @@ static enum MHD_Result rerank_route(struct rq *r)
     srv_buf_free(&r->body);
     if (!model_ok(s, q->model, &e))
         return respond_err(r, &e);
-    if (srv_rerank_pack(q, srv_encode_pair, s->tok, s->elim.max_tokens, &e))
+    struct srv_pair_enc pe = {.tok = s->tok};
+    int packed = srv_rerank_pack(q, srv_encode_pair, &pe, s->elim.max_tokens, &e);
+    srv_pair_enc_free(&pe);
+    if (packed)
         return respond_err(r, &e);
     r->job = (struct srv_embed_job){.ids = q->ids, .types = q->types, .offs = q->offs,
                                     .n_seqs = q->n_docs, .classify = 1};
@@ -1269,6 +1298,11 @@ static int load_encoder(struct srv *s, const char *path, const struct kwk_model_
     s->elim.dim = kwk_encoder_dim(s->enc);
     s->elim.max_tokens = kwk_encoder_max_tokens(s->enc);
     s->n_labels = kwk_encoder_n_labels(s->enc);
+    int32_t *probe = NULL;
+    size_t n_probe = 0;
+    s->pair_ok = kwk_tokenizer_join_pair(s->tok, NULL, 0, NULL, 0, 0, &probe, NULL, &n_probe) !=
+                 KWK_EUNSUPPORTED;
+    kwk_tokenizer_mem_free(probe);
     s->score_act = info->score_act;
     s->lim.n_vocab = info->n_vocab;
     s->lim.max_cache_len = s->elim.max_tokens; /* /v1/models' and /tokenize's max_model_len */
@@ -1452,7 +1486,7 @@ int srv_run(const struct srv_opts *o)
     if (!(s->d = start_daemon(s, max_conn)))
         goto out;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    if (s->enc && s->n_labels == 1)
+    if (s->enc && s->n_labels == 1 && s->pair_ok)
         fprintf(stderr, "kwker serve: listening on http://%s:%u (reranker %s: /v1/rerank and "
                         "/v1/embeddings, up to %d tokens a pair or input, %u connections)\n",
                 o->host, di ? di->port : (unsigned)o->port, s->model_id, s->elim.max_tokens,

@@ -253,8 +253,13 @@ int srv_rerank_pack(struct srv_rerank_req *r, srv_pair_fn encode, void *user, in
             return rr_oom(e);
         int st = encode(user, r->query, r->query_len, r->docs[i].text, r->docs[i].len,
                         r->ids + used, r->types + used, max, &n);
-        /* a pair always has its special tokens; n past max would break the contract */
-        if (st >= 0 && (n == 0 || n > max))
+        if (st >= 0 && n == 0) {
+            /* a tokenizer whose pair form adds no tokens, an empty query and document */
+            srv_err_set(e, 400, "invalid_request_error", "documents", NULL,
+                        "document %d and the query are both empty: nothing to score", i);
+            return -1;
+        }
+        if (st >= 0 && n > max) /* past max would break encode's contract */
             st = KWK_ELIMIT;
         if (st < 0) {
             srv_err_set(e, 500, "server_error", NULL, NULL,

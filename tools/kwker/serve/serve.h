@@ -333,8 +333,8 @@ typedef int (*srv_pair_fn)(void *user, const char *a, size_t na, const char *b, 
                            int32_t *ids, int32_t *types, size_t cap, size_t *n);
 
 /* Every (query, document i) pair through encode into r->ids / types / offs, each truncated to
- * max_tokens as Hugging Face's CrossEncoder does (never an error). Returns 0, or -1 with e (500:
- * out of memory or the tokenizer failed). */
+ * max_tokens as Hugging Face's CrossEncoder does (never an error). Returns 0, or -1 with e (400:
+ * a pair of no tokens at all; 500: out of memory or the tokenizer failed). */
 int srv_rerank_pack(struct srv_rerank_req *r, srv_pair_fn encode, void *user, int max_tokens,
                     struct srv_err *e);
 /* r itself from the CLI: query and documents copied; top_n 0 for all. 0, or -1 when out of
@@ -422,9 +422,20 @@ void srv_metrics_render_embed(struct srv_buf *out, uint64_t batches, uint64_t se
  * buf[cap]. Thread-safe. */
 void srv_model_id(char *buf, size_t cap, const char *path);
 
-/* srv_pair_fn over a kwk_tokenizer (tok): kwk_tokenizer_encode_pair with max_tokens = cap. */
-int srv_encode_pair(void *tok, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
-                    int32_t *types, size_t cap, size_t *n);
+/* srv_pair_fn's user over a kwk_tokenizer: the pair as kwk_tokenizer_encode_pair gives it
+ * with max_tokens = cap, the first text's ids kept from the call before when it is the same
+ * text (a request's query, encoded once for all its documents, not once a document). One
+ * srv_rerank_pack at a time; zero-initialized with tok set, then srv_pair_enc_free. */
+struct srv_pair_enc {
+    const kwk_tokenizer *tok;
+    const char *a; /* the text ia was encoded from (its pointer and length: the caller's) */
+    size_t na;
+    int32_t *ia;
+    size_t la;
+};
+int srv_encode_pair(void *pair_enc, const char *a, size_t na, const char *b, size_t nb,
+                    int32_t *ids, int32_t *types, size_t cap, size_t *n);
+void srv_pair_enc_free(struct srv_pair_enc *pe);
 
 /* Load the model, start the engine and the HTTP daemon, serve until SIGINT / SIGTERM, then drain
  * (stop listening, finish the requests in flight within shutdown_timeout_s). Returns the process
