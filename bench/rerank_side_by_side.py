@@ -525,7 +525,7 @@ def markdown(recs, a, shape):
     return "\n".join(lines)
 
 
-def parse_batches(s, workloads):
+def parse_batches(s):
     out = {w: 512 for w in WORKLOADS}
     for item in s.split(","):
         if item:
@@ -593,7 +593,7 @@ def parse_args(argv):
     bad = set(a.workloads) - set(WORKLOADS)
     if bad:
         raise SystemExit("unknown workload(s) %s" % ", ".join(sorted(bad)))
-    a.llama_batch = parse_batches(a.llama_batch, a.workloads)
+    a.llama_batch = parse_batches(a.llama_batch)
     a.models = [m for m in a.models.split(",") if m]
     for m in a.models:
         if m not in MODELS:
