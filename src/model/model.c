@@ -481,7 +481,7 @@ static int get_head_rows(struct loader *ld, const char *name, int64_t cols, int 
 
 /* The classification head of a cross-encoder: BERT's pooler then classifier, RoBERTa's
  * classifier.dense then classifier.out_proj (as transformers' *ForSequenceClassification), or
- * llama.cpp's cls then cls.output (a GGUF may lack cls and cls.output's bias, as llama.cpp's
+ * llama.cpp's cls then cls.output (a GGUF may lack cls and either bias, as llama.cpp's
  * loader allows; its rerankers of cls alone, with no cls.output, are not run). */
 static int load_cls_head(struct loader *ld, const char *prefix)
 {
@@ -511,7 +511,7 @@ static int load_cls_head(struct loader *ld, const char *prefix)
     if (n_dense) {
         snprintf(bn, sizeof bn, "%s.bias", dense);
         if ((rc = get_table(ld, wn, d, d, &m->head_dense_w)) ||
-            (rc = get_vec(ld, bn, d, 0, &m->head_dense_b)))
+            (rc = get_vec(ld, bn, d, ld->gguf, &m->head_dense_b)))
             return rc;
     }
     snprintf(wn, sizeof wn, "%s.weight", out);
@@ -523,7 +523,8 @@ static int load_cls_head(struct loader *ld, const char *prefix)
     c->n_labels = (int)n_out;
     if (c->score_act < 0)
         c->score_act = c->n_labels == 1 ? KWK_SCORE_SIGMOID : KWK_SCORE_IDENTITY;
-    m->n_params += (n_dense ? d * d + d : 0) + n_out * d + (m->head_out_b ? n_out : 0);
+    m->n_params += (n_dense ? d * d : 0) + (m->head_dense_b ? d : 0) + n_out * d +
+                   (m->head_out_b ? n_out : 0);
     return 0;
 }
 

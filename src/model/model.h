@@ -186,6 +186,9 @@ struct kwk_config {
                                pooling_type 4, llama.cpp's RANK) */
     int n_labels;           /* its outputs, from its tensor (0 without a head) */
     int score_act;          /* enum kwk_score_act: sentence-transformers' CrossEncoder's */
+    char score_act_bad[96]; /* an activation_fn config.json names that Kwker does not run: the
+                               model is unsupported unless config_sentence_transformers.json,
+                               read after it, names one it does */
     char unsupported[256];  /* non-empty: why this model cannot run */
 };
 
@@ -213,8 +216,8 @@ int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err 
 int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err *err);
 /* A cross-encoder's activation_fn as sentence-transformers names it (a class path):
  * cfg->score_act Sigmoid or Identity; a path outside torch stays the default, as
- * sentence-transformers does without trust_remote_code; another torch class makes the model
- * unsupported. */
+ * sentence-transformers does without trust_remote_code; another torch class is kept in
+ * cfg->score_act_bad (kwk_st_pooling_load then makes the model unsupported). */
 void kwk_score_act_set(struct kwk_config *cfg, const char *path);
 /* The same from GGUF metadata (general.architecture, <arch>.*). */
 int kwk_config_from_gguf(struct kwk_config *cfg, const struct kwk_gguf *g, struct kwk_err *err);

@@ -91,27 +91,27 @@ void kwk_score_act_set(struct kwk_config *cfg, const char *path)
     if (strncmp(path, "torch.", 6))
         return;
     const char *dot = strrchr(path, '.');
-    if (!strcmp(dot + 1, "Sigmoid")) {
+    cfg->score_act_bad[0] = '\0';
+    if (!strcmp(dot + 1, "Sigmoid"))
         cfg->score_act = KWK_SCORE_SIGMOID;
-    } else if (!strcmp(dot + 1, "Identity")) {
+    else if (!strcmp(dot + 1, "Identity"))
         cfg->score_act = KWK_SCORE_IDENTITY;
-    } else {
-        char why[200];
-        snprintf(why, sizeof why, "the cross-encoder's activation_fn %.80s is not supported "
-                 "(Sigmoid, Identity)", path);
-        unsupported(cfg, why);
-    }
+    else
+        snprintf(cfg->score_act_bad, sizeof cfg->score_act_bad, "%.80s", path);
 }
 
 /* config_sentence_transformers.json's activation_fn (sentence-transformers 5 and later write
- * it there; it wins over config.json's). */
+ * it there; it wins over config.json's), read as CrossEncoder reads it: only in a file of
+ * model_type CrossEncoder (another type is converted, its activation not taken). */
 static int st_score_act(struct kwk_config *cfg, const char *dir, struct kwk_err *err)
 {
     int rc;
     json_t *o = read_object(dir, "config_sentence_transformers.json", &rc, err);
     if (!o)
         return rc;
-    const json_t *fn = json_object_get(o, "activation_fn");
+    const char *type = json_string_value(json_object_get(o, "model_type"));
+    const json_t *fn = type && !strcmp(type, "CrossEncoder") ? json_object_get(o, "activation_fn")
+                                                             : NULL;
     if (json_is_string(fn))
         kwk_score_act_set(cfg, json_string_value(fn));
     else if (fn && !json_is_null(fn))
@@ -127,12 +127,21 @@ int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err 
     cfg->pooling = KWK_POOLING_CLS;
     cfg->normalize = 1;
     int rc;
-    if (cfg->cls_head && (rc = st_score_act(cfg, dir, err)) < 0)
-        return rc;
     char path[4096];
     if (kwk_path_join(path, sizeof path, dir, "modules.json"))
         return kwk_err_set(err, KWK_ELIMIT, "%s: path too long", dir);
-    if (!kwk_file_exists(path))
+    int st_folder = kwk_file_exists(path);
+    /* sentence-transformers reads config_sentence_transformers.json only in its own folders
+     * (those with modules.json); elsewhere it builds a fresh model from config.json alone */
+    if (st_folder && cfg->cls_head && (rc = st_score_act(cfg, dir, err)) < 0)
+        return rc;
+    if (cfg->score_act_bad[0]) {
+        char why[200];
+        snprintf(why, sizeof why, "the cross-encoder's activation_fn %s is not supported "
+                 "(Sigmoid, Identity)", cfg->score_act_bad);
+        unsupported(cfg, why);
+    }
+    if (!st_folder)
         return 0;
     char *text = NULL;
     size_t n = 0;

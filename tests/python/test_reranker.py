@@ -425,11 +425,54 @@ def test_unsupported_activation_refused(tmp_path):
 def test_activation_from_config_sentence_transformers_json(tmp_path):
     """What sentence-transformers 5 and 6 save (CrossEncoder.save): activation_fn in
     config_sentence_transformers.json, which CrossEncoder reads before config.json's keys."""
+    from sentence_transformers import CrossEncoder
     d = _edited_copy("ce_bert1", tmp_path, files={"config_sentence_transformers.json": {
         "activation_fn": "torch.nn.modules.linear.Identity", "model_type": "CrossEncoder",
-        "prompts": {}, "default_prompt_name": None}})
+        "prompts": {}, "default_prompt_name": None}, "modules.json": [
+            {"idx": 0, "name": "0", "path": "",
+             "type": "sentence_transformers.base.modules.transformer.Transformer"}]})
+    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == "Identity"
     with kwker.Reranker(str(d)) as rr:
         assert rr.score_activation == "identity"
+
+
+def test_activation_precedence(tmp_path):
+    """config_sentence_transformers.json's activation_fn wins over config.json's, even over
+    one Kwker does not run (CrossEncoder then never reads config.json's); CrossEncoder agrees."""
+    from sentence_transformers import CrossEncoder
+    d = _edited_copy("ce_bert1", tmp_path, config={
+        "sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}},
+        files={"config_sentence_transformers.json": {
+            "activation_fn": "torch.nn.modules.activation.Sigmoid", "model_type": "CrossEncoder"},
+            "modules.json": [{"idx": 0, "name": "0", "path": "",
+                          "type": "sentence_transformers.base.modules.transformer.Transformer"}]})
+    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == "Sigmoid"
+    with kwker.Reranker(str(d)) as rr:
+        assert rr.score_activation == "sigmoid"
+
+
+def test_st_json_of_another_model_type(tmp_path):
+    """A config_sentence_transformers.json without model_type CrossEncoder is another kind of
+    model's: CrossEncoder converts it and keeps config.json's activation, and so does Kwker."""
+    from sentence_transformers import CrossEncoder
+    d = _edited_copy("ce_bert1", tmp_path, files={"config_sentence_transformers.json": {
+        "activation_fn": "torch.nn.modules.linear.Identity"}, "modules.json": [
+            {"idx": 0, "name": "0", "path": "",
+             "type": "sentence_transformers.base.modules.transformer.Transformer"}]})
+    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == "Sigmoid"
+    with kwker.Reranker(str(d)) as rr:
+        assert rr.score_activation == "sigmoid"
+
+
+def test_st_json_without_modules_json(tmp_path):
+    """Without modules.json sentence-transformers builds a fresh CrossEncoder from config.json
+    and never reads config_sentence_transformers.json: neither does Kwker."""
+    from sentence_transformers import CrossEncoder
+    d = _edited_copy("ce_bert1", tmp_path, files={"config_sentence_transformers.json": {
+        "activation_fn": "torch.nn.modules.linear.Identity"}})
+    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == "Sigmoid"
+    with kwker.Reranker(str(d)) as rr:
+        assert rr.score_activation == "sigmoid"
 
 
 def test_untrusted_activation_is_the_default(tmp_path):
