@@ -439,12 +439,14 @@ KWK_API void kwk_tokenizer_mem_free(void *p);
  * no pair form (a tokenizer.json whose TemplateProcessing lacks "pair", or whose Sequence holds
  * two token-adding processors: files Hugging Face refuses or mangles); KWK_ELIMIT when
  * 0 < max_tokens < the special tokens the pair adds (Hugging Face then silently leaves the
- * pair whole). Thread-safe. */
+ * pair whole), or when a template naming a text twice would still exceed max_tokens (Hugging
+ * Face's budget counts each text once; no real template does it). Thread-safe. */
 KWK_API int kwk_tokenizer_encode_pair(const kwk_tokenizer *t, const char *a, size_t na,
                                       const char *b, size_t nb, size_t max_tokens,
                                       int32_t **ids, int32_t **types, size_t *n);
 /* The same from the two texts' ids, each as kwk_tokenizer_encode(add_special 0) gives them: a
- * text encoded once joins many pairs (a reranker's query with each of its documents). */
+ * text encoded once joins many pairs (a reranker's query with each of its documents). Both are
+ * thread-safe, as every tokenizer call. */
 KWK_API int kwk_tokenizer_join_pair(const kwk_tokenizer *t, const int32_t *a, size_t na,
                                     const int32_t *b, size_t nb, size_t max_tokens,
                                     int32_t **ids, int32_t **types, size_t *n);
@@ -835,7 +837,8 @@ KWK_API int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t 
 KWK_API int kwk_encoder_states(kwk_encoder *e, const int32_t *ids, int n, float *out,
                                struct kwk_err *err);
 
-/* Outputs of the model's classification head (kwk_model_info.n_labels; 0 without one). */
+/* Outputs of the model's classification head (kwk_model_info.n_labels; 0 without one). Any
+ * thread. */
 KWK_API int kwk_encoder_n_labels(const kwk_encoder *e);
 
 /* The classification head's logits for n_seqs sequences (ids and offs as kwk_encoder_embed;
@@ -846,7 +849,8 @@ KWK_API int kwk_encoder_n_labels(const kwk_encoder *e);
  * and XLM-R's classifier.dense, tanh, then out_proj; a GGUF's cls, tanh, cls.output as
  * llama.cpp names them. Bitwise the same whatever a sequence is batched with. Returns as
  * kwk_encoder_embed; KWK_EUNSUPPORTED when the model has no head, KWK_ERANGE also for a type id
- * outside the model's token types (of two or more). */
+ * outside the model's token types (of two or more). One thread at a time, as every call on an
+ * encoder. */
 KWK_API int kwk_encoder_classify(kwk_encoder *e, const int32_t *ids, const int32_t *types,
                                  const int32_t *offs, int n_seqs, float *out,
                                  struct kwk_err *err);

@@ -127,7 +127,9 @@ int kwk_tokenizer_join_pair(const kwk_tokenizer *t, const int32_t *a, size_t na,
     if (max_tokens)
         truncate_longest_first(&na, &nb, max_tokens - specials);
     size_t total = joined_len(t, na, nb);
-    if (total == SIZE_MAX)
+    /* a template naming a text twice (no real one does) outgrows the budget, which counts each
+     * text once, as tokenizers' does; its longer pair would break the caller's bound */
+    if (total == SIZE_MAX || (max_tokens && total > max_tokens))
         return KWK_ELIMIT;
     out = kwk_malloc((total ? total : 1) * sizeof *out);
     out_types = types ? kwk_malloc((total ? total : 1) * sizeof *out_types) : NULL;

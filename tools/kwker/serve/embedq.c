@@ -4,8 +4,8 @@
  * kind (embeddings, or a reranker's pairs through the classification head) as fit in the
  * encoder's batch, so concurrent clients share passes instead of queueing one pass each. A
  * sequence's embedding or logits do not depend on what it is batched with (kwk_encoder_embed,
- * kwk_encoder_classify), so batching never changes an answer. srv_embedq_submit from any thread (http.c: the event loop);
- * each job's done callback on the worker's thread. */
+ * kwk_encoder_classify), so batching never changes an answer. srv_embedq_submit from any
+ * thread (http.c: the event loop); each job's done callback on the worker's thread. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
