@@ -749,8 +749,15 @@ def test_gguf_bert_pairs_as_llama_cpp():
 
 @pytest.mark.parametrize("name", ["ce_roberta1", "ce_xlmr1"])
 def test_gguf_one_token_type_pairs(name):
+    """A rank GGUF of one token type scores its pairs as the same ids all of type 0 (the BERT
+    vocabulary's pair types read as 0, as llama.cpp sends them), bit for bit."""
     with kwker.Reranker(str(_rank_gguf(name))) as g:
-        assert g.predict(PAIRS[:3]).shape == (3,)
+        got = g.predict(PAIRS[:3], activation=False)
+        assert got.shape == (3,)
+        enc = [g.tokenize(a, b) for a, b in PAIRS[:3]]
+        assert any(1 in types for _, types in enc)  # BERT's pair types were given
+        zero = g.logits([ids for ids, _ in enc], [[0] * len(ids) for ids, _ in enc])
+        assert np.array_equal(got, zero.reshape(-1)), (got, zero)
 
 
 @pytest.mark.parametrize("ftype", ["f16", "q8_0"])
