@@ -31,6 +31,27 @@ int cli_parse_pooling(const char *s);
     "  --normalize, --no-normalize  embedding models: scale embeddings to unit length or not\n" \
     "                           (default: the model's)\n"
 
+/* An encoder command's options (kwker embed, kwker rerank): --model, --precision, --act-bits,
+ * -t / --threads and, for embeddings, --pooling. a is the option, v its value (NULL when a is
+ * last). Returns 0 when taken (*model or p set), 1 when a is not one of them, -1 on a bad or
+ * missing value. */
+int cli_encoder_opt(const char *a, const char *v, int pooling, const char **model,
+                    struct kwk_encoder_params *p);
+#define CLI_ENCODER_USAGE \
+    "  -m, --model M            model folder, .gguf file or Hugging Face id in the\n" \
+    "                           local cache\n"
+#define CLI_ENCODER_PRECISION_USAGE \
+    "  --precision P            preserve (default) | balanced | int8 | int4\n" \
+    "  --act-bits N             balanced / int4 activations: 16 (default) or 8\n" \
+    "  -t, --threads N          compute threads (default: the cores)\n"
+
+/* Tokenizer, model and encoder of path for command cmd ("embed"), which wants what ("an
+ * embedding model"): 0 with all three and *info, or -1 after printing "kwker <cmd>: <path>:
+ * <why>" (each already freed then). */
+int cli_encoder_load(const char *cmd, const char *what, const char *path,
+                     const struct kwk_encoder_params *p, kwk_tokenizer **tok, kwk_model **m,
+                     kwk_encoder **enc, struct kwk_model_info *info);
+
 /* The packed-weight cache directory for --cache-dir v (NULL when the option is absent): "off"
  * means none (NULL); absent, $KWKER_CACHE ("" or "off": none) or else ~/.cache/kwker/packs.
  * The cache only matters for --precision balanced / int8 / int4. */

@@ -160,3 +160,55 @@ void cli_quant_free(struct cli_quant *q)
     q->ids = NULL;
     q->n_ids = 0;
 }
+
+int cli_encoder_opt(const char *a, const char *v, int pooling, const char **model,
+                    struct kwk_encoder_params *p)
+{
+    int is_model = !strcmp(a, "-m") || !strcmp(a, "--model");
+    int is_threads = !strcmp(a, "-t") || !strcmp(a, "--threads");
+    int is_pooling = pooling && !strcmp(a, "--pooling");
+    if (!is_model && !is_threads && !is_pooling && strcmp(a, "--precision") &&
+        strcmp(a, "--act-bits"))
+        return 1;
+    if (!v)
+        return -1;
+    if (is_model)
+        return *model = v, 0;
+    if (is_threads)
+        return cli_parse_int(v, 1, 1024, &p->n_threads);
+    if (is_pooling)
+        return (p->pooling = cli_parse_pooling(v)) < 0 ? -1 : 0;
+    if (!strcmp(a, "--precision"))
+        return (p->precision = cli_parse_precision(v)) < 0 ? -1 : 0;
+    return cli_parse_int(v, 8, 16, &p->act_bits) || (p->act_bits != 8 && p->act_bits != 16)
+               ? -1
+               : 0;
+}
+
+int cli_encoder_load(const char *cmd, const char *what, const char *path,
+                     const struct kwk_encoder_params *p, kwk_tokenizer **tok, kwk_model **m,
+                     kwk_encoder **enc, struct kwk_model_info *info)
+{
+    struct kwk_err err = {0};
+    *enc = NULL;
+    *m = NULL;
+    if (!(*tok = kwk_tokenizer_load(path, &err)) || !(*m = kwk_model_load(path, &err)))
+        goto fail;
+    kwk_model_get_info(*m, info);
+    if (!info->is_encoder) {
+        fprintf(stderr, "kwker %s: %s is a generative model (%s), not %s\n", cmd, path,
+                info->arch_name, what);
+        goto out;
+    }
+    if ((*enc = kwk_encoder_new(*m, p, &err)))
+        return 0;
+fail:
+    fprintf(stderr, "kwker %s: %s: %s\n", cmd, path,
+            err.msg[0] ? err.msg : kwk_status_str(err.code));
+out:
+    kwk_model_free(*m);
+    kwk_tokenizer_free(*tok);
+    *m = NULL;
+    *tok = NULL;
+    return -1;
+}

@@ -33,11 +33,8 @@ static void usage(FILE *f)
             "usage: kwker embed --model M [options] [TEXT ...]\n"
             "Embeddings of each TEXT (without any: of each line of stdin) from an embedding\n"
             "model (an encoder such as all-MiniLM-L6-v2): one JSON array of floats per line.\n"
-            "  -m, --model M            model folder, .gguf file or Hugging Face id in the\n"
-            "                           local cache\n"
-            "  --precision P            preserve (default) | balanced | int8 | int4\n"
-            "  --act-bits N             balanced / int4 activations: 16 (default) or 8\n"
-            "  -t, --threads N          compute threads (default: the cores)\n"
+            CLI_ENCODER_USAGE
+            CLI_ENCODER_PRECISION_USAGE
             CLI_POOLING_USAGE
             "  --json                   one object instead: {\"model\", \"dim\",\n"
             "                           \"data\": [[...], ...]}\n");
@@ -51,24 +48,11 @@ static int parse_opt(struct embed_opts *o, int argc, char **argv, int *i)
         return o->json = 1, 0;
     if (!strcmp(a, "--normalize") || !strcmp(a, "--no-normalize"))
         return o->p.normalize = !strcmp(a, "--normalize"), 0;
-    int takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--precision") ||
-                !strcmp(a, "--act-bits") || !strcmp(a, "-t") || !strcmp(a, "--threads") ||
-                !strcmp(a, "--pooling");
-    if (!takes)
+    int st = cli_encoder_opt(a, v, 1, &o->model, &o->p);
+    if (st == 1)
         return a[0] == '-' && a[1] ? -1 : 1;
-    if (!v)
-        return -1;
-    ++*i;
-    if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-        return o->model = v, 0;
-    if (!strcmp(a, "--precision"))
-        return (o->p.precision = cli_parse_precision(v)) < 0 ? -1 : 0;
-    if (!strcmp(a, "--act-bits"))
-        return cli_parse_int(v, 8, 16, &o->p.act_bits) || (o->p.act_bits != 8 &&
-                                                           o->p.act_bits != 16) ? -1 : 0;
-    if (!strcmp(a, "--pooling"))
-        return (o->p.pooling = cli_parse_pooling(v)) < 0 ? -1 : 0;
-    return cli_parse_int(v, 1, 1024, &o->p.n_threads);
+    *i += st == 0;
+    return st;
 }
 
 static void print_vec(const float *v, int dim)
@@ -185,21 +169,13 @@ static int print_head(const char *model, int dim)
 
 static int run(const struct embed_opts *o, int argc, char **argv, int first)
 {
-    struct kwk_err err = {0};
     struct kwk_model_info info;
     struct embed_run r = {.json = o->json};
     kwk_model *m = NULL;
     int rc = 1;
-    if (!(r.tok = kwk_tokenizer_load(o->model, &err)) || !(m = kwk_model_load(o->model, &err)))
-        goto out_err;
-    kwk_model_get_info(m, &info);
-    if (!info.is_encoder) {
-        fprintf(stderr, "kwker embed: %s is a generative model (%s), not an embedding model\n",
-                o->model, info.arch_name);
-        goto out;
-    }
-    if (!(r.enc = kwk_encoder_new(m, &o->p, &err)))
-        goto out_err;
+    if (cli_encoder_load("embed", "an embedding model", o->model, &o->p, &r.tok, &m, &r.enc,
+                         &info))
+        return 1;
     r.dim = kwk_encoder_dim(r.enc);
     r.max_tokens = kwk_encoder_max_tokens(r.enc);
     if (!(r.out = malloc(sizeof(float) * (size_t)r.dim * EMBED_CHUNK))) {
@@ -212,10 +188,6 @@ static int run(const struct embed_opts *o, int argc, char **argv, int first)
         rc = 0;
     if (o->json && rc == 0)
         puts("]}");
-    goto out;
-out_err:
-    fprintf(stderr, "kwker embed: %s: %s\n", o->model,
-            err.msg[0] ? err.msg : kwk_status_str(err.code));
 out:
     if (fflush(stdout) && rc == 0) {
         perror("kwker embed: stdout");

@@ -33,14 +33,11 @@ static void usage(FILE *f)
                "JSON object `kwker serve` answers POST /v1/rerank with (without its \"id\"): the\n"
                "documents by score, the highest first. Documents longer than the model are\n"
                "truncated, as sentence-transformers' CrossEncoder does.\n"
-               "  -m, --model M            model folder, .gguf file or Hugging Face id in the\n"
-               "                           local cache\n"
+               CLI_ENCODER_USAGE
                "  -q, --query Q            the query (may be empty)\n"
                "  --top-n K                print the K best only (default: all)\n"
                "  --no-documents           results without their document's text\n"
-               "  --precision P            preserve (default) | balanced | int8 | int4\n"
-               "  --act-bits N             balanced / int4 activations: 16 (default) or 8\n"
-               "  -t, --threads N          compute threads (default: the cores)\n");
+               CLI_ENCODER_PRECISION_USAGE);
 }
 
 /* One option at argv[*i]; 0, 1 when it is not an option (a document), -1 on a bad value. */
@@ -49,28 +46,17 @@ static int parse_opt(struct rerank_opts *o, int argc, char **argv, int *i)
     const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(a, "--no-documents"))
         return o->no_documents = 1, 0;
-    int takes = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "-q") ||
-                !strcmp(a, "--query") || !strcmp(a, "--top-n") || !strcmp(a, "--precision") ||
-                !strcmp(a, "--act-bits") || !strcmp(a, "-t") || !strcmp(a, "--threads");
-    if (!takes)
-        return a[0] == '-' && a[1] ? -1 : 1;
-    if (!v)
-        return -1;
-    ++*i;
-    if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-        return o->model = v, 0;
+    int st = 1;
     if (!strcmp(a, "-q") || !strcmp(a, "--query"))
-        return o->query = v, 0;
-    if (!strcmp(a, "--top-n"))
-        return cli_parse_int(v, 1, 1 << 30, &o->top_n);
-    if (!strcmp(a, "--precision"))
-        return (o->p.precision = cli_parse_precision(v)) < 0 ? -1 : 0;
-    if (!strcmp(a, "--act-bits"))
-        return cli_parse_int(v, 8, 16, &o->p.act_bits) ||
-                       (o->p.act_bits != 8 && o->p.act_bits != 16)
-                   ? -1
-                   : 0;
-    return cli_parse_int(v, 1, 1024, &o->p.n_threads);
+        st = v ? (o->query = v, 0) : -1;
+    else if (!strcmp(a, "--top-n"))
+        st = v ? cli_parse_int(v, 1, 1 << 30, &o->top_n) : -1;
+    else
+        st = cli_encoder_opt(a, v, 0, &o->model, &o->p);
+    if (st == 1)
+        return a[0] == '-' && a[1] ? -1 : 1;
+    *i += st == 0;
+    return st;
 }
 
 static int add_doc(struct rerank_docs *d, const char *text, size_t len, char *own)
@@ -140,9 +126,8 @@ static void free_docs(struct rerank_docs *d)
 /* The reranker's checks as the server makes them: an encoder whose head has one label. */
 static int check_model(const char *path, const struct kwk_model_info *info)
 {
-    const char *why = !info->is_encoder    ? "is a generative model, not a reranker"
-                      : !info->n_labels    ? "is an embedding model without a classification "
-                                             "head, not a reranker (a cross-encoder)"
+    const char *why = !info->n_labels    ? "is an embedding model without a classification "
+                                           "head, not a reranker (a cross-encoder)"
                       : info->n_labels > 1 ? "has a classification head of more than one label, "
                                              "not a reranker's one relevance logit"
                                            : NULL;
@@ -201,26 +186,15 @@ out:
 
 static int run(const struct rerank_opts *o, const struct rerank_docs *d)
 {
-    struct kwk_err err = {0};
     struct kwk_model_info info;
     kwk_tokenizer *tok = NULL;
     kwk_model *m = NULL;
     kwk_encoder *enc = NULL;
     int rc = 1;
-    if (!(tok = kwk_tokenizer_load(o->model, &err)) || !(m = kwk_model_load(o->model, &err)))
-        goto out_err;
-    kwk_model_get_info(m, &info);
-    if (check_model(o->model, &info))
-        goto out;
-    if (!(enc = kwk_encoder_new(m, &o->p, &err)))
-        goto out_err;
-    if (score(o, tok, enc, info.score_act, d) == 0)
+    if (cli_encoder_load("rerank", "a reranker", o->model, &o->p, &tok, &m, &enc, &info))
+        return 1;
+    if (check_model(o->model, &info) == 0 && score(o, tok, enc, info.score_act, d) == 0)
         rc = 0;
-    goto out;
-out_err:
-    fprintf(stderr, "kwker rerank: %s: %s\n", o->model,
-            err.msg[0] ? err.msg : kwk_status_str(err.code));
-out:
     if (fflush(stdout) && rc == 0) {
         perror("kwker rerank: stdout");
         rc = 1;
