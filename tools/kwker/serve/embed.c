@@ -13,28 +13,6 @@
 #define EMB_INPUT_TYPES "a string, a list of strings, a list of token ids or a list of lists " \
                         "of token ids"
 
-static int emb_type(struct srv_err *e, const char *key, const char *want)
-{
-    srv_err_set(e, 400, EMB_INVALID, key, "invalid_type", "'%s' must be %s", key, want);
-    return -1;
-}
-
-static int emb_oom(struct srv_err *e)
-{
-    srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    return -1;
-}
-
-static char *emb_dup(const char *s, size_t n)
-{
-    char *d = malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 /* ---- parsing --------------------------------------------------------------------------------- */
 
 /* A text input; idx names it in messages (-1: the body's one string). */
@@ -51,8 +29,8 @@ static int emb_text(struct srv_embed_input *in, json_t *v, int idx, struct srv_e
                         "empty string", idx);
         return -1;
     }
-    if (!(in->text = emb_dup(json_string_value(v), n)))
-        return emb_oom(e);
+    if (!(in->text = srv_dup_n(json_string_value(v), n)))
+        return srv_err_oom(e);
     in->text_len = n;
     return 0;
 }
@@ -74,7 +52,7 @@ static int emb_ids(struct srv_embed_input *in, json_t *a, int idx,
     }
     /* the body limit bounds n; the length limit is srv_embed_pack's, one place for both kinds */
     if (n > INT32_MAX / 2 || !(in->ids = malloc(sizeof(int32_t) * n)))
-        return emb_oom(e);
+        return srv_err_oom(e);
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(a, i);
         if (!json_is_integer(v)) {
@@ -113,7 +91,7 @@ static int emb_list(struct srv_embed_req *r, json_t *a, const struct srv_embed_l
         return -1;
     }
     if (!(r->in = calloc(n_in, sizeof *r->in)))
-        return emb_oom(e);
+        return srv_err_oom(e);
     r->n_in = (int)n_in;
     if (ids_only)
         return emb_ids(&r->in[0], a, -1, lim, e);
@@ -147,9 +125,9 @@ static int emb_input(struct srv_embed_req *r, json_t *root, const struct srv_emb
     if (json_is_array(v))
         return emb_list(r, v, lim, e);
     if (!json_is_string(v))
-        return emb_type(e, "input", EMB_INPUT_TYPES);
+        return srv_err_type(e, "input", EMB_INPUT_TYPES);
     if (!(r->in = calloc(1, sizeof *r->in)))
-        return emb_oom(e);
+        return srv_err_oom(e);
     r->n_in = 1;
     return emb_text(&r->in[0], v, -1, e);
 }
@@ -165,9 +143,9 @@ static int emb_fields(struct srv_embed_req *r, json_t *root, const struct srv_em
         return -1;
     }
     if (!json_is_string(m))
-        return emb_type(e, "model", "a string");
-    if (!(r->model = emb_dup(json_string_value(m), json_string_length(m))))
-        return emb_oom(e);
+        return srv_err_type(e, "model", "a string");
+    if (!(r->model = srv_dup_n(json_string_value(m), json_string_length(m))))
+        return srv_err_oom(e);
     json_t *f = json_object_get(root, "encoding_format");
     if (f && !json_is_null(f)) {
         const char *s = json_string_value(f);
@@ -181,7 +159,7 @@ static int emb_fields(struct srv_embed_req *r, json_t *root, const struct srv_em
     json_t *d = json_object_get(root, "dimensions");
     if (d && !json_is_null(d)) {
         if (!json_is_integer(d))
-            return emb_type(e, "dimensions", "an integer");
+            return srv_err_type(e, "dimensions", "an integer");
         /* no Matryoshka training here: a shortened embedding would be a wrong one */
         if (json_integer_value(d) != lim->dim) {
             srv_err_set(e, 400, EMB_INVALID, "dimensions", "invalid_value", "'dimensions' must "
@@ -192,7 +170,7 @@ static int emb_fields(struct srv_embed_req *r, json_t *root, const struct srv_em
     }
     json_t *u = json_object_get(root, "user");
     if (u && !json_is_null(u) && !json_is_string(u))
-        return emb_type(e, "user", "a string");
+        return srv_err_type(e, "user", "a string");
     return 0;
 }
 
@@ -253,12 +231,12 @@ int srv_embed_pack(struct srv_embed_req *r, srv_encode_fn encode, void *user,
 {
     size_t used = 0, cap = 0, max = lim->max_tokens > 0 ? (size_t)lim->max_tokens : 0;
     if (!(r->offs = calloc((size_t)r->n_in + 1, sizeof(int32_t))))
-        return emb_oom(e);
+        return srv_err_oom(e);
     for (int i = 0; i < r->n_in; i++) {
         struct srv_embed_input *in = &r->in[i];
         size_t n = (size_t)in->n_ids;
         if (emb_reserve(r, used, &cap, max))
-            return emb_oom(e);
+            return srv_err_oom(e);
         if (in->text) {
             int st = encode(user, in->text, in->text_len, r->ids + used, max, &n);
             if (st == KWK_ELIMIT)

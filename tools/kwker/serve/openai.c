@@ -88,7 +88,7 @@ int srv_json_depth_ok(const char *s, size_t len, int max_depth)
 
 /* ---- field readers: each returns 0 (absent or valid) or -1 with e set ------------------------ */
 
-static int bad_type(struct srv_err *e, const char *key, const char *want)
+int srv_err_type(struct srv_err *e, const char *key, const char *want)
 {
     srv_err_set(e, 400, INVALID, key, "invalid_type", "'%s' must be %s", key, want);
     return -1;
@@ -124,7 +124,7 @@ static int num_field(json_t *o, const char *key, double lo, double hi, double *o
 {
     int rc = get_num(o, key, lo, hi, out, given);
     if (rc == -2)
-        return bad_type(e, key, "a number");
+        return srv_err_type(e, key, "a number");
     if (rc == -3) {
         srv_err_set(e, 400, INVALID, key, "invalid_value", "'%s' must be in [%g, %g]", key, lo,
                     hi);
@@ -141,7 +141,7 @@ static int int_field(json_t *o, const char *key, json_int_t lo, json_int_t hi, j
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_integer(v))
-        return bad_type(e, key, "an integer");
+        return srv_err_type(e, key, "an integer");
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi) {
         srv_err_set(e, 400, INVALID, key, "invalid_value", "'%s' must be in [%lld, %lld]", key,
@@ -159,12 +159,12 @@ static int bool_field(json_t *o, const char *key, int *out, struct srv_err *e)
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_boolean(v))
-        return bad_type(e, key, "a boolean");
+        return srv_err_type(e, key, "a boolean");
     *out = json_is_true(v);
     return 0;
 }
 
-static char *dup_n(const char *s, size_t n)
+char *srv_dup_n(const char *s, size_t n)
 {
     char *d = malloc(n + 1);
     if (d) {
@@ -174,7 +174,7 @@ static char *dup_n(const char *s, size_t n)
     return d;
 }
 
-static int oom(struct srv_err *e)
+int srv_err_oom(struct srv_err *e)
 {
     srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     return -1;
@@ -196,7 +196,7 @@ static int message_content(json_t *c, const char *role, struct srv_buf *b, struc
         return 0;
     }
     if (!json_is_array(c))
-        return bad_type(e, "messages", "a list of messages whose content is a string or a "
+        return srv_err_type(e, "messages", "a list of messages whose content is a string or a "
                                        "list of text parts");
     size_t i;
     json_t *part;
@@ -205,11 +205,11 @@ static int message_content(json_t *c, const char *role, struct srv_buf *b, struc
         const char *type = json_string_value(json_object_get(part, "type"));
         json_t *text = json_object_get(part, "text");
         if (!json_is_object(part) || !type)
-            return bad_type(e, "messages", "content parts that are objects with a 'type'");
+            return srv_err_type(e, "messages", "content parts that are objects with a 'type'");
         if (strcmp(type, "text"))
             return bad_value(e, "messages", "content parts other than 'text' are not supported");
         if (!json_is_string(text))
-            return bad_type(e, "messages", "text parts with a string 'text'");
+            return srv_err_type(e, "messages", "text parts with a string 'text'");
         srv_buf_add(b, json_string_value(text), json_string_length(text));
     }
     return 0;
@@ -232,11 +232,11 @@ static int tool_calls_in(json_t *calls, json_t *msg, struct srv_err *e)
     json_t *out = json_array(), *c;
     size_t i;
     if (!out)
-        return oom(e);
+        return srv_err_oom(e);
     if (json_object_set_new(msg, "tool_calls", out))
-        return oom(e);
+        return srv_err_oom(e);
     if (!json_is_array(calls) || json_array_size(calls) > SRV_MAX_TOOLS)
-        return bad_type(e, "messages", "a list of messages whose 'tool_calls' is a list of at "
+        return srv_err_type(e, "messages", "a list of messages whose 'tool_calls' is a list of at "
                                        "most 128 calls");
     json_array_foreach(calls, i, c)
     {
@@ -245,7 +245,7 @@ static int tool_calls_in(json_t *calls, json_t *msg, struct srv_err *e)
         json_t *id = json_object_get(c, "id");
         if (!json_is_object(c) || !json_is_string(name) || (id && !json_is_string(id)) ||
             !(json_is_string(args) || json_is_object(args)))
-            return bad_type(e, "messages", "a list of messages whose tool calls are {\"id\", "
+            return srv_err_type(e, "messages", "a list of messages whose tool calls are {\"id\", "
                                            "\"type\": \"function\", \"function\": "
                                            "{\"name\", \"arguments\"}}");
         /* the arguments' text gets the body's nesting limit too (jansson's own is 2048) */
@@ -262,7 +262,7 @@ static int tool_calls_in(json_t *calls, json_t *msg, struct srv_err *e)
                                 "function", "name", name, "arguments",
                                 a ? a : json_incref(args));
         if (!one || json_array_append_new(out, one))
-            return oom(e);
+            return srv_err_oom(e);
     }
     return 0;
 }
@@ -275,10 +275,10 @@ static int add_message(json_t *out, json_t *m, struct srv_err *e)
     struct srv_buf b = {0};
     int rc = -1;
     if (!json_is_object(m))
-        return bad_type(e, "messages", "a list of objects");
+        return srv_err_type(e, "messages", "a list of objects");
     const char *role = json_string_value(json_object_get(m, "role"));
     if (!role)
-        return bad_type(e, "messages", "a list of messages each with a string 'role'");
+        return srv_err_type(e, "messages", "a list of messages each with a string 'role'");
     if (!is_role(role))
         return bad_value(e, "messages", "has a role that is not system, developer, user, "
                                         "assistant or tool");
@@ -306,7 +306,7 @@ static int add_message(json_t *out, json_t *m, struct srv_err *e)
         if (!v || json_is_null(v))
             continue;
         if (!json_is_string(v)) {
-            bad_type(e, "messages", "messages whose 'tool_call_id' and 'name' are strings");
+            srv_err_type(e, "messages", "messages whose 'tool_call_id' and 'name' are strings");
             goto out;
         }
         if (json_object_set(msg, tool_keys[k], v))
@@ -315,7 +315,7 @@ static int add_message(json_t *out, json_t *m, struct srv_err *e)
     rc = 0;
     goto out;
 out_oom:
-    oom(e);
+    srv_err_oom(e);
 out:
     srv_buf_free(&b);
     return rc;
@@ -330,11 +330,11 @@ static int parse_messages(struct srv_req *r, json_t *root, struct srv_err *e)
         return -1;
     }
     if (!json_is_array(ms))
-        return bad_type(e, "messages", "a list of messages");
+        return srv_err_type(e, "messages", "a list of messages");
     if (json_array_size(ms) == 0)
         return bad_value(e, "messages", "must not be empty");
     if (!(r->messages = json_array()))
-        return oom(e);
+        return srv_err_oom(e);
     size_t i;
     json_t *m;
     json_array_foreach(ms, i, m)
@@ -356,11 +356,11 @@ static int prompt_ids(struct srv_req *r, json_t *a, const struct srv_limits *lim
     if (n > (size_t)lim->max_cache_len)
         goto too_long;
     if (!(r->prompt_ids = malloc(sizeof(int32_t) * n)))
-        return oom(e);
+        return srv_err_oom(e);
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(a, i);
         if (!json_is_integer(v))
-            return bad_type(e, "prompt", "a string, a list of token ids, or a list of one of "
+            return srv_err_type(e, "prompt", "a string, a list of token ids, or a list of one of "
                                          "those");
         json_int_t id = json_integer_value(v);
         if (id < 0 || id >= lim->n_vocab)
@@ -393,13 +393,13 @@ static int parse_prompt(struct srv_req *r, json_t *root, const struct srv_limits
     }
     if (json_is_string(p)) {
         r->prompt_len = json_string_length(p);
-        if (!(r->prompt = dup_n(json_string_value(p), r->prompt_len)))
-            return oom(e);
+        if (!(r->prompt = srv_dup_n(json_string_value(p), r->prompt_len)))
+            return srv_err_oom(e);
         return 0;
     }
     if (json_is_array(p))
         return prompt_ids(r, p, lim, e);
-    return bad_type(e, "prompt", "a string, a list of token ids, or a list of one of those");
+    return srv_err_type(e, "prompt", "a string, a list of token ids, or a list of one of those");
 }
 
 /* ---- sampling and the rest ------------------------------------------------------------------- */
@@ -412,13 +412,13 @@ static int parse_stop(struct srv_req *r, json_t *root, struct srv_err *e)
     if (json_is_string(s)) {
         if (json_string_length(s) == 0)
             return 0;
-        if (!(r->stop[0] = dup_n(json_string_value(s), json_string_length(s))))
-            return oom(e);
+        if (!(r->stop[0] = srv_dup_n(json_string_value(s), json_string_length(s))))
+            return srv_err_oom(e);
         r->n_stop = 1;
         return 0;
     }
     if (!json_is_array(s))
-        return bad_type(e, "stop", "a string or a list of strings");
+        return srv_err_type(e, "stop", "a string or a list of strings");
     if (json_array_size(s) > SRV_MAX_STOP)
         return bad_value(e, "stop", "may hold at most 4 strings");
     size_t i;
@@ -426,11 +426,11 @@ static int parse_stop(struct srv_req *r, json_t *root, struct srv_err *e)
     json_array_foreach(s, i, v)
     {
         if (!json_is_string(v))
-            return bad_type(e, "stop", "a string or a list of strings");
+            return srv_err_type(e, "stop", "a string or a list of strings");
         if (json_string_length(v) == 0 || memchr(json_string_value(v), 0, json_string_length(v)))
             continue;
-        if (!(r->stop[r->n_stop] = dup_n(json_string_value(v), json_string_length(v))))
-            return oom(e);
+        if (!(r->stop[r->n_stop] = srv_dup_n(json_string_value(v), json_string_length(v))))
+            return srv_err_oom(e);
         r->n_stop++;
     }
     return 0;
@@ -444,7 +444,7 @@ static int parse_bias(struct srv_req *r, json_t *root, const struct srv_limits *
     if (!b || json_is_null(b))
         return 0;
     if (!json_is_object(b))
-        return bad_type(e, "logit_bias", "an object mapping token ids to numbers");
+        return srv_err_type(e, "logit_bias", "an object mapping token ids to numbers");
     size_t n = json_object_size(b);
     if (n == 0)
         return 0;
@@ -453,7 +453,7 @@ static int parse_bias(struct srv_req *r, json_t *root, const struct srv_limits *
     r->bias_ids = malloc(sizeof(int32_t) * n);
     r->bias = malloc(sizeof(float) * n);
     if (!r->bias_ids || !r->bias)
-        return oom(e);
+        return srv_err_oom(e);
     const char *key;
     json_t *v;
     json_object_foreach(b, key, v)
@@ -464,7 +464,7 @@ static int parse_bias(struct srv_req *r, json_t *root, const struct srv_limits *
         if (end == key || *end || errno || id < 0 || id >= lim->n_vocab)
             return bad_value(e, "logit_bias", "keys must be token ids in the vocabulary");
         if (!json_is_number(v))
-            return bad_type(e, "logit_bias", "an object mapping token ids to numbers");
+            return srv_err_type(e, "logit_bias", "an object mapping token ids to numbers");
         double x = json_number_value(v);
         if (!isfinite(x) || x < -100 || x > 100)
             return bad_value(e, "logit_bias", "values must be in [-100, 100]");
@@ -547,7 +547,7 @@ int srv_grammar_check_start(struct srv_req *r, const char *param, struct srv_err
     kwk_grammar_free(r->grammar);
     r->grammar = NULL;
     if (rc == -ENOMEM)
-        return oom(e);
+        return srv_err_oom(e);
     srv_err_set(e, 400, INVALID, param, "invalid_value", "'%s': the grammar is too ambiguous "
                 "at its start for the matcher (%s)", param, kwk_status_str(rc));
     return -1;
@@ -561,7 +561,7 @@ static int compile_schema(struct srv_req *r, const json_t *schema, const char *p
     static const char any_object[] = "{\"type\":\"object\"}";
     char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
     if (schema && !text)
-        return oom(e);
+        return srv_err_oom(e);
     struct kwk_err err = {0};
     r->grammar = kwk_grammar_from_json_schema(text ? text : any_object,
                                               text ? strlen(text) : sizeof any_object - 1, &err);
@@ -569,7 +569,7 @@ static int compile_schema(struct srv_req *r, const json_t *schema, const char *p
     if (r->grammar)
         return srv_grammar_check_start(r, param, e);
     if (err.code == -ENOMEM)
-        return oom(e);
+        return srv_err_oom(e);
     srv_err_set(e, 400, INVALID, param, err.code == KWK_EUNSUPPORTED ? "unsupported_parameter"
                                                                      : "invalid_value",
                 "'%s': %s", param, err.msg);
@@ -590,7 +590,7 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
     if (rf && !json_is_null(rf)) {
         json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
         if (!json_is_string(type))
-            return bad_type(e, "response_format", "an object with a string 'type'");
+            return srv_err_type(e, "response_format", "an object with a string 'type'");
         kind = json_string_value(type);
         if (strcmp(kind, "text") && strcmp(kind, "json_object") && strcmp(kind, "json_schema")) {
             srv_err_set(e, 400, INVALID, "response_format", "invalid_value",
@@ -609,18 +609,18 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
     }
     if (js && !json_is_null(js)) {
         if (!json_is_object(js) && !json_is_boolean(js))
-            return bad_type(e, "json_schema", "a JSON Schema (an object)");
+            return srv_err_type(e, "json_schema", "a JSON Schema (an object)");
         return compile_schema(r, js, "json_schema", e);
     }
     if (gr && !json_is_null(gr)) {
         if (!json_is_string(gr))
-            return bad_type(e, "grammar", "a string of GBNF");
+            return srv_err_type(e, "grammar", "a string of GBNF");
         struct kwk_err err = {0};
         r->grammar = kwk_grammar_new(json_string_value(gr), json_string_length(gr), &err);
         if (r->grammar)
             return srv_grammar_check_start(r, "grammar", e);
         if (err.code == -ENOMEM)
-            return oom(e);
+            return srv_err_oom(e);
         srv_err_set(e, 400, INVALID, "grammar", "invalid_value", "'grammar': %s", err.msg);
         return -1;
     }
@@ -633,15 +633,15 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
     }
     json_t *spec = json_object_get(rf, "json_schema");
     if (!json_is_object(spec))
-        return bad_type(e, "response_format.json_schema", "an object with the 'schema'");
+        return srv_err_type(e, "response_format.json_schema", "an object with the 'schema'");
     json_t *name = json_object_get(spec, "name");
     if (name && !json_is_null(name) && !json_is_string(name))
-        return bad_type(e, "response_format.json_schema.name", "a string");
+        return srv_err_type(e, "response_format.json_schema.name", "a string");
     json_t *sc = json_object_get(spec, "schema");
     if (!sc || json_is_null(sc)) /* OpenAI: optional; then any JSON object */
         sc = NULL;
     if (sc && !json_is_object(sc) && !json_is_boolean(sc))
-        return bad_type(e, "response_format.json_schema.schema", "a JSON Schema (an object)");
+        return srv_err_type(e, "response_format.json_schema.schema", "a JSON Schema (an object)");
     return compile_schema(r, sc, "response_format.json_schema.schema", e);
 }
 
@@ -665,7 +665,7 @@ static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
     }
     json_t *user = json_object_get(root, "user");
     if (user && !json_is_null(user) && !json_is_string(user))
-        return bad_type(e, "user", "a string");
+        return srv_err_type(e, "user", "a string");
     /* The deprecated form of "tools" (no call ids): refused by name rather than ignored, so a
      * client that relies on it learns it at once instead of getting free text. */
     json_t *f = json_object_get(root, "functions");
@@ -685,7 +685,7 @@ static int parse_stream(struct srv_req *r, json_t *root, struct srv_err *e)
     if (!so || json_is_null(so))
         return 0;
     if (!json_is_object(so))
-        return bad_type(e, "stream_options", "an object");
+        return srv_err_type(e, "stream_options", "an object");
     if (!r->stream)
         return bad_value(e, "stream_options", "is only allowed when 'stream' is true");
     return bool_field(so, "include_usage", &r->include_usage, e);
@@ -700,9 +700,9 @@ static int parse_model(struct srv_req *r, json_t *root, struct srv_err *e)
         return -1;
     }
     if (!json_is_string(m))
-        return bad_type(e, "model", "a string");
-    if (!(r->model = dup_n(json_string_value(m), json_string_length(m))))
-        return oom(e);
+        return srv_err_type(e, "model", "a string");
+    if (!(r->model = srv_dup_n(json_string_value(m), json_string_length(m))))
+        return srv_err_oom(e);
     return 0;
 }
 
@@ -719,14 +719,14 @@ static int parse_tokenize(struct srv_req *r, json_t *root, const struct srv_limi
     if (r->kind == SRV_DETOKENIZE) {
         json_t *a = json_object_get(root, "tokens");
         if (!json_is_array(a))
-            return bad_type(e, "tokens", "a list of token ids");
+            return srv_err_type(e, "tokens", "a list of token ids");
         size_t n = json_array_size(a);
         if (!(r->prompt_ids = malloc(sizeof(int32_t) * (n ? n : 1))))
-            return oom(e);
+            return srv_err_oom(e);
         for (size_t i = 0; i < n; i++) {
             json_t *v = json_array_get(a, i);
             if (!json_is_integer(v))
-                return bad_type(e, "tokens", "a list of token ids");
+                return srv_err_type(e, "tokens", "a list of token ids");
             if (json_integer_value(v) < 0 || json_integer_value(v) >= lim->n_vocab)
                 return bad_value(e, "tokens", "has a token id outside the vocabulary");
             r->prompt_ids[i] = (int32_t)json_integer_value(v);
@@ -760,10 +760,10 @@ static int parse_tokenize(struct srv_req *r, json_t *root, const struct srv_limi
         return -1;
     }
     if (!json_is_string(p))
-        return bad_type(e, key, "a string");
+        return srv_err_type(e, key, "a string");
     r->prompt_len = json_string_length(p);
-    if (!(r->prompt = dup_n(json_string_value(p), r->prompt_len)))
-        return oom(e);
+    if (!(r->prompt = srv_dup_n(json_string_value(p), r->prompt_len)))
+        return srv_err_oom(e);
     return 0;
 }
 

@@ -13,28 +13,6 @@
 #define RR_INVALID "invalid_request_error"
 #define RR_DOC_TYPES "a list of strings or of objects with a string 'text'"
 
-static int rr_type(struct srv_err *e, const char *key, const char *want)
-{
-    srv_err_set(e, 400, RR_INVALID, key, "invalid_type", "'%s' must be %s", key, want);
-    return -1;
-}
-
-static int rr_oom(struct srv_err *e)
-{
-    srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    return -1;
-}
-
-static char *rr_dup(const char *s, size_t n)
-{
-    char *d = malloc(n + 1);
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = 0;
-    }
-    return d;
-}
-
 /* ---- parsing --------------------------------------------------------------------------------- */
 
 /* Document i: a string, or an object whose "text" is one (its other fields are not read). */
@@ -54,8 +32,8 @@ static int rr_doc(struct srv_rerank_doc *d, json_t *v, size_t i, struct srv_err 
         return -1;
     }
     d->len = json_string_length(s);
-    if (!(d->text = rr_dup(json_string_value(s), d->len)))
-        return rr_oom(e);
+    if (!(d->text = srv_dup_n(json_string_value(s), d->len)))
+        return srv_err_oom(e);
     return 0;
 }
 
@@ -85,7 +63,7 @@ static int rr_docs(struct srv_rerank_req *r, json_t *root, struct srv_err *e)
         return -1;
     }
     if (!json_is_array(a))
-        return rr_type(e, "documents", RR_DOC_TYPES);
+        return srv_err_type(e, "documents", RR_DOC_TYPES);
     size_t n = json_array_size(a);
     if (n == 0) {
         srv_err_set(e, 400, RR_INVALID, "documents", "invalid_value",
@@ -99,7 +77,7 @@ static int rr_docs(struct srv_rerank_req *r, json_t *root, struct srv_err *e)
         return -1;
     }
     if (!(r->docs = calloc(n, sizeof *r->docs)))
-        return rr_oom(e);
+        return srv_err_oom(e);
     r->n_docs = (int)n;
     for (size_t i = 0; i < n; i++)
         if (rr_doc(&r->docs[i], json_array_get(a, i), i, e))
@@ -117,17 +95,17 @@ static int rr_query(struct srv_rerank_req *r, json_t *root, struct srv_err *e)
         return -1;
     }
     if (!json_is_string(q))
-        return rr_type(e, "query", "a string");
+        return srv_err_type(e, "query", "a string");
     r->query_len = json_string_length(q);
-    if (!(r->query = rr_dup(json_string_value(q), r->query_len)))
-        return rr_oom(e);
+    if (!(r->query = srv_dup_n(json_string_value(q), r->query_len)))
+        return srv_err_oom(e);
     json_t *m = json_object_get(root, "model");
     if (!m || json_is_null(m))
         return 0;
     if (!json_is_string(m))
-        return rr_type(e, "model", "a string");
-    if (!(r->model = rr_dup(json_string_value(m), json_string_length(m))))
-        return rr_oom(e);
+        return srv_err_type(e, "model", "a string");
+    if (!(r->model = srv_dup_n(json_string_value(m), json_string_length(m))))
+        return srv_err_oom(e);
     return 0;
 }
 
@@ -138,7 +116,7 @@ static int rr_options(struct srv_rerank_req *r, json_t *root, struct srv_err *e)
     r->top_n = r->n_docs;
     if (t && !json_is_null(t)) {
         if (!json_is_integer(t))
-            return rr_type(e, "top_n", "an integer");
+            return srv_err_type(e, "top_n", "an integer");
         json_int_t v = json_integer_value(t);
         if (v < 0) {
             srv_err_set(e, 400, RR_INVALID, "top_n", "invalid_value",
@@ -153,7 +131,7 @@ static int rr_options(struct srv_rerank_req *r, json_t *root, struct srv_err *e)
     json_t *d = json_object_get(root, "return_documents");
     if (d && !json_is_null(d)) {
         if (!json_is_boolean(d))
-            return rr_type(e, "return_documents", "a boolean");
+            return srv_err_type(e, "return_documents", "a boolean");
         r->return_documents = json_is_true(d);
     }
     return 0;
@@ -192,12 +170,12 @@ int srv_rerank_init(struct srv_rerank_req *r, const char *query, size_t query_le
     memset(r, 0, sizeof *r);
     r->return_documents = 1;
     r->top_n = top_n > 0 && top_n < n_docs ? top_n : n_docs;
-    if (n_docs < 0 || !(r->query = rr_dup(query, query_len)) ||
+    if (n_docs < 0 || !(r->query = srv_dup_n(query, query_len)) ||
         !(r->docs = calloc(n_docs ? (size_t)n_docs : 1, sizeof *r->docs)))
         goto out_free;
     r->query_len = query_len;
     for (int i = 0; i < n_docs; i++, r->n_docs++) {
-        if (!(r->docs[i].text = rr_dup(docs[i], doc_lens[i])))
+        if (!(r->docs[i].text = srv_dup_n(docs[i], doc_lens[i])))
             goto out_free;
         r->docs[i].len = doc_lens[i];
     }
@@ -246,11 +224,11 @@ int srv_rerank_pack(struct srv_rerank_req *r, srv_pair_fn encode, void *user, in
 {
     size_t used = 0, cap = 0, max = max_tokens > 0 ? (size_t)max_tokens : 0;
     if (!(r->offs = calloc((size_t)r->n_docs + 1, sizeof(int32_t))))
-        return rr_oom(e);
+        return srv_err_oom(e);
     for (int i = 0; i < r->n_docs; i++) {
         size_t n = 0;
         if (rr_reserve(r, used, &cap, max))
-            return rr_oom(e);
+            return srv_err_oom(e);
         int st = encode(user, r->query, r->query_len, r->docs[i].text, r->docs[i].len,
                         r->ids + used, r->types + used, max, &n);
         if (st >= 0 && n == 0) {

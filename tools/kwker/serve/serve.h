@@ -132,6 +132,12 @@ int srv_grammar_check_start(struct srv_req *r, const char *param, struct srv_err
 void srv_err_set(struct srv_err *e, int http, const char *type, const char *param,
                  const char *code, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+/* -1 with e a 400 invalid_type: "'key' must be want". */
+int srv_err_type(struct srv_err *e, const char *key, const char *want);
+/* -1 with e a 500: out of memory. */
+int srv_err_oom(struct srv_err *e);
+/* A NUL-terminated malloc'd copy of s[n], or NULL. */
+char *srv_dup_n(const char *s, size_t n);
 
 /* ---- tool calls (toolcall.c) ---------------------------------------------------------------- */
 
