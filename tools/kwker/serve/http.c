@@ -848,20 +848,26 @@ static enum MHD_Result embed_route(struct rq *r)
     return answer(r);
 }
 
+/* The answer to an encoder job the worker ended with an error: 503 when it was cancelled
+ * (shutdown), else 500 naming what failed. */
+static enum MHD_Result encoder_job_failed(struct rq *r, const char *what)
+{
+    struct srv_err e;
+    if (r->estatus == KWK_ECANCELED)
+        srv_err_set(&e, 503, "server_error", NULL, "server_busy", "%s", r->err_msg);
+    else
+        srv_err_set(&e, 500, "server_error", NULL, NULL, "%s failed: %s", what,
+                    r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
+    return respond_err(r, &e);
+}
+
 /* The worker has ended the job: after embed_done it no longer touches r. */
 static enum MHD_Result embed_reply(struct rq *r)
 {
     struct srv *s = r->s;
     struct srv_metrics *m = &s->met;
-    if (r->estatus) {
-        struct srv_err e;
-        if (r->estatus == KWK_ECANCELED)
-            srv_err_set(&e, 503, "server_error", NULL, "server_busy", "%s", r->err_msg);
-        else
-            srv_err_set(&e, 500, "server_error", NULL, NULL, "embedding failed: %s",
-                        r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
-        return respond_err(r, &e);
-    }
+    if (r->estatus)
+        return encoder_job_failed(r, "embedding");
     struct srv_buf b = {0};
     srv_embed_response(&b, s->model_id, r->vec, r->ereq.n_in, s->elim.dim, r->ereq.base64,
                        r->n_prompt);
@@ -962,15 +968,8 @@ static enum MHD_Result rerank_reply(struct rq *r)
 {
     struct srv *s = r->s;
     struct srv_metrics *m = &s->met;
-    if (r->estatus) {
-        struct srv_err e;
-        if (r->estatus == KWK_ECANCELED)
-            srv_err_set(&e, 503, "server_error", NULL, "server_busy", "%s", r->err_msg);
-        else
-            srv_err_set(&e, 500, "server_error", NULL, NULL, "reranking failed: %s",
-                        r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
-        return respond_err(r, &e);
-    }
+    if (r->estatus)
+        return encoder_job_failed(r, "reranking");
     uint64_t n = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed);
     snprintf(r->id, sizeof r->id, "rerank-%016llx",
              (unsigned long long)((n * 0x9e3779b97f4a7c15ull) ^ s->id_salt));
