@@ -99,33 +99,60 @@ def write_random_bert(minilm, folder):
     torch.manual_seed(1)
     cfg = transformers.BertConfig(**BGE_BASE)
     model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=str(folder.parent)))
-    try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        for f in ST_FILES:
-            if (Path(minilm) / f).is_file():
-                shutil.copy(Path(minilm) / f, tmp / f)
+
+    def pooling(tmp):
         (tmp / "1_Pooling").mkdir()
         pool = json.loads((Path(minilm) / "1_Pooling" / "config.json").read_text())
         pool["word_embedding_dimension"] = BGE_BASE["hidden_size"]
         (tmp / "1_Pooling" / "config.json").write_text(json.dumps(pool, indent=2))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    save_random_model(model, minilm, ST_FILES, folder, pooling)
+
+
+def save_random_model(model, minilm, files, folder, more=None):
+    """model saved as float32 safetensors with those of minilm's files that exist beside it (and
+    more(tmp), when given, writing others) into folder, in place when whole."""
+    def write(tmp):
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        for f in files:
+            if (Path(minilm) / f).is_file():
+                shutil.copy(Path(minilm) / f, tmp / f)
+        if more is not None:
+            more(tmp)
+    sbs.replace_folder(folder, write)
+
+
+def minilm_of(a, needs):
+    """--minilm's folder, which must hold `needs`."""
+    minilm = Path(a.minilm)
+    if not (minilm / needs).is_file():
+        raise SystemExit("%s not found: run scripts/setup --test (it fetches all-MiniLM-L6-v2), "
+                         "or pass --minilm PATH" % minilm)
+    return minilm
+
+
+def gguf_files(out, name, folder, export, formats, threads):
+    """{"hf": folder, f32/f16/q8_0/q4_0: GGUF paths}: out/<name>.f32.gguf by export(folder,
+    path) when missing or older than the weights, the others by llama.cpp's quantizer from it."""
+    import make_gguf
+    f32 = out / ("%s.f32.gguf" % name)
+    if not fresh(f32, folder / "model.safetensors"):
+        t0 = time.time()
+        tmp = Path(str(f32) + ".part")
+        export(folder, tmp)
+        os.replace(tmp, f32)
+        log("wrote %s (%.1f s)" % (f32, time.time() - t0))
+    # llama.cpp's quantizer makes the others from the F32 file (make_all keeps an F32 source as
+    # it is: "<name>.f32.gguf" is its own output name)
+    paths = make_gguf.make_all(f32, out, [f for f in formats if f != "f32"], threads, log=log)
+    paths["hf"] = folder
+    return paths
 
 
 def model_files(name, a, formats):
     """{"hf": folder Kwker loads, f32/f16/q8_0/q4_0: GGUF paths}, built when missing or stale."""
-    import make_gguf
     sys.path.insert(0, str(REPO / "tests" / "python"))
     import gguf_export
-    minilm = Path(a.minilm)
-    if not (minilm / "model.safetensors").is_file():
-        raise SystemExit("%s not found: run scripts/setup --test (it fetches all-MiniLM-L6-v2), "
-                         "or pass --minilm PATH" % minilm)
+    minilm = minilm_of(a, "model.safetensors")
     out = Path(a.work_dir) / name
     out.mkdir(parents=True, exist_ok=True)
     if name == "minilm":
@@ -133,18 +160,8 @@ def model_files(name, a, formats):
     else:
         folder = sbs.fresh_checkpoint(out, {"version": BUILDER_VERSION, "config": BGE_BASE},
                                       lambda f: write_random_bert(minilm, f))
-    f32 = out / ("%s.f32.gguf" % name)
-    if not fresh(f32, folder / "model.safetensors"):
-        t0 = time.time()
-        tmp = Path(str(f32) + ".part")
-        gguf_export.export_bert(folder, tmp, "f32")
-        os.replace(tmp, f32)
-        log("wrote %s (%.1f s)" % (f32, time.time() - t0))
-    # llama.cpp's quantizer makes the others from the F32 file (make_all keeps an F32 source as
-    # it is: "<name>.f32.gguf" is its own output name)
-    paths = make_gguf.make_all(f32, out, [f for f in formats if f != "f32"], a.threads, log=log)
-    paths["hf"] = folder
-    return paths
+    return gguf_files(out, name, folder, lambda f, p: gguf_export.export_bert(f, p, "f32"),
+                      formats, a.threads)
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,11 +281,7 @@ def worker(job):
     Prints a JSON line; with job["save"] also writes the embeddings of every text (npz)."""
     import numpy as np
     texts = json.loads(Path(job["texts"]).read_text())
-    side_cls = KwkerSide if job["side"] == "kwker" else LlamaSide
-    base_kib = vm_kib("VmHWM")  # the interpreter and numpy: not the engine's cost
-    t0 = time.perf_counter()
-    side = side_cls(job)
-    load_s = time.perf_counter() - t0
+    side, base_kib, load_s = load_side(job, KwkerSide, LlamaSide)
     res = {"load_s": load_s, "base_rss_kib": base_kib, "workloads": {}}
     embs = {}
     for w in job["workloads"]:
@@ -298,36 +311,60 @@ def worker(job):
             embs[w] = np.asarray(e, dtype=np.float32)
         r["n_tokens"] = side.n_tokens(ts)
         res["workloads"][w] = r
+    return finish_worker(job, side, res, embs)
+
+
+def load_side(job, kwker_cls, llama_cls):
+    """(the side's object for job["side"], VmHWM before it, seconds it took to load)."""
+    side_cls = kwker_cls if job["side"] == "kwker" else llama_cls
+    base_kib = vm_kib("VmHWM")  # the interpreter and numpy: not the engine's cost
+    t0 = time.perf_counter()
+    side = side_cls(job)
+    return side, base_kib, time.perf_counter() - t0
+
+
+def finish_worker(job, side, res, arrays, llama_extra=None):
+    """A run's end: llama.cpp's settings (and llama_extra(side)'s entries) in res, the side
+    closed, peak RSS, arrays saved to job["save"] (npz) when asked, res printed as JSON."""
+    import numpy as np
     if job["side"] == "llama":
         res["llama_batch"] = job["llama_batch"]
+        if llama_extra is not None:
+            res.update(llama_extra(side))
         res["system_info"] = side.L.llama_print_system_info().decode(errors="replace")
     side.close()
     res["peak_rss_kib"] = vm_kib("VmHWM")
     if job.get("save"):
-        np.savez(job["save"], **embs)
+        np.savez(job["save"], **arrays)
     print(json.dumps(res))
     return 0
 
 
-def run_one(a, side, cfg, files, texts_path, save):
+def run_worker(a, script, side, cfg, files, texts_path, save, nice=True, **more):
+    """One run of `script --worker` in a fresh process (at --nice when nice), its job: side,
+    cfg, the settings both tools share and `more`; returns the JSON it printed."""
     job = dict(side=side, config=cfg, threads=a.threads, texts=str(texts_path),
-               workloads=a.workloads, reps=a.reps, query_passes=a.query_passes,
-               save=str(save) if save else None, kwker_batch_tokens=a.kwker_batch_tokens,
+               workloads=a.workloads, reps=a.reps, save=str(save) if save else None,
                llama_batch=a.llama_batch, llama_flash_attn=a.llama_flash_attn,
-               hf=str(files["hf"]), gguf=str(files.get(cfg, "")))
+               hf=str(files["hf"]), gguf=str(files.get(cfg, "")), **more)
     env = dict(os.environ)
     if a.kwker_lib:
         env["KWKER_LIB"] = str(a.kwker_lib)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     py = a.llama_python if side == "llama" else sys.executable
-    cmd = [str(py), str(Path(__file__).resolve()), "--worker", json.dumps(job)]
-    if a.nice:
+    cmd = [str(py), str(Path(script).resolve()), "--worker", json.dumps(job)]
+    if a.nice and nice:
         cmd = ["nice", "-n", str(a.nice)] + cmd
     rc, out, err = sbs.run_child(cmd, env=env)
     if rc != 0:
         raise RuntimeError("%s %s run failed (%d):\n%s" % (side, cfg, rc, err[-3000:]))
     return json.loads(out.strip().splitlines()[-1])
+
+
+def run_one(a, side, cfg, files, texts_path, save):
+    return run_worker(a, __file__, side, cfg, files, texts_path, save,
+                      query_passes=a.query_passes, kwker_batch_tokens=a.kwker_batch_tokens)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,11 +386,16 @@ def one_minus_cos(pa, pb, workloads):
     return float(np.median(d)), float(d.max())
 
 
+def process_medians(runs):
+    """Medians of the runs' peak and base RSS (MiB) and load seconds."""
+    return {"peak_rss_mib": statistics.median(r["peak_rss_kib"] for r in runs) / 1024,
+            "base_rss_mib": statistics.median(r["base_rss_kib"] for r in runs) / 1024,
+            "load_s": statistics.median(r["load_s"] for r in runs)}
+
+
 def summarize(runs, workloads):
     """Medians of one configuration's runs."""
-    s = {"peak_rss_mib": statistics.median(r["peak_rss_kib"] for r in runs) / 1024,
-         "base_rss_mib": statistics.median(r["base_rss_kib"] for r in runs) / 1024,
-         "load_s": statistics.median(r["load_s"] for r in runs)}
+    s = process_medians(runs)
     for w in workloads:
         rs = [r["workloads"][w] for r in runs]
         n_texts, n_tokens = rs[0]["n_texts"], rs[0]["n_tokens"]
@@ -368,17 +410,24 @@ def summarize(runs, workloads):
     return s
 
 
-def measure_model(a, name, texts_path, scratch):
-    formats = sorted({lf for _, lf in a.pairs}, key=LLAMA_FORMATS.index)
-    files = model_files(name, a, formats)
+def order_of(a):
+    """One round: Kwker's and llama.cpp's configurations alternating."""
     kcfgs = list(dict.fromkeys(kc for kc, _ in a.pairs))
     lcfgs = list(dict.fromkeys(lf for _, lf in a.pairs))
-    # one round: Kwker's and llama.cpp's configurations alternating, the order reversed every
-    # other round (K L K L ... then ... L K L K), so that neither side always runs first
     order = []
     for i in range(max(len(kcfgs), len(lcfgs))):
         order += [("kwker", kcfgs[i])] if i < len(kcfgs) else []
         order += [("llama", lcfgs[i])] if i < len(lcfgs) else []
+    return order
+
+
+def rounds(a, name, files, texts_path, scratch, run_one, describe):
+    """--runs rounds of run_one(a, side, cfg, files, texts_path, save) of every configuration
+    (order_of), the order reversed every other round (K L K L ... then ... L K L K) so that
+    neither side always runs first, each run's stolen CPU, load average and the bandwidth probe
+    after it added, a line logged (describe(its workloads) tells their numbers). Returns
+    ({(side, cfg): [results]}, {(side, cfg): the npz its first run saved})."""
+    order = order_of(a)
     runs = {o: [] for o in order}
     saved = {}
     bw = sbs.probe(a.bw_probe, a.threads, "native", a.probe_mib, "stream") if a.probe_mib else None
@@ -402,13 +451,18 @@ def measure_model(a, name, texts_path, scratch):
             if save:
                 saved[(side, cfg)] = save
             runs[(side, cfg)].append(res)
-            wl = res["workloads"]
-            log("  %s %s %-9s run %d: %s; peak RSS %.0f MiB; bw %s GB/s; stolen %s%%; load %.1f" % (
-                name, side, cfg, r + 1, ", ".join(
-                    "%s %.1f ms" % (w, x["ms"]) if w == "query" else
-                    "%s %.0f tok/s" % (w, x["n_tokens"] / x["seconds"]) for w, x in wl.items()),
-                res["peak_rss_kib"] / 1024, sbs.fmt(after), sbs.fmt(res["steal_pct"]),
-                res["loadavg"][1]))
+            log("  %s %s %-9s run %d: %s; peak RSS %.0f MiB; bw %s GB/s; stolen %s%%; load %.1f"
+                % (name, side, cfg, r + 1, describe(res["workloads"]), res["peak_rss_kib"] / 1024,
+                   sbs.fmt(after), sbs.fmt(res["steal_pct"]), res["loadavg"][1]))
+    return runs, saved
+
+
+def measure_model(a, name, texts_path, scratch):
+    formats = sorted({lf for _, lf in a.pairs}, key=LLAMA_FORMATS.index)
+    files = model_files(name, a, formats)
+    runs, saved = rounds(a, name, files, texts_path, scratch, run_one, lambda wl: ", ".join(
+        "%s %.1f ms" % (w, x["ms"]) if w == "query" else
+        "%s %.0f tok/s" % (w, x["n_tokens"] / x["seconds"]) for w, x in wl.items()))
     summ = {o: summarize(rs, a.workloads) for o, rs in runs.items()}
     ref = saved.get(("kwker", "preserve"))
     recs = []
@@ -530,16 +584,51 @@ def parse_pairs(s):
     return pairs
 
 
-def parse_batches(s):
-    out = {"throughput": 512, "query": 512, "long": 512}
+def parse_batches(s, workloads=WORKLOADS, why="a BERT sequence must fit one ubatch"):
+    """--llama-batch: {workload: n_batch}, 512 unless s says WORKLOAD=N (N >= 512: why)."""
+    out = {w: 512 for w in workloads}
     for item in s.split(","):
         if item:
             k, _, v = item.partition("=")
             if k not in out or not v.isdigit() or int(v) < 512:
-                raise SystemExit("--llama-batch: WORKLOAD=N with N >= 512 (a BERT sequence "
-                                 "must fit one ubatch), not %r" % item)
+                raise SystemExit("--llama-batch: WORKLOAD=N with N >= 512 (%s), not %r"
+                                 % (why, item))
             out[k] = int(v)
     return out
+
+
+def parse_workloads(s, known):
+    out = [w for w in s.split(",") if w]
+    bad = set(out) - set(known)
+    if bad:
+        raise SystemExit("unknown workload(s) %s" % ", ".join(sorted(bad)))
+    return out
+
+
+def add_probe_args(ap):
+    """The arguments after --nice that both tools take: llama.cpp's Python, the bandwidth probe,
+    --json."""
+    ap.add_argument("--llama-python", default=sys.executable,
+                    help="the Python whose llama_cpp runs llama.cpp")
+    ap.add_argument("--bw-probe", default=None,
+                    help="default $KWK_BW_PROBE, else bw_probe beside $KWKER_LIB or build/")
+    ap.add_argument("--probe-mib", type=int, default=256,
+                    help="the read-bandwidth probe's buffer between runs (0: no probe)")
+    ap.add_argument("--json", default=None, help="also write every run and summary here")
+
+
+def find_bw_probe(a):
+    """a.bw_probe: the probe's path (--bw-probe, $KWK_BW_PROBE, beside --kwker-lib or in build/),
+    when --probe-mib asks for it."""
+    if a.probe_mib:
+        cands = [a.bw_probe, os.environ.get("KWK_BW_PROBE")]
+        if a.kwker_lib:
+            cands.append(Path(a.kwker_lib).parent / "bw_probe")
+        cands.append(REPO / "build" / "bw_probe")
+        a.bw_probe = next((Path(c) for c in cands if c and Path(c).is_file()), None)
+        if a.bw_probe is None:
+            raise SystemExit("bw_probe not found: build it (ninja -C build bw_probe), pass "
+                             "--bw-probe PATH, or --probe-mib 0")
 
 
 def parse_args(argv):
@@ -578,13 +667,7 @@ def parse_args(argv):
                     help="the runs' niceness (default -10 as root, else 0): on a 2-core machine "
                          "shared with builds, both sides' spinning thread pools lose whole time "
                          "slices to them, llama.cpp's OpenMP barriers most")
-    ap.add_argument("--llama-python", default=sys.executable,
-                    help="the Python whose llama_cpp runs llama.cpp")
-    ap.add_argument("--bw-probe", default=None,
-                    help="default $KWK_BW_PROBE, else bw_probe beside $KWKER_LIB or build/")
-    ap.add_argument("--probe-mib", type=int, default=256,
-                    help="the read-bandwidth probe's buffer between runs (0: no probe)")
-    ap.add_argument("--json", default=None, help="also write every run and summary here")
+    add_probe_args(ap)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: minilm only, preserve:f32 and int4:q4_0, 2 runs, small "
                          "workloads")
@@ -608,23 +691,12 @@ def parse_args(argv):
     a.sweep_llama = [int(x) for x in a.sweep_llama.split(",") if x]
     a.sweep_kwker = [int(x) for x in a.sweep_kwker.split(",") if x]
     a.llama_batch = parse_batches(a.llama_batch)
-    a.workloads = [w for w in a.workloads.split(",") if w]
-    bad = set(a.workloads) - set(WORKLOADS)
-    if bad:
-        raise SystemExit("unknown workload(s) %s" % ", ".join(sorted(bad)))
+    a.workloads = parse_workloads(a.workloads, WORKLOADS)
     a.models = [m for m in a.models.split(",") if m]
     for m in a.models:
         if m not in ("minilm", "bge-base-random"):
             raise SystemExit("unknown model %r" % m)
-    if a.probe_mib:
-        cands = [a.bw_probe, os.environ.get("KWK_BW_PROBE")]
-        if a.kwker_lib:
-            cands.append(Path(a.kwker_lib).parent / "bw_probe")
-        cands.append(REPO / "build" / "bw_probe")
-        a.bw_probe = next((Path(c) for c in cands if c and Path(c).is_file()), None)
-        if a.bw_probe is None:
-            raise SystemExit("bw_probe not found: build it (ninja -C build bw_probe), pass "
-                             "--bw-probe PATH, or --probe-mib 0")
+    find_bw_probe(a)
     return a
 
 
@@ -632,21 +704,8 @@ def main(argv=None):
     a = parse_args(argv)
     if a.worker:
         return worker(json.loads(a.worker))
-    llamacpp.import_llama_cpp()
-    sys.path.insert(0, str(REPO / "python"))
-    if a.kwker_lib:
-        os.environ["KWKER_LIB"] = str(a.kwker_lib)
-    import kwker
-    work = Path(a.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="embed-sbs-", dir=str(work)))
-    tok = kwker.Tokenizer.from_pretrained(a.minilm)  # both models' tokenizer
     shape = QUICK_WORKLOADS if a.quick else WORKLOADS
-    texts = make_texts(tok, {w: shape[w] for w in a.workloads}, a.text)
-    tok.close()
-    texts_path = scratch / "texts.json"
-    texts_path.write_text(json.dumps(texts))
-    recs = []
+    scratch, texts_path = prepare(a, "embed-sbs-", make_texts, shape)
     if a.sweep:
         try:
             tables, raw = [], {}
@@ -660,28 +719,66 @@ def main(argv=None):
         if a.json:
             Path(a.json).write_text(json.dumps({"sweep": raw, "markdown": tables}, indent=1))
         return 0
+    recs = measure_all(a, measure_model, lambda recs: write_json(a, shape, recs), texts_path,
+                       scratch)
+    print(markdown(recs, a))
+    return 0
+
+
+def prepare(a, prefix, make_texts, shape):
+    """Imports llama_cpp and kwker (--kwker-lib's), makes a scratch folder in the work dir and
+    the workloads' texts (make_texts(MiniLM's tokenizer, {workload: shape}, --text)) in a
+    texts.json there: (scratch, that file)."""
+    llamacpp.import_llama_cpp()
+    sys.path.insert(0, str(REPO / "python"))
+    if a.kwker_lib:
+        os.environ["KWKER_LIB"] = str(a.kwker_lib)
+    import kwker
+    work = Path(a.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=str(work)))
+    tok = kwker.Tokenizer.from_pretrained(a.minilm)  # every model's tokenizer
+    texts = make_texts(tok, {w: shape[w] for w in a.workloads}, a.text)
+    tok.close()
+    texts_path = scratch / "texts.json"
+    texts_path.write_text(json.dumps(texts))
+    return scratch, texts_path
+
+
+def measure_all(a, measure_model, write_json, texts_path, scratch):
+    """measure_model(a, model, texts_path, scratch) of every model, write_json(records so far)
+    after each; the scratch folder removed at the end. Returns the records."""
+    recs = []
     try:
         for m in a.models:
             log("%s: %s, %d rounds" % (m, ", ".join("%s vs %s" % p for p in a.pairs), a.runs))
             recs += measure_model(a, m, texts_path, scratch)
-            write_json(a, shape, recs)  # each model's results kept as soon as they are done
+            write_json(recs)  # each model's results kept as soon as they are done
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    print(markdown(recs, a))
-    return 0
+    return recs
+
+
+def settings(a, shape, names, first, middle):
+    """The JSON's settings: the common ones, first after --reps, the workloads' shapes (names of
+    the two numbers), middle after --llama-flash-attn."""
+    s = {"threads": a.threads, "runs": a.runs, "reps": a.reps}
+    s.update(first)
+    s["workloads"] = {w: dict(zip(names, shape[w])) for w in a.workloads}
+    s.update(llama_batch=a.llama_batch, llama_flash_attn=a.llama_flash_attn)
+    s.update(middle)
+    s.update(probe_mib=a.probe_mib, llama_version=llamacpp.version(), nice=a.nice,
+             pairs=[list(p) for p in a.pairs], kwker_lib=str(a.kwker_lib or ""),
+             text=str(a.text))
+    return s
 
 
 def write_json(a, shape, recs):
     table = markdown(recs, a)
     if a.json:
-        out = {"settings": {"threads": a.threads, "runs": a.runs, "reps": a.reps,
-                            "query_passes": a.query_passes, "workloads": {
-                                w: dict(zip(("texts", "tokens"), shape[w])) for w in a.workloads},
-                            "llama_batch": a.llama_batch, "llama_flash_attn": a.llama_flash_attn,
-                            "kwker_batch_tokens": a.kwker_batch_tokens or 2048,
-                            "probe_mib": a.probe_mib, "llama_version": llamacpp.version(),
-                            "nice": a.nice, "pairs": [list(p) for p in a.pairs],
-                            "kwker_lib": str(a.kwker_lib or ""), "text": str(a.text)},
+        out = {"settings": settings(a, shape, ("texts", "tokens"),
+                                    {"query_passes": a.query_passes},
+                                    {"kwker_batch_tokens": a.kwker_batch_tokens or 2048}),
                "results": recs, "markdown": table}
         Path(a.json).write_text(json.dumps(out, indent=1))
 

@@ -59,10 +59,8 @@ import argparse
 import ctypes
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -70,7 +68,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 import embed_side_by_side as esbs  # noqa: E402  (texts, configurations, formats, helpers)
-import llamacpp  # noqa: E402
 import side_by_side as sbs  # noqa: E402  (probe, cpu_ticks, steal_pct, run_child, vm_kib)
 
 log = esbs.log
@@ -108,45 +105,22 @@ def write_random_cross_encoder(minilm, shape, folder):
     cfg = transformers.BertConfig(**shape)
     cfg.architectures = ["BertForSequenceClassification"]
     model = transformers.BertForSequenceClassification(cfg).eval()
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=str(folder.parent)))
-    try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        for f in TOKENIZER_FILES:
-            if (Path(minilm) / f).is_file():
-                shutil.copy(Path(minilm) / f, tmp / f)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    esbs.save_random_model(model, minilm, TOKENIZER_FILES, folder)
 
 
 def model_files(name, a, formats):
     """{"hf": folder Kwker loads, f32/f16/q8_0/q4_0: rank GGUF paths}, built when missing or
     stale."""
-    import make_gguf
     sys.path.insert(0, str(REPO / "tests" / "python"))
     import gguf_export
-    minilm = Path(a.minilm)
-    if not (minilm / "tokenizer.json").is_file():
-        raise SystemExit("%s not found: run scripts/setup --test (it fetches all-MiniLM-L6-v2), "
-                         "or pass --minilm PATH" % minilm)
+    minilm = esbs.minilm_of(a, "tokenizer.json")
     out = Path(a.work_dir) / name
     out.mkdir(parents=True, exist_ok=True)
     shape = MODELS[name]
     folder = sbs.fresh_checkpoint(out, {"version": BUILDER_VERSION, "config": shape},
                                   lambda f: write_random_cross_encoder(minilm, shape, f))
-    f32 = out / ("%s.f32.gguf" % name)
-    if not esbs.fresh(f32, folder / "model.safetensors"):
-        t0 = time.time()
-        tmp = Path(str(f32) + ".part")
-        gguf_export.export_rank(folder, tmp, "f32", pooler_as_cls=True)
-        os.replace(tmp, f32)
-        log("wrote %s (%.1f s)" % (f32, time.time() - t0))
-    paths = make_gguf.make_all(f32, out, [f for f in formats if f != "f32"], a.threads, log=log)
-    paths["hf"] = folder
-    return paths
+    return esbs.gguf_files(out, name, folder, lambda f, p: gguf_export.export_rank(
+        f, p, "f32", pooler_as_cls=True), formats, a.threads)
 
 
 def make_texts(tok, workloads, path):
@@ -310,11 +284,7 @@ def worker(job):
     token ids) to an npz. job["check"]: no timing; Kwker's logits of the token ids in that npz
     (types 0), written to job["save"]."""
     import numpy as np
-    side_cls = KwkerSide if job["side"] == "kwker" else LlamaSide
-    base_kib = esbs.vm_kib("VmHWM")  # the interpreter and numpy: not the engine's cost
-    t0 = time.perf_counter()
-    side = side_cls(job)
-    load_s = time.perf_counter() - t0
+    side, base_kib, load_s = esbs.load_side(job, KwkerSide, LlamaSide)
     if job.get("check"):
         ids = np.load(job["check"])
         got = {}
@@ -348,39 +318,14 @@ def worker(job):
             seqs = side.seqs(q, docs)
             saved[w + ":ids"] = np.asarray([t for s in seqs for t in s], dtype=np.int32)
             saved[w + ":offs"] = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
-    if job["side"] == "llama":
-        res["llama_batch"] = job["llama_batch"]
-        res["format_rerank"] = {"add_bos": side.add_bos, "add_eos": side.add_eos,
-                                "add_sep": side.add_sep}
-        res["system_info"] = side.L.llama_print_system_info().decode(errors="replace")
-    side.close()
-    res["peak_rss_kib"] = esbs.vm_kib("VmHWM")
-    if job.get("save"):
-        np.savez(job["save"], **saved)
-    print(json.dumps(res))
-    return 0
+    return esbs.finish_worker(job, side, res, saved, lambda side: {"format_rerank": {
+        "add_bos": side.add_bos, "add_eos": side.add_eos, "add_sep": side.add_sep}})
 
 
 def run_one(a, side, cfg, files, texts_path, save, check=None):
-    job = dict(side=side, config=cfg, threads=a.threads, texts=str(texts_path),
-               workloads=a.workloads, reps=a.reps, request_reps=a.request_reps,
-               save=str(save) if save else None, check=str(check) if check else None,
-               kwker_batch_size=a.kwker_batch_size, llama_batch=a.llama_batch,
-               llama_flash_attn=a.llama_flash_attn, hf=str(files["hf"]),
-               gguf=str(files.get(cfg, "")))
-    env = dict(os.environ)
-    if a.kwker_lib:
-        env["KWKER_LIB"] = str(a.kwker_lib)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    py = a.llama_python if side == "llama" else sys.executable
-    cmd = [str(py), str(Path(__file__).resolve()), "--worker", json.dumps(job)]
-    if a.nice and not check:
-        cmd = ["nice", "-n", str(a.nice)] + cmd
-    rc, out, err = sbs.run_child(cmd, env=env)
-    if rc != 0:
-        raise RuntimeError("%s %s run failed (%d):\n%s" % (side, cfg, rc, err[-3000:]))
-    return json.loads(out.strip().splitlines()[-1])
+    return esbs.run_worker(a, __file__, side, cfg, files, texts_path, save, nice=not check,
+                           request_reps=a.request_reps, check=str(check) if check else None,
+                           kwker_batch_size=a.kwker_batch_size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -389,9 +334,7 @@ def run_one(a, side, cfg, files, texts_path, save, check=None):
 
 def summarize(runs, workloads):
     """Medians of one configuration's runs."""
-    s = {"peak_rss_mib": statistics.median(r["peak_rss_kib"] for r in runs) / 1024,
-         "base_rss_mib": statistics.median(r["base_rss_kib"] for r in runs) / 1024,
-         "load_s": statistics.median(r["load_s"] for r in runs)}
+    s = esbs.process_medians(runs)
     for w in workloads:
         rs = [r["workloads"][w] for r in runs]
         ms = statistics.median(x["ms"] for x in rs)
@@ -437,47 +380,11 @@ def check(a, name, files, saved, scratch):
     return res
 
 
-def order_of(a):
-    """One round: Kwker's and llama.cpp's configurations alternating."""
-    kcfgs = list(dict.fromkeys(kc for kc, _ in a.pairs))
-    lcfgs = list(dict.fromkeys(lf for _, lf in a.pairs))
-    order = []
-    for i in range(max(len(kcfgs), len(lcfgs))):
-        order += [("kwker", kcfgs[i])] if i < len(kcfgs) else []
-        order += [("llama", lcfgs[i])] if i < len(lcfgs) else []
-    return order
-
-
 def measure_model(a, name, texts_path, scratch):
     formats = sorted({lf for _, lf in a.pairs}, key=esbs.LLAMA_FORMATS.index)
     files = model_files(name, a, formats)
-    order = order_of(a)
-    runs = {o: [] for o in order}
-    saved = {}
-    bw = sbs.probe(a.bw_probe, a.threads, "native", a.probe_mib, "stream") if a.probe_mib else None
-    seq = 0
-    for r in range(a.runs):
-        for side, cfg in (order if r % 2 == 0 else order[::-1]):
-            seq += 1
-            save = None
-            if (side, cfg) not in saved:
-                save = scratch / ("%s-%s-%s.npz" % (name, side, cfg))
-            t0, load0 = sbs.cpu_ticks(), os.getloadavg()[0]
-            res = run_one(a, side, cfg, files, texts_path, save)
-            res["steal_pct"] = sbs.steal_pct(t0, sbs.cpu_ticks())
-            res["loadavg"] = [load0, os.getloadavg()[0]]
-            after = (sbs.probe(a.bw_probe, a.threads, "native", a.probe_mib, "stream")
-                     if a.probe_mib else None)
-            res["bw_before"], res["bw_after"], bw = bw, after, after
-            res["round"], res["seq"] = r + 1, seq
-            if save:
-                saved[(side, cfg)] = save
-            runs[(side, cfg)].append(res)
-            log("  %s %s %-9s run %d: %s; peak RSS %.0f MiB; bw %s GB/s; stolen %s%%; load %.1f"
-                % (name, side, cfg, r + 1, ", ".join(
-                    "%s %.1f ms" % (w, x["ms"]) for w, x in res["workloads"].items()),
-                   res["peak_rss_kib"] / 1024, sbs.fmt(after), sbs.fmt(res["steal_pct"]),
-                   res["loadavg"][1]))
+    runs, saved = esbs.rounds(a, name, files, texts_path, scratch, run_one, lambda wl: ", ".join(
+        "%s %.1f ms" % (w, x["ms"]) for w, x in wl.items()))
     checks = check(a, name, files, saved, scratch)
     recs = []
     for kc, lf in a.pairs:
@@ -525,18 +432,6 @@ def markdown(recs, a, shape):
     return "\n".join(lines)
 
 
-def parse_batches(s):
-    out = {w: 512 for w in WORKLOADS}
-    for item in s.split(","):
-        if item:
-            k, _, v = item.partition("=")
-            if k not in out or not v.isdigit() or int(v) < 512:
-                raise SystemExit("--llama-batch: WORKLOAD=N with N >= 512 (a pair of up to "
-                                 "512 tokens must fit one ubatch), not %r" % item)
-            out[k] = int(v)
-    return out
-
-
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=DEFAULT_MODELS,
@@ -568,13 +463,7 @@ def parse_args(argv):
     ap.add_argument("--nice", type=int, default=-10 if hasattr(os, "geteuid") and
                     os.geteuid() == 0 else 0,
                     help="the timed runs' niceness (default -10 as root, else 0)")
-    ap.add_argument("--llama-python", default=sys.executable,
-                    help="the Python whose llama_cpp runs llama.cpp")
-    ap.add_argument("--bw-probe", default=None,
-                    help="default $KWK_BW_PROBE, else bw_probe beside $KWKER_LIB or build/")
-    ap.add_argument("--probe-mib", type=int, default=256,
-                    help="the read-bandwidth probe's buffer between runs (0: no probe)")
-    ap.add_argument("--json", default=None, help="also write every run and summary here")
+    esbs.add_probe_args(ap)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: tiny-random only, preserve:f32 and int4:q4_0, 2 runs, "
                          "small workloads")
@@ -589,39 +478,24 @@ def parse_args(argv):
         if a.pairs == DEFAULT_PAIRS:
             a.pairs = "preserve:f32,int4:q4_0"
     a.pairs = esbs.parse_pairs(a.pairs)
-    a.workloads = [w for w in a.workloads.split(",") if w]
-    bad = set(a.workloads) - set(WORKLOADS)
-    if bad:
-        raise SystemExit("unknown workload(s) %s" % ", ".join(sorted(bad)))
-    a.llama_batch = parse_batches(a.llama_batch)
+    a.workloads = esbs.parse_workloads(a.workloads, WORKLOADS)
+    a.llama_batch = esbs.parse_batches(a.llama_batch, WORKLOADS,
+                                       "a pair of up to 512 tokens must fit one ubatch")
     a.models = [m for m in a.models.split(",") if m]
     for m in a.models:
         if m not in MODELS:
             raise SystemExit("unknown model %r (one of %s)" % (m, ", ".join(MODELS)))
-    if a.probe_mib:
-        cands = [a.bw_probe, os.environ.get("KWK_BW_PROBE")]
-        if a.kwker_lib:
-            cands.append(Path(a.kwker_lib).parent / "bw_probe")
-        cands.append(REPO / "build" / "bw_probe")
-        a.bw_probe = next((Path(c) for c in cands if c and Path(c).is_file()), None)
-        if a.bw_probe is None:
-            raise SystemExit("bw_probe not found: build it (ninja -C build bw_probe), pass "
-                             "--bw-probe PATH, or --probe-mib 0")
+    esbs.find_bw_probe(a)
     return a
 
 
 def write_json(a, shape, recs):
     table = markdown(recs, a, shape)
     if a.json:
-        out = {"settings": {"threads": a.threads, "runs": a.runs, "reps": a.reps,
-                            "request_reps": a.request_reps, "query_tokens": QUERY_TOKENS,
-                            "workloads": {w: dict(zip(("docs", "tokens"), shape[w]))
-                                          for w in a.workloads},
-                            "llama_batch": a.llama_batch, "llama_flash_attn": a.llama_flash_attn,
-                            "kwker_batch_size": a.kwker_batch_size, "probe_mib": a.probe_mib,
-                            "llama_version": llamacpp.version(), "nice": a.nice,
-                            "pairs": [list(p) for p in a.pairs],
-                            "kwker_lib": str(a.kwker_lib or ""), "text": str(a.text)},
+        out = {"settings": esbs.settings(a, shape, ("docs", "tokens"),
+                                         {"request_reps": a.request_reps,
+                                          "query_tokens": QUERY_TOKENS},
+                                         {"kwker_batch_size": a.kwker_batch_size}),
                "results": recs, "markdown": table}
         Path(a.json).write_text(json.dumps(out, indent=1))
     return table
@@ -631,28 +505,10 @@ def main(argv=None):
     a = parse_args(argv)
     if a.worker:
         return worker(json.loads(a.worker))
-    llamacpp.import_llama_cpp()
-    sys.path.insert(0, str(REPO / "python"))
-    if a.kwker_lib:
-        os.environ["KWKER_LIB"] = str(a.kwker_lib)
-    import kwker
-    work = Path(a.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="rerank-sbs-", dir=str(work)))
-    tok = kwker.Tokenizer.from_pretrained(a.minilm)  # every model's tokenizer
     shape = QUICK_WORKLOADS if a.quick else WORKLOADS
-    texts = make_texts(tok, {w: shape[w] for w in a.workloads}, a.text)
-    tok.close()
-    texts_path = scratch / "texts.json"
-    texts_path.write_text(json.dumps(texts))
-    recs = []
-    try:
-        for m in a.models:
-            log("%s: %s, %d rounds" % (m, ", ".join("%s vs %s" % p for p in a.pairs), a.runs))
-            recs += measure_model(a, m, texts_path, scratch)
-            write_json(a, shape, recs)  # each model's results kept as soon as they are done
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    scratch, texts_path = esbs.prepare(a, "rerank-sbs-", make_texts, shape)
+    recs = esbs.measure_all(a, measure_model, lambda recs: write_json(a, shape, recs),
+                            texts_path, scratch)
     print(markdown(recs, a, shape))
     return 0
 

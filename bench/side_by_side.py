@@ -117,18 +117,26 @@ def write_checkpoint(spec, folder):
             t = 0.02 * t
         tensors[name] = t.to(torch.bfloat16)
         del t
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=str(folder.parent)))
-    try:
+
+    def write(tmp):
         cfg.save_pretrained(str(tmp))
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        del tensors
+        tensors.clear()
+    replace_folder(folder, write)
+
+
+def replace_folder(folder, write):
+    """write(tmp) fills a temporary folder beside `folder`, which then takes its place (an old
+    one removed first): a folder half written is never taken for a whole one."""
+    import shutil
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=str(folder.parent)))
+    try:
+        write(tmp)
         if folder.exists():
-            import shutil
             shutil.rmtree(folder)
         os.replace(tmp, folder)
     finally:
         if tmp.exists():
-            import shutil
             shutil.rmtree(tmp, ignore_errors=True)
 
 
