@@ -25,22 +25,41 @@ BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
 PROBE = Path(os.environ.get("KWK_BW_PROBE") or BIN.parent / "bw_probe")
 
 
-def test_quick_run_writes_complete_json(tmp_path):
+def run_quick(tmp_path, script, needs, name):
+    """script --quick into a JSON file, the model and its GGUF files cached in
+    $KWK_TEST_CACHE/bench-models/<name>: (the finished process, the JSON). Fails (never skips)
+    where llama_cpp, all-MiniLM-L6-v2's file needs or bw_probe is missing."""
     assert importlib.util.find_spec("llama_cpp") is not None, \
         "llama_cpp (llama-cpp-python) is not importable: run scripts/setup --test (or --bench)"
-    if not (MINILM / "model.safetensors").is_file():
+    if not (MINILM / needs).is_file():
         pytest.fail("all-MiniLM-L6-v2 not found at %s: run scripts/setup --test" % MINILM)
     if not PROBE.is_file():
         pytest.fail("bw_probe not found at %s: build it (scripts/build) or set KWK_BW_PROBE"
                     % PROBE)
     work = Path(os.environ.get("KWK_TEST_CACHE") or "/tmp/kwker-test-models") / "bench-models" \
-        / "embed"
-    out = tmp_path / "embed.json"
-    cmd = [sys.executable, str(SCRIPT), "--quick", "--minilm", str(MINILM), "--work-dir",
+        / name
+    out = tmp_path / ("%s.json" % name)
+    cmd = [sys.executable, str(script), "--quick", "--minilm", str(MINILM), "--work-dir",
            str(work), "--bw-probe", str(PROBE), "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+def side_runs(rec, side):
+    """rec's runs of side: --quick's two, each with a peak RSS above the interpreter's, stolen
+    CPU in 0-100 % and the bandwidth probe's numbers before and after."""
+    runs = rec["runs"][side]
+    assert len(runs) == 2
+    for run in runs:
+        assert run["peak_rss_kib"] > run["base_rss_kib"] > 0, (side, run)
+        assert 0.0 <= run["steal_pct"] <= 100.0
+        assert run["bw_before"] > 0 and run["bw_after"] > 0
+    return runs
+
+
+def test_quick_run_writes_complete_json(tmp_path):
+    proc, data = run_quick(tmp_path, SCRIPT, "model.safetensors", "embed")
     st = data["settings"]
     assert st["runs"] == 2 and st["threads"] == 2
     assert st["workloads"] == {"throughput": {"texts": 8, "tokens": 64},
@@ -56,12 +75,8 @@ def test_quick_run_writes_complete_json(tmp_path):
         # tokens, and the texts are as long as asked: [CLS] + text + [SEP]
         assert r["same_token_counts"], r["model"]
         for side in ("kwker", "llama"):
-            runs = r["runs"][side]
-            assert len(runs) == 2
+            runs = side_runs(r, side)
             for run in runs:
-                assert run["peak_rss_kib"] > run["base_rss_kib"] > 0, (side, run)
-                assert 0.0 <= run["steal_pct"] <= 100.0
-                assert run["bw_before"] > 0 and run["bw_after"] > 0
                 wl = run["workloads"]
                 assert wl["throughput"]["n_tokens"] == 8 * 64
                 assert wl["long"]["n_tokens"] == 2 * 500

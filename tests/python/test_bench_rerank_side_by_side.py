@@ -9,41 +9,21 @@ libkwker ($KWKER_LIB or python/kwker's search), bw_probe ($KWK_BW_PROBE or besid
 transformers (the random model) and llama-cpp-python (scripts/setup --test installs it): a
 missing one fails the test and says how to get it, never skips it. The model and its GGUF files
 are cached in $KWK_TEST_CACHE/bench-models/rerank (default /tmp/kwker-test-models)."""
-import importlib.util
-import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from test_bench_embed_side_by_side import run_quick, side_runs
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "rerank_side_by_side.py"
-MINILM = Path(os.environ.get("KWK_MINILM") or REPO / "models" / "all-MiniLM-L6-v2")
-BIN = Path(os.environ.get("KWKER_BIN") or REPO / "build" / "kwker")
-PROBE = Path(os.environ.get("KWK_BW_PROBE") or BIN.parent / "bw_probe")
 WORKLOADS = {"batch": (8, 64), "request": (4, 64), "long": (2, 490)}  # --quick's
 QUERY = 16
 
 
 def test_quick_run_writes_complete_json(tmp_path):
-    assert importlib.util.find_spec("llama_cpp") is not None, \
-        "llama_cpp (llama-cpp-python) is not importable: run scripts/setup --test (or --bench)"
-    if not (MINILM / "tokenizer.json").is_file():
-        pytest.fail("all-MiniLM-L6-v2 not found at %s: run scripts/setup --test" % MINILM)
-    if not PROBE.is_file():
-        pytest.fail("bw_probe not found at %s: build it (scripts/build) or set KWK_BW_PROBE"
-                    % PROBE)
-    work = Path(os.environ.get("KWK_TEST_CACHE") or "/tmp/kwker-test-models") / "bench-models" \
-        / "rerank"
-    out = tmp_path / "rerank.json"
-    cmd = [sys.executable, str(SCRIPT), "--quick", "--minilm", str(MINILM), "--work-dir",
-           str(work), "--bw-probe", str(PROBE), "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    proc, data = run_quick(tmp_path, SCRIPT, "tokenizer.json", "rerank")
     st = data["settings"]
     assert st["runs"] == 2 and st["threads"] == 2 and st["request_reps"] == 2
     assert st["query_tokens"] == QUERY
@@ -57,12 +37,8 @@ def test_quick_run_writes_complete_json(tmp_path):
         # Hugging Face's: [CLS] q [SEP] d [SEP]
         assert r["format_rerank"] == {"add_bos": True, "add_eos": False, "add_sep": True}
         for side, extra in (("kwker", 3), ("llama", 2)):
-            runs = r["runs"][side]
-            assert len(runs) == 2
+            runs = side_runs(r, side)
             for run in runs:
-                assert run["peak_rss_kib"] > run["base_rss_kib"] > 0, (side, run)
-                assert 0.0 <= run["steal_pct"] <= 100.0
-                assert run["bw_before"] > 0 and run["bw_after"] > 0
                 for w, (n, t) in WORKLOADS.items():
                     x = run["workloads"][w]
                     assert x["n_docs"] == n

@@ -258,16 +258,21 @@ def test_embeddings_on_decoder():
         s.stop()
 
 
+def abandon(port, path, body, n=4):
+    """n POSTs of the JSON body to path whose clients close once the request is sent."""
+    body = json.dumps(body).encode()
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nAuthorization: Bearer " + KEY.encode() +
+                  b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.close()
+
+
 def test_client_goes_away(srv, model_id, enc):
     """Requests whose clients close before the answer: the server answers the others and stops
     cleanly (Server.stop checks the exit code, an ASan report included)."""
-    body = json.dumps({"model": model_id, "input": TEXTS * 64}).encode()
-    for _ in range(4):
-        s = socket.create_connection(("127.0.0.1", srv.port))
-        s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                  b"\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
-                  str(len(body)).encode() + b"\r\n\r\n" + body)
-        s.close()
+    abandon(srv.port, "/v1/embeddings", {"model": model_id, "input": TEXTS * 64})
     status, j = embed_http(srv, {"model": model_id, "input": TEXTS[:2], "encoding_format":
                                  "float"})
     assert status == 200 and same(floats_of(j), enc.embed(TEXTS[:2]))

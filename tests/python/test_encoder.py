@@ -56,15 +56,7 @@ def rowwise_cosines(a, b):
 
 
 def check_close(got, ref, what, tol=REL_TOL):
-    got = np.asarray(got)
-    assert got.dtype == np.float32, "%s: dtype %s" % (what, got.dtype)
-    assert got.shape == np.shape(ref), "%s: shape %s, reference %s" % (what, got.shape,
-                                                                      np.shape(ref))
-    assert np.isfinite(got).all(), "%s: non-finite values" % what
-    err = rel_err(got, ref)
-    assert err <= tol, "%s: max|kwker - transformers| = %.3g of the reference's range (%.3g), " \
-        "over %.0e" % (what, err, float(np.ptp(ref)), tol)
-    return err
+    return te.check_close(got, ref, what, tol, rel_err, "the reference's range", np.ptp)
 
 
 # -- references ----------------------------------------------------------------------------------
@@ -156,23 +148,7 @@ def runs(tmp_path_factory):
     return get
 
 
-def _alnum(s):
-    return "".join(ch for ch in (s or "").lower() if ch.isalnum())
-
-
-def result(res, key, op, isa):
-    meta = res["_meta"]
-    if meta.get("setup_error"):
-        pytest.fail("kwker could not be loaded (KWKER_ISA=%s):\n%s" % (isa, meta["setup_error"]))
-    assert _alnum(meta["isa"]) == _alnum(isa), \
-        "KWKER_ISA=%s but the library chose %r" % (isa, meta["isa"])
-    errs = meta["errors"].get(key, {})
-    for e in ("load", op):
-        if e in errs:
-            pytest.fail("%s [%s] %s failed:\n%s" % (key, isa, e, errs[e]))
-    arr = res["_arrays"].get(key + "|" + op)
-    assert arr is not None, "%s [%s]: no result for %s" % (key, isa, op)
-    return arr
+result = te.result
 
 
 def _ref_of(name):

@@ -11,13 +11,13 @@ time.
 """
 import concurrent.futures
 import json
-import socket
 import subprocess
 
 import numpy as np
 import pytest
 
 from conftest import cli_env, kwker_bin, smollm2_gguf
+from test_embeddings_server import abandon
 from test_server import KEY, Server, metrics, request, wait_for
 import tiny_encoders
 
@@ -323,13 +323,7 @@ def test_chat_on_reranker(srv, info):
 
 
 def test_client_goes_away(srv):
-    body = json.dumps({"query": QUERY, "documents": DOCS * 100}).encode()
-    for _ in range(4):
-        s = socket.create_connection(("127.0.0.1", srv.port))
-        s.sendall(b"POST /v1/rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
-                  str(len(body)).encode() + b"\r\n\r\n" + body)
-        s.close()
+    abandon(srv.port, "/v1/rerank", {"query": QUERY, "documents": DOCS * 100})
     status, j = rerank(srv, {"query": QUERY, "documents": DOCS[:2]})
     assert status == 200 and len(j["results"]) == 2
 

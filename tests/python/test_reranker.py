@@ -28,7 +28,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,15 +65,8 @@ def score_err(got, ref):
 
 
 def check_logits(got, ref, what, tol=REL_TOL):
-    got = np.asarray(got)
-    assert got.dtype == np.float32, "%s: dtype %s" % (what, got.dtype)
-    assert got.shape == np.shape(ref), "%s: shape %s, reference %s" % (what, got.shape,
-                                                                      np.shape(ref))
-    assert np.isfinite(got).all(), "%s: non-finite values" % what
-    err = score_err(got, ref)
-    assert err <= tol, "%s: max|kwker - transformers| = %.3g of max|logit| (%.3g), over %.0e" % (
-        what, err, float(np.abs(ref).max()), tol)
-    return err
+    return te.check_close(got, ref, what, tol, score_err, "max|logit|",
+                          lambda r: np.abs(r).max())
 
 
 def sigmoid(x):
@@ -140,54 +132,20 @@ def ref(name):
 
 # -- the child process: kwker on one kernel path -------------------------------------------------
 
+def _reranker_op(rr, kind, arg):
+    if kind in ("logits", "scores"):
+        return np.asarray(rr.predict(arg, activation=kind == "scores"), dtype=np.float32)
+    if kind == "tok":
+        return np.asarray(rr.tokenize(*arg), dtype=np.int64)
+    raise ValueError(kind)
+
+
 def kwk_worker(job_path, out_path):
     """Run each case's ops through kwker.Reranker in this process (its KWKER_ISA) and save each
-    result as key|op in an .npz, with errors and the library's ISA in __meta__. A case: {key,
-    model, ops: [[name, kind, arg]]}, kind "logits" / "scores" (arg: pairs; predict with
-    activation False / True), "tok" (arg: a pair; ids then types, stacked)."""
-    import traceback
-    job = json.loads(Path(job_path).read_text())
-    arrays, meta = {}, {"errors": {}, "isa": None, "setup_error": None}
-
-    def save():
-        arrays["__meta__"] = np.array(json.dumps(meta))
-        np.savez(out_path, **arrays)
-
-    try:
-        import ctypes
-        from kwker import _lib
-        L = _lib.lib()
-        L.kwk_isa.restype = ctypes.c_int
-        L.kwk_isa_name.restype = ctypes.c_char_p
-        L.kwk_isa_name.argtypes = [ctypes.c_int]
-        meta["isa"] = L.kwk_isa_name(L.kwk_isa()).decode()
-    except BaseException:
-        meta["setup_error"] = traceback.format_exc()[-6000:]
-        save()
-        return
-    for c in job["cases"]:
-        key = c["key"]
-        errs = meta["errors"][key] = {}
-        print("case %s: load" % key, flush=True)  # locates a crash
-        try:
-            rr = kwker.Reranker(c["model"])
-        except Exception:
-            errs["load"] = traceback.format_exc()[-3000:]
-            continue
-        for name, kind, arg in c["ops"]:
-            print("case %s: %s" % (key, name), flush=True)
-            try:
-                if kind in ("logits", "scores"):
-                    arrays[key + "|" + name] = np.asarray(
-                        rr.predict(arg, activation=kind == "scores"), dtype=np.float32)
-                elif kind == "tok":
-                    arrays[key + "|" + name] = np.asarray(rr.tokenize(*arg), dtype=np.int64)
-                else:
-                    raise ValueError(kind)
-            except Exception:
-                errs[name] = traceback.format_exc()[-3000:]
-        rr.close()
-    save()
+    result as key|op in an .npz, with errors and the library's ISA in __meta__ (tiny_encoders.
+    run_cases). A case: {key, model, ops: [[name, kind, arg]]}, kind "logits" / "scores" (arg:
+    pairs; predict with activation False / True), "tok" (arg: a pair; ids then types, stacked)."""
+    te.run_cases(job_path, out_path, lambda c, meta: kwker.Reranker(c["model"]), _reranker_op)
 
 
 def _cases(names):
@@ -202,38 +160,15 @@ def _cases(names):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from conftest import run_worker
-    tmpdir = tmp_path_factory.mktemp("rerank-runs")
-    memo = {}
+    runner = te.EncRunner(tmp_path_factory.mktemp("rerank-runs"), "test_reranker",
+                          "kwker reranker worker")
 
     def get(isa):
-        if isa not in memo:
-            out = run_worker(tmpdir, "test_reranker", {"cases": _cases(CE)}, isa, 900,
-                             "kwker reranker worker")
-            with np.load(out, allow_pickle=False) as z:
-                memo[isa] = {k: z[k] for k in z.files}
-            memo[isa]["__meta__"] = json.loads(str(memo[isa]["__meta__"]))
-        return memo[isa]
+        return runner.run(_cases(CE), isa)
     return get
 
 
-def _alnum(s):
-    return "".join(ch for ch in (s or "").lower() if ch.isalnum())
-
-
-def result(res, key, op, isa):
-    meta = res["__meta__"]
-    if meta.get("setup_error"):
-        pytest.fail("kwker could not be loaded (KWKER_ISA=%s):\n%s" % (isa, meta["setup_error"]))
-    assert _alnum(meta["isa"]) == _alnum(isa), \
-        "KWKER_ISA=%s but the library chose %r" % (isa, meta["isa"])
-    errs = meta["errors"].get(key, {})
-    for e in ("load", op):
-        if e in errs:
-            pytest.fail("%s [%s] %s failed:\n%s" % (key, isa, e, errs[e]))
-    arr = res.get(key + "|" + op)
-    assert arr is not None, "%s [%s]: no result for %s" % (key, isa, op)
-    return arr
+result = te.result
 
 
 def _rows(x, n_labels):
@@ -422,57 +357,54 @@ def test_unsupported_activation_refused(tmp_path):
     assert ei.value.code == KWK_EUNSUPPORTED and "Tanh" in str(ei.value), ei.value
 
 
+# a sentence-transformers folder's modules.json: the Transformer module alone
+ST_MODULES = [{"idx": 0, "name": "0", "path": "",
+               "type": "sentence_transformers.base.modules.transformer.Transformer"}]
+
+
+def _same_activation(d, want):
+    """CrossEncoder loads the folder d with the activation named want (its torch class) and
+    Kwker with that activation."""
+    from sentence_transformers import CrossEncoder
+    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == want
+    with kwker.Reranker(str(d)) as rr:
+        assert rr.score_activation == want.lower()
+
+
 def test_activation_from_config_sentence_transformers_json(tmp_path):
     """What sentence-transformers 5 and 6 save (CrossEncoder.save): activation_fn in
     config_sentence_transformers.json, which CrossEncoder reads before config.json's keys."""
-    from sentence_transformers import CrossEncoder
     d = _edited_copy("ce_bert1", tmp_path, files={"config_sentence_transformers.json": {
         "activation_fn": "torch.nn.modules.linear.Identity", "model_type": "CrossEncoder",
-        "prompts": {}, "default_prompt_name": None}, "modules.json": [
-            {"idx": 0, "name": "0", "path": "",
-             "type": "sentence_transformers.base.modules.transformer.Transformer"}]})
-    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == "Identity"
-    with kwker.Reranker(str(d)) as rr:
-        assert rr.score_activation == "identity"
+        "prompts": {}, "default_prompt_name": None}, "modules.json": ST_MODULES})
+    _same_activation(d, "Identity")
 
 
 def test_activation_precedence(tmp_path):
     """config_sentence_transformers.json's activation_fn wins over config.json's, even over
     one Kwker does not run (CrossEncoder then never reads config.json's); CrossEncoder agrees."""
-    from sentence_transformers import CrossEncoder
     d = _edited_copy("ce_bert1", tmp_path, config={
         "sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}},
         files={"config_sentence_transformers.json": {
             "activation_fn": "torch.nn.modules.activation.Sigmoid", "model_type": "CrossEncoder"},
-            "modules.json": [{"idx": 0, "name": "0", "path": "",
-                          "type": "sentence_transformers.base.modules.transformer.Transformer"}]})
-    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == "Sigmoid"
-    with kwker.Reranker(str(d)) as rr:
-        assert rr.score_activation == "sigmoid"
+            "modules.json": ST_MODULES})
+    _same_activation(d, "Sigmoid")
 
 
 def test_st_json_of_another_model_type(tmp_path):
     """A config_sentence_transformers.json without model_type CrossEncoder is another kind of
     model's: CrossEncoder converts it and keeps config.json's activation, and so does Kwker."""
-    from sentence_transformers import CrossEncoder
     d = _edited_copy("ce_bert1", tmp_path, files={"config_sentence_transformers.json": {
-        "activation_fn": "torch.nn.modules.linear.Identity"}, "modules.json": [
-            {"idx": 0, "name": "0", "path": "",
-             "type": "sentence_transformers.base.modules.transformer.Transformer"}]})
-    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == "Sigmoid"
-    with kwker.Reranker(str(d)) as rr:
-        assert rr.score_activation == "sigmoid"
+        "activation_fn": "torch.nn.modules.linear.Identity"}, "modules.json": ST_MODULES})
+    _same_activation(d, "Sigmoid")
 
 
 def test_st_json_without_modules_json(tmp_path):
     """Without modules.json sentence-transformers builds a fresh CrossEncoder from config.json
     and never reads config_sentence_transformers.json: neither does Kwker."""
-    from sentence_transformers import CrossEncoder
     d = _edited_copy("ce_bert1", tmp_path, files={"config_sentence_transformers.json": {
         "activation_fn": "torch.nn.modules.linear.Identity"}})
-    assert type(CrossEncoder(str(d), device="cpu").activation_fn).__name__ == "Sigmoid"
-    with kwker.Reranker(str(d)) as rr:
-        assert rr.score_activation == "sigmoid"
+    _same_activation(d, "Sigmoid")
 
 
 def test_untrusted_activation_is_the_default(tmp_path):

@@ -318,16 +318,18 @@ def hf_tokenize(path, text, **kw):
 
 # -- the child process: kwker on one kernel path -------------------------------------------------
 
-def kwk_worker(job_path, out_path):
-    """Run each case's ops through kwker.Encoder in this process (its KWKER_ISA) and save every
-    result as key|op in an .npz, with errors (a traceback per failed op) and the encoder's
-    properties in __meta__. A case: {key, model, enc: Encoder kwargs, ops: [[name, kind,
-    arg]]}, kind "states" (arg: ids), "embed" (arg: a list of id lists or strings), "tokenize"
-    (arg: text)."""
+def run_cases(job_path, out_path, load, op, **meta):
+    """The child-process loop of a kernel-path run: for each case of the job file {cases: [{key,
+    model, ops: [[name, kind, arg]]}]}, model = load(case, meta) (kwker's model, which may set
+    meta entries), then op(model, kind, arg) of each op saved as key|name in the .npz out_path,
+    a traceback per failed load or op in meta["errors"], the library's ISA in meta["isa"] (a
+    library that does not load: meta["setup_error"], nothing run), meta as JSON in __meta__.
+    meta: further entries to start with (props: {})."""
     import traceback
     import numpy as np
     job = json.loads(Path(job_path).read_text())
-    arrays, meta = {}, {"errors": {}, "props": {}, "isa": None, "setup_error": None}
+    arrays, meta = {}, dict({"errors": {}}, **meta)
+    meta.update(isa=None, setup_error=None)
 
     def save():
         arrays["__meta__"] = np.array(json.dumps(meta))
@@ -335,7 +337,7 @@ def kwk_worker(job_path, out_path):
 
     try:
         import ctypes
-        import kwker
+        import kwker  # noqa: F401  (loads the library: a failure is the setup error)
         from kwker import _lib
         L = _lib.lib()
         L.kwk_isa.restype = ctypes.c_int
@@ -351,34 +353,55 @@ def kwk_worker(job_path, out_path):
         errs = meta["errors"][key] = {}
         print("case %s: load" % key, flush=True)  # locates a crash
         try:
-            enc = kwker.Encoder(c["model"], **c.get("enc", {}))
-            meta["props"][key] = {"dim": enc.dim, "max_tokens": enc.max_tokens,
-                                  "pooling": enc.pooling, "normalize": enc.normalize}
+            model = load(c, meta)
         except Exception:
             errs["load"] = traceback.format_exc()[-3000:]
             continue
         for name, kind, arg in c["ops"]:
             print("case %s: %s" % (key, name), flush=True)
             try:
-                if kind == "states":
-                    arrays[key + "|" + name] = enc.states(arg)
-                elif kind == "embed":
-                    arrays[key + "|" + name] = enc.embed(arg)
-                elif kind == "tokenize":
-                    arrays[key + "|" + name] = np.asarray(enc.tokenize(arg), dtype=np.int64)
-                else:
-                    raise ValueError(kind)
+                arrays[key + "|" + name] = op(model, kind, arg)
             except Exception:
                 errs[name] = traceback.format_exc()[-3000:]
-        enc.close()
+        model.close()
     save()
 
 
-class EncRunner:
-    """Runs encoder cases in child processes with a kernel path set, memoized per (isa, cases)."""
+def _load_encoder(c, meta):
+    import kwker
+    enc = kwker.Encoder(c["model"], **c.get("enc", {}))
+    meta["props"][c["key"]] = {"dim": enc.dim, "max_tokens": enc.max_tokens,
+                               "pooling": enc.pooling, "normalize": enc.normalize}
+    return enc
 
-    def __init__(self, tmpdir):
+
+def _encoder_op(enc, kind, arg):
+    import numpy as np
+    if kind == "states":
+        return enc.states(arg)
+    if kind == "embed":
+        return enc.embed(arg)
+    if kind == "tokenize":
+        return np.asarray(enc.tokenize(arg), dtype=np.int64)
+    raise ValueError(kind)
+
+
+def kwk_worker(job_path, out_path):
+    """Run each case's ops through kwker.Encoder in this process (its KWKER_ISA) and save every
+    result as key|op in an .npz, with errors (a traceback per failed op) and the encoder's
+    properties in __meta__ (run_cases). A case: {key, model, enc: Encoder kwargs, ops: [[name,
+    kind, arg]]}, kind "states" (arg: ids), "embed" (arg: a list of id lists or strings),
+    "tokenize" (arg: text)."""
+    run_cases(job_path, out_path, _load_encoder, _encoder_op, props={})
+
+
+class EncRunner:
+    """Runs cases in child processes with a kernel path set (module.kwk_worker: this module's
+    for encoder cases), memoized per (isa, cases)."""
+
+    def __init__(self, tmpdir, module="tiny_encoders", what="kwker encoder worker"):
         self.tmpdir = Path(tmpdir)
+        self.module, self.what = module, what
         self.memo = {}
 
     def run(self, cases, isa=None, timeout=900):
@@ -387,8 +410,7 @@ class EncRunner:
         memo_key = (isa, json.dumps(cases, sort_keys=True))
         if memo_key in self.memo:
             return self.memo[memo_key]
-        out = run_worker(self.tmpdir, "tiny_encoders", {"cases": cases}, isa, timeout,
-                         "kwker encoder worker")
+        out = run_worker(self.tmpdir, self.module, {"cases": cases}, isa, timeout, self.what)
         res = {"_arrays": {}}
         with np.load(out, allow_pickle=False) as z:
             meta = json.loads(str(z["__meta__"]))
@@ -398,6 +420,44 @@ class EncRunner:
         res["_meta"] = meta
         self.memo[memo_key] = res
         return res
+
+
+def check_close(got, ref, what, tol, err, scale_name, scale):
+    """got is float32, of ref's shape, finite, and err(got, ref) <= tol (the message names the
+    error's scale: scale_name, scale(ref)). Returns the error."""
+    import numpy as np
+    got = np.asarray(got)
+    assert got.dtype == np.float32, "%s: dtype %s" % (what, got.dtype)
+    assert got.shape == np.shape(ref), "%s: shape %s, reference %s" % (what, got.shape,
+                                                                      np.shape(ref))
+    assert np.isfinite(got).all(), "%s: non-finite values" % what
+    e = err(got, ref)
+    assert e <= tol, "%s: max|kwker - transformers| = %.3g of %s (%.3g), over %.0e" % (
+        what, e, scale_name, float(scale(ref)), tol)
+    return e
+
+
+def _alnum(s):
+    return "".join(ch for ch in (s or "").lower() if ch.isalnum())
+
+
+def result(res, key, op, isa):
+    """The array of op of case key in an EncRunner result, failing the test (with the child's
+    traceback) where the library did not load, chose another kernel path than isa, or the op
+    failed."""
+    import pytest
+    meta = res["_meta"]
+    if meta.get("setup_error"):
+        pytest.fail("kwker could not be loaded (KWKER_ISA=%s):\n%s" % (isa, meta["setup_error"]))
+    assert _alnum(meta["isa"]) == _alnum(isa), \
+        "KWKER_ISA=%s but the library chose %r" % (isa, meta["isa"])
+    errs = meta["errors"].get(key, {})
+    for e in ("load", op):
+        if e in errs:
+            pytest.fail("%s [%s] %s failed:\n%s" % (key, isa, e, errs[e]))
+    arr = res["_arrays"].get(key + "|" + op)
+    assert arr is not None, "%s [%s]: no result for %s" % (key, isa, op)
+    return arr
 
 
 if __name__ == "__main__":
