@@ -347,14 +347,9 @@ static int check_seq(const struct kwk_encoder *e, const int32_t *ids, int n, int
  * then finishes that row alone, forward_pass's n_keep). */
 enum { ROW_ALL, ROW_FIRST, ROW_LAST };
 
-/* What a batch's sequences become once their pass has run: an embedding, or the classification
- * head's logits; rows [r0, r1) are the sequence's, or its one kept row. */
+/* What a batch's sequences become once their pass has run: an embedding (pool_rows), or the
+ * classification head's logits; rows [r0, r1) are the sequence's, or its one kept row. */
 typedef void (*seq_out_fn)(const struct kwk_encoder *e, int r0, int r1, float *out);
-
-static void embed_out(const struct kwk_encoder *e, int r0, int r1, float *out)
-{
-    pool_rows(e, r0, r1, out);
-}
 
 /* y[n] = w[n][d] x[d] + b (b may be NULL), each dot product summed in double and rounded once,
  * so the float result is within a rounding of PyTorch's whatever its order. */
@@ -441,7 +436,7 @@ int kwk_encoder_embed(kwk_encoder *e, const int32_t *ids, const int32_t *offs, i
     int one_row = e->pooling == KWK_POOLING_CLS    ? ROW_FIRST
                   : e->pooling == KWK_POOLING_LAST ? ROW_LAST
                                                    : ROW_ALL;
-    return run_seqs(e, ids, NULL, offs, n_seqs, out, e->c->d_model, embed_out, one_row, err);
+    return run_seqs(e, ids, NULL, offs, n_seqs, out, e->c->d_model, pool_rows, one_row, err);
 }
 
 int kwk_encoder_classify(kwk_encoder *e, const int32_t *ids, const int32_t *types,
