@@ -1,6 +1,7 @@
 /* tok_gguf.c - the vocabulary inside a GGUF file (tokenizer.ggml.*): "gpt2" byte-level BPE with
  * the pre-tokenizer regexes llama.cpp associates with tokenizer.ggml.pre, "llama" SentencePiece
- * BPE whose merge order comes from the scores, and "bert" WordPiece stored with phantom spaces.
+ * BPE whose merge order comes from the scores, "bert" WordPiece stored with phantom spaces and
+ * "t5" SentencePiece unigram with its charsmap.
  * Load time only; any thread. */
 #include <errno.h>
 #include <stdlib.h>
@@ -309,6 +310,90 @@ out:
     return rc;
 }
 
+/* "t5": SentencePiece's unigram model (T5, XLM-R and its rerankers and embedders), run as the
+ * tokenizer.json transformers writes for such a model runs it: the file's charsmap, then (with
+ * remove_extra_whitespaces) trailing spaces stripped and runs of spaces made one "▁", then
+ * Metaspace, prepending "▁" when add_space_prefix says so (both flags off when absent, as
+ * llama.cpp reads them). That is SentencePiece's own treatment of spaces, and what llama.cpp's
+ * UGM tokenizer gives as well. Scores come from tokenizer.ggml.scores; an unknown character
+ * costs the lowest normal score less 10, as in all three. */
+static int load_ugm(struct gv *v)
+{
+    struct kwk_tokenizer *t = v->t;
+    const struct kwk_gguf_kv *sk = kwk_gguf_find(&v->g, "tokenizer.ggml.scores");
+    if (!sk || sk->type != KWK_GGUF_ARRAY || sk->arr_len != (uint64_t)v->n)
+        return kwk_err_set(v->err, KWK_EFORMAT, "%s: a \"t5\" vocabulary needs "
+                           "tokenizer.ggml.scores, one per token", v->path);
+    t->model = TOK_MODEL_UNIGRAM;
+    t->scores = kwk_calloc((size_t)t->n_vocab, sizeof *t->scores);
+    if (!t->scores)
+        return -ENOMEM;
+    double lowest = 0;
+    int any_normal = 0, any_byte = 0;
+    for (int64_t i = 0; i < v->n; i++) {
+        double x = 0;
+        if (kwk_gguf_arr_f64(sk, (uint64_t)i, &x) || x != x)
+            return kwk_err_set(v->err, KWK_EFORMAT, "%s: tokenizer.ggml.scores[%lld] is not a "
+                               "number", v->path, (long long)i);
+        t->scores[i] = x;
+        int ty = ttype(v, i);
+        any_byte |= ty == TT_BYTE;
+        if (ty == TT_NORMAL && (!any_normal || x < lowest)) {
+            lowest = x;
+            any_normal = 1;
+        }
+    }
+    t->min_score = lowest;
+    t->fuse_unk = 1;
+    t->byte_fallback = any_byte;
+    if (t->unk_id < 0)
+        for (int64_t i = 0; i < v->n && t->unk_id < 0; i++)
+            if (ttype(v, i) == TT_UNKNOWN)
+                t->unk_id = (int32_t)i;
+
+    int add_space = 0, collapse = 0; /* llama.cpp's reading of a file without the keys */
+    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.add_space_prefix", &add_space);
+    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.remove_extra_whitespaces", &collapse);
+    const struct kwk_gguf_kv *cm = kwk_gguf_find(&v->g, "tokenizer.ggml.precompiled_charsmap");
+    int has_map = cm && cm->type == KWK_GGUF_ARRAY && cm->arr_len > 0;
+    if (cm && !(cm->type == KWK_GGUF_ARRAY &&
+                (cm->arr_type == KWK_GGUF_UINT8 || cm->arr_type == KWK_GGUF_INT8)))
+        return kwk_err_set(v->err, KWK_EFORMAT, "%s: tokenizer.ggml.precompiled_charsmap is not "
+                           "an array of bytes", v->path);
+    struct tok_step *ns = kwk_calloc(3, sizeof *ns);
+    if (!ns)
+        return -ENOMEM;
+    t->normalizer = (struct tok_step){.kind = TOK_N_SEQ, .subs = ns};
+    int rc = 0;
+    if (has_map) {
+        ns[t->normalizer.n_subs++].kind = TOK_N_PRECOMPILED;
+        rc = tok_precompiled_init_raw(&ns[0], cm->val, (size_t)cm->arr_len, v->err);
+        if (rc)
+            return rc == KWK_EFORMAT ? kwk_err_set(v->err, rc, "%s: tokenizer.ggml."
+                                                   "precompiled_charsmap: bad trie size", v->path)
+                                     : rc;
+    }
+    if (collapse) {
+        ns[t->normalizer.n_subs++] = (struct tok_step){.kind = TOK_N_STRIP, .right = 1};
+        struct tok_step *r = &ns[t->normalizer.n_subs++];
+        r->kind = TOK_N_REPLACE;
+        r->content = kwk_strdup("\xE2\x96\x81");
+        r->content_len = 3;
+        if (!r->content)
+            return -ENOMEM;
+        if ((rc = tok_compile_regex(&r->re, " {2,}", 5, v->err)))
+            return rc;
+    }
+    int scheme = add_space ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
+    t->pretok = (struct tok_step){.kind = TOK_P_METASPACE, .prepend_scheme = scheme, .split = 1,
+                                  .content = kwk_strdup("\xE2\x96\x81"), .content_len = 3};
+    t->decoder = (struct tok_step){.kind = TOK_D_METASPACE, .prepend_scheme = scheme,
+                                   .content = kwk_strdup("\xE2\x96\x81"), .content_len = 3};
+    if (!t->pretok.content || !t->decoder.content)
+        return -ENOMEM;
+    return 0;
+}
+
 /* [CLS] and [SEP]: gguf-py's converter writes them as bos / eos (and seperator_token_id, so
  * spelled) without a cls_token_id; older files have cls_token_id. */
 static void bert_ids(struct gv *v, int32_t *cls, int32_t *sep)
@@ -331,10 +416,11 @@ static void bert_ids(struct gv *v, int32_t *cls, int32_t *sep)
  * tokenizer of the model's family gives them: a WordPiece (BERT) vocabulary's 0 up to the
  * separators after a, 1 from b on; any other's all 0, as RoBERTa's and XLM-R's post-processor
  * (their rerankers have one token type, and llama.cpp sends 0 for every token). */
-static int set_rerank_pair(struct gv *v, int is_bert, int is_spm, const char *pre, size_t pre_n)
+static int set_rerank_pair(struct gv *v, int is_bert, int is_spm, int is_t5, const char *pre,
+                           size_t pre_n)
 {
     int32_t bos = v->t->bos_id, sep = -1, eos = (int32_t)get_id(v, "tokenizer.ggml.eos_token_id");
-    int add_bos = is_bert || is_spm, add_eos = 0, add_sep = is_bert;
+    int add_bos = is_bert || is_spm, add_eos = is_t5, add_sep = is_bert;
     if (is_bert) {
         bert_ids(v, &bos, &sep);
     } else {
@@ -438,6 +524,7 @@ int tok_load_gguf(struct kwk_tokenizer *t, const char *path, struct kwk_err *err
     if ((rc = kwk_gguf_arr_strings(tk, v.ptrs, v.lens)))
         goto out;
     int is_bert = model_n == 4 && !memcmp(model, "bert", 4);
+    int is_t5 = model_n == 2 && !memcmp(model, "t5", 2);
     if ((rc = tok_vocab_alloc(t, (int32_t)v.n, err)))
         goto out;
     for (int64_t i = 0; i < v.n && !rc; i++)
@@ -446,8 +533,10 @@ int tok_load_gguf(struct kwk_tokenizer *t, const char *path, struct kwk_err *err
     /* Control and user-defined tokens are matched in the text before the model runs. */
     for (int64_t i = 0; i < v.n && !rc; i++) {
         int ty = ttype(&v, i);
-        if (ty == TT_CONTROL || ty == TT_USER)
-            rc = add_added(t, (int32_t)i, t->pieces[i], t->piece_lens[i], ty == TT_CONTROL);
+        /* A unigram vocabulary's unknown token is one of Hugging Face's special tokens too
+         * ("<unk>" in the text gives its id, in llama.cpp as well). */
+        if (ty == TT_CONTROL || ty == TT_USER || (is_t5 && ty == TT_UNKNOWN))
+            rc = add_added(t, (int32_t)i, t->pieces[i], t->piece_lens[i], ty != TT_USER);
     }
     if (rc)
         goto out;
@@ -467,6 +556,8 @@ int tok_load_gguf(struct kwk_tokenizer *t, const char *path, struct kwk_err *err
         rc = load_spm(&v);
     } else if (is_bert) {
         rc = load_bert(&v);
+    } else if (is_t5) {
+        rc = load_ugm(&v);
     } else {
         rc = kwk_err_set(err, KWK_EUNSUPPORTED, "%s: tokenizer.ggml.model \"%.*s\" is not supported",
                          path, (int)KWK_MIN(model_n, (size_t)40), model);
@@ -474,7 +565,8 @@ int tok_load_gguf(struct kwk_tokenizer *t, const char *path, struct kwk_err *err
     if (rc)
         goto out;
     if (!is_bert) {
-        int add_bos = model_n == 5, add_eos = 0;
+        /* llama.cpp's defaults: BOS for "llama", EOS for "t5" (T5's "text </s>") */
+        int add_bos = model_n == 5, add_eos = is_t5;
         kwk_gguf_get_bool(&v.g, "tokenizer.ggml.add_bos_token", &add_bos);
         kwk_gguf_get_bool(&v.g, "tokenizer.ggml.add_eos_token", &add_eos);
         if ((add_bos && t->bos_id >= 0) || (add_eos && eos >= 0))
@@ -482,8 +574,8 @@ int tok_load_gguf(struct kwk_tokenizer *t, const char *path, struct kwk_err *err
         if (rc)
             goto out;
     }
-    if ((rc = set_rerank_pair(&v, is_bert, model_n == 5 && !memcmp(model, "llama", 5), pre,
-                              pre_n)))
+    if ((rc = set_rerank_pair(&v, is_bert, model_n == 5 && !memcmp(model, "llama", 5), is_t5,
+                              pre, pre_n)))
         goto out;
     if (t->bos_id >= 0 && t->pieces[t->bos_id])
         t->bos_token = kwk_strdup(t->pieces[t->bos_id]);

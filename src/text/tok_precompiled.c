@@ -23,6 +23,21 @@ static int b64val(unsigned char c)
     return -1;
 }
 
+/* Take a decoded charsmap (owned by st from here on success): a little-endian u32 byte count
+ * of the trie, the trie's 32-bit units, then the NUL-separated replacements. */
+static int set_charsmap(struct tok_step *st, char *p, size_t n, struct kwk_err *err)
+{
+    uint32_t trie_bytes = 0;
+    if (n >= 4)
+        trie_bytes = (uint32_t)(uint8_t)p[0] | (uint32_t)(uint8_t)p[1] << 8 |
+                     (uint32_t)(uint8_t)p[2] << 16 | (uint32_t)(uint8_t)p[3] << 24;
+    if (n < 4 || trie_bytes % 4 || trie_bytes > n - 4 || trie_bytes < 4)
+        return kwk_err_set(err, KWK_EFORMAT, "precompiled_charsmap: bad trie size");
+    st->content = p;
+    st->content_len = n;
+    return 0;
+}
+
 int tok_precompiled_init(struct tok_step *st, const char *b64, size_t n, struct kwk_err *err)
 {
     struct tok_buf out = {0};
@@ -49,17 +64,22 @@ int tok_precompiled_init(struct tok_step *st, const char *b64, size_t n, struct 
         tok_buf_free(&out);
         return kwk_err_set(err, -12, "out of memory");
     }
-    uint32_t trie_bytes = 0;
-    if (out.n >= 4)
-        trie_bytes = (uint32_t)(uint8_t)out.p[0] | (uint32_t)(uint8_t)out.p[1] << 8 |
-                     (uint32_t)(uint8_t)out.p[2] << 16 | (uint32_t)(uint8_t)out.p[3] << 24;
-    if (out.n < 4 || trie_bytes % 4 || trie_bytes > out.n - 4 || trie_bytes < 4) {
+    int rc = set_charsmap(st, out.p, out.n, err);
+    if (rc)
         tok_buf_free(&out);
-        return kwk_err_set(err, KWK_EFORMAT, "precompiled_charsmap: bad trie size");
-    }
-    st->content = out.p; /* the decoded charsmap */
-    st->content_len = out.n;
-    return 0;
+    return rc;
+}
+
+int tok_precompiled_init_raw(struct tok_step *st, const void *p, size_t n, struct kwk_err *err)
+{
+    char *copy = kwk_malloc(n ? n : 1);
+    if (!copy)
+        return kwk_err_set(err, -12, "out of memory");
+    memcpy(copy, p, n);
+    int rc = set_charsmap(st, copy, n, err);
+    if (rc)
+        kwk_free(copy);
+    return rc;
 }
 
 static uint32_t unit_at(const uint8_t *trie, size_t i)

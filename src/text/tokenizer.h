@@ -299,6 +299,8 @@ void tok_scratch_free(struct tok_scratch *s);
 
 /* tok_precompiled.c: SentencePiece charsmaps (decoded into st->content). */
 int tok_precompiled_init(struct tok_step *st, const char *b64, size_t n, struct kwk_err *err);
+/* The same from the charsmap's bytes (a GGUF's tokenizer.ggml.precompiled_charsmap); copied. */
+int tok_precompiled_init_raw(struct tok_step *st, const void *p, size_t n, struct kwk_err *err);
 void tok_precompiled_apply(const struct tok_step *st, const char *s, size_t n,
                            struct tok_buf *out);
 

@@ -113,8 +113,8 @@ static int emb_list(struct srv_embed_req *r, json_t *a, const struct srv_embed_l
     return 0;
 }
 
-static int emb_input(struct srv_embed_req *r, json_t *root, const struct srv_embed_limits *lim,
-                     struct srv_err *e)
+int srv_embed_input_parse(struct srv_embed_req *r, json_t *root,
+                          const struct srv_embed_limits *lim, struct srv_err *e)
 {
     json_t *v = json_object_get(root, "input");
     if (!v || json_is_null(v)) {
@@ -177,24 +177,11 @@ static int emb_fields(struct srv_embed_req *r, json_t *root, const struct srv_em
 int srv_embed_parse(struct srv_embed_req *r, const char *body, size_t len,
                     const struct srv_embed_limits *lim, struct srv_err *e)
 {
-    json_error_t jerr;
     memset(r, 0, sizeof *r);
-    if (!srv_json_depth_ok(body, len, SRV_MAX_DEPTH)) {
-        srv_err_set(e, 400, EMB_INVALID, NULL, "invalid_json", "JSON nested deeper than %d "
-                    "levels", SRV_MAX_DEPTH);
+    json_t *root = srv_json_body(body, len, e);
+    if (!root)
         return -1;
-    }
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        srv_err_set(e, 400, EMB_INVALID, NULL, "invalid_json", "We could not parse the JSON "
-                    "body of your request: %s (at byte %d)", jerr.text, jerr.position);
-        return -1;
-    }
-    int rc = -1;
-    if (!json_is_object(root))
-        srv_err_set(e, 400, EMB_INVALID, NULL, "invalid_json", "the body must be a JSON object");
-    else
-        rc = emb_fields(r, root, lim, e) || emb_input(r, root, lim, e) ? -1 : 0;
+    int rc = emb_fields(r, root, lim, e) || srv_embed_input_parse(r, root, lim, e) ? -1 : 0;
     json_decref(root);
     if (rc)
         srv_embed_req_free(r);
@@ -226,38 +213,52 @@ static int emb_reserve(struct srv_embed_req *r, size_t used, size_t *cap, size_t
     return 0;
 }
 
+/* Input i's tokens at r->ids + *used. */
+static int emb_pack_one(struct srv_embed_req *r, int i, size_t *used, size_t *cap,
+                        srv_encode_fn encode, void *user, const struct srv_embed_limits *lim,
+                        struct srv_err *e)
+{
+    size_t max = lim->max_tokens > 0 ? (size_t)lim->max_tokens : 0;
+    struct srv_embed_input *in = &r->in[i];
+    size_t n = (size_t)in->n_ids;
+    if (emb_reserve(r, *used, cap, max))
+        return srv_err_oom(e);
+    if (in->text) {
+        int st = encode(user, in->text, in->text_len, r->ids + *used, max, &n);
+        if (st == KWK_ELIMIT)
+            return emb_too_long(e, lim, n, i);
+        if (st < 0) {
+            srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing input %d: %s", i,
+                        kwk_status_str(st));
+            return -1;
+        }
+    } else if (n <= max) {
+        memcpy(r->ids + *used, in->ids, sizeof(int32_t) * n);
+    }
+    if (n > max)
+        return emb_too_long(e, lim, n, i);
+    if (n == 0) { /* a tokenizer without special tokens may give none */
+        srv_err_set(e, 400, EMB_INVALID, "input", "invalid_value", "'input[%d]' has no "
+                    "tokens", i);
+        return -1;
+    }
+    *used += n;
+    r->offs[i + 1] = (int32_t)*used;
+    return 0;
+}
+
 int srv_embed_pack(struct srv_embed_req *r, srv_encode_fn encode, void *user,
                    const struct srv_embed_limits *lim, struct srv_err *e)
 {
-    size_t used = 0, cap = 0, max = lim->max_tokens > 0 ? (size_t)lim->max_tokens : 0;
+    size_t used = 0, cap = 0;
+    r->failed = -1;
     if (!(r->offs = calloc((size_t)r->n_in + 1, sizeof(int32_t))))
         return srv_err_oom(e);
     for (int i = 0; i < r->n_in; i++) {
-        struct srv_embed_input *in = &r->in[i];
-        size_t n = (size_t)in->n_ids;
-        if (emb_reserve(r, used, &cap, max))
-            return srv_err_oom(e);
-        if (in->text) {
-            int st = encode(user, in->text, in->text_len, r->ids + used, max, &n);
-            if (st == KWK_ELIMIT)
-                return emb_too_long(e, lim, n, i);
-            if (st < 0) {
-                srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing input %d: %s", i,
-                            kwk_status_str(st));
-                return -1;
-            }
-        } else if (n <= max) {
-            memcpy(r->ids + used, in->ids, sizeof(int32_t) * n);
-        }
-        if (n > max)
-            return emb_too_long(e, lim, n, i);
-        if (n == 0) { /* a tokenizer without special tokens may give none */
-            srv_err_set(e, 400, EMB_INVALID, "input", "invalid_value", "'input[%d]' has no "
-                        "tokens", i);
+        if (emb_pack_one(r, i, &used, &cap, encode, user, lim, e)) {
+            r->failed = i;
             return -1;
         }
-        used += n;
-        r->offs[i + 1] = (int32_t)used;
     }
     return 0;
 }

@@ -3,8 +3,8 @@
  * engine's thread, which only copies them into the request and resumes its connection. srv_run
  * runs on the main thread; on_request / stream_read / on_completed on the event-loop thread;
  * on_event on the engine's thread. An encoder (embedding or reranking) model has no engine: its
- * requests (/v1/embeddings, /v1/rerank) go to the encoder worker (embedq.c), whose thread calls
- * embed_done as the engine's calls on_event.
+ * requests (/v1/embeddings, /v1/rerank, /v1/score, /v1/classify) go to the encoder worker
+ * (embedq.c), whose thread calls embed_done as the engine's calls on_event.
  *
  * Lifetimes: a request (struct rq) is reference-counted under its mutex. References: the
  * connection (dropped in on_completed, whichever way the request ends), the engine (taken before
@@ -42,6 +42,7 @@ struct srv {
     int n_labels;            /* an encoder's classification head: 1 for a reranker, 0 none */
     int pair_ok;             /* its tokenizer joins pairs (kwk_tokenizer_join_pair) */
     int score_act;           /* enum kwk_score_act: scores of its logits */
+    struct srv_labels labels; /* its head's label names and /classify's activation */
     int32_t eos[8];
     int n_eos;
     struct srv_limits lim;
@@ -57,7 +58,10 @@ struct srv {
 };
 
 enum rq_state { RQ_NEW, RQ_BODY, RQ_WAIT, RQ_STREAM, RQ_ANSWERED };
-enum rq_route { R_OTHER, R_CHAT, R_COMPLETION, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_RERANK };
+enum rq_route {
+    R_OTHER, R_CHAT, R_COMPLETION, R_TOKENIZE, R_DETOKENIZE, R_EMBED, R_RERANK, R_SCORE,
+    R_CLASSIFY
+};
 
 struct rq {
     struct srv *s;
@@ -73,9 +77,13 @@ struct rq {
     struct srv_req req;
     struct srv_embed_req ereq; /* R_EMBED: the body, then its token ids */
     struct srv_rerank_req rreq; /* R_RERANK: the body, then its pairs' token ids */
-    struct srv_embed_job job;  /* R_EMBED, R_RERANK: what the encoder worker runs */
+    struct srv_score_req sreq; /* R_SCORE: the body, then its pairs' or texts' token ids */
+    struct srv_classify_req creq; /* R_CLASSIFY: the body, then its inputs' token ids */
+    struct srv_embed_job job;  /* R_EMBED, R_RERANK, R_SCORE, R_CLASSIFY: what the encoder
+                                * worker runs */
     float *vec;                /* written by the worker: R_EMBED [n_in][dim], R_RERANK
-                                * [n_docs] logits, then scores */
+                                * [n_docs] logits, then scores; R_SCORE [pairs] logits or
+                                * [distinct texts][dim]; R_CLASSIFY [n_in][n_labels] */
     struct srv_ctx ctx;
     char id[48];
     uint64_t eid;             /* the engine's id, 0 until submitted */
@@ -133,6 +141,8 @@ static void rq_free(struct rq *r)
     srv_req_free(&r->req);
     srv_embed_req_free(&r->ereq);
     srv_rerank_req_free(&r->rreq);
+    srv_score_req_free(&r->sreq);
+    srv_classify_req_free(&r->creq);
     free(r->vec);
     free(r->lps);
     pthread_mutex_destroy(&r->mu);
@@ -494,6 +504,8 @@ static enum MHD_Result start_stream(struct rq *r)
 
 static enum MHD_Result embed_reply(struct rq *r);
 static enum MHD_Result rerank_reply(struct rq *r);
+static enum MHD_Result score_reply(struct rq *r);
+static enum MHD_Result classify_reply(struct rq *r);
 
 static enum MHD_Result answer(struct rq *r)
 {
@@ -509,6 +521,10 @@ static enum MHD_Result answer(struct rq *r)
         return embed_reply(r);
     if (r->route == R_RERANK)
         return rerank_reply(r);
+    if (r->route == R_SCORE)
+        return score_reply(r);
+    if (r->route == R_CLASSIFY)
+        return classify_reply(r);
     /* after DONE the engine no longer touches r: the fields below are final */
     if (r->estatus) {
         struct srv_err e;
@@ -963,6 +979,15 @@ static enum MHD_Result rerank_route(struct rq *r)
     return answer(r);
 }
 
+/* r->id: prefix and a number no other reply of this server has. */
+static void reply_id(struct rq *r, const char *prefix)
+{
+    struct srv *s = r->s;
+    uint64_t n = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed);
+    snprintf(r->id, sizeof r->id, "%s-%016llx", prefix,
+             (unsigned long long)((n * 0x9e3779b97f4a7c15ull) ^ s->id_salt));
+}
+
 /* The worker has ended the job: after embed_done it no longer touches r. */
 static enum MHD_Result rerank_reply(struct rq *r)
 {
@@ -970,15 +995,145 @@ static enum MHD_Result rerank_reply(struct rq *r)
     struct srv_metrics *m = &s->met;
     if (r->estatus)
         return encoder_job_failed(r, "reranking");
-    uint64_t n = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed);
-    snprintf(r->id, sizeof r->id, "rerank-%016llx",
-             (unsigned long long)((n * 0x9e3779b97f4a7c15ull) ^ s->id_salt));
+    reply_id(r, "rerank");
     srv_rerank_scores(r->vec, r->rreq.n_docs, s->score_act);
     struct srv_buf b = {0};
     srv_rerank_response(&b, r->id, s->model_id, &r->rreq, r->vec);
     atomic_fetch_add_explicit(&m->prompt_tokens, (uint64_t)r->n_prompt, memory_order_relaxed);
     atomic_fetch_add_explicit(&m->rerank_requests, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&m->rerank_documents, (uint64_t)r->rreq.n_docs,
+                              memory_order_relaxed);
+    enum MHD_Result rc = respond_json(r, 200, &b);
+    srv_buf_free(&b);
+    return rc;
+}
+
+/* ---- /v1/score and /v1/classify (event-loop thread; the model runs on the encoder worker's) -- */
+
+/* Why this server cannot answer /score, or NULL: a cross-encoder of one label scores each pair
+ * with its head, an embedding model by the cosine of the two texts' embeddings (vLLM's). */
+static const char *score_refusal(const struct srv *s)
+{
+    if (!s->enc)
+        return "This model does not score: it is a generative model; use /v1/chat/completions "
+               "or /v1/completions";
+    if (s->n_labels > 1)
+        return "This model cannot score pairs: its classification head has more than one "
+               "label (a cross-encoder's has one relevance logit); use /v1/classify";
+    if (s->n_labels == 1 && !s->pair_ok)
+        return "This model cannot score pairs: its tokenizer has no pair form to join two texts";
+    return NULL;
+}
+
+/* The request's token ids into r->job: a cross-encoder's pairs, or an embedding model's
+ * distinct texts. 0 or -1 with e. */
+static int score_pack(struct rq *r, const struct srv_trunc *t, struct srv_err *e)
+{
+    struct srv *s = r->s;
+    struct srv_score_req *q = &r->sreq;
+    if (!s->n_labels) {
+        if (srv_score_pack_texts(q, t->strict ? encode_text : srv_encode_truncated, s->tok, t, e))
+            return -1;
+        r->job = (struct srv_embed_job){.ids = q->uniq.ids, .offs = q->uniq.offs,
+                                        .n_seqs = q->uniq.n_in};
+        return 0;
+    }
+    struct srv_pair_enc pe = {.tok = s->tok};
+    int rc = srv_score_pack_pairs(q, srv_encode_pair, &pe, t, e);
+    srv_pair_enc_free(&pe);
+    r->job = (struct srv_embed_job){.ids = q->pairs.ids, .types = q->pairs.types,
+                                    .offs = q->pairs.offs, .n_seqs = q->n_b, .classify = 1};
+    return rc;
+}
+
+static enum MHD_Result score_route(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_score_req *q = &r->sreq;
+    struct srv_err e;
+    struct srv_trunc t;
+    const char *no = score_refusal(s);
+    if (no)
+        return fail(r, 400, "invalid_request_error", "model", "model_not_supported", no);
+    if (srv_score_parse(q, r->body.p ? r->body.p : "", r->body.len, &e))
+        return respond_err(r, &e);
+    srv_buf_free(&r->body);
+    if (!model_ok(s, q->model, &e) || srv_trunc_resolve(q->truncate, s->elim.max_tokens, &t, &e) ||
+        score_pack(r, &t, &e) || job_submit(r, s->n_labels ? 1 : (size_t)s->elim.dim, &e))
+        return respond_err(r, &e);
+    r->n_prompt = r->job.offs[r->job.n_seqs];
+    r->state = RQ_WAIT;
+    return answer(r);
+}
+
+/* The worker has ended the job: after embed_done it no longer touches r. */
+static enum MHD_Result score_reply(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_score_req *q = &r->sreq;
+    float *scores = r->vec, *cos = NULL;
+    if (r->estatus)
+        return encoder_job_failed(r, "scoring");
+    if (s->n_labels)
+        srv_rerank_scores(r->vec, q->n_b, q->use_activation ? s->score_act : KWK_SCORE_IDENTITY);
+    else if ((scores = cos = malloc(sizeof(float) * (size_t)q->n_b)))
+        srv_score_cosines(q, r->vec, s->elim.dim, cos);
+    if (!scores)
+        return fail(r, 500, "server_error", NULL, NULL, "out of memory");
+    reply_id(r, "score");
+    struct srv_buf b = {0};
+    srv_score_response(&b, r->id, (int64_t)time(NULL), s->model_id, scores, q->n_b,
+                       r->n_prompt);
+    atomic_fetch_add_explicit(&s->met.prompt_tokens, (uint64_t)r->n_prompt,
+                              memory_order_relaxed);
+    enum MHD_Result rc = respond_json(r, 200, &b);
+    srv_buf_free(&b);
+    free(cos);
+    return rc;
+}
+
+static enum MHD_Result classify_route(struct rq *r)
+{
+    struct srv *s = r->s;
+    struct srv_classify_req *q = &r->creq;
+    struct srv_err e;
+    struct srv_trunc t;
+    if (!s->enc) /* as /v1/embeddings answers a generative model */
+        return fail(r, 400, "invalid_request_error", "model", "model_not_supported",
+                    "This model does not classify: it is a generative model; use "
+                    "/v1/chat/completions or /v1/completions");
+    if (!s->n_labels)
+        return fail(r, 400, "invalid_request_error", "model", "model_not_supported",
+                    "This model cannot classify: it is an embedding model without a "
+                    "classification head (a *ForSequenceClassification checkpoint); use "
+                    "/v1/embeddings");
+    if (srv_classify_parse(q, r->body.p ? r->body.p : "", r->body.len, &s->elim, &e))
+        return respond_err(r, &e);
+    srv_buf_free(&r->body);
+    if (!model_ok(s, q->in.model, &e) ||
+        srv_trunc_resolve(q->truncate, s->elim.max_tokens, &t, &e) ||
+        srv_classify_pack(q, t.strict ? encode_text : srv_encode_truncated, s->tok, &t, &e))
+        return respond_err(r, &e);
+    r->job = (struct srv_embed_job){.ids = q->in.ids, .offs = q->in.offs, .n_seqs = q->in.n_in,
+                                    .classify = 1};
+    if (job_submit(r, (size_t)s->n_labels, &e))
+        return respond_err(r, &e);
+    r->n_prompt = q->in.offs[q->in.n_in];
+    r->state = RQ_WAIT;
+    return answer(r);
+}
+
+/* The worker has ended the job: after embed_done it no longer touches r. */
+static enum MHD_Result classify_reply(struct rq *r)
+{
+    struct srv *s = r->s;
+    if (r->estatus)
+        return encoder_job_failed(r, "classifying");
+    reply_id(r, "classify");
+    struct srv_buf b = {0};
+    srv_classify_response(&b, r->id, (int64_t)time(NULL), s->model_id, &s->labels, r->vec,
+                          r->creq.in.n_in, r->creq.use_activation, r->n_prompt);
+    atomic_fetch_add_explicit(&s->met.prompt_tokens, (uint64_t)r->n_prompt,
                               memory_order_relaxed);
     enum MHD_Result rc = respond_json(r, 200, &b);
     srv_buf_free(&b);
@@ -1002,11 +1157,17 @@ static enum MHD_Result body_done(struct rq *r)
         return embed_route(r);
     if (r->route == R_RERANK)
         return rerank_route(r);
+    if (r->route == R_SCORE)
+        return score_route(r);
+    if (r->route == R_CLASSIFY)
+        return classify_route(r);
     if (s->enc && (r->route == R_CHAT || r->route == R_COMPLETION)) {
         srv_err_set(&e, 400, "invalid_request_error", "model", "model_not_supported",
                     "The model '%.128s' is an embedding model: it does not generate text; use "
-                    "%s", s->model_id, s->n_labels == 1 ? "/v1/rerank or /v1/embeddings"
-                                                         : "/v1/embeddings");
+                    "%s", s->model_id,
+                    s->n_labels == 1 ? "/v1/rerank, /v1/score or /v1/embeddings"
+                    : s->n_labels    ? "/v1/classify or /v1/embeddings"
+                                     : "/v1/embeddings or /v1/score");
         return respond_err(r, &e);
     }
     static const int kinds[] = {[R_CHAT] = SRV_CHAT, [R_COMPLETION] = SRV_COMPLETION,
@@ -1060,6 +1221,11 @@ static int post_route(const char *path)
     for (size_t i = 0; i < sizeof rerank / sizeof rerank[0]; i++)
         if (!strcmp(path, rerank[i]))
             return R_RERANK;
+    /* vLLM's names */
+    if (!strcmp(path, "/score") || !strcmp(path, "/v1/score"))
+        return R_SCORE;
+    if (!strcmp(path, "/classify") || !strcmp(path, "/v1/classify"))
+        return R_CLASSIFY;
     return R_OTHER;
 }
 
@@ -1087,7 +1253,8 @@ static enum MHD_Result dispatch(struct rq *r)
 {
     struct srv *s = r->s;
     int guarded = !strncmp(r->path, "/v1/", 4) || r->route == R_TOKENIZE ||
-                  r->route == R_DETOKENIZE || r->route == R_RERANK;
+                  r->route == R_DETOKENIZE || r->route == R_RERANK || r->route == R_SCORE ||
+                  r->route == R_CLASSIFY;
     if (guarded && s->o->api_key && s->o->api_key[0]) {
         const char *auth = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
                                                        MHD_HTTP_HEADER_AUTHORIZATION);
@@ -1273,6 +1440,28 @@ static int check_opts(const struct srv *s, const char *path, int encoder)
     return -1;
 }
 
+/* A classifier's label names and /classify's activation, from config.json beside the weights
+ * (a GGUF, or a folder without the file: transformers' defaults LABEL_i). Only out of memory
+ * fails. */
+static int load_labels(struct srv *s, const char *path)
+{
+    char dir[PATH_MAX], file[PATH_MAX + 16];
+    char *text = NULL;
+    size_t n = 0;
+    struct kwk_err err = {0};
+    s->labels.n = s->n_labels;
+    if (s->n_labels < 1 || kwk_hf_resolve(path, dir, sizeof dir, &err))
+        return 0;
+    snprintf(file, sizeof file, "%s/config.json", dir);
+    if (!kwk_file_exists(file) || kwk_read_file(file, (size_t)16 << 20, &text, &n, &err))
+        return 0;
+    int rc = srv_labels_parse(&s->labels, text, n, s->n_labels);
+    kwk_free(text);
+    if (rc)
+        fprintf(stderr, "kwker serve: out of memory reading %s\n", file);
+    return rc;
+}
+
 /* An embedding model: the encoder and its worker thread instead of the engine. No chat
  * template, grammar vocabulary or eos ids: nothing here generates. */
 static int load_encoder(struct srv *s, const char *path, const struct kwk_model_info *info)
@@ -1303,6 +1492,8 @@ static int load_encoder(struct srv *s, const char *path, const struct kwk_model_
                  KWK_EUNSUPPORTED;
     kwk_tokenizer_mem_free(probe);
     s->score_act = info->score_act;
+    if (load_labels(s, path))
+        return -1;
     s->lim.n_vocab = info->n_vocab;
     s->lim.max_cache_len = s->elim.max_tokens; /* /v1/models' and /tokenize's max_model_len */
     /* the encoder raises its batch to hold the longest sequence; so does the worker */
@@ -1449,6 +1640,7 @@ static void shutdown_all(struct srv *s)
         MHD_stop_daemon(s->d);
     }
     kwk_encoder_free(s->enc);
+    srv_labels_free(&s->labels);
     kwk_template_free(s->tpl);
     kwk_grammar_vocab_free(s->gvocab);
     kwk_tokenizer_free(s->tok);
@@ -1486,10 +1678,17 @@ int srv_run(const struct srv_opts *o)
         goto out;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     if (s->enc && s->n_labels == 1 && s->pair_ok)
-        fprintf(stderr, "kwker serve: listening on http://%s:%u (reranker %s: /v1/rerank and "
-                        "/v1/embeddings, up to %d tokens a pair or input, %u connections)\n",
+        fprintf(stderr, "kwker serve: listening on http://%s:%u (reranker %s: /v1/rerank, "
+                        "/v1/score and /v1/embeddings, up to %d tokens a pair or input, %u "
+                        "connections)\n",
                 o->host, di ? di->port : (unsigned)o->port, s->model_id, s->elim.max_tokens,
                 max_conn);
+    else if (s->enc && s->n_labels)
+        fprintf(stderr, "kwker serve: listening on http://%s:%u (classifier %s of %d labels: "
+                        "/v1/classify and /v1/embeddings, up to %d tokens an input, %u "
+                        "connections)\n",
+                o->host, di ? di->port : (unsigned)o->port, s->model_id, s->n_labels,
+                s->elim.max_tokens, max_conn);
     else if (s->enc)
         fprintf(stderr, "kwker serve: listening on http://%s:%u (embedding model %s, %d floats, "
                         "up to %d tokens an input, %u connections)\n",

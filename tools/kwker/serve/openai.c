@@ -770,10 +770,6 @@ static int parse_tokenize(struct srv_req *r, json_t *root, const struct srv_limi
 static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *lim,
                       struct srv_err *e)
 {
-    if (!json_is_object(root)) {
-        srv_err_set(e, 400, INVALID, NULL, "invalid_json", "the body must be a JSON object");
-        return -1;
-    }
     if (r->kind == SRV_TOKENIZE || r->kind == SRV_DETOKENIZE)
         return parse_tokenize(r, root, lim, e);
     /* a text prompt gets the tokenizer's own BOS etc., as tokenizer(prompt) in transformers;
@@ -792,16 +788,13 @@ static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *
     return 0;
 }
 
-int srv_req_parse(struct srv_req *r, int kind, const char *body, size_t len,
-                  const struct srv_limits *lim, struct srv_err *e)
+json_t *srv_json_body(const char *body, size_t len, struct srv_err *e)
 {
     json_error_t jerr;
-    memset(r, 0, sizeof *r);
-    r->kind = kind;
     if (!srv_json_depth_ok(body, len, SRV_MAX_DEPTH)) {
         srv_err_set(e, 400, INVALID, NULL, "invalid_json", "JSON nested deeper than %d levels",
                     SRV_MAX_DEPTH);
-        return -1;
+        return NULL;
     }
     /* JSON_REJECT_DUPLICATES: two "model" keys would be read as either one by other parsers */
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -809,8 +802,24 @@ int srv_req_parse(struct srv_req *r, int kind, const char *body, size_t len,
         srv_err_set(e, 400, INVALID, NULL, "invalid_json",
                     "We could not parse the JSON body of your request: %s (at byte %d)",
                     jerr.text, jerr.position);
-        return -1;
+        return NULL;
     }
+    if (!json_is_object(root)) {
+        srv_err_set(e, 400, INVALID, NULL, "invalid_json", "the body must be a JSON object");
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+int srv_req_parse(struct srv_req *r, int kind, const char *body, size_t len,
+                  const struct srv_limits *lim, struct srv_err *e)
+{
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    json_t *root = srv_json_body(body, len, e);
+    if (!root)
+        return -1;
     int rc = parse_root(r, root, lim, e);
     json_decref(root);
     if (rc)

@@ -139,25 +139,11 @@ static int rr_options(struct srv_rerank_req *r, json_t *root, struct srv_err *e)
 
 int srv_rerank_parse(struct srv_rerank_req *r, const char *body, size_t len, struct srv_err *e)
 {
-    json_error_t jerr;
     memset(r, 0, sizeof *r);
-    if (!srv_json_depth_ok(body, len, SRV_MAX_DEPTH)) {
-        srv_err_set(e, 400, RR_INVALID, NULL, "invalid_json", "JSON nested deeper than %d levels",
-                    SRV_MAX_DEPTH);
+    json_t *root = srv_json_body(body, len, e);
+    if (!root)
         return -1;
-    }
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        srv_err_set(e, 400, RR_INVALID, NULL, "invalid_json",
-                    "We could not parse the JSON body of your request: %s (at byte %d)", jerr.text,
-                    jerr.position);
-        return -1;
-    }
-    int rc = -1;
-    if (!json_is_object(root))
-        srv_err_set(e, 400, RR_INVALID, NULL, "invalid_json", "the body must be a JSON object");
-    else
-        rc = rr_query(r, root, e) || rr_docs(r, root, e) || rr_options(r, root, e) ? -1 : 0;
+    int rc = rr_query(r, root, e) || rr_docs(r, root, e) || rr_options(r, root, e) ? -1 : 0;
     json_decref(root);
     if (rc)
         srv_rerank_req_free(r);
@@ -201,53 +187,86 @@ void srv_rerank_req_free(struct srv_rerank_req *r)
 /* ---- token ids ------------------------------------------------------------------------------- */
 
 /* Room for one more pair of up to max ids after the first used. */
-static int rr_reserve(struct srv_rerank_req *r, size_t used, size_t *cap, size_t max)
+static int rr_reserve(struct srv_packed *p, size_t used, size_t *cap, size_t max)
 {
     if (used + max <= *cap)
         return 0;
     size_t want = *cap * 2 > used + max ? *cap * 2 : used + max;
     if (want >= (size_t)INT32_MAX)
         return -1;
-    int32_t *ids = realloc(r->ids, sizeof(int32_t) * want);
+    int32_t *ids = realloc(p->ids, sizeof(int32_t) * want);
     if (ids)
-        r->ids = ids;
-    int32_t *types = ids ? realloc(r->types, sizeof(int32_t) * want) : NULL;
+        p->ids = ids;
+    int32_t *types = ids ? realloc(p->types, sizeof(int32_t) * want) : NULL;
     if (!types)
         return -1;
-    r->types = types;
+    p->types = types;
     *cap = want;
+    return 0;
+}
+
+/* Why pair i could not be tokenized: a 400 when a limit the request set (or one it would
+ * pass) is at fault, else a 500. */
+static int rr_pair_failed(const struct srv_pairs *pl, int i, int st, struct srv_err *e)
+{
+    if (st == KWK_ELIMIT && pl->strict)
+        srv_err_set(e, 400, RR_INVALID, pl->param, "context_length_exceeded",
+                    "This model's maximum context length is %d tokens, however %s %d holds "
+                    "more. Please reduce the length of the input, or set "
+                    "'truncate_prompt_tokens'.", pl->limit, pl->what, i);
+    else if (st == KWK_ELIMIT && pl->limit_param)
+        srv_err_set(e, 400, RR_INVALID, pl->limit_param, "invalid_value",
+                    "'%s' is %d: too few tokens for %s %d and its special tokens",
+                    pl->limit_param, pl->limit, pl->what, i);
+    else
+        srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing %s %d: %s", pl->what, i,
+                    kwk_status_str(st));
+    return -1;
+}
+
+int srv_pairs_pack(struct srv_packed *p, const struct srv_pairs *pl, srv_pair_fn encode,
+                   void *user, struct srv_err *e)
+{
+    /* strict: one token past the limit shows a pair is too long, without tokenizing it whole */
+    size_t used = 0, cap = 0, lim = pl->limit > 0 ? (size_t)pl->limit : 0;
+    size_t max = lim + (pl->strict ? 1 : 0);
+    if (!(p->offs = calloc((size_t)pl->n + 1, sizeof(int32_t))))
+        return srv_err_oom(e);
+    for (int i = 0; i < pl->n; i++) {
+        const struct srv_rerank_doc *a = &pl->a[(size_t)i * (size_t)pl->a_step], *b = &pl->b[i];
+        size_t n = 0;
+        if (rr_reserve(p, used, &cap, max))
+            return srv_err_oom(e);
+        int st = encode(user, a->text, a->len, b->text, b->len, p->ids + used, p->types + used,
+                        max, &n);
+        if (st >= 0 && n == 0) {
+            /* a tokenizer whose pair form adds no tokens, both texts empty */
+            srv_err_set(e, 400, RR_INVALID, pl->param, NULL,
+                        "%s %d: both texts of the pair are empty: nothing to score", pl->what, i);
+            return -1;
+        }
+        if (st >= 0 && n > lim) /* past max would break encode's contract */
+            st = KWK_ELIMIT;
+        if (st < 0)
+            return rr_pair_failed(pl, i, st, e);
+        used += n;
+        p->offs[i + 1] = (int32_t)used;
+    }
     return 0;
 }
 
 int srv_rerank_pack(struct srv_rerank_req *r, srv_pair_fn encode, void *user, int max_tokens,
                     struct srv_err *e)
 {
-    size_t used = 0, cap = 0, max = max_tokens > 0 ? (size_t)max_tokens : 0;
-    if (!(r->offs = calloc((size_t)r->n_docs + 1, sizeof(int32_t))))
-        return srv_err_oom(e);
-    for (int i = 0; i < r->n_docs; i++) {
-        size_t n = 0;
-        if (rr_reserve(r, used, &cap, max))
-            return srv_err_oom(e);
-        int st = encode(user, r->query, r->query_len, r->docs[i].text, r->docs[i].len,
-                        r->ids + used, r->types + used, max, &n);
-        if (st >= 0 && n == 0) {
-            /* a tokenizer whose pair form adds no tokens, an empty query and document */
-            srv_err_set(e, 400, "invalid_request_error", "documents", NULL,
-                        "document %d and the query are both empty: nothing to score", i);
-            return -1;
-        }
-        if (st >= 0 && n > max) /* past max would break encode's contract */
-            st = KWK_ELIMIT;
-        if (st < 0) {
-            srv_err_set(e, 500, "server_error", NULL, NULL,
-                        "tokenizing the query with document %d: %s", i, kwk_status_str(st));
-            return -1;
-        }
-        used += n;
-        r->offs[i + 1] = (int32_t)used;
-    }
-    return 0;
+    struct srv_rerank_doc q = {.text = r->query, .len = r->query_len};
+    struct srv_pairs pl = {.a = &q, .b = r->docs, .a_step = 0, .n = r->n_docs,
+                           .limit = max_tokens, .param = "documents", .what = "document"};
+    struct srv_packed p = {0};
+    int rc = srv_pairs_pack(&p, &pl, encode, user, e);
+    r->ids = p.ids;
+    r->types = p.types;
+    r->offs = p.offs;
+    return rc;
 }
 
 /* ---- scores and the reply -------------------------------------------------------------------- */
@@ -282,7 +301,7 @@ static void rr_order(int *idx, int *tmp, int n, const float *s)
     memcpy(idx, tmp, sizeof(int) * (size_t)n);
 }
 
-static void rr_json_string(struct srv_buf *out, const char *s, size_t n)
+void srv_buf_json_text(struct srv_buf *out, const char *s, size_t n)
 {
     json_t *j = srv_json_text(s, n);
     char *t = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
@@ -307,7 +326,7 @@ static void rr_result(struct srv_buf *out, const struct srv_rerank_req *r, int i
     srv_buf_str(out, num);
     if (r->return_documents) {
         srv_buf_str(out, ",\"document\":{\"text\":");
-        rr_json_string(out, r->docs[i].text, r->docs[i].len);
+        srv_buf_json_text(out, r->docs[i].text, r->docs[i].len);
         srv_buf_add(out, "}", 1);
     }
     srv_buf_add(out, "}", 1);
@@ -328,11 +347,11 @@ void srv_rerank_response(struct srv_buf *out, const char *id, const char *model,
     srv_buf_str(out, "{");
     if (id) {
         srv_buf_str(out, "\"id\":");
-        rr_json_string(out, id, strlen(id));
+        srv_buf_json_text(out, id, strlen(id));
         srv_buf_add(out, ",", 1);
     }
     srv_buf_str(out, "\"object\":\"list\",\"model\":");
-    rr_json_string(out, model, strlen(model));
+    srv_buf_json_text(out, model, strlen(model));
     srv_buf_str(out, ",\"results\":[");
     for (int k = 0; k < r->top_n && k < n; k++)
         rr_result(out, r, idx[k], scores[idx[k]], k == 0);

@@ -287,8 +287,18 @@ typedef int (*srv_encode_fn)(void *user, const char *text, size_t len, int32_t *
                              size_t *n);
 
 /* Every input's tokens into r->ids / r->offs: texts through encode, ids as given. A 400
+    int failed;                  /* after srv_embed_pack failed: the input at fault, or -1 */
  * context_length_exceeded (naming the input) when one holds more than lim->max_tokens. Returns
  * 0 or -1 with e. */
+/* A request body's JSON: an object, or NULL with e (400 invalid_json: not JSON, nested deeper
+ * than SRV_MAX_DEPTH, a key twice, not an object). Thread-safe. */
+json_t *srv_json_body(const char *body, size_t len, struct srv_err *e);
+
+/* root's "input" into r->in / n_in (the embeddings body's forms; /classify's too). 0 or -1 with
+ * e. */
+int srv_embed_input_parse(struct srv_embed_req *r, json_t *root,
+                          const struct srv_embed_limits *lim, struct srv_err *e);
+
 int srv_embed_pack(struct srv_embed_req *r, srv_encode_fn encode, void *user,
                    const struct srv_embed_limits *lim, struct srv_err *e);
 void srv_embed_req_free(struct srv_embed_req *r);
@@ -353,6 +363,34 @@ void srv_rerank_req_free(struct srv_rerank_req *r);
 void srv_rerank_scores(float *logits, int n, int act);
 
 /* The reply {"id", "object": "list", "model", "results": [{"index", "relevance_score",
+/* Sequences in kwk_encoder_classify's layout: sequence i is ids[offs[i] .. offs[i + 1]), its
+ * type ids in types. Owned by whoever filled them. */
+struct srv_packed {
+    int32_t *ids, *types;
+    int32_t *offs;
+};
+
+/* Pairs to tokenize: pair i is (a[i * a_step], b[i]), i < n (a_step 0: one first text paired
+ * with every b, a reranker's query). */
+struct srv_pairs {
+    const struct srv_rerank_doc *a, *b;
+    int a_step, n;
+    int limit;               /* tokens a pair may hold, special tokens included */
+    int strict;              /* 1: a longer pair is a 400 context_length_exceeded (vLLM's /score
+                              * without truncate_prompt_tokens); 0: truncated longest_first */
+    const char *param;       /* the body's field of the pairs, for errors */
+    const char *what;        /* what pair i is called in messages: "document", "pair" */
+    const char *limit_param; /* the body's field that set limit (a limit too small for the
+                              * pair form is then a 400 on it), or NULL: the model's own */
+};
+
+/* Every pair of pl through encode into p (zeroed by the caller; freed by it, also on failure).
+ * Returns 0, or -1 with e: 400 for a pair of no tokens at all, one over a strict limit or a
+ * limit the request set too small for the special tokens; 500 when out of memory or the
+ * tokenizer failed. */
+int srv_pairs_pack(struct srv_packed *p, const struct srv_pairs *pl, srv_pair_fn encode,
+                   void *user, struct srv_err *e);
+
  * "document": {"text"}}], "usage": {"prompt_tokens", "total_tokens"}}: results by score, the
  * highest first (equal scores by index; a NaN last, written null), cut to r->top_n. id NULL:
  * no "id" (the CLI). Appended to out. */
@@ -377,6 +415,114 @@ struct srv_embed_job {
     float *out;                  /* [n_seqs][dim], classify: [n_seqs][n_labels] */
     void (*done)(struct srv_embed_job *j, int status, const char *msg);
     void *user;
+/* The same appended to out as JSON text (out->err when out of memory). */
+void srv_buf_json_text(struct srv_buf *out, const char *s, size_t n);
+
+/* ---- score and classify (score.c: vLLM's /score and /classify bodies and replies) ---------- */
+
+#define SRV_SCORE_MAX_TEXTS 1000 /* texts on each side of a /score body (as rerank's documents) */
+
+/* truncate_prompt_tokens as vLLM reads it: absent or null, none (a longer input is a 400);
+ * -1, the model's limit; k > 0, at most k tokens (Hugging Face's truncation: a text loses its
+ * end, the special tokens stay; a pair's longer text first). 0 and below -1 are 400s. */
+#define SRV_TRUNC_NONE 0
+
+/* What truncate_prompt_tokens means for a model of max_tokens. */
+struct srv_trunc {
+    int limit;  /* tokens a sequence may hold */
+    int strict; /* 1: a longer one is a 400; 0: truncated to limit */
+};
+/* 0, or -1 with e (400: k above max_tokens, as vLLM refuses it). */
+int srv_trunc_resolve(int truncate, int max_tokens, struct srv_trunc *t, struct srv_err *e);
+
+/* One /score body. Owned; srv_score_req_free. */
+struct srv_score_req {
+    char *model;                 /* NULL when the body names none */
+    struct srv_rerank_doc *a, *b; /* the first texts [n_a] and the second [n_b] */
+    int n_a, n_b;                /* n_a is 1 (paired with every b: 1:N) or n_b (pairwise) */
+    const char *name_a, *name_b; /* the body's names of the two sides: text_1 / text_2,
+                                  * queries / documents, queries / items or data_1 / data_2 */
+    int truncate;                /* SRV_TRUNC_NONE, -1 or k > 0 */
+    int use_activation;          /* 0: a cross-encoder's raw logits (default 1) */
+    struct srv_packed pairs;     /* cross-encoder: the n_b pairs, after srv_score_pack_pairs */
+    struct srv_embed_req uniq;   /* embedding model: the distinct texts, each once, after
+                                  * srv_score_pack_texts */
+    int *a_of, *b_of;            /* [n_a] / [n_b]: each text's index in uniq */
+};
+
+/* Parse body[len] into r (zeroed first): the two sides under any of vLLM's names, model,
+ * truncate_prompt_tokens, use_activation, encoding_format ("float"), user. Returns 0, or -1
+ * with e (a 400 naming the field and the text's index: a missing side, an empty list, lengths
+ * neither 1:N nor N:N, more than SRV_SCORE_MAX_TEXTS a side or SRV_RERANK_MAX_TEXT bytes of
+ * pairs) and r freed. Does not tokenize. Thread-safe. */
+int srv_score_parse(struct srv_score_req *r, const char *body, size_t len, struct srv_err *e);
+/* A cross-encoder's pairs through encode into r->pairs, per t. 0 or -1 with e. */
+int srv_score_pack_pairs(struct srv_score_req *r, srv_pair_fn encode, void *user,
+                         const struct srv_trunc *t, struct srv_err *e);
+/* An embedding model's texts, each distinct one once, through encode (which truncates to cap
+ * when t is not strict) into r->uniq. 0 or -1 with e. */
+int srv_score_pack_texts(struct srv_score_req *r, srv_encode_fn encode, void *user,
+                         const struct srv_trunc *t, struct srv_err *e);
+void srv_score_req_free(struct srv_score_req *r);
+
+/* scores[n_b]: the cosine similarity of each pair's embeddings, vec[r->uniq.n_in][dim] (0 for
+ * a zero vector, as torch's cosine_similarity). */
+void srv_score_cosines(const struct srv_score_req *r, const float *vec, int dim, float *scores);
+
+/* vLLM's reply {"id", "object": "list", "created", "model", "data": [{"index", "object":
+ * "score", "score"}], "usage"} for scores[n] (a non-finite one null). Appended to out. */
+void srv_score_response(struct srv_buf *out, const char *id, int64_t created, const char *model,
+                        const float *scores, int n, int n_tokens);
+
+/* One /classify body. Owned; srv_classify_req_free. */
+struct srv_classify_req {
+    struct srv_embed_req in; /* model and input as the embeddings body has them; after
+                              * srv_classify_pack its ids / offs */
+    int truncate;            /* SRV_TRUNC_NONE, -1 or k > 0 */
+    int use_activation;      /* 0: the raw logits as probs (default 1) */
+};
+
+/* Parse body[len] into r (zeroed first): input (strings or token ids, as /v1/embeddings'),
+ * model, truncate_prompt_tokens, use_activation, user. 0, or -1 with e and r freed. */
+int srv_classify_parse(struct srv_classify_req *r, const char *body, size_t len,
+                       const struct srv_embed_limits *lim, struct srv_err *e);
+/* The inputs through encode (truncating to cap when t is not strict; token ids keep their
+ * first t->limit) into r->in.ids / offs. 0 or -1 with e. */
+int srv_classify_pack(struct srv_classify_req *r, srv_encode_fn encode, void *user,
+                      const struct srv_trunc *t, struct srv_err *e);
+void srv_classify_req_free(struct srv_classify_req *r);
+
+/* How /classify turns logits into probs (vLLM's, after transformers' problem_type). */
+enum srv_cls_act {
+    SRV_CLS_AUTO = 0,     /* sigmoid for one label, else softmax (vLLM's PoolerClassify) */
+    SRV_CLS_SIGMOID = 1,  /* multi_label_classification: each label alone */
+    SRV_CLS_IDENTITY = 2, /* regression: the logits */
+};
+
+/* A classifier's labels: config.json's id2label (when it names exactly the head's n labels)
+ * and problem_type. */
+struct srv_labels {
+    char **names; /* [n], or NULL: transformers' defaults LABEL_0 ... */
+    int n;
+    int act;      /* enum srv_cls_act */
+};
+/* From config.json's text json[len] (untrusted: anything unexpected leaves the defaults).
+ * Returns 0, or -1 when out of memory (l then holds the defaults). */
+int srv_labels_parse(struct srv_labels *l, const char *json, size_t len, int n_labels);
+void srv_labels_free(struct srv_labels *l);
+
+/* vLLM's reply {"id", "object": "list", "created", "model", "data": [{"index", "label",
+ * "probs", "num_classes"}], "usage"} for logits[n][n_labels], turned into probs in place by
+ * l->act (not when use_activation is 0); each label the most probable's. Appended to out. */
+void srv_classify_response(struct srv_buf *out, const char *id, int64_t created,
+                           const char *model, const struct srv_labels *l, float *logits, int n,
+                           int use_activation, int n_tokens);
+
+/* srv_encode_fn over a kwk_tokenizer (user) that truncates as Hugging Face's tokenizer(text,
+ * truncation=True, max_length=cap) does: the text's tokens cut to leave room for the special
+ * tokens, which stay. KWK_ELIMIT when cap is below the special tokens. Thread-safe. */
+int srv_encode_truncated(void *tok, const char *text, size_t len, int32_t *ids, size_t cap,
+                         size_t *n);
     _Atomic int canceled;        /* set by anyone: the job is skipped if not yet running */
     struct srv_embed_job *next;  /* the queue's */
 };
