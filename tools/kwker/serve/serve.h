@@ -272,7 +272,17 @@ struct srv_embed_req {
     int base64;                  /* encoding_format "base64": little-endian float32, base64 */
     int32_t *ids;                /* [offs[n_in]] after srv_embed_pack */
     int32_t *offs;               /* [n_in + 1] */
+    int failed;                  /* after srv_embed_pack failed: the input at fault, or -1 */
 };
+
+/* A request body's JSON: an object, or NULL with e (400 invalid_json: not JSON, nested deeper
+ * than SRV_MAX_DEPTH, a key twice, not an object). Thread-safe. */
+json_t *srv_json_body(const char *body, size_t len, struct srv_err *e);
+
+/* root's "input" into r->in / n_in (the embeddings body's forms; /classify's too). 0 or -1 with
+ * e. */
+int srv_embed_input_parse(struct srv_embed_req *r, json_t *root,
+                          const struct srv_embed_limits *lim, struct srv_err *e);
 
 /* Parse body[len] into r (zeroed first): input, model, encoding_format, dimensions, user.
  * Returns 0, or -1 with e (a 400 naming the field and the input's index) and r freed. Does not
@@ -287,18 +297,8 @@ typedef int (*srv_encode_fn)(void *user, const char *text, size_t len, int32_t *
                              size_t *n);
 
 /* Every input's tokens into r->ids / r->offs: texts through encode, ids as given. A 400
-    int failed;                  /* after srv_embed_pack failed: the input at fault, or -1 */
  * context_length_exceeded (naming the input) when one holds more than lim->max_tokens. Returns
  * 0 or -1 with e. */
-/* A request body's JSON: an object, or NULL with e (400 invalid_json: not JSON, nested deeper
- * than SRV_MAX_DEPTH, a key twice, not an object). Thread-safe. */
-json_t *srv_json_body(const char *body, size_t len, struct srv_err *e);
-
-/* root's "input" into r->in / n_in (the embeddings body's forms; /classify's too). 0 or -1 with
- * e. */
-int srv_embed_input_parse(struct srv_embed_req *r, json_t *root,
-                          const struct srv_embed_limits *lim, struct srv_err *e);
-
 int srv_embed_pack(struct srv_embed_req *r, srv_encode_fn encode, void *user,
                    const struct srv_embed_limits *lim, struct srv_err *e);
 void srv_embed_req_free(struct srv_embed_req *r);
@@ -348,21 +348,6 @@ int srv_rerank_parse(struct srv_rerank_req *r, const char *body, size_t len, str
 typedef int (*srv_pair_fn)(void *user, const char *a, size_t na, const char *b, size_t nb,
                            int32_t *ids, int32_t *types, size_t cap, size_t *n);
 
-/* Every (query, document i) pair through encode into r->ids / types / offs, each truncated to
- * max_tokens as Hugging Face's CrossEncoder does (never an error). Returns 0, or -1 with e (400:
- * a pair of no tokens at all; 500: out of memory or the tokenizer failed). */
-int srv_rerank_pack(struct srv_rerank_req *r, srv_pair_fn encode, void *user, int max_tokens,
-                    struct srv_err *e);
-/* r itself from the CLI: query and documents copied; top_n 0 for all. 0, or -1 when out of
- * memory (r freed). */
-int srv_rerank_init(struct srv_rerank_req *r, const char *query, size_t query_len,
-                    const char *const *docs, const size_t *doc_lens, int n_docs, int top_n);
-void srv_rerank_req_free(struct srv_rerank_req *r);
-
-/* Scores of the head's logits[n][1] by act (enum kwk_score_act), in place. */
-void srv_rerank_scores(float *logits, int n, int act);
-
-/* The reply {"id", "object": "list", "model", "results": [{"index", "relevance_score",
 /* Sequences in kwk_encoder_classify's layout: sequence i is ids[offs[i] .. offs[i + 1]), its
  * type ids in types. Owned by whoever filled them. */
 struct srv_packed {
@@ -391,6 +376,21 @@ struct srv_pairs {
 int srv_pairs_pack(struct srv_packed *p, const struct srv_pairs *pl, srv_pair_fn encode,
                    void *user, struct srv_err *e);
 
+/* Every (query, document i) pair through encode into r->ids / types / offs, each truncated to
+ * max_tokens as Hugging Face's CrossEncoder does (never an error). Returns 0, or -1 with e (400:
+ * a pair of no tokens at all; 500: out of memory or the tokenizer failed). */
+int srv_rerank_pack(struct srv_rerank_req *r, srv_pair_fn encode, void *user, int max_tokens,
+                    struct srv_err *e);
+/* r itself from the CLI: query and documents copied; top_n 0 for all. 0, or -1 when out of
+ * memory (r freed). */
+int srv_rerank_init(struct srv_rerank_req *r, const char *query, size_t query_len,
+                    const char *const *docs, const size_t *doc_lens, int n_docs, int top_n);
+void srv_rerank_req_free(struct srv_rerank_req *r);
+
+/* Scores of the head's logits[n][1] by act (enum kwk_score_act), in place. */
+void srv_rerank_scores(float *logits, int n, int act);
+
+/* The reply {"id", "object": "list", "model", "results": [{"index", "relevance_score",
  * "document": {"text"}}], "usage": {"prompt_tokens", "total_tokens"}}: results by score, the
  * highest first (equal scores by index; a NaN last, written null), cut to r->top_n. id NULL:
  * no "id" (the CLI). Appended to out. */
@@ -400,21 +400,6 @@ void srv_rerank_response(struct srv_buf *out, const char *id, const char *model,
 /* A JSON string of bytes that may not be valid UTF-8 (invalid sequences become U+FFFD), or
  * NULL when out of memory. */
 json_t *srv_json_text(const char *s, size_t n);
-
-/* ---- the encoder worker (embedq.c) ----------------------------------------------------------- */
-
-/* One request's sequences handed to the encoder worker: embedded, or through the model's
- * classification head. The submitter fills the first block and keeps the job (and what it
- * points to) valid until done is called, which the worker does once per job, from its thread,
- * on success, failure or cancellation. */
-struct srv_embed_job {
-    const int32_t *ids, *offs;   /* kwk_encoder_embed's layout */
-    const int32_t *types;        /* classify: each token's type id, or NULL for all 0 */
-    int classify;                /* 1: kwk_encoder_classify; 0: kwk_encoder_embed */
-    int n_seqs;
-    float *out;                  /* [n_seqs][dim], classify: [n_seqs][n_labels] */
-    void (*done)(struct srv_embed_job *j, int status, const char *msg);
-    void *user;
 /* The same appended to out as JSON text (out->err when out of memory). */
 void srv_buf_json_text(struct srv_buf *out, const char *s, size_t n);
 
@@ -523,6 +508,21 @@ void srv_classify_response(struct srv_buf *out, const char *id, int64_t created,
  * tokens, which stay. KWK_ELIMIT when cap is below the special tokens. Thread-safe. */
 int srv_encode_truncated(void *tok, const char *text, size_t len, int32_t *ids, size_t cap,
                          size_t *n);
+
+/* ---- the encoder worker (embedq.c) ----------------------------------------------------------- */
+
+/* One request's sequences handed to the encoder worker: embedded, or through the model's
+ * classification head. The submitter fills the first block and keeps the job (and what it
+ * points to) valid until done is called, which the worker does once per job, from its thread,
+ * on success, failure or cancellation. */
+struct srv_embed_job {
+    const int32_t *ids, *offs;   /* kwk_encoder_embed's layout */
+    const int32_t *types;        /* classify: each token's type id, or NULL for all 0 */
+    int classify;                /* 1: kwk_encoder_classify; 0: kwk_encoder_embed */
+    int n_seqs;
+    float *out;                  /* [n_seqs][dim], classify: [n_seqs][n_labels] */
+    void (*done)(struct srv_embed_job *j, int status, const char *msg);
+    void *user;
     _Atomic int canceled;        /* set by anyone: the job is skipped if not yet running */
     struct srv_embed_job *next;  /* the queue's */
 };
