@@ -19,6 +19,7 @@
 
 #include "../tools/kwker/serve/openai.c"
 #include "../tools/kwker/serve/toolcall.c"
+#include "../tools/kwker/serve/toolcall_reply.c"
 #include "../tools/kwker/serve/embed.c"
 #include "../tools/kwker/serve/rerank.c"
 

@@ -7,6 +7,7 @@
 
 #include "../../tools/kwker/serve/openai.c"
 #include "../../tools/kwker/serve/toolcall.c"
+#include "../../tools/kwker/serve/toolcall_reply.c"
 
 static const char *call_name(const struct srv_tool_reply *r, size_t i)
 {
@@ -58,6 +59,7 @@ static void test_detect(void)
     T_EQ(srv_tool_format_parse("llama3"), SRV_TOOLS_LLAMA3);
     T_EQ(srv_tool_format_parse("generic"), SRV_TOOLS_GENERIC);
     T_EQ(srv_tool_format_parse("mistral"), -1);
+    T_EQ(srv_tool_format_parse("deepseek_r1"), SRV_TOOLS_DEEPSEEK_R1);
     T_STREQ(srv_tool_format_name(SRV_TOOLS_HERMES), "hermes");
 }
 
@@ -163,8 +165,8 @@ static void test_sendable(void)
 static void test_rename_root(void)
 {
     struct srv_buf b = {0};
-    T_EQ(rename_root("root ::= \"root\" [r-t] root-x root # root\nroot-x ::= \"\\\"root\" root\n",
-                     "top", &b),
+    T_EQ(rewrite_names("root ::= \"root\" [r-t] root-x root # root\nroot-x ::= \"\\\"root\" root\n",
+                       "top", "", &b),
          0);
     T_STREQ(b.p, "top ::= \"root\" [r-t] root-x top # root\nroot-x ::= \"\\\"root\" top\n");
     srv_buf_free(&b);
@@ -381,6 +383,421 @@ static void test_unknown_names(void)
     json_decref(list);
 }
 
+/* ---- the formats of llama.cpp's real templates --------------------------------------------- */
+
+/* A file of the shared data (ctest runs in the checkout: ../shared/data beside it), or NULL. */
+static char *read_shared(const char *rel)
+{
+    const char *data = getenv("KWKER_SHARED_DATA");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", data && *data ? data : "../shared/data", rel);
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
+        (buf = calloc(1, (size_t)n + 1)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    if (f)
+        fclose(f);
+    T_CHECK(buf != NULL, "cannot read %s (set KWKER_SHARED_DATA)", path);
+    return buf;
+}
+
+static void test_detect_templates(void)
+{
+    static const struct {
+        const char *file;
+        int format;
+    } cases[] = {
+        {"CohereForAI-c4ai-command-r-plus-tool_use.jinja", SRV_TOOLS_COMMAND_R},
+        {"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", SRV_TOOLS_HERMES},
+        {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", SRV_TOOLS_HERMES},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", SRV_TOOLS_HERMES},
+        {"deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", SRV_TOOLS_DEEPSEEK_R1},
+        {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", SRV_TOOLS_DEEPSEEK_R1},
+        {"fireworks-ai-llama-3-firefunction-v2.jinja", SRV_TOOLS_FIREFUNCTION},
+        {"meetkai-functionary-medium-v3.1.jinja", SRV_TOOLS_FUNCTIONARY},
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", SRV_TOOLS_LLAMA3},
+        {"meta-llama-Llama-3.2-3B-Instruct.jinja", SRV_TOOLS_LLAMA3},
+        {"meta-llama-Llama-3.3-70B-Instruct.jinja", SRV_TOOLS_LLAMA3},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", SRV_TOOLS_MISTRAL},
+        {"../../tokenizers/smollm/SmolLM2-135M-Instruct/chat_template.jinja", SRV_TOOLS_GENERIC},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "chat-templates/llamacpp/%s", cases[i].file);
+        char *src = read_shared(rel);
+        if (!src)
+            continue;
+        T_CHECK(srv_tool_format_detect(src) == cases[i].format, "%s: %s, want %s", cases[i].file,
+                srv_tool_format_name(srv_tool_format_detect(src)),
+                srv_tool_format_name(cases[i].format));
+        free(src);
+    }
+    for (int f = 0; f < SRV_TOOLS_N; f++)
+        T_EQ(srv_tool_format_parse(srv_tool_format_name(f)), f);
+}
+
+static const char *call_id_of(const struct srv_tool_reply *r, size_t i)
+{
+    return json_string_value(json_object_get(json_array_get(r->calls, i), "id"));
+}
+
+static void test_mistral(void)
+{
+    struct srv_tool_reply r;
+    T_EQ(
+        extract(SRV_TOOLS_MISTRAL,
+                "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"abc123XYZ\"}, "
+                "{\"name\": \"g\", \"arguments\": {}, \"id\": \"zzzzzzzz9\"}]",
+                NULL, &r),
+        2);
+    T_STREQ(call_name(&r, 0), "f");
+    T_STREQ(call_args(&r, 0), "{\"a\":1}");
+    T_STREQ(call_id_of(&r, 0), "abc123XYZ"); /* the model's ids are the calls' */
+    T_STREQ(call_id_of(&r, 1), "zzzzzzzz9");
+    srv_tool_reply_free(&r);
+    T_EQ(extract(SRV_TOOLS_MISTRAL,
+                 "Let me look.[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}, \"id\": "
+                 "\"a0a0a0a0a\"}]\n",
+                 "Let me look.", &r),
+         1);
+    srv_tool_reply_free(&r);
+    static const char *const not_calls[] = {
+        "[TOOL_CALLS]",
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"a0a0a0a0a\"}",
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]",            /* no id */
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": 7}]", /* not a string */
+        "[TOOL_CALLS][]",
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"a0a0a0a0a\"}] more",
+        "[TOOL_CALLS]{\"name\": \"f\", \"arguments\": {}, \"id\": \"a0a0a0a0a\"}",
+        "plain [TOOL text",
+    };
+    expect_content_only(SRV_TOOLS_MISTRAL, not_calls, sizeof not_calls / sizeof *not_calls);
+}
+
+static void test_functionary(void)
+{
+    struct srv_tool_reply r;
+    T_EQ(extract(SRV_TOOLS_FUNCTIONARY,
+                 "<function=f>{\"a\": [1, 2]}</function><function=g>{}</function>", NULL, &r),
+         2);
+    T_STREQ(call_name(&r, 1), "g");
+    T_STREQ(call_args(&r, 0), "{\"a\":[1,2]}");
+    T_TRUE(!strncmp(call_id_of(&r, 0), "call_", 5));
+    srv_tool_reply_free(&r);
+    /* content before; the python tag's code to the end is python's {"code"} */
+    T_EQ(extract(SRV_TOOLS_FUNCTIONARY,
+                 "Running it.\n<function=f>{}</function>\n<|python_tag|>print(\"hi\")\n",
+                 "Running it.\n", &r),
+         2);
+    T_STREQ(call_name(&r, 1), "python");
+    T_STREQ(call_args(&r, 1), "{\"code\":\"print(\\\"hi\\\")\\n\"}");
+    srv_tool_reply_free(&r);
+    T_EQ(extract(SRV_TOOLS_FUNCTIONARY, "<function=f>{\"a\": 1}", NULL, &r), 1); /* eos */
+    srv_tool_reply_free(&r);
+    static const char *const not_calls[] = {
+        "<function=f>{\"a\": </function>",
+        "<function=>{}</function>",
+        "<function=f{}</function>",
+        "<function=f>[1]</function>",
+        "<function=f>{}</function> and text",
+        "<function=",
+        "a <function",
+    };
+    expect_content_only(SRV_TOOLS_FUNCTIONARY, not_calls, sizeof not_calls / sizeof *not_calls);
+}
+
+#define R1_CALL(name, json)                                                                        \
+    R1_CALL_BEGIN "function" R1_SEP name "\n```json\n" json "\n```" R1_CALL_END
+
+static void test_deepseek_r1(void)
+{
+    struct srv_tool_reply r;
+    /* the prompt opened the think block: reasoning up to </think>, then a call */
+    T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1,
+                 "I should call f.\n</think>\n\n" R1_CALLS_BEGIN R1_CALL(
+                     "f", "{\"a\": 1}") "\n" R1_CALL("g", "{}") R1_CALLS_END,
+                 NULL, &r),
+         2);
+    T_STREQ(call_args(&r, 0), "{\"a\":1}");
+    T_STREQ(call_name(&r, 1), "g");
+    T_EQ(r.reasoning_len, strlen("I should call f.\n"));
+    T_TRUE(r.reasoning && !memcmp(r.reasoning, "I should call f.\n", r.reasoning_len));
+    srv_tool_reply_free(&r);
+    /* an opening <think> of the model's own; content after it; no calls */
+    T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1, "<think>hmm</think>Paris.", "Paris.", &r), -1);
+    T_TRUE(r.reasoning_len == 3 && !memcmp(r.reasoning, "hmm", 3));
+    srv_tool_reply_free(&r);
+    /* a call written inside the think block is reasoning, never a call */
+    T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1,
+                 "<think>maybe " R1_CALLS_BEGIN R1_CALL("f", "{}") R1_CALLS_END, "", &r),
+         -1);
+    T_TRUE(r.reasoning && r.reasoning_len > 0);
+    srv_tool_reply_free(&r);
+    /* content, then calls whose end an end of text stands for */
+    T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1, "ok</think>Sure. " R1_CALLS_BEGIN R1_CALL("f", "{}"),
+                 "Sure. ", &r),
+         1);
+    srv_tool_reply_free(&r);
+    T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1, "no thinking", "no thinking", &r), -1);
+    T_TRUE(!r.reasoning);
+    srv_tool_reply_free(&r);
+    static const char *const not_calls[] = {
+        R1_CALLS_BEGIN R1_CALL("f", "{\"a\": }"),
+        R1_CALLS_BEGIN R1_CALL_BEGIN "function" R1_SEP "f\n```json\n{}",
+        R1_CALLS_BEGIN R1_CALL("f", "[]") R1_CALLS_END,
+        R1_CALLS_BEGIN R1_CALLS_END,
+        R1_CALLS_BEGIN R1_CALL("f", "{}") R1_CALLS_END "tail",
+        R1_CALLS_BEGIN,
+    };
+    expect_content_only(SRV_TOOLS_DEEPSEEK_R1, not_calls, sizeof not_calls / sizeof *not_calls);
+}
+
+static void test_firefunction(void)
+{
+    struct srv_tool_reply r;
+    T_EQ(extract(SRV_TOOLS_FIREFUNCTION,
+                 "Checking. functools[{\"name\": \"f\", \"arguments\": {\"a\": 1}}, "
+                 "{\"name\": \"g\", \"arguments\": {}}]",
+                 "Checking.", &r),
+         2);
+    T_STREQ(call_args(&r, 0), "{\"a\":1}");
+    srv_tool_reply_free(&r);
+    T_EQ(extract(SRV_TOOLS_FIREFUNCTION, " [{\"name\": \"f\", \"arguments\": {}}]", NULL, &r), 1);
+    srv_tool_reply_free(&r);
+    static const char *const not_calls[] = {
+        " functools[{\"name\": \"f\", \"arguments\": {}}",
+        " functools[]",
+        " functools[{\"name\": \"f\"}]",
+        " functools[{\"name\": \"f\", \"arguments\": {}}] then",
+        "[1, 2]",
+        " functools",
+    };
+    expect_content_only(SRV_TOOLS_FIREFUNCTION, not_calls, sizeof not_calls / sizeof *not_calls);
+}
+
+static void test_command_r(void)
+{
+    struct srv_tool_reply r; /* llama.cpp reads Command R+ in the generic format */
+    T_EQ(extract(SRV_TOOLS_COMMAND_R,
+                 "{\"tool_calls\": [{\"name\": \"f\", \"arguments\": {\"a\": 1}}]}", NULL, &r),
+         1);
+    srv_tool_reply_free(&r);
+    T_EQ(extract(SRV_TOOLS_COMMAND_R, "{\"response\": \"hi\"}", "hi", &r), -1);
+    srv_tool_reply_free(&r);
+}
+
+/* A reply streamed a byte at a time as http.c's stream_tools sends it (the sendable prefix as
+ * it grows, then at the end the rest of the content, or all of a content that is not the
+ * text's prefix) adds up to the whole reply's content, whatever the cut. */
+static void check_streamed(int format, const char *text)
+{
+    struct srv_req q = {.tool_format = format};
+    struct srv_tool_reply whole;
+    size_t len = strlen(text), sent = 0;
+    srv_tools_extract(&q, text, len, 3, &whole);
+    for (size_t k = 0; k <= len; k++) {
+        size_t up = srv_tools_sendable(format, text, k);
+        T_TRUE(up <= k);
+        sent = up > sent ? up : sent;
+    }
+    if (whole.content != text) {
+        T_CHECK(sent == 0, "%s: %zu bytes sent of a content that is not the text's prefix",
+                srv_tool_format_name(format), sent);
+    } else {
+        T_CHECK(sent <= whole.content_len, "%s: %zu bytes sent, content %zu: %s",
+                srv_tool_format_name(format), sent, whole.content_len, text);
+    }
+    srv_tool_reply_free(&whole);
+}
+
+static void test_streamed_formats(void)
+{
+    static const struct {
+        int format;
+        const char *text;
+    } cases[] = {
+        {SRV_TOOLS_MISTRAL, "Hi [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": "
+                            "\"a0a0a0a0a\"}]"},
+        {SRV_TOOLS_MISTRAL, "text with [TOOL and [ and ]"},
+        {SRV_TOOLS_FUNCTIONARY, "a<b <function=f>{}</function><|python_tag|>x=1"},
+        {SRV_TOOLS_FUNCTIONARY, "<|python_ta"},
+        {SRV_TOOLS_DEEPSEEK_R1, "t</think>c" R1_CALLS_BEGIN R1_CALL("f", "{}") R1_CALLS_END},
+        {SRV_TOOLS_DEEPSEEK_R1, "plain"},
+        {SRV_TOOLS_FIREFUNCTION, "x functools[{\"name\": \"f\", \"arguments\": {}}]"},
+        {SRV_TOOLS_FIREFUNCTION, "[{\"name\": \"f\", \"arguments\": {}}]"},
+        {SRV_TOOLS_FIREFUNCTION, "a functools"},
+        {SRV_TOOLS_COMMAND_R, "{\"response\": \"x\"}"},
+        {SRV_TOOLS_HERMES, "a <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"},
+        {SRV_TOOLS_LLAMA3, "a {\"name\": \"f\", \"parameters\": {}}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        check_streamed(cases[i].format, cases[i].text);
+}
+
+static const char TIME_TOOL[] =
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_time\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"zone\": {\"type\": \"integer\"}}, "
+    "\"required\": [\"zone\"], \"additionalProperties\": false}}}";
+
+/* A request with WEATHER and TIME_TOOL in format, extra fields added. */
+static int parse_two(struct srv_req *r, int format, const char *extra, struct srv_err *e)
+{
+    char tools[sizeof WEATHER + sizeof TIME_TOOL + 4];
+    snprintf(tools, sizeof tools, "[%s, %s]", WEATHER, TIME_TOOL);
+    return parse_tools(r, format, tools, extra, e);
+}
+
+/* Each format's grammar: valid calls in, a wrong name or argument type out; the trigger
+ * under "auto"; one call when parallel calls are off; only the named tool when named. */
+static void test_format_grammars(void)
+{
+    static const struct {
+        int format;
+        const char *trigger, *one, *two, *bad_name, *bad_type;
+    } cases[] = {
+        {SRV_TOOLS_MISTRAL, "[TOOL_CALLS]",
+         "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
+         "\"id\": \"abcDEF123\"}]",
+         "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
+         "\"id\": \"abcDEF123\"}, {\"name\": \"get_time\", \"arguments\": {\"zone\": 2}, "
+         "\"id\": \"000000000\"}]",
+         "[TOOL_CALLS][{\"name\": \"get_wether\", \"arguments\": {\"city\": \"Paris\"}, "
+         "\"id\": \"abcDEF123\"}]",
+         "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {\"zone\": \"2\"}, "
+         "\"id\": \"abcDEF123\"}]"},
+        {SRV_TOOLS_FUNCTIONARY,
+         "<function=", "<function=get_weather>{\"city\": \"Paris\"}</function>",
+         "<function=get_weather>{\"city\": \"Paris\"}</function>"
+         "<function=get_time>{\"zone\": 2}</function>",
+         "<function=get_wether>{\"city\": \"Paris\"}</function>",
+         "<function=get_time>{\"zone\": \"2\"}</function>"},
+        {SRV_TOOLS_DEEPSEEK_R1, R1_CALLS_BEGIN,
+         R1_CALLS_BEGIN R1_CALL("get_weather", "{\"city\": \"Paris\"}") R1_CALLS_END,
+         R1_CALLS_BEGIN R1_CALL("get_weather", "{\"city\": \"Paris\"}") "\n" R1_CALL(
+             "get_time", "{\"zone\": 2}") R1_CALLS_END,
+         R1_CALLS_BEGIN R1_CALL("get_wether", "{\"city\": \"Paris\"}") R1_CALLS_END,
+         R1_CALLS_BEGIN R1_CALL("get_time", "{\"zone\": \"2\"}") R1_CALLS_END},
+        {SRV_TOOLS_FIREFUNCTION, " functools[",
+         " functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+         " functools[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+         "{\"name\": \"get_time\", \"arguments\": {\"zone\": 2}}]",
+         " functools[{\"name\": \"get_wether\", \"arguments\": {\"city\": \"Paris\"}}]",
+         " functools[{\"name\": \"get_time\", \"arguments\": {\"zone\": \"2\"}}]"},
+    };
+    struct srv_req r;
+    struct srv_err e;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int f = cases[i].format;
+        T_EQ(parse_two(&r, f, "", &e), 0);
+        T_CHECK(r.grammar && r.grammar_trigger && !strcmp(r.grammar_trigger, cases[i].trigger),
+                "%s: trigger %s", srv_tool_format_name(f),
+                r.grammar_trigger ? r.grammar_trigger : "(none)");
+        T_CHECK(matches(r.grammar, cases[i].one), "%s: %s", srv_tool_format_name(f), cases[i].one);
+        T_CHECK(matches(r.grammar, cases[i].two), "%s: %s", srv_tool_format_name(f), cases[i].two);
+        T_CHECK(!matches(r.grammar, cases[i].bad_name), "%s: %s", srv_tool_format_name(f),
+                cases[i].bad_name);
+        T_CHECK(!matches(r.grammar, cases[i].bad_type), "%s: %s", srv_tool_format_name(f),
+                cases[i].bad_type);
+        /* what the grammar lets through is read back as the same calls */
+        struct srv_tool_reply rep;
+        srv_tools_extract(&r, cases[i].two, strlen(cases[i].two), 1, &rep);
+        T_CHECK(rep.calls && json_array_size(rep.calls) == 2 && rep.null_content, "%s: %s",
+                srv_tool_format_name(f), cases[i].two);
+        srv_tool_reply_free(&rep);
+        srv_req_free(&r);
+        T_EQ(
+            parse_two(&r, f, ", \"tool_choice\": \"required\", \"parallel_tool_calls\": false", &e),
+            0);
+        T_TRUE(r.grammar && !r.grammar_trigger);
+        T_TRUE(matches(r.grammar, cases[i].one) && !matches(r.grammar, cases[i].two));
+        srv_req_free(&r);
+        T_EQ(parse_two(&r, f,
+                       ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                       "\"get_time\"}}",
+                       &e),
+             0);
+        T_TRUE(!matches(r.grammar, cases[i].one));
+        srv_req_free(&r);
+    }
+    /* Functionary: a tool named python may also be free code after the python tag */
+    T_EQ(parse_tools(&r, SRV_TOOLS_FUNCTIONARY,
+                     "[{\"type\": \"function\", \"function\": {\"name\": \"python\", "
+                     "\"parameters\": {\"type\": \"object\", \"properties\": {\"code\": "
+                     "{\"type\": \"string\"}}, \"required\": [\"code\"]}}}]",
+                     ", \"tool_choice\": \"required\"", &e),
+         0);
+    T_TRUE(matches(r.grammar, "<|python_tag|>print(1)\nprint(2)"));
+    T_TRUE(matches(r.grammar, "<function=python>{\"code\": \"1\"}</function>"));
+    srv_req_free(&r);
+    /* Command R+: the generic reply, a system message, and the tools for the template too */
+    T_EQ(parse_two(&r, SRV_TOOLS_COMMAND_R, "", &e), 0);
+    T_TRUE(!r.grammar_trigger && json_array_size(r.messages) == 2);
+    T_TRUE(matches(r.grammar, "{\"tool_calls\": [{\"name\": \"get_time\", \"arguments\": "
+                              "{\"zone\": 1}}]}"));
+    json_t *ctx = json_object();
+    T_EQ(srv_tools_context(&r, ctx), 0);
+    T_TRUE(json_array_size(json_object_get(ctx, "tools")) == 2);
+    json_decref(ctx);
+    srv_req_free(&r);
+}
+
+/* Earlier calls as each template wants them: the arguments as the request's text where the
+ * template joins them to strings, the content null where the request's was. */
+static void test_native_history(void)
+{
+    static const char body[] =
+        "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, "
+        "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", "
+        "\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
+        "\"{\\\"a\\\":  1}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": "
+        "\"42\"}]}";
+    static const int formats[] = {SRV_TOOLS_FUNCTIONARY, SRV_TOOLS_DEEPSEEK_R1,
+                                  SRV_TOOLS_FIREFUNCTION, SRV_TOOLS_MISTRAL};
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++) {
+        struct srv_limits lim = {.n_vocab = 100, .max_cache_len = 100, .tool_format = formats[i]};
+        struct srv_req r;
+        struct srv_err e;
+        T_EQ(srv_req_parse(&r, SRV_CHAT, body, sizeof body - 1, &lim, &e), 0);
+        json_t *m1 = json_array_get(r.messages, 1);
+        json_t *args = json_object_get(
+            json_object_get(json_array_get(json_object_get(m1, "tool_calls"), 0), "function"),
+            "arguments");
+        T_TRUE(json_is_null(json_object_get(m1, "content")));
+        if (formats[i] == SRV_TOOLS_MISTRAL)
+            T_TRUE(json_is_object(args)); /* written with tojson */
+        else
+            T_STREQ(json_string_value(args), "{\"a\":  1}");
+        srv_req_free(&r);
+    }
+}
+
+/* Firefunction v2's template reads "functions" (indented JSON: Python's json.dumps(tools,
+ * indent=2), as llama.cpp's dump(2) writes it) and "datetime" instead of "tools". */
+static void test_firefunction_context(void)
+{
+    static const char want[] =
+        "[\n  {\n    \"type\": \"function\",\n    \"function\": {\n      \"name\": "
+        "\"get_weather\",\n      \"parameters\": {\n        \"type\": \"object\",\n        "
+        "\"properties\": {\n          \"city\": {\n            \"type\": \"string\"\n          "
+        "}\n        },\n        \"required\": [\n          \"city\"\n        ],\n        "
+        "\"additionalProperties\": false\n      }\n    }\n  }\n]";
+    struct srv_req r;
+    struct srv_err e;
+    T_EQ(parse(&r, SRV_TOOLS_FIREFUNCTION, "", &e), 0);
+    json_t *ctx = json_pack("{s:O}", "tools", r.tools);
+    T_EQ(srv_tools_context(&r, ctx), 0);
+    T_STREQ(json_string_value(json_object_get(ctx, "functions")), want);
+    T_TRUE(json_is_null(json_object_get(ctx, "tools")));
+    const char *dt = json_string_value(json_object_get(ctx, "datetime"));
+    T_TRUE(dt && strlen(dt) == strlen("Dec 07 2026 15:04:05 GMT") && !strcmp(dt + 20, " GMT"));
+    json_decref(ctx);
+    srv_req_free(&r);
+}
+
 int main(void)
 {
     test_detect();
@@ -393,5 +810,15 @@ int main(void)
     test_history();
     test_parameters();
     test_unknown_names();
+    test_detect_templates();
+    test_mistral();
+    test_functionary();
+    test_deepseek_r1();
+    test_firefunction();
+    test_command_r();
+    test_streamed_formats();
+    test_format_grammars();
+    test_native_history();
+    test_firefunction_context();
     return t_report("test_toolcall");
 }

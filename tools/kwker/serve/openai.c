@@ -1015,6 +1015,9 @@ void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text,
         json_t *msg = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content", t, "refusal");
         if (msg && tr && tr->calls)
             json_object_set(msg, "tool_calls", tr->calls);
+        if (msg && tr && tr->reasoning) /* DeepSeek's name, as llama.cpp's server answers */
+            json_object_set_new(msg, "reasoning_content",
+                                json_text(tr->reasoning, tr->reasoning_len));
         json_object_set_new(choice, "message", msg);
     } else
         json_object_set_new(choice, "text", t);
@@ -1087,6 +1090,12 @@ void srv_sse_finish(struct srv_buf *out, const struct srv_ctx *c, int finish)
 {
     const struct srv_tool_reply *tr = c->tools;
     const char *why = tr && tr->calls && !tr->named ? "tool_calls" : srv_finish_name(finish);
+    /* a reply's reasoning, known once it is read whole (R1's format holds it back) */
+    if (tr && tr->reasoning && c->kind == SRV_CHAT)
+        chunk(out, c,
+              json_pack("{s:o}", "reasoning_content",
+                        json_text(tr->reasoning, tr->reasoning_len)),
+              json_null(), NULL);
     chunk(out, c, c->kind == SRV_CHAT ? json_object() : json_string(""), json_null(), why);
 }
 

@@ -53,6 +53,13 @@ enum srv_tool_format {
                             * {"response": "..."}, described in a system message */
     SRV_TOOLS_HERMES,      /* <tool_call>\n{"name", "arguments"}\n</tool_call> (Hermes, Qwen) */
     SRV_TOOLS_LLAMA3,      /* {"name", "parameters"} (Llama 3.1-3.3) */
+    SRV_TOOLS_MISTRAL,     /* [TOOL_CALLS][{"name", "arguments", "id"}] (Mistral Nemo) */
+    SRV_TOOLS_FUNCTIONARY, /* <function=NAME>{...}</function>, <|python_tag|> (Functionary
+                            * v3.1 on Llama 3.1) */
+    SRV_TOOLS_DEEPSEEK_R1, /* <｜tool▁calls▁begin｜> blocks after a <think> (R1 distills) */
+    SRV_TOOLS_FIREFUNCTION, /* functools[{"name", "arguments"}, ...] (Firefunction v2) */
+    SRV_TOOLS_COMMAND_R,   /* the generic reply, the tools also given to the template, which
+                            * describes them itself (Command R+; llama.cpp: generic) */
     SRV_TOOLS_N
 };
 enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED };
@@ -162,6 +169,9 @@ struct srv_tool_reply {
     char *own;
     int named;                  /* q's tool_choice named the function: finish_reason "stop",
                                  * as OpenAI answers a forced call */
+    const char *reasoning;      /* into the text: a <think> block's inside (DeepSeek R1), as
+                                 * "reasoning_content", or NULL */
+    size_t reasoning_len;
 };
 int srv_tools_extract(const struct srv_req *q, const char *text, size_t len, uint64_t seed,
                       struct srv_tool_reply *out);
@@ -169,6 +179,11 @@ void srv_tool_reply_free(struct srv_tool_reply *r);
 /* While streaming: how many bytes of text are surely content (before the format's trigger,
  * or a tail that could begin it). */
 size_t srv_tools_sendable(int format, const char *text, size_t len);
+/* The template's context (messages, tools, ...) as q's format wants it: the generic format's
+ * tools are described by its system message, not the template; Firefunction v2's template
+ * reads "functions" (the tools as indented JSON) and "datetime" instead of "tools", as
+ * llama.cpp's server gives them. Returns 0, or -ENOMEM. */
+int srv_tools_context(const struct srv_req *q, json_t *ctx);
 
 /* ---- a growable byte buffer with a sticky error ---------------------------------------------- */
 

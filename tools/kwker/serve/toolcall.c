@@ -9,31 +9,66 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "serve.h"
+#include "toolcall.h"
 
 #define INVALID "invalid_request_error"
 
 /* ---- formats ------------------------------------------------------------------------------- */
 
-static const char *const format_names[] = {
-    [SRV_TOOLS_GENERIC] = "generic", [SRV_TOOLS_HERMES] = "hermes", [SRV_TOOLS_LLAMA3] = "llama3"};
+static const char *const format_names[] = {[SRV_TOOLS_GENERIC] = "generic",
+                                           [SRV_TOOLS_HERMES] = "hermes",
+                                           [SRV_TOOLS_LLAMA3] = "llama3",
+                                           [SRV_TOOLS_MISTRAL] = "mistral_nemo",
+                                           [SRV_TOOLS_FUNCTIONARY] = "functionary",
+                                           [SRV_TOOLS_DEEPSEEK_R1] = "deepseek_r1",
+                                           [SRV_TOOLS_FIREFUNCTION] = "firefunction",
+                                           [SRV_TOOLS_COMMAND_R] = "command_r_plus"};
 
-/* What a format's call is introduced by: the lazy grammar's trigger under tool_choice "auto" */
-static const char *const format_trigger[] = {[SRV_TOOLS_GENERIC] = NULL,
-                                             [SRV_TOOLS_HERMES] = "<tool_call>",
-                                             [SRV_TOOLS_LLAMA3] = "{\"name\""};
+/* What a format's call is introduced by: the first is the lazy grammar's trigger under
+ * tool_choice "auto" (Functionary's python tag opens free code, which needs no grammar) */
+static const char *const format_openers[][3] = {
+    [SRV_TOOLS_GENERIC] = {NULL},
+    [SRV_TOOLS_HERMES] = {"<tool_call>", NULL},
+    [SRV_TOOLS_LLAMA3] = {"{\"name\"", NULL},
+    [SRV_TOOLS_MISTRAL] = {"[TOOL_CALLS]", NULL},
+    [SRV_TOOLS_FUNCTIONARY] = {"<function=", PYTHON_TAG, NULL},
+    [SRV_TOOLS_DEEPSEEK_R1] = {R1_CALLS_BEGIN, NULL},
+    [SRV_TOOLS_FIREFUNCTION] = {" functools[", NULL},
+    [SRV_TOOLS_COMMAND_R] = {NULL}};
 
+const char *const *srv_tool_format_openers(int format)
+{
+    return format_openers[format >= 0 && format < SRV_TOOLS_N ? format : SRV_TOOLS_GENERIC];
+}
+
+/* The most specific marks first (llama.cpp's order), so that a template is read as before:
+ * Functionary's has Llama 3.1's <|python_tag|> too. */
 int srv_tool_format_detect(const char *template_src)
 {
-    if (!template_src)
+    const char *s = template_src;
+    if (!s)
         return SRV_TOOLS_GENERIC;
-    if (strstr(template_src, "<tool_call>"))
+    if (strstr(s, R1_CALLS_BEGIN))
+        return SRV_TOOLS_DEEPSEEK_R1;
+    if (strstr(s, " functools["))
+        return SRV_TOOLS_FIREFUNCTION;
+    if (strstr(s, "<|start_header_id|>") && strstr(s, "<function="))
+        return SRV_TOOLS_FUNCTIONARY;
+    if (strstr(s, "<tool_call>"))
         return SRV_TOOLS_HERMES;
-    /* Llama 3.1-3.3: custom tools answer {"name": ..., "parameters": ...} */
-    if (strstr(template_src, "<|python_tag|>") ||
-        (strstr(template_src, "<|eom_id|>") && strstr(template_src, "\"parameters\"")))
+    /* Llama 3.1-3.3: custom tools answer {"name": ..., "parameters": ...} (3.2's template has
+     * only the ipython role that llama.cpp knows it by) */
+    if (strstr(s, PYTHON_TAG) || (strstr(s, "<|eom_id|>") && strstr(s, "\"parameters\"")) ||
+        strstr(s, "<|start_header_id|>ipython<|end_header_id|>"))
         return SRV_TOOLS_LLAMA3;
+    if (strstr(s, "[TOOL_CALLS]"))
+        return SRV_TOOLS_MISTRAL;
+    /* Command R+'s tool_use template: its own "Action:" list, which llama.cpp does not read
+     * (it answers in the generic format) */
+    if (strstr(s, "<|CHATBOT_TOKEN|>") && strstr(s, "tool_name"))
+        return SRV_TOOLS_COMMAND_R;
     return SRV_TOOLS_GENERIC;
 }
 
@@ -191,52 +226,71 @@ static int rebase_refs(json_t *v, const char *base)
     return 0;
 }
 
-/* The JSON Schema of one call at path base: {"name": const, <args key>: the tool's parameters,
- * an object (OpenAI's rule; a schema that does not say gets "type": "object")}. */
-static json_t *call_schema(json_t *fn, const char *args_key, const char *base)
+/* The tool's parameters as a schema of their own: an object (OpenAI's rule; a schema that does
+ * not say gets "type": "object"). */
+static json_t *params_schema(json_t *fn)
 {
     json_t *params = json_object_get(fn, "parameters");
     json_t *args = json_is_object(params) ? json_deep_copy(params) : json_object();
+    if (args && !json_object_get(args, "type") &&
+        json_object_set_new(args, "type", json_string("object"))) {
+        json_decref(args);
+        return NULL;
+    }
+    return args;
+}
+
+/* The JSON Schema of one call at path base: {"name": const, <args key>: the tool's parameters}
+ * and, for Mistral, "id": the 9 letters or digits its template asks of a call's id. */
+static json_t *call_schema(json_t *fn, const char *args_key, int with_id, const char *base)
+{
+    json_t *args = params_schema(fn);
     char at[256];
     snprintf(at, sizeof at, "%s/properties/%s", base, args_key);
-    if (!args ||
-        (!json_object_get(args, "type") &&
-         json_object_set_new(args, "type", json_string("object"))) ||
-        rebase_refs(args, at)) {
+    if (!args || rebase_refs(args, at)) {
         json_decref(args);
         return NULL;
     }
     json_t *props =
         json_pack("{s:{s:O}, s:o}", "name", "const", json_object_get(fn, "name"), args_key, args);
+    if (props && with_id &&
+        json_object_set_new(
+            props, "id",
+            json_pack("{s:s, s:s}", "type", "string", "pattern", "^[a-zA-Z0-9]{9}$"))) {
+        json_decref(props);
+        return NULL;
+    }
     return props ? json_pack("{s:s, s:o, s:[s,s], s:b}", "type", "object", "properties", props,
                              "required", "name", args_key, "additionalProperties", 0)
                  : NULL;
 }
 
-/* One call to any of the tools the request allows (the named one, or all of them), at path
- * base of the schema being built. */
-static json_t *calls_schema(const struct srv_req *r, const char *args_key, const char *base)
+/* Whether the request lets the model call the tool named name (the named one, or any). */
+static int tool_allowed(const struct srv_req *r, json_t *tool)
+{
+    const char *name =
+        json_string_value(json_object_get(json_object_get(tool, "function"), "name"));
+    return r->tool_choice != SRV_TOOL_NAMED || !strcmp(name, r->tool_name);
+}
+
+/* One call to any of the tools the request allows, at path base of the schema being built. */
+static json_t *calls_schema(const struct srv_req *r, const char *args_key, int with_id,
+                            const char *base)
 {
     json_t *any = json_array(), *t;
     size_t i, n = 0;
+    json_array_foreach(r->tools, i, t) n += tool_allowed(r, t);
     json_array_foreach(r->tools, i, t)
     {
-        const char *name =
-            json_string_value(json_object_get(json_object_get(t, "function"), "name"));
-        n += r->tool_choice != SRV_TOOL_NAMED || !strcmp(name, r->tool_name);
-    }
-    json_array_foreach(r->tools, i, t)
-    {
-        json_t *fn = json_object_get(t, "function");
-        if (r->tool_choice == SRV_TOOL_NAMED &&
-            strcmp(json_string_value(json_object_get(fn, "name")), r->tool_name))
+        if (!tool_allowed(r, t))
             continue;
         char at[128];
         if (n == 1)
             snprintf(at, sizeof at, "%s", base);
         else
             snprintf(at, sizeof at, "%s/anyOf/%zu", base, json_array_size(any));
-        if (!any || json_array_append_new(any, call_schema(fn, args_key, at))) {
+        json_t *one = call_schema(json_object_get(t, "function"), args_key, with_id, at);
+        if (!any || json_array_append_new(any, one)) {
             json_decref(any);
             return NULL;
         }
@@ -249,19 +303,29 @@ static json_t *calls_schema(const struct srv_req *r, const char *args_key, const
     return any ? json_pack("{s:o}", "anyOf", any) : NULL;
 }
 
+/* A list of calls at path base (one when parallel calls are off). */
+static json_t *calls_list_schema(const struct srv_req *r, int with_id, const char *base)
+{
+    char at[128];
+    snprintf(at, sizeof at, "%s/items", base);
+    json_t *list = json_pack("{s:s, s:o, s:i}", "type", "array", "items",
+                             calls_schema(r, "arguments", with_id, at), "minItems", 1);
+    if (list && !r->parallel_tools && json_object_set_new(list, "maxItems", json_integer(1))) {
+        json_decref(list);
+        return NULL;
+    }
+    return list;
+}
+
 /* The generic format's whole reply: {"tool_calls": [calls]} or, under "auto", {"response"}. */
 static json_t *generic_schema(const struct srv_req *r)
 {
     /* under "auto" the calls' object is the first of two alternatives */
-    const char *at = r->tool_choice == SRV_TOOL_AUTO ? "/anyOf/0/properties/tool_calls/items"
-                                                     : "/properties/tool_calls/items";
-    json_t *calls = json_pack("{s:s, s:o, s:i}", "type", "array", "items",
-                              calls_schema(r, "arguments", at), "minItems", 1);
-    if (calls && !r->parallel_tools)
-        json_object_set_new(calls, "maxItems", json_integer(1));
+    const char *at = r->tool_choice == SRV_TOOL_AUTO ? "/anyOf/0/properties/tool_calls"
+                                                     : "/properties/tool_calls";
     json_t *with_calls =
-        json_pack("{s:s, s:{s:o}, s:[s], s:b}", "type", "object", "properties", "tool_calls", calls,
-                  "required", "tool_calls", "additionalProperties", 0);
+        json_pack("{s:s, s:{s:o}, s:[s], s:b}", "type", "object", "properties", "tool_calls",
+                  calls_list_schema(r, 0, at), "required", "tool_calls", "additionalProperties", 0);
     if (r->tool_choice != SRV_TOOL_AUTO)
         return with_calls;
     return json_pack("{s:[o, {s:s, s:{s:{s:s}}, s:[s], s:b}]}", "anyOf", with_calls, "type",
@@ -269,9 +333,16 @@ static json_t *generic_schema(const struct srv_req *r)
                      "additionalProperties", 0);
 }
 
-/* Rename the rule `root` of a GBNF text to `to` (references included; literals, classes and
- * comments untouched), so that the converter's grammar becomes a part of a larger one. */
-static int rename_root(const char *g, const char *to, struct srv_buf *out)
+static int is_name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
+}
+
+/* The rule names of a GBNF text, each prefixed, and `root` (when to is not NULL) renamed to
+ * `to` instead (references included; literals, classes and comments untouched), so that the
+ * converter's grammar becomes a part of a larger one. */
+static int rewrite_names(const char *g, const char *to, const char *prefix, struct srv_buf *out)
 {
     for (const char *p = g; *p;) {
         if (*p == '"' || *p == '[') {
@@ -287,16 +358,16 @@ static int rename_root(const char *g, const char *to, struct srv_buf *out)
             q = q ? q : p + strlen(p);
             srv_buf_add(out, p, (size_t)(q - p));
             p = q;
-        } else if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-                   (*p >= '0' && *p <= '9') || *p == '-' || *p == '_') {
+        } else if (is_name_char(*p) && !(*p >= '0' && *p <= '9')) { /* not a count: {1,16} */
             const char *q = p;
-            while ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
-                   (*q >= '0' && *q <= '9') || *q == '-' || *q == '_')
+            while (is_name_char(*q))
                 q++;
-            if (q - p == 4 && !memcmp(p, "root", 4))
+            if (to && q - p == 4 && !memcmp(p, "root", 4)) {
                 srv_buf_str(out, to);
-            else
+            } else {
+                srv_buf_str(out, prefix);
                 srv_buf_add(out, p, (size_t)(q - p));
+            }
             p = q;
         } else {
             srv_buf_add(out, p++, 1);
@@ -305,27 +376,11 @@ static int rename_root(const char *g, const char *to, struct srv_buf *out)
     return out->err ? -ENOMEM : 0;
 }
 
-/* The wrapper around the calls' JSON (rule tool-call-json), per format; required / named
- * calls start at the reply's first byte, "auto" ones at the format's trigger. */
-static const char *wrapper(int format, int parallel)
+/* schema (taken) as GBNF rules into out, named as rewrite_names names them. */
+static int schema_rules(json_t *schema, const char *to, const char *prefix, struct srv_buf *out,
+                        struct srv_err *e)
 {
-    if (format == SRV_TOOLS_HERMES)
-        return parallel ? "root ::= tool-call (\"\\n\" tool-call)*\n"
-                          "tool-call ::= \"<tool_call>\" \"\\n\"? tool-call-json \"\\n\"? "
-                          "\"</tool_call>\"\n"
-                        : "root ::= \"<tool_call>\" \"\\n\"? tool-call-json \"\\n\"? "
-                          "\"</tool_call>\"\n";
-    return "root ::= tool-call-json\n"; /* llama3 (one call), generic (the whole reply) */
-}
-
-static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
-{
-    json_t *schema =
-        format == SRV_TOOLS_GENERIC
-            ? generic_schema(r)
-            : calls_schema(r, format == SRV_TOOLS_LLAMA3 ? "parameters" : "arguments", "");
     char *text = schema ? json_dumps(schema, JSON_COMPACT) : NULL, *gbnf = NULL;
-    struct srv_buf g = {0};
     struct kwk_err err = {0};
     size_t glen = 0;
     int rc = -1;
@@ -335,17 +390,135 @@ static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
         goto out;
     }
     if (kwk_json_schema_to_gbnf(text, strlen(text), &gbnf, &glen, &err)) {
-        if (err.code == -ENOMEM) {
+        if (err.code == -ENOMEM)
             tools_oom(e);
-            goto out;
-        }
-        srv_err_set(e, 400, INVALID, "tools",
-                    err.code == KWK_EUNSUPPORTED ? "unsupported_parameter" : "invalid_value",
-                    "'tools': %s", err.msg);
+        else
+            srv_err_set(e, 400, INVALID, "tools",
+                        err.code == KWK_EUNSUPPORTED ? "unsupported_parameter" : "invalid_value",
+                        "'tools': %s", err.msg);
         goto out;
     }
-    srv_buf_str(&g, wrapper(format, r->parallel_tools));
-    if (rename_root(gbnf, "tool-call-json", &g)) {
+    if (rewrite_names(gbnf, to, prefix, out)) {
+        tools_oom(e);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(text);
+    kwk_string_free(gbnf);
+    return rc;
+}
+
+/* The wrapper around the calls' JSON (rule tool-call-json) of the formats whose calls are one
+ * JSON text; required / named calls start at the reply's first byte, "auto" ones at the
+ * format's trigger. */
+static const char *json_wrapper(int format, int parallel)
+{
+    switch (format) {
+    case SRV_TOOLS_HERMES:
+        return parallel ? "root ::= tool-call (\"\\n\" tool-call)*\n"
+                          "tool-call ::= \"<tool_call>\" \"\\n\"? tool-call-json \"\\n\"? "
+                          "\"</tool_call>\"\n"
+                        : "root ::= \"<tool_call>\" \"\\n\"? tool-call-json \"\\n\"? "
+                          "\"</tool_call>\"\n";
+    case SRV_TOOLS_MISTRAL:
+        return "root ::= \"[TOOL_CALLS]\" tool-call-json\n";
+    case SRV_TOOLS_FIREFUNCTION: /* llama.cpp lets a required call drop the marker */
+        return "root ::= \" functools\"? tool-call-json\n";
+    default: /* llama3 (one call), generic (the whole reply) */
+        return "root ::= tool-call-json\n";
+    }
+}
+
+static json_t *json_format_schema(const struct srv_req *r, int format)
+{
+    switch (format) {
+    case SRV_TOOLS_LLAMA3:
+        return calls_schema(r, "parameters", 0, "");
+    case SRV_TOOLS_HERMES:
+        return calls_schema(r, "arguments", 0, "");
+    case SRV_TOOLS_MISTRAL:
+        return calls_list_schema(r, 1, "");
+    case SRV_TOOLS_FIREFUNCTION:
+        return calls_list_schema(r, 0, "");
+    default:
+        return generic_schema(r);
+    }
+}
+
+static int is_python(const char *name)
+{
+    return !strcmp(name, "python") || !strcmp(name, "ipython");
+}
+
+/* Functionary's and R1's calls name the tool outside the arguments' JSON: one rule a tool
+ * (t<i>-call), each with its parameters' rules under its own prefix. */
+static int per_tool_rules(const struct srv_req *r, int format, struct srv_buf *g, struct srv_err *e)
+{
+    int r1 = format == SRV_TOOLS_DEEPSEEK_R1;
+    json_t *t;
+    size_t i;
+    if (r1)
+        srv_buf_str(g, r->parallel_tools ? "root ::= \"" R1_CALLS_BEGIN "\" tool-call (\"\\n\"? "
+                                           "tool-call)* \"" R1_CALLS_END "\"\n"
+                                         : "root ::= \"" R1_CALLS_BEGIN
+                                           "\" tool-call \"" R1_CALLS_END "\"\n");
+    else
+        srv_buf_str(g, r->parallel_tools ? "root ::= tool-call (\"\\n\"? tool-call)*\n"
+                                         : "root ::= tool-call\n");
+    srv_buf_str(g, "tool-call ::= ");
+    const char *sep = "";
+    json_array_foreach(r->tools, i, t)
+    {
+        if (!tool_allowed(r, t))
+            continue;
+        const char *name =
+            json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        char line[64];
+        snprintf(line, sizeof line, "%st%zu-call", sep, i);
+        srv_buf_str(g, line);
+        if (!r1 && is_python(name))
+            srv_buf_str(g, " | python-call");
+        sep = " | ";
+    }
+    srv_buf_str(g, "\npython-call ::= \"" PYTHON_TAG "\" [^\\x00]*\n");
+    json_array_foreach(r->tools, i, t)
+    {
+        if (!tool_allowed(r, t))
+            continue;
+        json_t *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        char head[512], prefix[32];
+        snprintf(prefix, sizeof prefix, "t%zu-", i);
+        if (r1)
+            snprintf(head, sizeof head,
+                     "t%zu-call ::= \"" R1_CALL_BEGIN "function" R1_SEP "%s\\n```json\\n\" "
+                     "t%zu-root \"```" R1_CALL_END "\"\n",
+                     i, name, i);
+        else
+            snprintf(head, sizeof head,
+                     "t%zu-call ::= \"<function=%s>\" t%zu-root \"</function>\"\n", i, name, i);
+        srv_buf_str(g, head);
+        if (schema_rules(params_schema(fn), NULL, prefix, g, e))
+            return -1;
+    }
+    return g->err ? tools_oom(e) : 0;
+}
+
+static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
+{
+    struct srv_buf g = {0};
+    struct kwk_err err = {0};
+    int rc = -1;
+    if (format == SRV_TOOLS_FUNCTIONARY || format == SRV_TOOLS_DEEPSEEK_R1) {
+        if (per_tool_rules(r, format, &g, e))
+            goto out;
+    } else {
+        srv_buf_str(&g, json_wrapper(format, r->parallel_tools));
+        if (schema_rules(json_format_schema(r, format), "tool-call-json", "", &g, e))
+            goto out;
+    }
+    if (g.err) {
         tools_oom(e);
         goto out;
     }
@@ -359,11 +532,9 @@ static int compile_tools(struct srv_req *r, int format, struct srv_err *e)
     if (srv_grammar_check_start(r, "tools", e))
         goto out;
     if (r->tool_choice == SRV_TOOL_AUTO)
-        r->grammar_trigger = format_trigger[format];
+        r->grammar_trigger = format_openers[format][0];
     rc = 0;
 out:
-    free(text);
-    kwk_string_free(gbnf);
     srv_buf_free(&g);
     return rc;
 }
@@ -497,6 +668,80 @@ static int generic_history(struct srv_req *r, struct srv_err *e)
     return 0;
 }
 
+/* The formats whose templates join a call's arguments to their text as a string (a JSON
+ * object there fails, as in transformers): they get the arguments as the request wrote them. */
+static int args_as_text(int format)
+{
+    return format == SRV_TOOLS_FUNCTIONARY || format == SRV_TOOLS_DEEPSEEK_R1 ||
+           format == SRV_TOOLS_FIREFUNCTION;
+}
+
+/* One assistant turn's calls as transformers hands them to the template: the content null when
+ * the request's was (R1's template tests "content is none"), the arguments as text for the
+ * formats that want it (orig: the request's own message). */
+static int native_turn(json_t *m, json_t *orig, int format)
+{
+    json_t *c = json_object_get(orig, "content"), *calls = json_object_get(m, "tool_calls");
+    json_t *ocalls = json_object_get(orig, "tool_calls"), *call;
+    size_t k;
+    if ((!c || json_is_null(c)) && json_object_set_new(m, "content", json_null()))
+        return -1;
+    if (!args_as_text(format))
+        return 0;
+    json_array_foreach(calls, k, call)
+    {
+        json_t *args =
+            json_object_get(json_object_get(json_array_get(ocalls, k), "function"), "arguments");
+        if (json_is_string(args) &&
+            json_object_set(json_object_get(call, "function"), "arguments", args))
+            return -1;
+    }
+    return 0;
+}
+
+/* Earlier calls for a template that writes them itself (r->messages holds one message a
+ * message of root's, in order: openai.c's add_message). */
+static int native_history(struct srv_req *r, json_t *root, int format, struct srv_err *e)
+{
+    json_t *orig = json_object_get(root, "messages"), *m;
+    size_t i;
+    if (json_array_size(orig) != json_array_size(r->messages))
+        return 0;
+    json_array_foreach(r->messages, i, m)
+    {
+        if (json_array_size(json_object_get(m, "tool_calls")) &&
+            native_turn(m, json_array_get(orig, i), format))
+            return tools_oom(e);
+    }
+    return 0;
+}
+
+/* Firefunction v2's "datetime": now, as llama.cpp formats it. */
+static int firefunction_context(const struct srv_req *q, json_t *ctx)
+{
+    char when[64], *fns = q->tools ? json_dumps(q->tools, JSON_INDENT(2)) : strdup("");
+    time_t now = time(NULL);
+    struct tm tm;
+    int rc = -ENOMEM;
+    if (!gmtime_r(&now, &tm) || !strftime(when, sizeof when, "%b %d %Y %H:%M:%S GMT", &tm))
+        snprintf(when, sizeof when, "Jan 01 1970 00:00:00 GMT");
+    if (fns && !json_object_set_new(ctx, "functions", json_string(fns)) &&
+        !json_object_set_new(ctx, "datetime", json_string(when)) &&
+        !json_object_set_new(ctx, "tools", json_null()))
+        rc = 0;
+    free(fns);
+    return rc;
+}
+
+int srv_tools_context(const struct srv_req *q, json_t *ctx)
+{
+    if (q->tool_format == SRV_TOOLS_FIREFUNCTION)
+        return firefunction_context(q, ctx);
+    if (q->tool_format == SRV_TOOLS_GENERIC) /* described by its own system message */
+        return json_object_set_new(ctx, "tools", json_null()) ? -ENOMEM : 0;
+    return json_object_set(ctx, "tools", q->tools ? q->tools : json_null()) ? -ENOMEM : 0;
+}
+
 int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err *e)
 {
     json_t *tools = json_object_get(root, "tools"), *t, *seen = json_object();
@@ -554,245 +799,15 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
         goto out;
     }
     r->tool_format = format;
-    if (compile_tools(r, format, e) || (format == SRV_TOOLS_GENERIC && add_generic_system(r, e)))
+    if (compile_tools(r, format, e) ||
+        (srv_tool_format_generic(format) && add_generic_system(r, e)))
         goto out;
 history: /* earlier calls and results reach the template whether or not tools are offered now */
-    rc = format == SRV_TOOLS_GENERIC && generic_history(r, e) ? -1 : 0;
+    if (format == SRV_TOOLS_GENERIC)
+        rc = generic_history(r, e);
+    else
+        rc = format == SRV_TOOLS_COMMAND_R ? 0 : native_history(r, root, format, e);
 out:
     json_decref(seen);
     return rc;
-}
-
-/* ---- the reply: content and calls ------------------------------------------------------------ */
-
-/* "call_" and 24 letters or digits, from the request's seed and the call's index (splitmix64
- * words, 6 letters from each: 62^6 < 2^36). */
-static json_t *call_id(uint64_t seed, size_t index)
-{
-    static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    char id[5 + 24 + 1] = "call_";
-    uint64_t x = seed ^ ((uint64_t)index + 1) * 0xd1b54a32d192ed03ull, z = 0;
-    for (int i = 0; i < 24; i++) {
-        if (i % 6 == 0) {
-            x += 0x9e3779b97f4a7c15ull;
-            z = x;
-            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-            z ^= z >> 31;
-        }
-        id[5 + i] = alnum[z % 62];
-        z /= 62;
-    }
-    id[29] = 0;
-    return json_string(id);
-}
-
-/* {"name", <args key>} into OpenAI's {"id", "type", "function": {"name", "arguments": text}};
- * NULL when obj is not a call. */
-static json_t *make_call(json_t *obj, uint64_t seed, size_t index)
-{
-    const char *name = json_string_value(json_object_get(obj, "name"));
-    json_t *args = json_object_get(obj, "arguments");
-    if (!args)
-        args = json_object_get(obj, "parameters");
-    if (!json_is_object(obj) || !name || !args || !(json_is_object(args) || json_is_string(args)))
-        return NULL;
-    /* arguments are a JSON text in OpenAI's replies; a model that wrote a string wrote one */
-    char *text =
-        json_is_string(args) ? strdup(json_string_value(args)) : json_dumps(args, JSON_COMPACT);
-    json_t *c = text ? json_pack("{s:o, s:s, s:{s:s, s:s}}", "id", call_id(seed, index), "type",
-                                 "function", "function", "name", name, "arguments", text)
-                     : NULL;
-    free(text);
-    return c;
-}
-
-/* Hermes: content, then <tool_call>{json}</tool_call> blocks (the last may be unclosed at eos).
- * Every block must be a call, or none is one. */
-static json_t *hermes_calls(const char *text, size_t len, uint64_t seed, size_t *content_len)
-{
-    static const char open[] = "<tool_call>", close[] = "</tool_call>";
-    const char *end = text + len, *p = text;
-    json_t *calls = json_array();
-    *content_len = len;
-    while (calls && p < end) {
-        const char *o = memmem(p, (size_t)(end - p), open, sizeof open - 1);
-        if (!o)
-            break;
-        if (!json_array_size(calls))
-            *content_len = (size_t)(o - text);
-        const char *j = o + sizeof open - 1;
-        const char *c = memmem(j, (size_t)(end - j), close, sizeof close - 1);
-        const char *je = c ? c : end;
-        json_t *obj = json_loadb(j, (size_t)(je - j), JSON_DECODE_ANY, NULL);
-        json_t *call = obj ? make_call(obj, seed, json_array_size(calls)) : NULL;
-        json_decref(obj);
-        if (!call || json_array_append_new(calls, call)) {
-            json_decref(calls);
-            *content_len = len;
-            return NULL;
-        }
-        p = c ? c + sizeof close - 1 : end;
-        while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-            p++;
-        if (p < end && (size_t)(end - p) >= sizeof open - 1 &&
-            memcmp(p, open, sizeof open - 1)) /* text after a call: not a call reply */
-            break;
-    }
-    if (calls && (!json_array_size(calls) || p < end)) {
-        json_decref(calls);
-        *content_len = len;
-        return NULL;
-    }
-    return calls;
-}
-
-/* Llama 3.x: content, then one {"name", "parameters"} object (or several separated by ';'). */
-static json_t *llama3_calls(const char *text, size_t len, uint64_t seed, size_t *content_len)
-{
-    static const char tag[] = "<|python_tag|>";
-    const char *end = text + len, *p = text, *start = NULL;
-    *content_len = len;
-    for (const char *q = text; q < end && !start; q++) {
-        if (*q != '{')
-            continue;
-        const char *k = q + 1;
-        while (k < end && (*k == ' ' || *k == '\n'))
-            k++;
-        if ((size_t)(end - k) >= 6 && !memcmp(k, "\"name\"", 6))
-            start = q;
-    }
-    if (!start)
-        return NULL;
-    const char *t = memmem(text, (size_t)(start - text), tag, sizeof tag - 1);
-    size_t clen = (size_t)((t ? t : start) - text);
-    json_t *calls = json_array();
-    for (p = start; calls && p < end;) {
-        json_error_t jerr;
-        json_t *obj = json_loadb(p, (size_t)(end - p), JSON_DISABLE_EOF_CHECK, &jerr);
-        json_t *call = obj ? make_call(obj, seed, json_array_size(calls)) : NULL;
-        json_decref(obj);
-        if (!call || json_array_append_new(calls, call)) {
-            json_decref(calls);
-            return NULL;
-        }
-        p += jerr.position;
-        while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t' || *p == ';'))
-            p++;
-    }
-    if (calls)
-        *content_len = clen;
-    return calls;
-}
-
-/* Generic: the whole reply is {"tool_calls": [...]} or {"response": "..."}. */
-static json_t *generic_calls(const char *text, size_t len, uint64_t seed, char **content,
-                             size_t *content_len)
-{
-    json_t *obj = json_loadb(text, len, 0, NULL), *calls = NULL, *c;
-    json_t *resp = json_object_get(obj, "response");
-    json_t *list = json_object_get(obj, "tool_calls");
-    size_t i;
-    if (json_is_string(resp) &&
-        (*content = strndup(json_string_value(resp), json_string_length(resp))))
-        *content_len = json_string_length(resp);
-    if (json_is_array(list) && json_array_size(list) && (calls = json_array())) {
-        json_array_foreach(list, i, c)
-        {
-            json_t *call = make_call(c, seed, i);
-            if (!call || json_array_append_new(calls, call)) {
-                json_decref(calls);
-                calls = NULL;
-                break;
-            }
-        }
-    }
-    json_decref(obj);
-    return calls;
-}
-
-/* Whether every call names one of the request's tools (NULL: any name). */
-static int names_known(const json_t *calls, const json_t *tools)
-{
-    const json_t *c, *t;
-    size_t i, k;
-    if (!tools)
-        return 1;
-    json_array_foreach(calls, i, c)
-    {
-        const char *name =
-            json_string_value(json_object_get(json_object_get((json_t *)c, "function"), "name"));
-        int found = 0;
-        json_array_foreach(tools, k, t)
-        {
-            const char *tn = json_string_value(
-                json_object_get(json_object_get((json_t *)t, "function"), "name"));
-            found |= name && tn && !strcmp(name, tn);
-        }
-        if (!found)
-            return 0;
-    }
-    return 1;
-}
-
-int srv_tools_extract(const struct srv_req *q, const char *text, size_t len, uint64_t seed,
-                      struct srv_tool_reply *out)
-{
-    int format = q->tool_format;
-    const json_t *tools = q->tools;
-    memset(out, 0, sizeof *out);
-    out->named = q->tool_choice == SRV_TOOL_NAMED;
-    out->content = text;
-    out->content_len = len;
-    if (format == SRV_TOOLS_GENERIC)
-        out->calls = generic_calls(text, len, seed, &out->own, &out->content_len);
-    else
-        out->calls = format == SRV_TOOLS_HERMES ? hermes_calls(text, len, seed, &out->content_len)
-                                                : llama3_calls(text, len, seed, &out->content_len);
-    /* a call of a tool the request did not give is not a call (a Llama 3 reply's object that
-     * opened as "{ \"name\"" never met the grammar, whose trigger is "{\"name\"") */
-    if (out->calls && !names_known(out->calls, tools)) {
-        json_decref(out->calls);
-        out->calls = NULL;
-        free(out->own);
-        out->own = NULL;
-        out->content_len = len;
-    }
-    if (out->own)
-        out->content = out->own;
-    else if (format == SRV_TOOLS_GENERIC)
-        out->content_len = out->calls ? 0 : len; /* not the format's JSON: the text as it came */
-    /* a call with nothing but whitespace before it has no content (null) */
-    size_t k = 0;
-    while (k < out->content_len && out->content[k] && strchr(" \t\r\n", out->content[k]))
-        k++;
-    out->null_content = out->calls && k == out->content_len;
-    return 0;
-}
-
-void srv_tool_reply_free(struct srv_tool_reply *r)
-{
-    json_decref(r->calls);
-    free(r->own);
-    memset(r, 0, sizeof *r);
-}
-
-size_t srv_tools_sendable(int format, const char *text, size_t len)
-{
-    const char *t = format >= 0 && format < SRV_TOOLS_N ? format_trigger[format] : NULL;
-    if (!t)
-        return 0; /* generic: the whole reply is JSON, its content known only at the end */
-    if (format == SRV_TOOLS_LLAMA3) { /* a call may open as "{ \"name\"" or "{\n": from '{' */
-        const char *brace = memchr(text, '{', len);
-        return brace ? (size_t)(brace - text) : len;
-    }
-    size_t n = strlen(t);
-    const char *hit = memmem(text, len, t, n);
-    if (hit)
-        return (size_t)(hit - text);
-    /* hold back a tail that could be the trigger's beginning */
-    for (size_t k = n - 1; k > 0; k--)
-        if (len >= k && !memcmp(text + len - k, t, k))
-            return len - k;
-    return len;
 }
