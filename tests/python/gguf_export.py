@@ -410,7 +410,7 @@ _BERT_LAYER = {
     "output.dense": "ffn_down",
     "output.LayerNorm": "layer_output_norm",
 }
-_BERT_ARCHS = ("BertModel", "BertForMaskedLM")
+_BERT_ARCHS = ("BertModel", "BertForMaskedLM", "XLMRobertaModel")
 # sentence-transformers' pooling modes that a GGUF can say (gguf.PoolingType)
 _BERT_GGUF_POOLING = {"pooling_mode_mean_tokens": 1, "pooling_mode_cls_token": 2,
                       "pooling_mode_lasttoken": 3}
@@ -496,10 +496,29 @@ def _bert_vocab(folder, n_vocab):
     return tokens, types, ids
 
 
+def _position_offset(cfg):
+    """Rows of RoBERTa's / XLM-R's position table before its first position (pad + 1), which
+    llama.cpp's converter cuts; 0 for BERT."""
+    return cfg.get("pad_token_id", 1) + 1 if cfg.get("model_type") in ("roberta",
+                                                                          "xlm-roberta") else 0
+
+
+def _write_t5_vocab(w, folder, n_vocab):
+    """For a folder with XLM-R's sentencepiece.bpe.model, write its "t5" vocabulary to w as
+    llama.cpp's converter does (tiny_spm.write_t5_vocab) and say so."""
+    if not (Path(folder) / "sentencepiece.bpe.model").is_file():
+        return False
+    import tiny_spm
+    tiny_spm.write_t5_vocab(w, folder, n_vocab)
+    return True
+
+
 def export_bert(model_dir, out_path, ftype="f32", special="cls"):
     """Write the BERT checkpoint in model_dir (BertModel or BertForMaskedLM, its tokenizer.json
     and, when present, sentence-transformers' modules.json / 1_Pooling) as a GGUF file at
-    out_path the way llama.cpp's converter does (above). ftype: f32 | f16 | q8_0 | q4_0."""
+    out_path the way llama.cpp's converter does (above). An XLMRobertaModel beside XLM-R's
+    sentencepiece.bpe.model is written as its XLMRobertaModel class writes one: the position
+    table cut by pad + 1 rows, the "t5" vocabulary. ftype: f32 | f16 | q8_0 | q4_0."""
     import gguf
     cfg = read_config(model_dir)
     if cfg["architectures"][0] not in _BERT_ARCHS:
@@ -509,20 +528,23 @@ def export_bert(model_dir, out_path, ftype="f32", special="cls"):
     file_type = gguf.LlamaFileType.ALL_F32 if ftype == "f32" else \
         gguf.LlamaFileType["MOSTLY_" + ftype.upper()]
     qtype_for = gguf.GGMLQuantizationType[ftype.upper()]
+    off = _position_offset(cfg)
     tensors = []
     for name, data in read_hf_tensors(model_dir).items():
-        if name.startswith("bert."):
-            name = name[5:]
+        for prefix in ("bert.", "roberta."):
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+        if name == "embeddings.position_embeddings.weight":
+            data = data[off:]
         g = bert_gguf_name(name)
         if g is not None:
             tensors.append((g, data))
     n_vocab = cfg["vocab_size"]
-    tokens, types, ids = _bert_vocab(model_dir, n_vocab)
 
     w = gguf.GGUFWriter(str(out_path), "bert")
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(Path(model_dir).name)
-    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_context_length(cfg["max_position_embeddings"] - off)
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -534,6 +556,11 @@ def export_bert(model_dir, out_path, ftype="f32", special="cls"):
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType(pooling))
     w.add_token_type_count(cfg.get("type_vocab_size", 1))
+    if _write_t5_vocab(w, model_dir, n_vocab):
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        return _write_tensors(w, tensors, qtype_for, out_path,
+                              float_tables=("position_embd", "token_types"))
+    tokens, types, ids = _bert_vocab(model_dir, n_vocab)
     w.add_tokenizer_model("bert")
     w.add_tokenizer_pre("bert-bge")
     w.add_token_list(tokens)
@@ -582,8 +609,7 @@ def export_rank(folder, out_path, ftype="f32", pooler_as_cls=False):
     export_bert gives them)."""
     import gguf
     cfg = read_config(folder)
-    roberta = cfg.get("model_type") in ("roberta", "xlm-roberta")
-    off = cfg.get("pad_token_id", 1) + 1 if roberta else 0
+    off = _position_offset(cfg)
     heads = {"classifier": "cls.output", "classifier.out_proj": "cls.output",
              "classifier.dense": "cls"}
     tensors = []
@@ -604,7 +630,8 @@ def export_rank(folder, out_path, ftype="f32", pooler_as_cls=False):
         g = bert_gguf_name(name)
         if g is not None:
             tensors.append((g, data))
-    tokens, types, ids = _bert_vocab(folder, cfg["vocab_size"])
+    if not (Path(folder) / "sentencepiece.bpe.model").is_file():
+        tokens, types, ids = _bert_vocab(folder, cfg["vocab_size"])
     w = gguf.GGUFWriter(str(out_path), "bert")
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(Path(folder).name)
@@ -623,15 +650,16 @@ def export_rank(folder, out_path, ftype="f32", pooler_as_cls=False):
         w.add_classifier_output_labels([v for _, v in sorted(labels.items(),
                                                              key=lambda kv: int(kv[0]))])
     w.add_token_type_count(cfg.get("type_vocab_size", 1))
-    w.add_tokenizer_model("bert")
-    w.add_tokenizer_pre("bert-bge")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_unk_token_id(ids["unk"])
-    w.add_sep_token_id(ids["sep"])
-    w.add_pad_token_id(ids["pad"])
-    w.add_uint32("tokenizer.ggml.cls_token_id", ids["cls"])
-    w.add_mask_token_id(ids["mask"])
+    if not _write_t5_vocab(w, folder, cfg["vocab_size"]):
+        w.add_tokenizer_model("bert")
+        w.add_tokenizer_pre("bert-bge")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_unk_token_id(ids["unk"])
+        w.add_sep_token_id(ids["sep"])
+        w.add_pad_token_id(ids["pad"])
+        w.add_uint32("tokenizer.ggml.cls_token_id", ids["cls"])
+        w.add_mask_token_id(ids["mask"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     return _write_tensors(w, tensors, gguf.GGMLQuantizationType[ftype.upper()],
                                       out_path, float_tables=("position_embd", "token_types"))

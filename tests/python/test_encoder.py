@@ -75,10 +75,11 @@ class Ref:
         return np.stack([te.pool(s, p, n) for s in self.states])
 
 
-def _long_ids(n, seed):
-    """[CLS] + n - 2 random ordinary word-piece ids + [SEP]."""
+def _long_ids(n, seed, vocab=te.TOKENIZER_VOCAB):
+    """[CLS] + n - 2 random ordinary word-piece ids + [SEP] (ids 101 and 102, and ids below
+    vocab - 10, in a model of another vocabulary)."""
     rng = np.random.default_rng(seed)
-    return [101] + [int(t) for t in rng.integers(1000, 29000, n - 2)] + [102]
+    return [101] + [int(t) for t in rng.integers(1000, min(29000, vocab - 10), n - 2)] + [102]
 
 
 _refs = {}
@@ -90,7 +91,9 @@ def tiny_ref(name):
         model = te.load_hf(path)
         spec = te.SPECS[name]
         seqs = [te.hf_tokenize(path, t) for t in te.TEXTS]
-        seqs += [_long_ids(te.max_tokens(spec), spec["seed"]), [101, 102], _long_ids(37, 5)]
+        v = te.vocab_size(name)
+        seqs += [_long_ids(te.max_tokens(spec), spec["seed"], v), [101, 102],
+                 _long_ids(37, 5, v)]
         pooling, normalize = te.pooling_of(name)
         _refs[name] = Ref(path, seqs, [te.hf_states(model, s) for s in seqs], pooling,
                           normalize, te.max_tokens(spec))

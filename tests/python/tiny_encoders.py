@@ -37,7 +37,9 @@ BUILDER_VERSION = 1
 # tokenizer.json's post-processor replaced by a RobertaProcessing, [CLS] a [SEP] [SEP] b [SEP]
 # with token types all 0, "template": a TemplateProcessing of that same pair form; both with
 # tokenizer_class PreTrainedTokenizerFast, which follows tokenizer.json, where transformers'
-# BertTokenizer would rebuild BERT's pair form).
+# BertTokenizer would rebuild BERT's pair form). tok="spm": tiny_spm's SentencePiece unigram
+# tokenizer (XLM-R's shape: sentencepiece.bpe.model beside its tokenizer.json) instead of
+# MiniLM's, the vocabulary its size.
 SPECS = {
     "bert_gelu": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=2,
                       max_pos=128, eps=1e-12, seed=21),
@@ -80,6 +82,13 @@ SPECS = {
                         max_pos=80, eps=1e-5, seed=43, config="RobertaConfig",
                         cls="RobertaForSequenceClassification", pad=1, labels=1,
                         post="roberta"),
+    "xlmr_spm_mean": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=1,
+                          max_pos=66, eps=1e-5, seed=32, config="XLMRobertaConfig",
+                          cls="XLMRobertaModel", pad=1, tok="spm",
+                          st=dict(pool="mean", normalize=True)),
+    "ce_xlmr_spm": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=1,
+                        max_pos=66, eps=1e-5, seed=45, config="XLMRobertaConfig",
+                        cls="XLMRobertaForSequenceClassification", pad=1, labels=1, tok="spm"),
     "ce_xlmr1": dict(hidden=64, heads=4, layers=2, inter=128, act="gelu", types=1, max_pos=66,
                      eps=1e-5, seed=44, config="XLMRobertaConfig",
                      cls="XLMRobertaForSequenceClassification", pad=1, labels=1,
@@ -95,6 +104,15 @@ def max_tokens(spec):
     """Tokens a sequence of spec's model may hold: its positions, less RoBERTa's pad + 1 rows."""
     return spec["max_pos"] - (spec["pad"] + 1 if spec.get("config", "BertConfig") != "BertConfig"
                               else 0)
+
+def vocab_size(name):
+    """The vocabulary of SPECS[name]'s model: its tokenizer's (or the spec's vocab)."""
+    spec = SPECS[name]
+    if spec.get("tok") == "spm":
+        import tiny_spm
+        return tiny_spm.n_vocab(tiny_spm.spm_dir())
+    return spec.get("vocab", TOKENIZER_VOCAB)
+
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.txt")
@@ -220,8 +238,14 @@ def build(name, root=None):
     import transformers
 
     torch.manual_seed(spec["seed"])
+    tok_dir, tok_files = tokenizer_dir(), TOKENIZER_FILES
+    if spec.get("tok") == "spm":
+        import tiny_spm
+        tok_dir = tiny_spm.spm_dir()
+        tok_files = [f.name for f in tok_dir.iterdir() if f.is_file()]
+    vocab = vocab_size(name)
     cfg = getattr(transformers, spec.get("config", "BertConfig"))(
-        vocab_size=spec.get("vocab", TOKENIZER_VOCAB), hidden_size=spec["hidden"],
+        vocab_size=vocab, hidden_size=spec["hidden"],
         num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
         intermediate_size=spec["inter"], hidden_act=spec["act"],
         max_position_embeddings=spec["max_pos"], type_vocab_size=spec["types"],
@@ -239,8 +263,8 @@ def build(name, root=None):
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-" + name, dir=root))
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
-        for f in TOKENIZER_FILES:
-            shutil.copyfile(tokenizer_dir() / f, tmp / f)
+        for f in tok_files:
+            shutil.copyfile(tok_dir / f, tmp / f)
         if spec.get("post"):
             write_pair_form(tmp, spec["post"])
         if spec.get("ce_act"):
