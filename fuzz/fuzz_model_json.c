@@ -2,13 +2,14 @@
  * config.json, generation_config.json, tokenizer_config.json, special_tokens_map.json,
  * chat_template.jinja, the vocabulary files of a folder without tokenizer.json (vocab.json,
  * merges.txt, vocab.txt), and an encoder's sentence-transformers files (modules.json,
- * 1_Pooling/config.json). The input is those ten files in that order, separated by NUL bytes
- * (JSON never holds a raw NUL); an empty or missing piece is an absent file. They are written
- * into a folder of this process's, with a fixed tiny tokenizer.json unless a vocabulary file is
- * given, and read through the real entry points: the model configuration (kwk_config_load_dir)
- * and the tokenizer (kwk_tokenizer_load), which must load or fail with an error, never crash; a
- * loaded tokenizer encodes with its special tokens into ids of its vocabulary, decodes, and its
- * chat template, if any, is compiled and rendered. */
+ * 1_Pooling/config.json, sentence_bert_config.json). The input is those eleven files in that
+ * order, separated by NUL bytes (JSON never holds a raw NUL); an empty or missing piece is an
+ * absent file. They are written into a folder of this process's, with a fixed tiny
+ * tokenizer.json unless a vocabulary file is given, and read through the real entry points: the
+ * model configuration (kwk_config_load_dir; a loaded encoder's sequence limit within its
+ * positions) and the tokenizer (kwk_tokenizer_load), which must load or fail with an error,
+ * never crash; a loaded tokenizer encodes with its special tokens into ids of its vocabulary,
+ * decodes, and its chat template, if any, is compiled and rendered. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,8 @@ static const char *const files[] = {"config.json", "generation_config.json",
                                     "tokenizer_config.json", "special_tokens_map.json",
                                     "chat_template.jinja",   "vocab.json",
                                     "merges.txt",            "vocab.txt",
-                                    "modules.json",          "1_Pooling/config.json"};
+                                    "modules.json",          "1_Pooling/config.json",
+                                    "sentence_bert_config.json"};
 /* files[N_CONFIGS .. N_CONFIGS + 2] are vocabularies, which replace tokenizer.json */
 #define N_CONFIGS 5
 #define N_VOCABS 3
@@ -169,7 +171,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         write_file("tokenizer.json", tokenizer_json, sizeof tokenizer_json - 1);
     struct kwk_config cfg;
     struct kwk_err err;
-    kwk_config_load_dir(&cfg, dir, &err);
+    if (kwk_config_load_dir(&cfg, dir, &err) == 0 && cfg.encoder &&
+        !(cfg.max_tokens >= 1 && cfg.max_tokens <= cfg.max_position))
+        abort(); /* a limit past the positions, or none */
     kwk_tokenizer *t = kwk_tokenizer_load(dir, &err);
     if (t) {
         use_tokenizer(t);

@@ -138,6 +138,16 @@ struct kwk_model_info {
      * sentence_transformers.activation_fn; without it sigmoid for one label, else identity). */
     int n_labels;
     int score_act;         /* enum kwk_score_act */
+    /* Encoders: the longest sequence, special tokens included, as sentence-transformers
+     * truncates: max_seq_length from sentence_bert_config.json (read in a folder with
+     * modules.json, as sentence-transformers does), else the tokenizer's model_max_length
+     * (tokenizer_config.json; CrossEncoder's max_length), never above the positions;
+     * max_tokens is that limit (kwk_encoder_max_tokens). The two read values are 0 when absent
+     * or not a positive whole number, INT32_MAX when above it (transformers' 1e30: no limit).
+     * GGUF: 0, 0 and max_position, as llama.cpp. Decoders: 0, 0, 0. */
+    int max_seq_length;
+    int model_max_length;
+    int max_tokens;
 };
 
 /* Load a model: a folder with config.json + safetensors, a .gguf file, or a Hugging Face id
@@ -802,6 +812,9 @@ struct kwk_encoder_params {
     int normalize;    /* 1 / 0; -1 = the model's */
     int batch_tokens; /* tokens one forward pass may hold, whole sequences packed together;
                          0 = 2048, raised to the model's max_position so any sequence fits */
+    int max_tokens;   /* the longest sequence: 0 = the model's (kwk_model_info.max_tokens), or
+                         1..max_position for another (sentence-transformers' max_seq_length
+                         set by hand) */
 };
 
 KWK_API void kwk_encoder_params_init(struct kwk_encoder_params *p);
@@ -815,7 +828,9 @@ KWK_API void kwk_encoder_free(kwk_encoder *e);
 
 /* Floats of one embedding (the model's hidden size). */
 KWK_API int kwk_encoder_dim(const kwk_encoder *e);
-/* Tokens one sequence may hold at most (the model's max_position_embeddings). */
+/* Tokens one sequence may hold at most, special tokens included: kwk_model_info.max_tokens
+ * (sentence-transformers' max_seq_length, else the tokenizer's model_max_length, at most the
+ * model's positions; a GGUF's positions). */
 KWK_API int kwk_encoder_max_tokens(const kwk_encoder *e);
 /* The pooling and normalization kwk_encoder_embed applies (the params' or the model's). */
 KWK_API int kwk_encoder_pooling(const kwk_encoder *e);

@@ -31,6 +31,9 @@ class _ModelInfo(ctypes.Structure):
         ("normalize", ctypes.c_int),
         ("n_labels", ctypes.c_int),
         ("score_act", ctypes.c_int),
+        ("max_seq_length", ctypes.c_int),
+        ("model_max_length", ctypes.c_int),
+        ("max_tokens", ctypes.c_int),
     ]
 
 

@@ -32,6 +32,7 @@ class _EncoderParams(ctypes.Structure):
         ("pooling", ctypes.c_int),
         ("normalize", ctypes.c_int),
         ("batch_tokens", ctypes.c_int),
+        ("max_tokens", ctypes.c_int),
     ]
 
 
@@ -105,19 +106,25 @@ class Encoder(Closing):
     pooling: None (the model's) or "mean", "cls", "last", "max", "mean_sqrt_len";
     normalize: None (the model's), True or False (unit L2 length).
     batch_tokens: tokens one forward pass may hold, whole sequences packed together (0: 2048,
-    raised to max_tokens). threads: 0 for every core.
+    raised to the model's positions). threads: 0 for every core.
+    max_tokens: None for the model's limit (sentence-transformers': sentence_bert_config.json's
+    max_seq_length, else the tokenizer's model_max_length, at most the positions); a number for
+    another, as setting SentenceTransformer.max_seq_length does (at most the positions: a larger
+    one is cut to them).
 
     A decoder model raises KwkError (KWK_EUNSUPPORTED); so does an encoder given to KwkDecoder.
     Not thread-safe: one Encoder per thread.
     """
 
     def __init__(self, model, precision="preserve", threads=0, act_bits=0, pooling=None,
-                 normalize=None, batch_tokens=0):
+                 normalize=None, batch_tokens=0, max_tokens=None):
         self._model = self._enc = self._tokenizer = None
         if precision not in _PRECISIONS:
             raise ValueError("precision must be one of %s" % ", ".join(_PRECISIONS))
         if batch_tokens is None or int(batch_tokens) < 0:
             raise ValueError("batch_tokens must be >= 0")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or int(max_tokens) < 1):
+            raise ValueError("max_tokens must be a positive token count or None")
         L = _bind()
         self._L = L
         self.model_path = os.fspath(model)
@@ -139,6 +146,7 @@ class Encoder(Closing):
         p.pooling = _pooling_arg(pooling)
         p.normalize = -1 if normalize is None else int(bool(normalize))
         p.batch_tokens = int(batch_tokens)
+        p.max_tokens = 0 if max_tokens is None else min(int(max_tokens), info.max_position)
         self._enc = L.kwk_encoder_new(self._model, ctypes.byref(p), ctypes.byref(err))
         if not self._enc:
             self.close()
@@ -172,7 +180,10 @@ class Encoder(Closing):
 
     @property
     def max_tokens(self):
-        """Tokens one sequence may hold, special tokens included (max_position_embeddings)."""
+        """Tokens one sequence may hold, special tokens included, as sentence-transformers
+        truncates: sentence_bert_config.json's max_seq_length, else the tokenizer's
+        model_max_length, never above the model's positions (a GGUF: its positions). The
+        values read are in info (max_seq_length, model_max_length: 0 when absent)."""
         return int(self._L.kwk_encoder_max_tokens(self._handle()))
 
     @property

@@ -88,10 +88,12 @@ class Reranker(Closing):
     precision: "preserve" (the checkpoint's numbers, float32 math: transformers' float32
     logits), "balanced" (8-bit matrices) or "int4"; act_bits (balanced / int4): 16 (0, the
     default) or 8. batch_tokens: tokens one forward pass may hold (0: 2048, raised to the
-    model's max_tokens). threads: 0 for every core.
+    model's positions). threads: 0 for every core.
     max_length: tokens a pair may hold, special tokens included; longer pairs are truncated
-    as Hugging Face's tokenizer(a, b, truncation=True, max_length=...) does. None or a larger
-    value: the model's max_tokens.
+    as Hugging Face's tokenizer(a, b, truncation=True, max_length=...) does, as
+    CrossEncoder(max_length=...) does. None: the model's max_tokens, CrossEncoder's default (the
+    tokenizer's model_max_length, or a sentence-transformers folder's max_seq_length); either
+    at most the model's positions (a larger value is cut to them).
 
     An encoder without a classification head (an embedding model) and a decoder raise
     KwkError (KWK_EUNSUPPORTED). Not thread-safe: one Reranker per thread.
@@ -104,7 +106,7 @@ class Reranker(Closing):
             raise ValueError("max_length must be a positive token count or None")
         self._L = _bind()
         self._encoder = Encoder(model, precision=precision, threads=threads, act_bits=act_bits,
-                                batch_tokens=batch_tokens)
+                                batch_tokens=batch_tokens, max_tokens=max_length)
         self.model_path = self._encoder.model_path
         self.precision = precision
         self.info = self._encoder.info
@@ -115,8 +117,7 @@ class Reranker(Closing):
                            "use kwker.Encoder; a reranker is a *ForSequenceClassification "
                            "checkpoint or a GGUF of pooling_type 4 with cls.output)" % path,
                            KWK_EUNSUPPORTED)
-        limit = self._encoder.max_tokens
-        self.max_length = limit if max_length is None else min(int(max_length), limit)
+        self.max_length = self._encoder.max_tokens
         self.labels = (_labels_of(self.model_path, self.n_labels)
                        if os.path.isdir(self.model_path) else None)
 

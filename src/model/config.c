@@ -601,6 +601,7 @@ int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err 
             (rc = json_bert(root, cfg, path, err)) < 0 ||
             (rc = kwk_st_pooling_load(cfg, dir, err)) < 0)
             goto out;
+        kwk_seq_limit_load(cfg, dir);
         rc = cfg_validate(cfg, path, err);
         goto out;
     }
@@ -938,6 +939,7 @@ static int gguf_bert(struct kwk_config *cfg, const struct kwk_gguf *g, const cha
     if (cfg->max_position <= 0)
         return kwk_err_set(err, KWK_EFORMAT, "%s: %s.context_length must be positive", gpath(g),
                            a);
+    cfg->max_tokens = cfg->max_position; /* no tokenizer limit in the file: llama.cpp's too */
     const struct kwk_tensor_ref *t = gguf_tensor(g, "token_types.weight");
     cfg->n_types = t && t->n_dims == 2 && t->shape[0] > 0 && t->shape[0] <= 65536
                        ? (int)t->shape[0] : 1;

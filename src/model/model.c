@@ -1162,6 +1162,9 @@ void kwk_model_get_info(const kwk_model *m, struct kwk_model_info *info)
     info->normalize = c->normalize;
     info->n_labels = c->n_labels;
     info->score_act = c->score_act > 0 ? c->score_act : KWK_SCORE_IDENTITY;
+    info->max_seq_length = c->st_max_seq_length;
+    info->model_max_length = c->tok_max_length;
+    info->max_tokens = c->encoder ? kwk_config_max_tokens(c) : 0;
 }
 
 /* The configuration alone: a folder's config.json or a GGUF file's metadata. */

@@ -189,8 +189,24 @@ struct kwk_config {
     char score_act_bad[96]; /* an activation_fn config.json names that Kwker does not run: the
                                model is unsupported unless config_sentence_transformers.json,
                                read after it, names one it does */
+    /* The longest sequence an encoder's users truncate at (seq_limit.c): sentence-transformers'
+     * max_seq_length (sentence_bert_config.json of a folder with modules.json) and the
+     * tokenizer's model_max_length (tokenizer_config.json), each 0 when absent or not a
+     * positive whole number, INT32_MAX above it (transformers' 1e30: no limit); max_tokens
+     * the one that applies, never above max_position (GGUF: max_position). Decoders: 0. */
+    int st_max_seq_length;
+    int tok_max_length;
+    int max_tokens;
     char unsupported[256];  /* non-empty: why this model cannot run */
 };
+
+/* The longest sequence an encoder takes: cfg->max_tokens, or the positions for a config that
+ * was not read from files (max_tokens 0). */
+static inline int kwk_config_max_tokens(const struct kwk_config *cfg)
+{
+    return cfg->max_tokens > 0 && cfg->max_tokens < cfg->max_position ? cfg->max_tokens
+                                                                       : cfg->max_position;
+}
 
 /* Whether layer L attends through a sliding window (of cfg->sliding_window positions). */
 static inline int kwk_config_layer_windowed(const struct kwk_config *cfg, int L)
@@ -214,6 +230,18 @@ int kwk_config_load_dir(struct kwk_config *cfg, const char *dir, struct kwk_err 
  * sentence-transformers files (modules.json, the Pooling module's config.json); without them the
  * first token's state, normalized. A module Kwker does not run sets cfg->unsupported. */
 int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err *err);
+/* The JSON object of file name in dir (at most max_bytes; jansson's decoding flags), or NULL:
+ * *rc 0 when the file is absent, else negative with err set (unreadable, malformed, not an
+ * object). The caller owns the object (json_decref). */
+struct json_t;
+struct json_t *kwk_json_read_object(const char *dir, const char *name, size_t max_bytes,
+                                    size_t flags, int *rc, struct kwk_err *err);
+/* An encoder folder's sequence limit (cfg->st_max_seq_length, tok_max_length, max_tokens) as
+ * sentence-transformers and its CrossEncoder take it: max_seq_length when the folder is a
+ * sentence-transformers one (modules.json) and gives it, else model_max_length, at most
+ * cfg->max_position (which must be set). A file or value that cannot be read is ignored, with a
+ * warning: the positions are the limit then. Never fails. */
+void kwk_seq_limit_load(struct kwk_config *cfg, const char *dir);
 /* A cross-encoder's activation_fn as sentence-transformers names it (a class path):
  * cfg->score_act Sigmoid or Identity; a path outside torch stays the default, as
  * sentence-transformers does without trust_remote_code; another torch class is kept in

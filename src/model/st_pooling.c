@@ -2,7 +2,8 @@
  * embedding: modules.json lists the modules applied after the transformer (Pooling, Normalize),
  * the Pooling module's config.json says which pooling. A module Kwker does not run (Dense, a
  * second transformer, ...) makes the model unsupported rather than giving embeddings the model's
- * users would not get. Any thread. */
+ * users would not get. Also the bounded reader of such a folder's JSON objects that seq_limit.c
+ * shares. Any thread. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,9 +12,8 @@
 
 #define ST_JSON_MAX ((size_t)1 << 20)
 
-/* The JSON object of file name in dir, or NULL: *rc 0 when the file is absent, else negative
- * with err set (unreadable, malformed, not an object). */
-static json_t *read_object(const char *dir, const char *name, int *rc, struct kwk_err *err)
+struct json_t *kwk_json_read_object(const char *dir, const char *name, size_t max_bytes,
+                                    size_t flags, int *rc, struct kwk_err *err)
 {
     char path[4096];
     *rc = 0;
@@ -25,10 +25,10 @@ static json_t *read_object(const char *dir, const char *name, int *rc, struct kw
         return NULL;
     char *text = NULL;
     size_t n = 0;
-    if ((*rc = kwk_read_file(path, ST_JSON_MAX, &text, &n, err)) < 0)
+    if ((*rc = kwk_read_file(path, max_bytes, &text, &n, err)) < 0)
         return NULL;
     json_error_t jerr;
-    json_t *root = json_loadb(text, n, 0, &jerr);
+    json_t *root = json_loadb(text, n, flags, &jerr);
     kwk_free(text);
     if (!json_is_object(root)) {
         *rc = kwk_err_set(err, KWK_EFORMAT, "%s: %s", path, root ? "not a JSON object" : jerr.text);
@@ -106,7 +106,8 @@ void kwk_score_act_set(struct kwk_config *cfg, const char *path)
 static int st_score_act(struct kwk_config *cfg, const char *dir, struct kwk_err *err)
 {
     int rc;
-    json_t *o = read_object(dir, "config_sentence_transformers.json", &rc, err);
+    json_t *o = kwk_json_read_object(dir, "config_sentence_transformers.json", ST_JSON_MAX, 0,
+                                     &rc, err);
     if (!o)
         return rc;
     const char *type = json_string_value(json_object_get(o, "model_type"));
@@ -188,7 +189,7 @@ int kwk_st_pooling_load(struct kwk_config *cfg, const char *dir, struct kwk_err 
             rc = kwk_err_set(err, KWK_ELIMIT, "%s: module path too long", path);
             break;
         }
-        json_t *pc = read_object(dir, file, &rc, err);
+        json_t *pc = kwk_json_read_object(dir, file, ST_JSON_MAX, 0, &rc, err);
         if (rc < 0)
             break;
         if (!pc) {

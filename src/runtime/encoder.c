@@ -26,6 +26,7 @@ struct kwk_encoder {
     int n_threads;
     int n_batch; /* rows a pass holds */
     int pooling, normalize;
+    int max_tokens;                     /* the longest sequence it takes */
     int holds_floats;                   /* holds the model's lazy float matrices (preserve) */
     const struct kwk_enc_layer *layers; /* the model's, or packed (packed_layers) */
     struct kwk_enc_layer *packed_layers;
@@ -329,11 +330,14 @@ static int check_seq(const struct kwk_encoder *e, const int32_t *ids, int n, int
 {
     if (n <= 0)
         return kwk_err_set(err, KWK_EARG, "sequence %d is empty", i);
-    if (n > e->c->max_position)
-        return kwk_err_set(err, KWK_ELIMIT,
-                           "sequence %d has %d tokens; the model takes at most "
-                           "%d",
-                           i, n, e->c->max_position);
+    if (n > e->max_tokens && e->max_tokens < e->c->max_position)
+        return kwk_err_set(err, KWK_ELIMIT, "sequence %d has %d tokens; the model takes at most "
+                           "%d (its sentence-transformers max_seq_length or tokenizer "
+                           "model_max_length; its positions hold %d)", i, n, e->max_tokens,
+                           e->c->max_position);
+    if (n > e->max_tokens)
+        return kwk_err_set(err, KWK_ELIMIT, "sequence %d has %d tokens; the model takes at most "
+                           "%d", i, n, e->max_tokens);
     for (int j = 0; j < n; j++)
         if (ids[j] < 0 || ids[j] >= e->c->n_vocab)
             return kwk_err_set(err, KWK_ERANGE,
@@ -481,7 +485,7 @@ int kwk_encoder_dim(const kwk_encoder *e)
 
 int kwk_encoder_max_tokens(const kwk_encoder *e)
 {
-    return e ? e->c->max_position : 0;
+    return e ? e->max_tokens : 0;
 }
 
 int kwk_encoder_pooling(const kwk_encoder *e)
@@ -588,13 +592,14 @@ kwk_encoder *kwk_encoder_new(const kwk_model *m, const struct kwk_encoder_params
         (p->act_bits == 8 && p->precision == KWK_PRECISION_PRESERVE) || p->n_threads < 0 ||
         p->n_threads > 1024 || p->pooling < -1 || p->pooling > KWK_POOLING_MEAN_SQRT_LEN ||
         p->pooling == KWK_POOLING_NONE || p->normalize < -1 || p->normalize > 1 ||
-        p->batch_tokens < 0 || p->batch_tokens > ENC_MAX_BATCH) {
+        p->batch_tokens < 0 || p->batch_tokens > ENC_MAX_BATCH || p->max_tokens < 0 ||
+        p->max_tokens > c->max_position) {
         kwk_err_set(err, KWK_EARG,
                     "encoder params out of range (precision %d, act_bits %d: 8 "
                     "only for balanced / int4, threads %d, pooling %d, normalize %d, "
-                    "batch_tokens %d)",
+                    "batch_tokens %d, max_tokens %d: at most the model's %d positions)",
                     p->precision, p->act_bits, p->n_threads, p->pooling, p->normalize,
-                    p->batch_tokens);
+                    p->batch_tokens, p->max_tokens, c->max_position);
         return NULL;
     }
     if (c->max_position > ENC_MAX_BATCH) {
@@ -617,6 +622,7 @@ kwk_encoder *kwk_encoder_new(const kwk_model *m, const struct kwk_encoder_params
     e->n_batch = KWK_MAX(p->batch_tokens ? p->batch_tokens : ENC_DEFAULT_BATCH, c->max_position);
     e->pooling = p->pooling >= 0 ? p->pooling : c->pooling;
     e->normalize = p->normalize >= 0 ? p->normalize : c->normalize;
+    e->max_tokens = p->max_tokens ? p->max_tokens : kwk_config_max_tokens(c);
     e->layers = m->enc_layers;
     e->pool = kwk_pool_new(e->n_threads);
     if (!e->pool || alloc_scratch(e)) {
