@@ -36,7 +36,8 @@ llama_decode of at most n_batch tokens and n_seq_max (= min(n_batch, 256)) seque
 batch is encoded in one ubatch (n_ubatch = n_batch), every token attending over the whole batch
 under a mask, so its attention grows with the square of the batch: --llama-batch sets n_batch =
 n_ubatch = n_ctx per workload (docs/benchmarks.md, session 46, has the sweep that chose the
-defaults). Kwker side: kwker.Encoder(threads=t, batch_tokens=--kwker-batch-tokens).
+defaults). Kwker side: kwker.Encoder(threads=t, batch_tokens=--kwker-batch-tokens,
+max_tokens=512: the positions, as llama.cpp).
 """
 import argparse
 import json
@@ -224,8 +225,11 @@ class KwkerSide:
     def __init__(self, job):
         import kwker
         prec, act = KWKER_CONFIGS[job["config"]]
+        # every one of the 512 positions, as llama.cpp's GGUF takes them: MiniLM's
+        # sentence_bert_config.json says 256 (Kwker's default limit), the long texts are 500
         self.enc = kwker.Encoder(job["hf"], precision=prec, threads=job["threads"],
-                                 act_bits=act, batch_tokens=job["kwker_batch_tokens"])
+                                 act_bits=act, batch_tokens=job["kwker_batch_tokens"],
+                                 max_tokens=512)
 
     def embed(self, texts, workload):
         return self.enc.embed(texts)

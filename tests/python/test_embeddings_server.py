@@ -21,10 +21,12 @@ from conftest import cli_env, kwker_bin, smollm2_gguf
 from test_server import KEY, Server, metrics, request
 
 REPO = Path(__file__).resolve().parents[2]
+# TEXTS[6] is 256 tokens, [CLS] and [SEP] counted: MiniLM's limit, its sentence_bert_config.json's
+# max_seq_length (its positions hold 512)
 TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog.",
          "Kwker runs language models on CPUs.", "café, naïve, 東京", "a",
          "An embedding is a vector that stands for a text; similar texts have near vectors.",
-         " ".join(["token"] * 300), "What is the capital of France?"]
+         " ".join(["token"] * 254), "What is the capital of France?"]
 
 
 def minilm_path():
@@ -85,7 +87,8 @@ def same(a, b):
 def test_models_health_tokenize(srv, model_id, enc):
     assert model_id == "all-MiniLM-L6-v2"
     status, j = request(srv.port, "GET", "/v1/models")
-    assert status == 200 and j["data"][0]["max_model_len"] == enc.max_tokens == 512
+    assert status == 200 and j["data"][0]["max_model_len"] == enc.max_tokens == 256
+    assert len(enc.tokenize(TEXTS[6])) == 256
     assert request(srv.port, "GET", "/health", key=None)[0] == 200
     status, j = request(srv.port, "POST", "/tokenize", {"prompt": "Hello world"})
     assert status == 200 and j["tokens"] == enc.tokenize("Hello world") == [101, 7592, 2088, 102]
@@ -205,8 +208,10 @@ BAD = [
     ({"model": "M", "input": 42}, "input", "'input' must be a string, a list of strings"),
     ({"model": "M", "input": ["a"] * 2049}, "input", "at most 2048 inputs; it has 2049"),
     ({"model": "M", "input": ["short", "word " * 600]}, "input",
-     "maximum context length is 512 tokens, however you requested 602 tokens (input 1)"),
-    ({"model": "M", "input": [[101] * 513]}, "input", "requested 513 tokens (input 0)"),
+     "maximum context length is 256 tokens, however you requested 602 tokens (input 1)"),
+    ({"model": "M", "input": ["token " * 255]}, "input",
+     "maximum context length is 256 tokens, however you requested 257 tokens (input 0)"),
+    ({"model": "M", "input": [[101] * 257]}, "input", "requested 257 tokens (input 0)"),
     ({"model": "M", "input": "x", "encoding_format": "int8"}, "encoding_format",
      "'float' or 'base64'"),
     ({"model": "M", "input": "x", "dimensions": 128}, "dimensions",
@@ -230,7 +235,7 @@ def test_bad_requests(srv, model_id, body, param, want):
 
 def test_bad_requests_through_client(client, model_id):
     import openai
-    with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 256"):
         client.embeddings.create(model=model_id, input="word " * 600)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.embeddings.create(model="text-embedding-3-small", input="x")
@@ -300,7 +305,7 @@ def test_cli_errors():
     p = cli_embed("ok", "")
     assert p.returncode != 0 and "text 1 is empty" in p.stderr
     p = cli_embed("word " * 600)
-    assert p.returncode != 0 and "text 0 has 602 tokens, more than the model's 512" in p.stderr
+    assert p.returncode != 0 and "text 0 has 602 tokens, more than the model's 256" in p.stderr
     p = subprocess.run([kwker_bin(), "embed", "--model", smollm2_gguf(), "Hi"],
                        capture_output=True, text=True, env=cli_env(), timeout=600)
     assert p.returncode != 0 and "not an embedding model" in p.stderr
@@ -354,3 +359,37 @@ def test_max_queue():
     busy = [j for st, j in replies[1:] if st == 503]
     assert all(st in (200, 503) for st, _ in replies[1:])
     assert 1 <= len(busy) <= 4 and "--max-queue" in busy[0]["error"]["message"]
+
+
+def test_max_seq_length_honoured(tmp_path):
+    """A tiny model whose sentence_bert_config.json says max_seq_length 40 (of 128 positions):
+    /v1/models' max_model_len is 40, an input of 41 tokens is a 400 naming the limit, inputs up
+    to 40 are SentenceTransformer.encode's embeddings (the library's to the bit)."""
+    import shutil
+    import kwker
+    import tiny_encoders as te
+    from conftest import REL_TOL, rel_err
+    from sentence_transformers import SentenceTransformer
+    d = tmp_path / "st40"
+    shutil.copytree(te.build("st_mean_norm"), d)
+    (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    texts = [" ".join(["token"] * 38), "Hello world"]
+    with kwker.Encoder(str(d), threads=2) as e:
+        assert e.max_tokens == 40 and len(e.tokenize(texts[0])) == 40
+        want = e.embed(texts)
+    ref = SentenceTransformer(str(d), device="cpu").encode(texts, convert_to_numpy=True)
+    assert rel_err(want, ref) <= REL_TOL
+    s = Server("--model", str(d), "--timeout", 30)
+    try:
+        status, j = request(s.port, "GET", "/v1/models")
+        assert status == 200 and j["data"][0]["max_model_len"] == 40
+        mid = j["data"][0]["id"]
+        status, j = request(s.port, "POST", "/v1/embeddings",
+                            {"model": mid, "input": texts, "encoding_format": "float"})
+        assert status == 200 and same(floats_of(j), want)
+        status, j = request(s.port, "POST", "/v1/embeddings",
+                            {"model": mid, "input": ["a", "token " * 39]})
+        assert status == 400 and "maximum context length is 40 tokens, however you requested " \
+            "41 tokens (input 1)" in j["error"]["message"], j
+    finally:
+        s.stop()

@@ -61,13 +61,21 @@ def check_close(got, ref, what, tol=REL_TOL):
 
 # -- references ----------------------------------------------------------------------------------
 
+# all-MiniLM-L6-v2's sentence_bert_config.json says max_seq_length 256 (kwker's default limit,
+# as sentence-transformers'); its positions hold 512, which these tests cover: kwker.Encoder's
+# max_tokens=512 is sentence-transformers' model.max_seq_length = 512.
+MINILM_ALL = {"max_tokens": 512}
+
+
 class Ref:
     """A model's reference: its sequences (token ids from Hugging Face's tokenizer), transformers'
-    float32 states of each alone, and the pooling its folder asks for."""
+    float32 states of each alone, and the pooling its folder asks for; enc: the kwker.Encoder
+    arguments that take its longest sequence."""
 
-    def __init__(self, path, seqs, states, pooling, normalize, max_pos):
+    def __init__(self, path, seqs, states, pooling, normalize, max_pos, enc=None):
         self.path, self.seqs, self.states = path, seqs, states
         self.pooling, self.normalize, self.max_pos = pooling, normalize, max_pos
+        self.enc = enc or {}
 
     def pooled(self, pooling=None, normalize=None):
         p = self.pooling if pooling is None else pooling
@@ -120,7 +128,7 @@ def minilm_ref():
         model = te.load_hf(path)
         seqs = [te.hf_tokenize(path, t) for t in minilm_texts()]
         _refs["minilm"] = Ref(path, seqs, [te.hf_states(model, s) for s in seqs], "mean",
-                              True, 512)
+                              True, 512, MINILM_ALL)
     return _refs["minilm"]
 
 
@@ -138,7 +146,7 @@ def _cases(names):
         else:
             ops.append(["embed_texts", "embed", te.TEXTS])
             ops += [["tok%d" % i, "tokenize", t] for i, t in enumerate(te.TEXTS)]
-        cases.append({"key": name, "model": str(r.path), "ops": ops})
+        cases.append({"key": name, "model": str(r.path), "enc": r.enc, "ops": ops})
     return cases
 
 
@@ -207,7 +215,7 @@ def test_text_inputs(runs, isa, name):
 
 @pytest.fixture(scope="module")
 def minilm():
-    e = kwker.Encoder(str(minilm_path()))
+    e = kwker.Encoder(str(minilm_path()), **MINILM_ALL)
     yield e
     e.close()
 
@@ -271,7 +279,7 @@ def test_batch_invariance(minilm):
     for i in range(len(texts)):
         assert np.array_equal(together[i], alone[i]), "text %d differs inside a batch" % i
         assert np.array_equal(rev[i], alone[i]), "text %d differs in reversed order" % i
-    with kwker.Encoder(str(minilm_path()), batch_tokens=64) as small:  # raised to 512
+    with kwker.Encoder(str(minilm_path()), batch_tokens=64, **MINILM_ALL) as small:  # to 512
         assert small.max_tokens == 512
         many = texts[:4] * 3
         out = small.embed(many)
@@ -393,7 +401,8 @@ def test_quantized_precisions(minilm):
     bounds = [("balanced", 0, 0.999), ("balanced", 8, 0.999), ("int4", 0, 0.95),
               ("int4", 8, 0.95)]
     for precision, act_bits, bound in bounds:
-        with kwker.Encoder(str(minilm_path()), precision=precision, act_bits=act_bits) as e:
+        with kwker.Encoder(str(minilm_path()), precision=precision, act_bits=act_bits,
+                           **MINILM_ALL) as e:
             got = e.embed(texts)
             cos = rowwise_cosines(got, ref)
             print("%s act_bits=%d: cosines to preserve %s" % (
@@ -444,7 +453,7 @@ def test_gguf_f32(name):
     path = _gguf(name, "f32")
     texts = minilm_texts() if name == "minilm" else te.TEXTS
     act = "gelu" if name == "minilm" else te.SPECS[name]["act"]
-    with kwker.Encoder(str(path)) as g, kwker.Encoder(str(r.path)) as s:
+    with kwker.Encoder(str(path)) as g, kwker.Encoder(str(r.path), **r.enc) as s:
         assert (g.dim, g.max_tokens) == (s.dim, s.max_tokens)
         for i, t in enumerate(texts):
             assert g.tokenize(t) == r.seqs[i], "GGUF tokenizer: %r" % t
@@ -580,3 +589,160 @@ def test_modules_out_of_order_or_without_pooling_are_refused(tmp_path, modules):
     d = _edited_copy("st_mean_norm", tmp_path, modules=modules)
     with pytest.raises(KwkError, match="Pooling"):
         kwker.Encoder(str(d))
+
+
+# -- the sequence limit: sentence-transformers' max_seq_length, the tokenizer's model_max_length -
+
+LONG_TEXTS = [" ".join(te.TEXTS * 6), te.TEXTS[1] * 3, te.TEXTS[0]]
+INT32_MAX = 2 ** 31 - 1
+KEEP = object()
+
+
+def _limited(tmp_path, name, sbc=KEEP, mml=KEEP):
+    """A copy of tiny model name's folder with sentence_bert_config.json replaced (sbc: a JSON
+    value, "drop": no file) and tokenizer_config.json's model_max_length set (mml: a JSON value,
+    "drop": no key; KEEP: the MiniLM tokenizer's 512)."""
+    import shutil
+    d = tmp_path / name
+    shutil.copytree(te.build(name), d)
+    if sbc == "drop":
+        (d / "sentence_bert_config.json").unlink()
+    elif sbc is not KEEP:
+        (d / "sentence_bert_config.json").write_text(json.dumps(sbc))
+    if mml is not KEEP:
+        tc = json.loads((d / "tokenizer_config.json").read_text())
+        tc.pop("model_max_length")
+        if mml != "drop":
+            tc["model_max_length"] = mml
+        (d / "tokenizer_config.json").write_text(json.dumps(tc))  # NaN is written as NaN
+    return d
+
+
+def _around(e, n_tokens):
+    """The longest prefix (in words) of LONG_TEXTS[0] of at most n_tokens tokens and the
+    shortest of more."""
+    words = LONG_TEXTS[0].split()
+    for k in range(1, len(words) + 1):
+        if len(e.tokenize(" ".join(words[:k]))) > n_tokens:
+            return " ".join(words[:k - 1]), " ".join(words[:k])
+    raise AssertionError("LONG_TEXTS[0] is not more than %d tokens" % n_tokens)
+
+
+def _st_model(path):
+    from sentence_transformers import SentenceTransformer
+    from tiny_models import torch_single_thread
+    torch_single_thread()
+    return SentenceTransformer(str(path), device="cpu")
+
+
+def _limits(e):
+    i = e.info
+    return (i.max_seq_length, i.model_max_length, i.max_tokens, e.max_tokens)
+
+
+def test_max_seq_length_as_sentence_transformers(tmp_path):
+    """sentence_bert_config.json's max_seq_length (40, of 128 positions) is the limit:
+    SentenceTransformer.encode's embeddings of long texts are kwker's with truncate=True, a text
+    just over it raises KWK_ELIMIT without truncate, and max_tokens=N is setting
+    SentenceTransformer.max_seq_length = N."""
+    d = _limited(tmp_path, "st_mean_norm", sbc={"max_seq_length": 40, "do_lower_case": False})
+    st = _st_model(d)
+    assert st.max_seq_length == 40
+    want = st.encode(LONG_TEXTS, convert_to_numpy=True)
+    with kwker.Encoder(str(d)) as e:
+        assert _limits(e) == (40, 512, 40, 40) and e.info.max_position == 128
+        assert len(e.tokenize(LONG_TEXTS[0])) > 128
+        check_close(e.embed(LONG_TEXTS, truncate=True), want, "max_seq_length 40")
+        fits, over = _around(e, 40)
+        assert len(e.tokenize(fits)) <= 40 < len(e.tokenize(over))
+        with pytest.raises(KwkError, match="at most 40") as ei:
+            e.embed(over)
+        assert ei.value.code == KWK_ELIMIT
+        ids = e.tokenize(over)
+        e.embed(ids[:39] + [102])
+        with pytest.raises(KwkError) as ei:
+            e.embed(ids[:40] + [102])  # ids too: 41 of them
+        assert ei.value.code == KWK_ELIMIT
+        check_close(e.embed(fits), st.encode(fits, convert_to_numpy=True), "up to 40 tokens")
+    st.max_seq_length = 100
+    want = st.encode(LONG_TEXTS, convert_to_numpy=True)
+    with kwker.Encoder(str(d), max_tokens=100) as e:
+        assert e.max_tokens == 100
+        check_close(e.embed(LONG_TEXTS, truncate=True), want, "max_tokens=100")
+    with kwker.Encoder(str(d), max_tokens=10 ** 6) as e:
+        assert e.max_tokens == 128  # cut to the positions
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError):
+            kwker.Encoder(str(d), max_tokens=bad)
+
+
+def test_model_max_length_without_max_seq_length(tmp_path):
+    """Without a max_seq_length the tokenizer's model_max_length (48) decides, as
+    sentence-transformers' min(max_position_embeddings, model_max_length); a folder without
+    modules.json is not a sentence-transformers folder: its sentence_bert_config.json is
+    ignored, by sentence-transformers too."""
+    d = _limited(tmp_path / "a", "st_mean_norm", sbc="drop", mml=48)
+    st = _st_model(d)
+    assert st.max_seq_length == 48
+    with kwker.Encoder(str(d)) as e:
+        assert _limits(e) == (0, 48, 48, 48)
+        check_close(e.embed(LONG_TEXTS, truncate=True), st.encode(LONG_TEXTS,
+                                                                  convert_to_numpy=True),
+                    "model_max_length 48")
+    d = _limited(tmp_path / "b", "bert_gelu", sbc={"max_seq_length": 20}, mml=48)
+    assert _st_model(d).max_seq_length == 48
+    with kwker.Encoder(str(d)) as e:
+        assert _limits(e) == (0, 48, 48, 48)
+    d = _limited(tmp_path / "c", "st_mean_norm", sbc={"max_seq_length": None}, mml=30)
+    assert _st_model(d).max_seq_length == 30
+    with kwker.Encoder(str(d)) as e:
+        assert _limits(e) == (0, 30, 30, 30)
+
+
+BAD_LIMITS = [("string", "40"), ("negative", -40), ("zero", 0), ("fraction", 40.5),
+              ("bool", True), ("list", [40]), ("null", None), ("1e30", 10 ** 30),
+              ("huge", 2 ** 31), ("NaN", float("nan")), ("missing", "drop")]
+
+
+@pytest.mark.parametrize("what,value", BAD_LIMITS, ids=[b[0] for b in BAD_LIMITS])
+def test_bad_limits_fall_back_to_the_positions(tmp_path, what, value):
+    """A max_seq_length or model_max_length that is not a positive whole number, or that says
+    "no limit" (1e30, transformers' default), leaves the positions (128) as the limit: never a
+    crash, never more than the positions. NaN makes a file jansson refuses: the whole file is
+    ignored (the model still loads)."""
+    big = INT32_MAX if what in ("1e30", "huge") else 0
+    sbc = "drop" if value == "drop" else {"max_seq_length": value}
+    with kwker.Encoder(str(_limited(tmp_path / "sbc", "st_mean_norm", sbc=sbc))) as e:
+        assert _limits(e) == (big, 512, 128, 128), what
+        assert e.embed(LONG_TEXTS, truncate=True).shape == (3, 64)
+    d = _limited(tmp_path / "mml", "st_mean_norm", sbc="drop", mml=value)
+    with kwker.Encoder(str(d)) as e:
+        assert _limits(e) == (0, big, 128, 128), what
+        with pytest.raises(KwkError) as ei:
+            e.embed(_around(e, 128)[1])
+        assert ei.value.code == KWK_ELIMIT
+    if what in ("1e30", "missing"):  # what transformers reads as "no limit"
+        assert _st_model(d).max_seq_length == 128
+    (d / "sentence_bert_config.json").write_text("{\"max_seq_length\": 40,")  # not JSON
+    with kwker.Encoder(str(d)) as e:
+        assert _limits(e) == (0, big, 128, 128), what
+
+
+def test_minilm_limit_is_sentence_transformers(minilm):
+    """The real all-MiniLM-L6-v2: max_seq_length 256 of 512 positions (the tokenizer says 512).
+    kwker's embedding of a long text with truncate=True is SentenceTransformer.encode's; its
+    GGUF has no such files: the positions decide, as llama.cpp."""
+    text = (SHARED_DATA / "text" / "war-and-peace.txt").read_text(encoding="utf-8")[30000:33000]
+    st = _st_model(minilm_path())
+    assert st.max_seq_length == 256
+    with kwker.Encoder(str(minilm_path())) as e:
+        assert _limits(e) == (256, 512, 256, 256)
+        assert len(e.tokenize(text)) > 300
+        check_close(e.embed(text, truncate=True), st.encode(text, convert_to_numpy=True),
+                    "MiniLM truncated at 256")
+        with pytest.raises(KwkError, match="at most 256") as ei:
+            e.embed(text)
+        assert ei.value.code == KWK_ELIMIT
+    assert _limits(minilm) == (256, 512, 256, 512)  # max_tokens=512 given
+    with kwker.Encoder(str(_gguf("st_mean_norm", "f32"))) as g:
+        assert _limits(g) == (0, 0, 128, 128)

@@ -705,3 +705,85 @@ def test_gguf_rounded(name, ftype):
     err = float(np.abs(got.astype(np.float64) - r.logits).max())
     print("%s %s GGUF: max|logit - transformers'| %.3g" % (name, ftype, err))
     assert err <= (2e-3 if ftype == "f16" else 0.03), err
+
+
+# -- the pair limit: the tokenizer's model_max_length, as CrossEncoder's --------------------------
+
+def _with_limits(name, tmp_path, mml, sbc=None):
+    """A copy of a tiny cross-encoder with tokenizer_config.json's model_max_length set (a JSON
+    value; "drop": no key) and, when sbc is given, sentence-transformers' folder files beside it
+    as CrossEncoder.save writes them (modules.json of the Transformer alone,
+    sentence_bert_config.json with sbc's keys, config_sentence_transformers.json naming a
+    CrossEncoder)."""
+    d = _edited_copy(name, tmp_path)
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    tc.pop("model_max_length", None)
+    if mml != "drop":
+        tc["model_max_length"] = mml
+    (d / "tokenizer_config.json").write_text(json.dumps(tc))
+    if sbc is not None:
+        (d / "modules.json").write_text(json.dumps([{
+            "idx": 0, "name": "0", "path": "",
+            "type": "sentence_transformers.base.modules.transformer.Transformer"}]))
+        (d / "sentence_bert_config.json").write_text(json.dumps(dict(
+            {"transformer_task": "sequence-classification"}, **sbc)))
+        # without it sentence-transformers converts the folder as a SentenceTransformer's,
+        # taking none of its module files
+        (d / "config_sentence_transformers.json").write_text(json.dumps({
+            "model_type": "CrossEncoder", "__version__": {"sentence_transformers": "6.3.0"}}))
+    return d
+
+
+def _cross_encoder(path, **kw):
+    from sentence_transformers import CrossEncoder
+    from tiny_models import torch_single_thread
+    torch_single_thread()
+    return CrossEncoder(str(path), device="cpu", **kw)
+
+
+def _same_scores(rr, ce, what):
+    want = np.asarray(ce.predict(PAIRS), dtype=np.float64)
+    err = score_err(rr.predict(PAIRS), want)
+    assert err <= REL_TOL, "%s: %.3g from CrossEncoder.predict" % (what, err)
+
+
+@pytest.mark.parametrize("name", ["ce_bert1", "ce_roberta1"])
+def test_model_max_length_as_cross_encoder(tmp_path, name):
+    """A tokenizer whose model_max_length (24) is under the positions: CrossEncoder cuts pairs
+    at 24 and so does kwker (its scores of long pairs are CrossEncoder.predict's); max_length=60
+    is CrossEncoder(max_length=60); a folder saved by sentence-transformers takes
+    sentence_bert_config.json's max_seq_length (16) over the tokenizer's."""
+    d = _with_limits(name, tmp_path / "a", 24)
+    ce = _cross_encoder(d)
+    assert ce.max_seq_length == 24
+    with kwker.Reranker(str(d)) as rr:
+        assert rr.max_length == 24
+        assert (rr.info.max_seq_length, rr.info.model_max_length, rr.info.max_tokens) == \
+            (0, 24, 24)
+        _same_scores(rr, ce, "%s model_max_length 24" % name)
+    with kwker.Reranker(str(d), max_length=60) as rr:
+        assert rr.max_length == 60
+        _same_scores(rr, _cross_encoder(d, max_length=60), "%s max_length=60" % name)
+    with kwker.Reranker(str(d), max_length=10 ** 6) as rr:
+        assert rr.max_length == max_len(name)  # the positions
+    d = _with_limits(name, tmp_path / "b", 24, sbc={"max_seq_length": 16})
+    ce = _cross_encoder(d)
+    assert ce.max_seq_length == 16
+    with kwker.Reranker(str(d)) as rr:
+        assert (rr.max_length, rr.info.max_seq_length, rr.info.model_max_length) == (16, 16, 24)
+        _same_scores(rr, ce, "%s max_seq_length 16" % name)
+
+
+@pytest.mark.parametrize("mml", ["24", -24, 0, 24.5, 10 ** 30, None, "drop"],
+                         ids=["string", "negative", "zero", "fraction", "1e30", "null",
+                              "missing"])
+def test_bad_model_max_length_falls_back_to_the_positions(tmp_path, mml):
+    """A model_max_length that is not a positive whole number, or transformers' 1e30 (no
+    limit), leaves the positions as the pair limit."""
+    d = _with_limits("ce_bert1", tmp_path, mml)
+    with kwker.Reranker(str(d)) as rr:
+        assert rr.max_length == max_len("ce_bert1")
+        assert rr.info.model_max_length == (2 ** 31 - 1 if mml == 10 ** 30 else 0)
+        if mml in (10 ** 30, "drop"):  # what transformers reads as no limit
+            assert _cross_encoder(d).max_seq_length == max_len("ce_bert1")
+            _same_scores(rr, _cross_encoder(d), "model_max_length %r" % (mml,))
