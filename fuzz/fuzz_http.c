@@ -11,7 +11,12 @@
  * the reply must be JSON. And as a /v1/rerank request (rerank.c): its pairs packed by a pair
  * tokenizer stand-in (longest_first over bytes) at a length limit from the first byte, scored
  * from logits made of its bytes (NaN and infinities among them) by both activations, and its
- * reply, which must be JSON with top_n results in order. */
+ * reply, which must be JSON with top_n results in order. And as vLLM's /score (score.c): its
+ * pairs packed as the rerank ones and its distinct texts as the embeddings inputs, at a
+ * truncate_prompt_tokens and model limit from the first byte, each text's index checked, the
+ * cosines and both replies written from floats of its bytes; as /classify: its inputs packed
+ * and its reply written for 1 to 4 labels by each activation, with label names from the same
+ * body read as a config.json (srv_labels_parse). Every reply must be JSON. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,6 +27,7 @@
 #include "../tools/kwker/serve/toolcall_reply.c"
 #include "../tools/kwker/serve/embed.c"
 #include "../tools/kwker/serve/rerank.c"
+#include "../tools/kwker/serve/score.c"
 
 #define FUZZ_MAX_INPUT (256 * 1024)
 
@@ -192,6 +198,115 @@ static void rerank_all(const uint8_t *data, size_t size)
     srv_rerank_req_free(&r);
 }
 
+/* A reply that must parse as JSON, with n entries in "data". */
+static void check_data_reply(struct srv_buf *b, size_t n)
+{
+    if (b->err)
+        return;
+    json_t *j = json_loadb(b->p, b->len, 0, NULL);
+    if (!j || json_array_size(json_object_get(j, "data")) != n)
+        abort();
+    json_decref(j);
+    b->len = 0;
+}
+
+/* Floats from the input's bytes: NaN, infinities, huge and tiny among them. */
+static void floats_of(float *v, size_t n, const uint8_t *data, size_t size)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)data[i % size] * 0x01010101u;
+        memcpy(&v[i], &u, 4);
+        if (data[i % size] == 0x7f)
+            v[i] = i % 2 ? INFINITY : -INFINITY;
+    }
+}
+
+/* Hugging Face's truncation over fake_encode's tokens: [101] the first cap - 2 bytes [102]. */
+static int fake_encode_trunc(void *user, const char *text, size_t len, int32_t *ids, size_t cap,
+                             size_t *n)
+{
+    if (cap < 2) {
+        *n = len + 2;
+        return KWK_ELIMIT;
+    }
+    return fake_encode(user, text, len + 2 > cap ? cap - 2 : len, ids, cap, n);
+}
+
+static void score_all(const uint8_t *data, size_t size)
+{
+    struct srv_score_req r;
+    struct srv_err e;
+    struct srv_trunc t;
+    struct srv_buf b = {0};
+    int max_tokens = 3 + (data[0] & 63), dim = 1 + data[0] % 5;
+    if (srv_score_parse(&r, (const char *)data + 1, size - 1, &e) ||
+        srv_trunc_resolve(r.truncate, max_tokens, &t, &e) ||
+        srv_score_pack_pairs(&r, fake_pair, NULL, &t, &e) ||
+        srv_score_pack_texts(&r, t.strict ? fake_encode : fake_encode_trunc, NULL, &t, &e)) {
+        free(srv_json_error(&e));
+        srv_score_req_free(&r);
+        return;
+    }
+    for (int i = 0; i < r.n_a; i++)
+        if (r.a_of[i] < 0 || r.a_of[i] >= r.uniq.n_in)
+            abort();
+    for (int i = 0; i < r.n_b; i++)
+        if (r.b_of[i] < 0 || r.b_of[i] >= r.uniq.n_in)
+            abort();
+    size_t nv = (size_t)r.uniq.n_in * (size_t)dim;
+    float *vec = malloc(sizeof(float) * nv), *s = malloc(sizeof(float) * (size_t)r.n_b);
+    if (vec && s) {
+        floats_of(vec, nv, data, size);
+        srv_score_cosines(&r, vec, dim, s);
+        srv_score_response(&b, "score-1", 1, r.model ? r.model : "m", s, r.n_b,
+                           r.uniq.offs[r.uniq.n_in]);
+        check_data_reply(&b, (size_t)r.n_b);
+        floats_of(s, (size_t)r.n_b, data, size);
+        srv_rerank_scores(s, r.n_b, KWK_SCORE_SIGMOID);
+        srv_score_response(&b, "score-2", 2, "m", s, r.n_b, r.pairs.offs[r.n_b]);
+        check_data_reply(&b, (size_t)r.n_b);
+    }
+    free(vec);
+    free(s);
+    srv_buf_free(&b);
+    srv_score_req_free(&r);
+}
+
+static void classify_all(const uint8_t *data, size_t size)
+{
+    struct srv_embed_limits lim = {.n_vocab = 30522, .max_tokens = 4 + (data[0] & 63)};
+    struct srv_classify_req r;
+    struct srv_labels l;
+    struct srv_err e;
+    struct srv_trunc t;
+    struct srv_buf b = {0};
+    int n_labels = 1 + (data[0] >> 6);
+    /* the body as a config.json too: id2label and problem_type, untrusted */
+    if (srv_labels_parse(&l, (const char *)data + 1, size - 1, n_labels))
+        l.names = NULL;
+    if (srv_classify_parse(&r, (const char *)data + 1, size - 1, &lim, &e) ||
+        srv_trunc_resolve(r.truncate, lim.max_tokens, &t, &e) ||
+        srv_classify_pack(&r, t.strict ? fake_encode : fake_encode_trunc, NULL, &t, &e)) {
+        free(srv_json_error(&e));
+        srv_classify_req_free(&r);
+        srv_labels_free(&l);
+        return;
+    }
+    size_t n = (size_t)r.in.n_in * (size_t)n_labels;
+    float *logits = malloc(sizeof(float) * n);
+    for (int act = 0; logits && act < 3; act++) {
+        floats_of(logits, n, data, size);
+        l.act = act;
+        srv_classify_response(&b, "classify-1", 1, r.in.model ? r.in.model : "m", &l, logits,
+                              r.in.n_in, data[0] & 1, r.in.offs[r.in.n_in]);
+        check_data_reply(&b, (size_t)r.in.n_in);
+    }
+    free(logits);
+    srv_buf_free(&b);
+    srv_labels_free(&l);
+    srv_classify_req_free(&r);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size > FUZZ_MAX_INPUT)
@@ -206,6 +321,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct srv_err e;
     embed_all(data, size);
     rerank_all(data, size);
+    score_all(data, size);
+    classify_all(data, size);
     if (srv_req_parse(&r, kind, body, len, &lim, &e) == 0) {
         build_all(&r, (const uint8_t *)body, len);
         srv_req_free(&r);
