@@ -1,8 +1,9 @@
-/* fuzz_http.c - libFuzzer target for `kwker serve`'s request parsing (tools/kwker/serve/openai.c
- * and toolcall.c, included whole: the server lives in the CLI, not the library). Input: one byte
- * choosing the route (bit 0 clear: /v1/chat/completions, or /tokenize with bit 1; set:
- * /v1/completions, or /detokenize with bit 1) and the model's tool-call format (bits 2-3), then
- * the request body. A body that parses is then written back as a response, SSE chunks and an
+/* fuzz_http.c - libFuzzer target for `kwker serve`'s request parsing (tools/kwker/serve/openai.c,
+ * toolcall.c and toolcall_reply.c, included whole: the server lives in the CLI, not the library).
+ * Input: one byte choosing the route (bit 0 clear: /v1/chat/completions, or /tokenize with bit
+ * 1; set: /v1/completions, or /detokenize with bit 1) and the model's tool-call format (bits
+ * 2-4), then the request body. A body that parses is then written back as a response, SSE
+ * chunks and an
  * error (or the tokenize routes' answers), with logprobs made from its bytes, so the builders
  * see every string the parser lets through; its text is also read as a reply with tool calls
  * in every format (the model's output is untrusted too). Every body is also parsed as a
@@ -316,7 +317,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     struct srv_limits lim = {.n_vocab = 49152, .max_cache_len = 2048,
-                             .tool_format = (data[0] >> 2 & 3) % SRV_TOOLS_N};
+                             .tool_format = (data[0] >> 2 & 7) % SRV_TOOLS_N};
     struct srv_req r;
     struct srv_err e;
     embed_all(data, size);

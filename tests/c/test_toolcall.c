@@ -498,6 +498,9 @@ static void test_functionary(void)
     srv_tool_reply_free(&r);
     T_EQ(extract(SRV_TOOLS_FUNCTIONARY, "<function=f>{\"a\": 1}", NULL, &r), 1); /* eos */
     srv_tool_reply_free(&r);
+    T_EQ(extract(SRV_TOOLS_FUNCTIONARY, "<function=f>{\n\t\"a\": 1\n}\n</function>\n", NULL, &r),
+         1);
+    srv_tool_reply_free(&r);
     static const char *const not_calls[] = {
         "<function=f>{\"a\": </function>",
         "<function=>{}</function>",

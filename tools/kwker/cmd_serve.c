@@ -46,10 +46,11 @@ static void usage(FILE *f)
             "                           flight finish for up to S seconds, then stop (a second\n"
             "                           signal stops at once; default 30; 0: cancel them)\n"
             CLI_TEMPLATE_FILE_USAGE
-            "  --tool-format F          how the model writes tool calls: hermes (<tool_call>\n"
-            "                           blocks: Qwen, Hermes), llama3 ({\"name\", \"parameters\"})\n"
-            "                           or generic (a JSON reply described in the system prompt)\n"
-            "                           (default: read off the chat template)\n"
+            "  --tool-format F          how the model writes tool calls: hermes (<tool_call>:\n"
+            "                           Qwen, Hermes), llama3 ({\"name\", \"parameters\"}),\n"
+            "                           mistral_nemo, functionary, deepseek_r1, firefunction,\n"
+            "                           command_r_plus or generic (a JSON reply described in the\n"
+            "                           system prompt) (default: read off the chat template)\n"
             "  --quiet                  no per-request log lines\n");
 }
 

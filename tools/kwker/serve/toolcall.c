@@ -803,10 +803,7 @@ int srv_tools_parse(struct srv_req *r, json_t *root, int format, struct srv_err 
         (srv_tool_format_generic(format) && add_generic_system(r, e)))
         goto out;
 history: /* earlier calls and results reach the template whether or not tools are offered now */
-    if (format == SRV_TOOLS_GENERIC)
-        rc = generic_history(r, e);
-    else
-        rc = format == SRV_TOOLS_COMMAND_R ? 0 : native_history(r, root, format, e);
+    rc = format == SRV_TOOLS_GENERIC ? generic_history(r, e) : native_history(r, root, format, e);
 out:
     json_decref(seen);
     return rc;

@@ -237,8 +237,9 @@ static json_t *functionary_one(const char *p, const char *end, uint64_t seed, si
     json_t *call =
         json_is_object(args) ? named_call(name, (size_t)(q - name), args, seed, index) : NULL;
     json_decref(args);
-    if (call && starts(*next, end, "</function>"))
-        *next += strlen("</function>");
+    const char *close = skip_ws(*next, end); /* the arguments' grammar ends with a space */
+    if (call && starts(close, end, "</function>"))
+        *next = close + strlen("</function>");
     return call;
 }
 
