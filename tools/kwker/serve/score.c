@@ -34,8 +34,9 @@ int srv_trunc_resolve(int truncate, int max_tokens, struct srv_trunc *t, struct 
 /* model (optional, as vLLM's), truncate_prompt_tokens, use_activation and user. */
 static int sc_common(json_t *root, char **model, int *truncate, int *use_act, struct srv_err *e)
 {
-    json_t *m = json_object_get(root, "model"), *t = json_object_get(root, "truncate_prompt_tokens");
-    json_t *a = json_object_get(root, "use_activation"), *u = json_object_get(root, "user");
+    json_t *m = json_object_get(root, "model"), *u = json_object_get(root, "user");
+    json_t *t = json_object_get(root, "truncate_prompt_tokens");
+    json_t *a = json_object_get(root, "use_activation");
     if (m && !json_is_null(m)) {
         if (!json_is_string(m))
             return srv_err_type(e, "model", "a string");
