@@ -801,6 +801,34 @@ static void test_firefunction_context(void)
     srv_req_free(&r);
 }
 
+/* An R1 reply's reasoning as "reasoning_content": in the message, and streamed as one delta
+ * before the finish chunk; the content and calls without it. */
+static void test_reasoning_reply(void)
+{
+    static const char text[] =
+        "Paris is sunny?</think>\n\n" R1_CALLS_BEGIN R1_CALL("get_weather", "{\"city\": \"Paris\"}")
+            R1_CALLS_END;
+    struct srv_req q = {.tool_format = SRV_TOOLS_DEEPSEEK_R1, .tool_choice = SRV_TOOL_AUTO};
+    struct srv_tool_reply tr;
+    srv_tools_extract(&q, text, sizeof text - 1, 5, &tr);
+    struct srv_ctx c = {.kind = SRV_CHAT, .id = "chatcmpl-1", .model = "m", .tools = &tr};
+    struct srv_buf b = {0};
+    srv_json_response(&b, &c, text, sizeof text - 1, NULL, 0, KWK_FINISH_STOP, 1, 2);
+    json_t *j = b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    T_STREQ(json_string_value(json_object_get(msg, "reasoning_content")), "Paris is sunny?");
+    T_TRUE(json_is_null(json_object_get(msg, "content")));
+    T_EQ(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    json_decref(j);
+    b.len = 0;
+    srv_sse_finish(&b, &c, KWK_FINISH_STOP);
+    T_CONTAINS(b.p, "{\"reasoning_content\":\"Paris is sunny?\"}");
+    T_CONTAINS(b.p, "\"finish_reason\":\"tool_calls\"");
+    T_TRUE(strstr(b.p, "reasoning_content") < strstr(b.p, "finish_reason\":\"tool_calls"));
+    srv_buf_free(&b);
+    srv_tool_reply_free(&tr);
+}
+
 int main(void)
 {
     test_detect();
@@ -823,5 +851,6 @@ int main(void)
     test_format_grammars();
     test_native_history();
     test_firefunction_context();
+    test_reasoning_reply();
     return t_report("test_toolcall");
 }

@@ -188,3 +188,18 @@ def test_required_and_named_calls(server, parallel):
             got = [dict(c, id=None) for c in got]
             want = [dict(c, id=None) for c in want]
         assert got == want
+
+
+def test_auto_free_text_is_content(server):
+    """tool_choice "auto": a reply that never writes the format's opening is free text (the
+    lazy grammar never triggered), all of it content, streamed to the same text."""
+    client = server.client()
+    model = client.models.list().data[0].id
+    kw = dict(model=model, tools=[WEATHER], temperature=0, max_tokens=40,
+              messages=[{"role": "user", "content": "What is the capital of France?"}])
+    ch = client.chat.completions.create(**kw).choices[0]
+    assert not ch.message.tool_calls and ch.finish_reason in ("stop", "length"), ch
+    assert ch.message.content is not None  # (SmolLM2 under Mistral's template stops at once)
+    parts = [p.choices[0].delta.content or ""
+             for p in client.chat.completions.create(stream=True, **kw) if p.choices]
+    assert "".join(parts) == ch.message.content
