@@ -446,9 +446,10 @@ static json_t *json_format_schema(const struct srv_req *r, int format)
     }
 }
 
+/* The tool Functionary's python tag calls (toolcall_reply.c reads the tag's code as its) */
 static int is_python(const char *name)
 {
-    return !strcmp(name, "python") || !strcmp(name, "ipython");
+    return !strcmp(name, "python");
 }
 
 /* Functionary's and R1's calls name the tool outside the arguments' JSON: one rule a tool
