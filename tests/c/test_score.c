@@ -46,6 +46,17 @@ static int fake_encode(void *user, const char *text, size_t len, int32_t *ids, s
     return cap < *n ? KWK_ELIMIT : 0;
 }
 
+/* fake_encode truncated as Hugging Face truncates: [101] the first cap - 2 bytes [102]. */
+static int fake_trunc(void *user, const char *text, size_t len, int32_t *ids, size_t cap,
+                      size_t *n)
+{
+    if (cap < 2) {
+        *n = len + 2;
+        return KWK_ELIMIT;
+    }
+    return fake_encode(user, text, len + 2 > cap ? cap - 2 : len, ids, cap, n);
+}
+
 static int score(const char *body, struct srv_score_req *r, struct srv_err *e)
 {
     return srv_score_parse(r, body, strlen(body), e);
@@ -198,6 +209,18 @@ static void test_pack_texts(void)
     T_STREQ(e.param, "documents");
     T_CONTAINS(e.msg, "'documents[1]' holds more");
     srv_score_req_free(&r);
+    /* truncated: to 3, "too long" is [101] t o [102]; to 1, no room for the special tokens */
+    struct srv_trunc k = {.limit = 4, .strict = 0};
+    T_EQ(score("{\"queries\":[\"a\",\"b\"],\"documents\":[\"c\",\"too long\"]}", &r, &e), 0);
+    T_EQ(srv_score_pack_texts(&r, fake_trunc, NULL, &k, &e), 0);
+    T_EQ(r.uniq.offs[4], 3 + 3 + 3 + 4);
+    srv_score_req_free(&r);
+    k.limit = 1;
+    T_EQ(score("{\"text_1\":\"a\",\"text_2\":\"b\"}", &r, &e), 0);
+    T_EQ(srv_score_pack_texts(&r, fake_trunc, NULL, &k, &e), -1);
+    T_STREQ(e.param, "truncate_prompt_tokens");
+    T_CONTAINS(e.msg, "too few tokens");
+    srv_score_req_free(&r);
 }
 
 static void test_score_reply(void)
@@ -290,6 +313,13 @@ static void test_classify_body(void)
     T_EQ(srv_classify_parse(&r, body, strlen(body), &lim, &e), 0);
     T_EQ(srv_classify_pack(&r, fake_encode, NULL, &t, &e), -1);
     T_STREQ(e.code, "context_length_exceeded");
+    srv_classify_req_free(&r);
+    body = "{\"input\":[\"abc\",\"d\"]}";
+    t.limit = 1;
+    t.strict = 0;
+    T_EQ(srv_classify_parse(&r, body, strlen(body), &lim, &e), 0);
+    T_EQ(srv_classify_pack(&r, fake_trunc, NULL, &t, &e), -1);
+    T_STREQ(e.param, "truncate_prompt_tokens");
     srv_classify_req_free(&r);
     body = "{\"input\":\"a\",\"use_activation\":1}";
     T_EQ(srv_classify_parse(&r, body, strlen(body), &lim, &e), -1);

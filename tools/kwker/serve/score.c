@@ -17,6 +17,17 @@
 
 /* ---- the fields both bodies share -------------------------------------------------------- */
 
+/* A text over a limit the request set (truncation cannot go below the special tokens): the
+ * field at fault is truncate_prompt_tokens. */
+static int sc_trunc_failed(const struct srv_trunc *t, struct srv_err *e)
+{
+    if (!t->strict && e->code && !strcmp(e->code, "context_length_exceeded"))
+        srv_err_set(e, 400, SC_INVALID, "truncate_prompt_tokens", "invalid_value",
+                    "'truncate_prompt_tokens' is %d: too few tokens for a text's special tokens",
+                    t->limit);
+    return -1;
+}
+
 int srv_trunc_resolve(int truncate, int max_tokens, struct srv_trunc *t, struct srv_err *e)
 {
     t->limit = truncate > 0 ? truncate : max_tokens;
@@ -285,6 +296,8 @@ int srv_score_pack_texts(struct srv_score_req *r, srv_encode_fn encode, void *us
         return -1;
     if (!srv_embed_pack(&r->uniq, encode, user, &lim, e))
         return 0;
+    if (!t->strict)
+        return sc_trunc_failed(t, e);
     if (e->http == 400 && r->uniq.failed >= 0) { /* name the text as the body has it */
         const char *name;
         int idx;
@@ -343,7 +356,7 @@ int srv_classify_pack(struct srv_classify_req *r, srv_encode_fn encode, void *us
     for (int i = 0; !t->strict && i < r->in.n_in; i++)
         if (!r->in.in[i].text && r->in.in[i].n_ids > t->limit)
             r->in.in[i].n_ids = t->limit;
-    return srv_embed_pack(&r->in, encode, user, &lim, e);
+    return srv_embed_pack(&r->in, encode, user, &lim, e) ? sc_trunc_failed(t, e) : 0;
 }
 
 void srv_classify_req_free(struct srv_classify_req *r)
