@@ -25,6 +25,14 @@ from kwker.tokenizer import Tokenizer  # noqa: E402
 from llamacpp import SHARED_DATA as DATA  # noqa: E402  (bench/: the script's own folder)
 
 
+def unigram_file():
+    """XLM-R's shape: the SentencePiece unigram (nmt_nfkc charsmap, Metaspace) that the tests
+    train on War and Peace's first 300 kB (tests/python/tiny_spm.py; cached after one run)."""
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    import tiny_spm
+    return tiny_spm.spm_dir() / "tokenizer.json"
+
+
 def tokenizer_files(tmp):
     t = DATA / "tokenizers"
     llama3 = Path(tmp) / "llama3"
@@ -37,6 +45,7 @@ def tokenizer_files(tmp):
         "llama3": llama3 / "tokenizer.json",
         "llama2": t / "llama2-tinyllama" / "tokenizer.json",
         "bert": t / "bert-uncased" / "bert-base-uncased.tokenizer.json",
+        "unigram": unigram_file(),
     }
 
 

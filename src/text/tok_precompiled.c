@@ -88,6 +88,20 @@ static uint32_t unit_at(const uint8_t *trie, size_t i)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* Whether s[0..n) is UTF-8: a replacement that is not is never written (the steps after the
+ * normalizer match regexes without checking the text again). */
+static int is_utf8(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t l = tok_utf8_next(s + i, n - i, &cp);
+        if (cp == 0xFFFD && l == 1)
+            return 0;
+        i += l;
+    }
+    return 1;
+}
+
 /* The replacement of the shortest charsmap key that prefixes s[0..n), or NULL. */
 static const char *transform(const struct tok_step *st, const char *s, size_t n, size_t *out_n)
 {
@@ -120,7 +134,7 @@ static const char *transform(const struct tok_step *st, const char *s, size_t n,
             while (e < norm_n && norm[e])
                 e++;
             *out_n = e - v;
-            return norm + v;
+            return is_utf8(norm + v, e - v) ? norm + v : NULL;
         }
     }
     return NULL;
