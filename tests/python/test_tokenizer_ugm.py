@@ -221,3 +221,34 @@ def test_malformed_t5_vocabularies_are_errors(files, tmp_path, case, why):
     with pytest.raises(KwkError) as e:
         Tokenizer(str(bad))
     assert str(bad) in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_charsmap_replacement_not_utf8_is_not_written(tmp_path):
+    """A charsmap whose replacement is not UTF-8 (here A's "a" patched to 0xFF) leaves the text
+    as it was (the steps after the normalizer match regexes on UTF-8 text): the same ids as the
+    file without that charsmap, where the rule's absence leaves "A" too; the intact file maps it."""
+    import sentencepiece
+    (tmp_path / "rules.tsv").write_text("41\t61\n")
+    war = (SHARED_DATA / "text" / "war-and-peace.txt").read_text(encoding="utf-8")
+    (tmp_path / "t.txt").write_text(war[:20000] + "\nABC x\n")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(tmp_path / "t.txt"), model_prefix=str(tmp_path / "sentencepiece.bpe"),
+        vocab_size=150, model_type="unigram", normalization_rule_tsv=str(tmp_path / "rules.tsv"),
+        minloglevel=2, num_threads=1)
+    tiny_spm.hf_tokenizer(tmp_path).save_pretrained(str(tmp_path))
+    good = tiny_spm.vocab_gguf(tmp_path, tmp_path / "good.gguf")
+    cm = bytes(int(x[0]) for x in (lambda f: [f.parts[i] for i in f.data])(
+        gguf.GGUFReader(str(good)).fields["tokenizer.ggml.precompiled_charsmap"]))
+    trie = int.from_bytes(cm[:4], "little")
+    strings = cm[4 + trie:]
+    at = strings.index(b"a\x00")
+    assert at == 0 or strings[at - 1] == 0, "the replacement 'a' must be a whole string"
+    patched = cm[:4 + trie] + strings[:at] + b"\xff" + strings[at + 1:]
+    bad = _rewrite(good, tmp_path / "bad.gguf",
+                   replace={"tokenizer.ggml.precompiled_charsmap": patched})
+    none = _rewrite(good, tmp_path / "none.gguf", drop=("tokenizer.ggml.precompiled_charsmap",))
+    kg, kb, kn = (Tokenizer(str(p)) for p in (good, bad, none))
+    assert kg.encode("A") == kg.encode("a") != kn.encode("A")
+    # written, the byte would also stop the collapse of "  " (its regex refuses such a text)
+    for text in ["A  b   A", "ABC", "x A\u3000y  z"]:
+        assert kb.encode(text) == kn.encode(text), repr(text)
