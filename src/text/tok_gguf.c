@@ -4,6 +4,7 @@
  * "t5" SentencePiece unigram with its charsmap.
  * Load time only; any thread. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -317,7 +318,9 @@ out:
  * llama.cpp reads them). That is SentencePiece's own treatment of spaces, and what llama.cpp's
  * UGM tokenizer gives as well. Scores come from tokenizer.ggml.scores; an unknown character
  * costs the lowest normal score less 10, as in all three. */
-static int load_ugm(struct gv *v)
+/* The unigram's scores, the lowest normal one (unknown characters cost it less 10), byte
+ * fallback when the vocabulary has byte pieces, the unknown id. */
+static int ugm_scores(struct gv *v)
 {
     struct kwk_tokenizer *t = v->t;
     const struct kwk_gguf_kv *sk = kwk_gguf_find(&v->g, "tokenizer.ggml.scores");
@@ -332,9 +335,9 @@ static int load_ugm(struct gv *v)
     int any_normal = 0, any_byte = 0;
     for (int64_t i = 0; i < v->n; i++) {
         double x = 0;
-        if (kwk_gguf_arr_f64(sk, (uint64_t)i, &x) || x != x)
+        if (kwk_gguf_arr_f64(sk, (uint64_t)i, &x) || !isfinite(x))
             return kwk_err_set(v->err, KWK_EFORMAT, "%s: tokenizer.ggml.scores[%lld] is not a "
-                               "number", v->path, (long long)i);
+                               "finite number", v->path, (long long)i);
         t->scores[i] = x;
         int ty = ttype(v, i);
         any_byte |= ty == TT_BYTE;
@@ -346,16 +349,17 @@ static int load_ugm(struct gv *v)
     t->min_score = lowest;
     t->fuse_unk = 1;
     t->byte_fallback = any_byte;
-    if (t->unk_id < 0)
-        for (int64_t i = 0; i < v->n && t->unk_id < 0; i++)
-            if (ttype(v, i) == TT_UNKNOWN)
-                t->unk_id = (int32_t)i;
+    for (int64_t i = 0; i < v->n && t->unk_id < 0; i++)
+        if (ttype(v, i) == TT_UNKNOWN)
+            t->unk_id = (int32_t)i;
+    return 0;
+}
 
-    int add_space = 0, collapse = 0; /* llama.cpp's reading of a file without the keys */
-    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.add_space_prefix", &add_space);
-    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.remove_extra_whitespaces", &collapse);
+/* The normalizer: the charsmap, then with collapse Strip(right) and Replace(" {2,}", "▁"). */
+static int ugm_normalizer(struct gv *v, int collapse)
+{
+    struct kwk_tokenizer *t = v->t;
     const struct kwk_gguf_kv *cm = kwk_gguf_find(&v->g, "tokenizer.ggml.precompiled_charsmap");
-    int has_map = cm && cm->type == KWK_GGUF_ARRAY && cm->arr_len > 0;
     if (cm && !(cm->type == KWK_GGUF_ARRAY &&
                 (cm->arr_type == KWK_GGUF_UINT8 || cm->arr_type == KWK_GGUF_INT8)))
         return kwk_err_set(v->err, KWK_EFORMAT, "%s: tokenizer.ggml.precompiled_charsmap is not "
@@ -365,7 +369,7 @@ static int load_ugm(struct gv *v)
         return -ENOMEM;
     t->normalizer = (struct tok_step){.kind = TOK_N_SEQ, .subs = ns};
     int rc = 0;
-    if (has_map) {
+    if (cm && cm->arr_len > 0) {
         ns[t->normalizer.n_subs++].kind = TOK_N_PRECOMPILED;
         rc = tok_precompiled_init_raw(&ns[0], cm->val, (size_t)cm->arr_len, v->err);
         if (rc)
@@ -381,17 +385,28 @@ static int load_ugm(struct gv *v)
         r->content_len = 3;
         if (!r->content)
             return -ENOMEM;
-        if ((rc = tok_compile_regex(&r->re, " {2,}", 5, v->err)))
-            return rc;
+        rc = tok_compile_regex(&r->re, " {2,}", 5, v->err);
     }
+    return rc;
+}
+
+static int load_ugm(struct gv *v)
+{
+    struct kwk_tokenizer *t = v->t;
+    int add_space = 0, collapse = 0; /* llama.cpp's reading of a file without the keys */
+    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.add_space_prefix", &add_space);
+    kwk_gguf_get_bool(&v->g, "tokenizer.ggml.remove_extra_whitespaces", &collapse);
+    int rc = ugm_scores(v);
+    if (!rc)
+        rc = ugm_normalizer(v, collapse);
+    if (rc)
+        return rc;
     int scheme = add_space ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
     t->pretok = (struct tok_step){.kind = TOK_P_METASPACE, .prepend_scheme = scheme, .split = 1,
                                   .content = kwk_strdup("\xE2\x96\x81"), .content_len = 3};
     t->decoder = (struct tok_step){.kind = TOK_D_METASPACE, .prepend_scheme = scheme,
                                    .content = kwk_strdup("\xE2\x96\x81"), .content_len = 3};
-    if (!t->pretok.content || !t->decoder.content)
-        return -ENOMEM;
-    return 0;
+    return t->pretok.content && t->decoder.content ? 0 : -ENOMEM;
 }
 
 /* [CLS] and [SEP]: gguf-py's converter writes them as bos / eos (and seperator_token_id, so

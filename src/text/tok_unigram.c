@@ -21,14 +21,20 @@ int tok_unigram_word(const struct kwk_tokenizer *t, const char *w, size_t n,
         rc = -12;
         goto out;
     }
+    /* A position is reached once any path ends there, whatever its score: the first path
+     * found is kept unless a later one scores strictly more (HF's lattice does the same, so
+     * scores that sum to -inf still give its path, and the walk back only follows set links). */
     double unk_score = t->min_score - UNK_PENALTY;
-    for (size_t i = 0; i <= n; i++)
+    for (size_t i = 0; i <= n; i++) {
         best[i] = -DBL_MAX;
+        from[i] = -1;
+    }
     best[0] = 0;
+    from[0] = 0;
     for (size_t i = 0; i < n;) {
         size_t cl = tok_utf8_len((uint8_t)w[i]);
         cl = KWK_MIN(cl, n - i);
-        if (best[i] > -DBL_MAX) {
+        if (from[i] >= 0) {
             int single = 0;
             for (size_t j = i + 1; j <= n && j - i <= t->max_piece_len; j++) {
                 int32_t id = tok_map_get(&t->vocab, w + i, j - i);
@@ -37,7 +43,7 @@ int tok_unigram_word(const struct kwk_tokenizer *t, const char *w, size_t n,
                 if (j == i + cl)
                     single = 1;
                 double s = best[i] + t->scores[id];
-                if (s > best[j]) {
+                if (from[j] < 0 || s > best[j]) {
                     best[j] = s;
                     from[j] = (int32_t)i;
                     tok[j] = id;
@@ -45,7 +51,7 @@ int tok_unigram_word(const struct kwk_tokenizer *t, const char *w, size_t n,
             }
             if (!single) {
                 double s = best[i] + unk_score;
-                if (s > best[i + cl]) {
+                if (from[i + cl] < 0 || s > best[i + cl]) {
                     best[i + cl] = s;
                     from[i + cl] = (int32_t)i;
                     tok[i + cl] = -2;
@@ -54,6 +60,8 @@ int tok_unigram_word(const struct kwk_tokenizer *t, const char *w, size_t n,
         }
         i += cl;
     }
+    if (from[n] < 0) /* cannot happen: every character boundary is reached (a piece or unk) */
+        goto out;
     /* Walk back, then emit forwards; unknown runs fuse into one unk (or bytes). */
     size_t count = 0;
     for (size_t j = n; j > 0; j = (size_t)from[j])
