@@ -331,9 +331,12 @@ static int check_seq(const struct kwk_encoder *e, const int32_t *ids, int n, int
     if (n <= 0)
         return kwk_err_set(err, KWK_EARG, "sequence %d is empty", i);
     if (n > e->max_tokens && e->max_tokens < e->c->max_position)
-        return kwk_err_set(err, KWK_ELIMIT, "sequence %d has %d tokens; the model takes at most "
-                           "%d (its sentence-transformers max_seq_length or tokenizer "
-                           "model_max_length; its positions hold %d)", i, n, e->max_tokens,
+        return kwk_err_set(err, KWK_ELIMIT, "sequence %d has %d tokens; the encoder takes at "
+                           "most %d (%s; its positions hold %d)", i, n, e->max_tokens,
+                           e->max_tokens == kwk_config_max_tokens(e->c)
+                               ? "the model's sentence-transformers max_seq_length or tokenizer "
+                                 "model_max_length"
+                               : "the limit it was made with",
                            e->c->max_position);
     if (n > e->max_tokens)
         return kwk_err_set(err, KWK_ELIMIT, "sequence %d has %d tokens; the model takes at most "

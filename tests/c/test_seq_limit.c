@@ -53,6 +53,10 @@ static const struct limit_case cases[] = {
     /* sentence-transformers builds a folder without modules.json afresh: its file is unread */
     {"plain_st_40", 0, "{\"max_seq_length\": 40}", "{\"model_max_length\": 512}", 0, 512, 128},
     {"plain_tok_48", 0, NULL, "{\"model_max_length\": 48}", 0, 48, 48},
+    /* transformers' older key, read only when model_max_length is not in the file */
+    {"tok_max_len_48", 0, NULL, "{\"max_len\": 48}", 0, 48, 48},
+    {"tok_both", 0, NULL, "{\"model_max_length\": 60, \"max_len\": 48}", 0, 60, 60},
+    {"tok_null_max_len", 0, NULL, "{\"model_max_length\": null, \"max_len\": 48}", 0, 0, 128},
     {"st_null_tok_48", 1, "{\"max_seq_length\": null}", "{\"model_max_length\": 48}", 0, 48, 48},
     {"st_none_tok_48", 1, "{\"do_lower_case\": false}", "{\"model_max_length\": 48}", 0, 48, 48},
     /* max_seq_length wins over the tokenizer's, even above the positions */
