@@ -6,12 +6,16 @@ and documents, truncation longest_first to the model's positions). Also: orderin
 return_documents, Jina's / Cohere's object documents, documents longer than the model, the 400s
 (bad bodies, an embedding model without a head, a head of three labels, a decoder), concurrent
 clients (bitwise the scores of each alone, embeddings requests in between), --max-queue, a
-client that goes away, and `kwker rerank` printing the server's reply. Nothing here asserts on
-time.
+client that goes away, a request of megabytes tokenized off the event loop (/health answers
+meanwhile: compared with the big request's own time, no absolute time), and `kwker rerank`
+printing the server's reply.
 """
 import concurrent.futures
+import http.client
 import json
+import socket
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -386,6 +390,52 @@ def test_max_queue(ce_path):
     busy = [j for st, j in replies[1:] if st == 503]
     assert all(st in (200, 503) for st, _ in replies[1:])
     assert 1 <= len(busy) <= 4 and "--max-queue" in busy[0]["error"]["message"]
+
+
+def test_tokenizing_leaves_the_event_loop_free(ce_path, hf):
+    """About 7 MB of documents: the event loop only parses the body, the encoder worker
+    tokenizes the pairs (a second or more of WordPiece). GET /health, asked again and again
+    while the big request runs, is answered first, and each time within half the big request's
+    time: were the loop tokenizing, the /health asked meanwhile would wait for all of it. The
+    big reply is still transformers' scores, each pair truncated to the model's length."""
+    units = [DOCS[0], DOCS[1], DOCS[2], DOCS[7]]  # ASCII: the body is as long as the text
+    docs = [" ".join(units[(k + i) % 4] for i in range(22000)) for k in range(8)]
+    body = json.dumps({"query": QUERY, "documents": docs}).encode()
+    assert 6 << 20 < len(body) < 8 << 20
+    s = Server("--model", ce_path, "--max-body", 16 << 20, "--timeout", 300)
+    try:
+        mid = s.client().models.list().data[0].id
+        big = socket.create_connection(("127.0.0.1", s.port))
+        big.settimeout(600)
+
+        def big_reply():
+            resp = http.client.HTTPResponse(big)
+            resp.begin()
+            data = resp.read()
+            return time.monotonic(), resp.status, json.loads(data)
+        health = []  # (sent, answered, status) of each /health
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            big.sendall(b"POST /v1/rerank HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                        b"application/json\r\nContent-Length: " + str(len(body)).encode() +
+                        b"\r\n\r\n" + body)
+            t_sent = time.monotonic()
+            waiter = ex.submit(big_reply)
+            while not waiter.done():
+                t = time.monotonic()
+                status, _ = request(s.port, "GET", "/health", key=None)
+                health.append((t, time.monotonic(), status))
+            t_big, big_status, j = waiter.result()
+        big.close()
+    finally:
+        s.stop()
+    assert all(st == 200 for _, _, st in health)
+    assert health[0][1] < t_big
+    slowest = max(done - sent for sent, done, _ in health)
+    assert slowest < (t_big - t_sent) / 2, (slowest, t_big - t_sent, len(health))
+    assert big_status == 200, j
+    assert j["model"] == mid
+    np.testing.assert_allclose(by_index(j), hf_scores(hf, 128, QUERY, docs), rtol=1e-5, atol=0)
+    assert j["usage"] == {"prompt_tokens": 8 * 128, "total_tokens": 8 * 128}
 
 
 def cli_rerank(path, *args, stdin=None):

@@ -4,8 +4,10 @@
  * kind (embeddings, or a reranker's pairs through the classification head) as fit in the
  * encoder's batch, so concurrent clients share passes instead of queueing one pass each. A
  * sequence's embedding or logits do not depend on what it is batched with (kwk_encoder_embed,
- * kwk_encoder_classify), so batching never changes an answer. srv_embedq_submit from any
- * thread (http.c: the event loop); each job's done callback on the worker's thread. */
+ * kwk_encoder_classify), so batching never changes an answer. A job's prepare hook (a request's
+ * texts to token ids) runs here too, as the job is taken: tokenizing megabytes of text takes
+ * seconds, which the submitter's event loop must not spend. srv_embedq_submit from any thread
+ * (http.c: the event loop); each job's prepare and done callbacks on the worker's thread. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,9 @@ struct srv_embedq {
     int n_queued, max_queue;
     int stopping;
     _Atomic uint64_t batches, seqs;
+    /* the worker's: a prepared job taken off the queue that did not fit in the last batch, the
+     * first of the next */
+    struct srv_embed_job *held;
     /* the worker's: several jobs' sequences joined for one call */
     int32_t *ids, *types, *offs;
     float *out;
@@ -40,32 +45,40 @@ static size_t job_width(const struct srv_embedq *q, const struct srv_embed_job *
     return (size_t)(j->classify ? q->n_labels : q->dim);
 }
 
-/* Whole jobs off the queue's head while their tokens fit and they ask for what the first asks
- * (the first always: one request larger than a batch runs alone, and the encoder cuts it into
- * passes). Under q->mu. */
-static struct srv_embed_job *take(struct srv_embedq *q)
-{
-    struct srv_embed_job *first = q->head, *last = first;
-    size_t tokens = job_tokens(first);
-    while (last->next && last->next->classify == first->classify &&
-           tokens + job_tokens(last->next) <= q->batch_tokens) {
-        last = last->next;
-        tokens += job_tokens(last);
-    }
-    for (struct srv_embed_job *j = first; j != last->next; j = j->next)
-        q->n_queued--;
-    q->head = last->next;
-    if (!q->head)
-        q->tail = NULL;
-    last->next = NULL;
-    return first;
-}
-
 static void finish(struct srv_embedq *q, struct srv_embed_job *j, int status, const char *msg)
 {
     if (!status)
         atomic_fetch_add_explicit(&q->seqs, (uint64_t)j->n_seqs, memory_order_relaxed);
     j->done(j, status, msg); /* may free j */
+}
+
+/* The queue's head off it. Under q->mu, with a head. */
+static struct srv_embed_job *pop(struct srv_embedq *q)
+{
+    struct srv_embed_job *j = q->head;
+    q->head = j->next;
+    if (!q->head)
+        q->tail = NULL;
+    q->n_queued--;
+    j->next = NULL;
+    return j;
+}
+
+/* j's prepare, once, unless its client is gone; a job that cannot run ends here. 0 when it
+ * can run. */
+static int prepare(struct srv_embedq *q, struct srv_embed_job *j)
+{
+    int (*fn)(struct srv_embed_job *) = j->prepare;
+    if (atomic_load_explicit(&j->canceled, memory_order_relaxed)) {
+        finish(q, j, KWK_ECANCELED, "the client went away");
+        return -1;
+    }
+    j->prepare = NULL;
+    if (fn && fn(j)) {
+        finish(q, j, KWK_EARG, j->err.msg);
+        return -1;
+    }
+    return 0;
 }
 
 static int encode(struct srv_embedq *q, int classify, const int32_t *ids, const int32_t *types,
@@ -164,27 +177,71 @@ static void run(struct srv_embedq *q, struct srv_embed_job *jobs)
     }
 }
 
+/* The first job of the next batch: the one held back from the last, else the queue's head
+ * (waiting for one). NULL when stopping, after ending the held and the queued jobs. */
+static struct srv_embed_job *next_first(struct srv_embedq *q)
+{
+    pthread_mutex_lock(&q->mu);
+    while (!q->held && !q->head && !q->stopping)
+        pthread_cond_wait(&q->cv, &q->mu);
+    if (q->stopping) {
+        struct srv_embed_job *j = q->head, *next;
+        if (q->held) {
+            q->held->next = j;
+            j = q->held;
+        }
+        q->head = q->tail = q->held = NULL;
+        pthread_mutex_unlock(&q->mu);
+        for (; j; j = next) {
+            next = j->next;
+            finish(q, j, KWK_ECANCELED, "the server is shutting down");
+        }
+        return NULL;
+    }
+    struct srv_embed_job *j = q->held ? q->held : pop(q);
+    q->held = NULL;
+    pthread_mutex_unlock(&q->mu);
+    return j;
+}
+
+/* The queue's head when it asks for what classify says and the worker is not stopping, else
+ * NULL. */
+static struct srv_embed_job *pop_same(struct srv_embedq *q, int classify)
+{
+    struct srv_embed_job *j = NULL;
+    pthread_mutex_lock(&q->mu);
+    if (!q->stopping && q->head && q->head->classify == classify)
+        j = pop(q);
+    pthread_mutex_unlock(&q->mu);
+    return j;
+}
+
+/* Whole jobs, each prepared as it is taken, while their tokens fit and they ask for what the
+ * first asks (the first always: one request larger than a batch runs alone, and the encoder
+ * cuts it into passes); the first that does not fit is held for the next batch. */
 static void *worker(void *arg)
 {
     struct srv_embedq *q = arg;
-    for (;;) {
-        pthread_mutex_lock(&q->mu);
-        while (!q->head && !q->stopping)
-            pthread_cond_wait(&q->cv, &q->mu);
-        if (q->stopping) {
-            struct srv_embed_job *j = q->head, *next;
-            q->head = q->tail = NULL;
-            pthread_mutex_unlock(&q->mu);
-            for (; j; j = next) {
-                next = j->next;
-                finish(q, j, KWK_ECANCELED, "the server is shutting down");
+    struct srv_embed_job *first, *last, *j;
+    while ((first = next_first(q))) {
+        if (prepare(q, first))
+            continue;
+        size_t tokens = job_tokens(first);
+        last = first;
+        while (tokens < q->batch_tokens && (j = pop_same(q, first->classify))) {
+            if (prepare(q, j))
+                continue;
+            if (tokens + job_tokens(j) > q->batch_tokens) {
+                q->held = j;
+                break;
             }
-            return NULL;
+            last->next = j;
+            last = j;
+            tokens += job_tokens(j);
         }
-        struct srv_embed_job *jobs = take(q);
-        pthread_mutex_unlock(&q->mu);
-        run(q, jobs);
+        run(q, first);
     }
+    return NULL;
 }
 
 struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens, int max_queue)

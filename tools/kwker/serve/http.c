@@ -3,8 +3,10 @@
  * engine's thread, which only copies them into the request and resumes its connection. srv_run
  * runs on the main thread; on_request / stream_read / on_completed on the event-loop thread;
  * on_event on the engine's thread. An encoder (embedding or reranking) model has no engine: its
- * requests (/v1/embeddings, /v1/rerank, /v1/score, /v1/classify) go to the encoder worker
- * (embedq.c), whose thread calls embed_done as the engine's calls on_event.
+ * requests (/v1/embeddings, /v1/rerank, /v1/score, /v1/classify) are parsed on the event loop
+ * and go to the encoder worker (embedq.c), whose thread tokenizes their texts (the routes'
+ * *_prepare: megabytes of text would hold every connection for seconds), runs the model and
+ * calls embed_done as the engine's calls on_event.
  *
  * Lifetimes: a request (struct rq) is reference-counted under its mutex. References: the
  * connection (dropped in on_completed, whichever way the request ends), the engine (taken before
@@ -79,11 +81,15 @@ struct rq {
     struct srv_rerank_req rreq; /* R_RERANK: the body, then its pairs' token ids */
     struct srv_score_req sreq; /* R_SCORE: the body, then its pairs' or texts' token ids */
     struct srv_classify_req creq; /* R_CLASSIFY: the body, then its inputs' token ids */
+    struct srv_trunc trunc;    /* R_SCORE, R_CLASSIFY: truncate_prompt_tokens resolved */
     struct srv_embed_job job;  /* R_EMBED, R_RERANK, R_SCORE, R_CLASSIFY: what the encoder
-                                * worker runs */
+                                * worker tokenizes (the route's *_prepare) and runs; from
+                                * submit to embed_done the worker's alone, with ereq .. creq,
+                                * vec and n_prompt */
     float *vec;                /* written by the worker: R_EMBED [n_in][dim], R_RERANK
                                 * [n_docs] logits, then scores; R_SCORE [pairs] logits or
-                                * [distinct texts][dim]; R_CLASSIFY [n_in][n_labels] */
+                                * [distinct texts][dim]; R_CLASSIFY [n_in][n_labels];
+                                * allocated by the worker (job_out) */
     struct srv_ctx ctx;
     char id[48];
     uint64_t eid;             /* the engine's id, 0 until submitted */
@@ -769,7 +775,8 @@ static enum MHD_Result tokenize_answer(struct rq *r)
     return rc;
 }
 
-/* ---- /v1/embeddings (event-loop thread; embed_done on the encoder worker's) ------------------ */
+/* ---- /v1/embeddings (event-loop thread; embed_prepare and embed_done on the encoder
+ * worker's) ---------------------------------------------------------------------------------- */
 
 /* The worker ended r's job: as on_event's DONE, copy and wake. */
 static void embed_done(struct srv_embed_job *j, int status, const char *msg)
@@ -789,18 +796,24 @@ static int encode_text(void *tok, const char *text, size_t len, int32_t *ids, si
     return kwk_tokenizer_encode(tok, text, len, 1, ids, cap, n);
 }
 
-/* Hand r's sequences (r->job's ids, offs, n_seqs, types and classify filled) to the worker,
- * its output into r->vec of width floats a sequence; 0, or -1 with e (503 when the queue is
- * full or the server is stopping). */
-static int job_submit(struct rq *r, size_t width, struct srv_err *e)
+/* Worker's thread, in a prepare hook once r->job's ids, offs, n_seqs (and types) are filled:
+ * its output into r->vec of width floats a sequence, and the tokens counted. 0, or -1 with
+ * r->job.err. */
+static int job_out(struct rq *r, size_t width)
+{
+    size_t n = (size_t)r->job.n_seqs * width;
+    if (!(r->vec = malloc(sizeof(float) * (n ? n : 1))))
+        return srv_err_oom(&r->job.err);
+    r->job.out = r->vec;
+    r->n_prompt = r->job.offs[r->job.n_seqs];
+    return 0;
+}
+
+/* Hand r's request to the worker, r->job = {.prepare, .classify} (prepare tokenizes there);
+ * 0, or -1 with e (503 when the queue is full or the server is stopping). */
+static int job_submit(struct rq *r, struct srv_err *e)
 {
     struct srv *s = r->s;
-    size_t n = (size_t)r->job.n_seqs * width;
-    if (!(r->vec = malloc(sizeof(float) * (n ? n : 1)))) {
-        srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
-        return -1;
-    }
-    r->job.out = r->vec;
     r->job.done = embed_done;
     r->job.user = r;
     pthread_mutex_lock(&r->mu);
@@ -825,11 +838,18 @@ static int job_submit(struct rq *r, size_t width, struct srv_err *e)
     return -1;
 }
 
-static int embed_submit(struct rq *r, struct srv_err *e)
+/* Worker's thread: r's inputs to token ids (the errors srv_embed_pack gives). */
+static int embed_prepare(struct srv_embed_job *j)
 {
+    struct rq *r = j->user;
+    struct srv *s = r->s;
     struct srv_embed_req *q = &r->ereq;
-    r->job = (struct srv_embed_job){.ids = q->ids, .offs = q->offs, .n_seqs = q->n_in};
-    return job_submit(r, (size_t)r->s->elim.dim, e);
+    if (srv_embed_pack(q, encode_text, s->tok, &s->elim, &j->err))
+        return -1;
+    j->ids = q->ids;
+    j->offs = q->offs;
+    j->n_seqs = q->n_in;
+    return job_out(r, (size_t)s->elim.dim);
 }
 
 /* The model named by a request (NULL: none, as /v1/rerank allows) is the one served: else a
@@ -857,18 +877,20 @@ static enum MHD_Result embed_route(struct rq *r)
     srv_buf_free(&r->body);
     if (!model_ok(s, r->ereq.model, &e))
         return respond_err(r, &e);
-    if (srv_embed_pack(&r->ereq, encode_text, s->tok, &s->elim, &e) || embed_submit(r, &e))
+    r->job = (struct srv_embed_job){.prepare = embed_prepare};
+    if (job_submit(r, &e))
         return respond_err(r, &e);
-    r->n_prompt = r->ereq.offs[r->ereq.n_in];
     r->state = RQ_WAIT;
     return answer(r);
 }
 
-/* The answer to an encoder job the worker ended with an error: 503 when it was cancelled
- * (shutdown), else 500 naming what failed. */
+/* The answer to an encoder job the worker ended with an error: its prepare's (the request's
+ * texts refused), 503 when it was cancelled (shutdown), else 500 naming what failed. */
 static enum MHD_Result encoder_job_failed(struct rq *r, const char *what)
 {
     struct srv_err e;
+    if (r->job.err.http)
+        return respond_err(r, &r->job.err);
     if (r->estatus == KWK_ECANCELED)
         srv_err_set(&e, 503, "server_error", NULL, "server_busy", "%s", r->err_msg);
     else
@@ -895,7 +917,7 @@ static enum MHD_Result embed_reply(struct rq *r)
     return rc;
 }
 
-/* ---- /v1/rerank (event-loop thread; the pairs run on the encoder worker's) ------------------- */
+/* ---- /v1/rerank (event-loop thread; the pairs are tokenized and run on the encoder worker's) - */
 
 int srv_encode_pair(void *pair_enc, const char *a, size_t na, const char *b, size_t nb,
                     int32_t *ids, int32_t *types, size_t cap, size_t *n)
@@ -952,6 +974,24 @@ static const char *rerank_refusal(const struct srv *s)
     return NULL;
 }
 
+/* Worker's thread: the (query, document) pairs to token ids. */
+static int rerank_prepare(struct srv_embed_job *j)
+{
+    struct rq *r = j->user;
+    struct srv *s = r->s;
+    struct srv_rerank_req *q = &r->rreq;
+    struct srv_pair_enc pe = {.tok = s->tok};
+    int packed = srv_rerank_pack(q, srv_encode_pair, &pe, s->elim.max_tokens, &j->err);
+    srv_pair_enc_free(&pe);
+    if (packed)
+        return -1;
+    j->ids = q->ids;
+    j->types = q->types;
+    j->offs = q->offs;
+    j->n_seqs = q->n_docs;
+    return job_out(r, 1);
+}
+
 static enum MHD_Result rerank_route(struct rq *r)
 {
     struct srv *s = r->s;
@@ -965,16 +1005,9 @@ static enum MHD_Result rerank_route(struct rq *r)
     srv_buf_free(&r->body);
     if (!model_ok(s, q->model, &e))
         return respond_err(r, &e);
-    struct srv_pair_enc pe = {.tok = s->tok};
-    int packed = srv_rerank_pack(q, srv_encode_pair, &pe, s->elim.max_tokens, &e);
-    srv_pair_enc_free(&pe);
-    if (packed)
+    r->job = (struct srv_embed_job){.prepare = rerank_prepare, .classify = 1};
+    if (job_submit(r, &e))
         return respond_err(r, &e);
-    r->job = (struct srv_embed_job){.ids = q->ids, .types = q->types, .offs = q->offs,
-                                    .n_seqs = q->n_docs, .classify = 1};
-    if (job_submit(r, 1, &e))
-        return respond_err(r, &e);
-    r->n_prompt = q->offs[q->n_docs];
     r->state = RQ_WAIT;
     return answer(r);
 }
@@ -1008,7 +1041,8 @@ static enum MHD_Result rerank_reply(struct rq *r)
     return rc;
 }
 
-/* ---- /v1/score and /v1/classify (event-loop thread; the model runs on the encoder worker's) -- */
+/* ---- /v1/score and /v1/classify (event-loop thread; tokenizing and the model on the encoder
+ * worker's) --------------------------------------------------------------------------------- */
 
 /* Why this server cannot answer /score, or NULL: a cross-encoder of one label scores each pair
  * with its head, an embedding model by the cosine of the two texts' embeddings (vLLM's). */
@@ -1025,25 +1059,33 @@ static const char *score_refusal(const struct srv *s)
     return NULL;
 }
 
-/* The request's token ids into r->job: a cross-encoder's pairs, or an embedding model's
- * distinct texts. 0 or -1 with e. */
-static int score_pack(struct rq *r, const struct srv_trunc *t, struct srv_err *e)
+/* Worker's thread: the request's token ids into r->job, a cross-encoder's pairs or an
+ * embedding model's distinct texts, truncated as r->trunc says. */
+static int score_prepare(struct srv_embed_job *j)
 {
+    struct rq *r = j->user;
     struct srv *s = r->s;
     struct srv_score_req *q = &r->sreq;
+    const struct srv_trunc *t = &r->trunc;
     if (!s->n_labels) {
-        if (srv_score_pack_texts(q, t->strict ? encode_text : srv_encode_truncated, s->tok, t, e))
+        if (srv_score_pack_texts(q, t->strict ? encode_text : srv_encode_truncated, s->tok, t,
+                                 &j->err))
             return -1;
-        r->job = (struct srv_embed_job){.ids = q->uniq.ids, .offs = q->uniq.offs,
-                                        .n_seqs = q->uniq.n_in};
-        return 0;
+        j->ids = q->uniq.ids;
+        j->offs = q->uniq.offs;
+        j->n_seqs = q->uniq.n_in;
+        return job_out(r, (size_t)s->elim.dim);
     }
     struct srv_pair_enc pe = {.tok = s->tok};
-    int rc = srv_score_pack_pairs(q, srv_encode_pair, &pe, t, e);
+    int rc = srv_score_pack_pairs(q, srv_encode_pair, &pe, t, &j->err);
     srv_pair_enc_free(&pe);
-    r->job = (struct srv_embed_job){.ids = q->pairs.ids, .types = q->pairs.types,
-                                    .offs = q->pairs.offs, .n_seqs = q->n_b, .classify = 1};
-    return rc;
+    if (rc)
+        return -1;
+    j->ids = q->pairs.ids;
+    j->types = q->pairs.types;
+    j->offs = q->pairs.offs;
+    j->n_seqs = q->n_b;
+    return job_out(r, 1);
 }
 
 static enum MHD_Result score_route(struct rq *r)
@@ -1051,17 +1093,18 @@ static enum MHD_Result score_route(struct rq *r)
     struct srv *s = r->s;
     struct srv_score_req *q = &r->sreq;
     struct srv_err e;
-    struct srv_trunc t;
     const char *no = score_refusal(s);
     if (no)
         return fail(r, 400, "invalid_request_error", "model", "model_not_supported", no);
     if (srv_score_parse(q, r->body.p ? r->body.p : "", r->body.len, &e))
         return respond_err(r, &e);
     srv_buf_free(&r->body);
-    if (!model_ok(s, q->model, &e) || srv_trunc_resolve(q->truncate, s->elim.max_tokens, &t, &e) ||
-        score_pack(r, &t, &e) || job_submit(r, s->n_labels ? 1 : (size_t)s->elim.dim, &e))
+    if (!model_ok(s, q->model, &e) ||
+        srv_trunc_resolve(q->truncate, s->elim.max_tokens, &r->trunc, &e))
         return respond_err(r, &e);
-    r->n_prompt = r->job.offs[r->job.n_seqs];
+    r->job = (struct srv_embed_job){.prepare = score_prepare, .classify = s->n_labels > 0};
+    if (job_submit(r, &e))
+        return respond_err(r, &e);
     r->state = RQ_WAIT;
     return answer(r);
 }
@@ -1092,12 +1135,27 @@ static enum MHD_Result score_reply(struct rq *r)
     return rc;
 }
 
+/* Worker's thread: the inputs to token ids, truncated as r->trunc says. */
+static int classify_prepare(struct srv_embed_job *j)
+{
+    struct rq *r = j->user;
+    struct srv *s = r->s;
+    struct srv_classify_req *q = &r->creq;
+    const struct srv_trunc *t = &r->trunc;
+    if (srv_classify_pack(q, t->strict ? encode_text : srv_encode_truncated, s->tok, t,
+                          &j->err))
+        return -1;
+    j->ids = q->in.ids;
+    j->offs = q->in.offs;
+    j->n_seqs = q->in.n_in;
+    return job_out(r, (size_t)s->n_labels);
+}
+
 static enum MHD_Result classify_route(struct rq *r)
 {
     struct srv *s = r->s;
     struct srv_classify_req *q = &r->creq;
     struct srv_err e;
-    struct srv_trunc t;
     if (!s->enc) /* as /v1/embeddings answers a generative model */
         return fail(r, 400, "invalid_request_error", "model", "model_not_supported",
                     "This model does not classify: it is a generative model; use "
@@ -1111,14 +1169,11 @@ static enum MHD_Result classify_route(struct rq *r)
         return respond_err(r, &e);
     srv_buf_free(&r->body);
     if (!model_ok(s, q->in.model, &e) ||
-        srv_trunc_resolve(q->truncate, s->elim.max_tokens, &t, &e) ||
-        srv_classify_pack(q, t.strict ? encode_text : srv_encode_truncated, s->tok, &t, &e))
+        srv_trunc_resolve(q->truncate, s->elim.max_tokens, &r->trunc, &e))
         return respond_err(r, &e);
-    r->job = (struct srv_embed_job){.ids = q->in.ids, .offs = q->in.offs, .n_seqs = q->in.n_in,
-                                    .classify = 1};
-    if (job_submit(r, (size_t)s->n_labels, &e))
+    r->job = (struct srv_embed_job){.prepare = classify_prepare, .classify = 1};
+    if (job_submit(r, &e))
         return respond_err(r, &e);
-    r->n_prompt = q->in.offs[q->in.n_in];
     r->state = RQ_WAIT;
     return answer(r);
 }

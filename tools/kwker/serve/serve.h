@@ -527,15 +527,21 @@ int srv_encode_truncated(void *tok, const char *text, size_t len, int32_t *ids, 
 /* ---- the encoder worker (embedq.c) ----------------------------------------------------------- */
 
 /* One request's sequences handed to the encoder worker: embedded, or through the model's
- * classification head. The submitter fills the first block and keeps the job (and what it
- * points to) valid until done is called, which the worker does once per job, from its thread,
- * on success, failure or cancellation. */
+ * classification head. The submitter fills the first block (or leaves ids .. out to prepare)
+ * and keeps the job (and what it points to) valid until done is called, which the worker does
+ * once per job, from its thread, on success, failure or cancellation. */
 struct srv_embed_job {
     const int32_t *ids, *offs;   /* kwk_encoder_embed's layout */
     const int32_t *types;        /* classify: each token's type id, or NULL for all 0 */
     int classify;                /* 1: kwk_encoder_classify; 0: kwk_encoder_embed */
     int n_seqs;
     float *out;                  /* [n_seqs][dim], classify: [n_seqs][n_labels] */
+    /* NULL, or run once on the worker's thread before the job is batched (then cleared): fills
+     * ids .. out, so that a request's texts are tokenized there, not on the submitter's event
+     * loop. 0, or -1 with err filled (the client's answer: a 400 for a text the tokenizer or
+     * a limit refuses); done then gets KWK_EARG and err.msg. */
+    int (*prepare)(struct srv_embed_job *j);
+    struct srv_err err;          /* zeroed by the submitter; prepare's failure */
     void (*done)(struct srv_embed_job *j, int status, const char *msg);
     void *user;
     _Atomic int canceled;        /* set by anyone: the job is skipped if not yet running */
@@ -545,8 +551,10 @@ struct srv_embed_job {
 struct srv_embedq;
 
 /* Start the worker thread over encoder enc (which it alone uses from now on). batch_tokens:
- * queued jobs of one kind (embed or classify) are taken together while their tokens fit (one
- * job at least); max_queue: jobs that may wait (0: 4096, as the engine's). NULL on failure. */
+ * queued jobs of one kind (embed or classify) are taken (and prepared) one by one, together
+ * while their tokens fit (one job at least; the first that does not fit starts the next
+ * batch); max_queue: jobs that may wait, not yet taken (0: 4096, as the engine's). NULL on
+ * failure. */
 struct srv_embedq *srv_embedq_new(kwk_encoder *enc, int batch_tokens, int max_queue);
 /* Queue j; 0, KWK_ELIMIT when max_queue jobs wait, or KWK_ECANCELED when the worker is
  * stopping (done is not called then). */
