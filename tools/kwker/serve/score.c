@@ -42,11 +42,24 @@ int srv_trunc_resolve(int truncate, int max_tokens, struct srv_trunc *t, struct 
     return 0;
 }
 
-/* model (optional, as vLLM's), truncate_prompt_tokens, use_activation and user. */
+/* model (optional, as vLLM's), truncate_prompt_tokens, truncation_side (only "right", newer
+ * vLLM's default for pooling models: "left" is refused rather than silently not honoured),
+ * use_activation and user. */
 static int sc_common(json_t *root, char **model, int *truncate, int *use_act, struct srv_err *e)
 {
     json_t *m = json_object_get(root, "model"), *u = json_object_get(root, "user");
     json_t *t = json_object_get(root, "truncate_prompt_tokens");
+    json_t *side = json_object_get(root, "truncation_side");
+    if (side && !json_is_null(side)) {
+        if (!json_is_string(side))
+            return srv_err_type(e, "truncation_side", "a string");
+        if (strcmp(json_string_value(side), "right")) {
+            srv_err_set(e, 400, SC_INVALID, "truncation_side", "invalid_value",
+                        "'truncation_side' may only be 'right' (each text keeps its first "
+                        "tokens)");
+            return -1;
+        }
+    }
     json_t *a = json_object_get(root, "use_activation");
     if (m && !json_is_null(m)) {
         if (!json_is_string(m))
@@ -352,7 +365,8 @@ int srv_classify_pack(struct srv_classify_req *r, srv_encode_fn encode, void *us
                       const struct srv_trunc *t, struct srv_err *e)
 {
     struct srv_embed_limits lim = {.max_tokens = t->limit};
-    /* token ids are cut as vLLM cuts them, keeping the first (the tokenizer's side: right) */
+    /* token ids keep their first tokens, as texts do (truncation_side "right", newer vLLM's
+     * default for pooling models; its older renderer kept the last of a list of ids) */
     for (int i = 0; !t->strict && i < r->in.n_in; i++)
         if (!r->in.in[i].text && r->in.in[i].n_ids > t->limit)
             r->in.in[i].n_ids = t->limit;
