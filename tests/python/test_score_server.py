@@ -431,3 +431,39 @@ def test_models_that_cannot(which, path, want, ce, cls, emb):
             s.stop()
     assert status == 400 and want in j["error"]["message"], j
     assert j["error"]["code"] == "model_not_supported" and j["error"]["param"] == "model"
+
+
+def test_classify_gguf_labels(tmp_path):
+    """A classifier's GGUF carries its label names in <arch>.classifier.output_labels (as
+    llama.cpp's converter writes them): /classify names its labels from there; the GGUF of a
+    one-label head (no names written: transformers' default) answers LABEL_0."""
+    import gguf_export
+    for name, want in ((CLASSIFIER, LABELS), (RERANKER, ["LABEL_0"])):
+        path = tmp_path / (name + ".gguf")
+        gguf_export.export_rank(tiny_encoders.build(name), path, "f32", pooler_as_cls=True)
+        s = Server("--model", str(path), "--api-key", KEY, "--timeout", 30)
+        try:
+            status, j = post(s.port, "/classify", {"input": TEXTS})
+        finally:
+            s.stop()
+        assert status == 200, j
+        for d in j["data"]:  # one label: one prob, the argmax 0
+            assert d["label"] == want[int(np.argmax(d["probs"]))], d
+
+
+def test_metrics_count_score_and_classify(ce, cls):
+    """/metrics counts /score's requests and pairs and /classify's requests and inputs
+    answered 200 (a 400 counts neither)."""
+    from test_server import metrics
+    before = metrics(ce.port)
+    assert post(ce.port, "/score", {"text_1": QUERY, "text_2": SHORT_DOCS[:3]})[0] == 200
+    assert post(ce.port, "/score", {"text_1": "q", "text_2": []})[0] == 400
+    after = metrics(ce.port)
+    assert after["kwker_score_requests_total"] - before["kwker_score_requests_total"] == 1
+    assert after["kwker_score_pairs_total"] - before["kwker_score_pairs_total"] == 3
+    before = metrics(cls.port)
+    assert post(cls.port, "/classify", {"input": TEXTS[:2]})[0] == 200
+    assert post(cls.port, "/classify", {"input": []})[0] == 400
+    after = metrics(cls.port)
+    assert after["kwker_classify_requests_total"] - before["kwker_classify_requests_total"] == 1
+    assert after["kwker_classify_inputs_total"] - before["kwker_classify_inputs_total"] == 2

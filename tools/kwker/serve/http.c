@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "model/model.h"
 #include "serve.h"
 
 struct srv {
@@ -569,11 +570,14 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
                            : "the model has no chat template: use /v1/completions");
         return -1;
     }
-    /* the generic format describes the tools in its own system message: a template that knows
-     * tools in another format would describe them a second time, asking for other replies */
-    json_t *tools = q->tool_format == SRV_TOOLS_GENERIC ? NULL : q->tools;
-    json_t *ctx = json_pack("{s:O, s:O?, s:n, s:b}", "messages", q->messages, "tools", tools,
-                            "documents", "add_generation_prompt", q->add_generation_prompt);
+    /* the tools as the format wants them (srv_tools_context): none for the generic format,
+     * which describes them in its own system message; Firefunction's "functions" */
+    json_t *ctx = json_pack("{s:O, s:n, s:b}", "messages", q->messages, "documents",
+                            "add_generation_prompt", q->add_generation_prompt);
+    if (ctx && srv_tools_context(q, ctx)) {
+        json_decref(ctx);
+        ctx = NULL;
+    }
     const char *bos = kwk_tokenizer_bos_token(s->tok), *eos = kwk_tokenizer_eos_token(s->tok);
     if (ctx && bos)
         json_object_set_new(ctx, "bos_token", json_string(bos));
@@ -1129,6 +1133,8 @@ static enum MHD_Result score_reply(struct rq *r)
                        r->n_prompt);
     atomic_fetch_add_explicit(&s->met.prompt_tokens, (uint64_t)r->n_prompt,
                               memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->met.score_requests, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->met.score_pairs, (uint64_t)q->n_b, memory_order_relaxed);
     enum MHD_Result rc = respond_json(r, 200, &b);
     srv_buf_free(&b);
     free(cos);
@@ -1189,6 +1195,9 @@ static enum MHD_Result classify_reply(struct rq *r)
     srv_classify_response(&b, r->id, (int64_t)time(NULL), s->model_id, &s->labels, r->vec,
                           r->creq.in.n_in, r->creq.use_activation, r->n_prompt);
     atomic_fetch_add_explicit(&s->met.prompt_tokens, (uint64_t)r->n_prompt,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->met.classify_requests, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->met.classify_inputs, (uint64_t)r->creq.in.n_in,
                               memory_order_relaxed);
     enum MHD_Result rc = respond_json(r, 200, &b);
     srv_buf_free(&b);
@@ -1498,6 +1507,51 @@ static int check_opts(const struct srv *s, const char *path, int encoder)
 /* A classifier's label names and /classify's activation, from config.json beside the weights
  * (a GGUF, or a folder without the file: transformers' defaults LABEL_i). Only out of memory
  * fails. */
+/* A GGUF's label names (<arch>.classifier.output_labels, as llama.cpp's converter writes
+ * them) as the config.json text {"id2label": {"0": ..., ...}} that srv_labels_parse reads, so
+ * both kinds of file pass the same checks; NULL without them (or with any not UTF-8). */
+static char *gguf_labels_json(const char *path, int n_labels)
+{
+    struct kwk_gguf g;
+    struct kwk_err err = {0};
+    const char *arch = NULL;
+    size_t arch_n = 0;
+    char key[128], *text = NULL;
+    if (kwk_gguf_open(&g, path, &err))
+        return NULL;
+    const struct kwk_gguf_kv *kv = NULL;
+    if (!kwk_gguf_get_str(&g, "general.architecture", &arch, &arch_n) && arch_n < 64) {
+        snprintf(key, sizeof key, "%.*s.classifier.output_labels", (int)arch_n, arch);
+        kv = kwk_gguf_find(&g, key);
+    }
+    const char **ptrs = NULL;
+    size_t *lens = NULL;
+    json_t *root = json_object(), *map = json_object();
+    if (!kv || kv->type != KWK_GGUF_ARRAY || kv->arr_type != KWK_GGUF_STRING ||
+        kv->arr_len != (uint64_t)n_labels || !root || !map)
+        goto out;
+    ptrs = malloc(sizeof *ptrs * (size_t)n_labels);
+    lens = malloc(sizeof *lens * (size_t)n_labels);
+    if (!ptrs || !lens || kwk_gguf_arr_strings(kv, ptrs, lens))
+        goto out;
+    for (int i = 0; i < n_labels; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "%d", i);
+        json_t *name = json_stringn(ptrs[i], lens[i]); /* NULL when not UTF-8 */
+        if (!name || json_object_set_new(map, id, name))
+            goto out;
+    }
+    if (!json_object_set(root, "id2label", map))
+        text = json_dumps(root, JSON_COMPACT);
+out:
+    free(ptrs);
+    free(lens);
+    json_decref(map);
+    json_decref(root);
+    kwk_gguf_close(&g);
+    return text;
+}
+
 static int load_labels(struct srv *s, const char *path)
 {
     char dir[PATH_MAX], file[PATH_MAX + 16];
@@ -1505,7 +1559,18 @@ static int load_labels(struct srv *s, const char *path)
     size_t n = 0;
     struct kwk_err err = {0};
     s->labels.n = s->n_labels;
-    if (s->n_labels < 1 || kwk_hf_resolve(path, dir, sizeof dir, &err))
+    if (s->n_labels < 1)
+        return 0;
+    size_t pl = strlen(path);
+    if (pl > 5 && !strcmp(path + pl - 5, ".gguf")) {
+        char *json = gguf_labels_json(path, s->n_labels);
+        int rc = json ? srv_labels_parse(&s->labels, json, strlen(json), s->n_labels) : 0;
+        free(json);
+        if (rc)
+            fprintf(stderr, "kwker serve: out of memory reading %s's labels\n", path);
+        return rc;
+    }
+    if (kwk_hf_resolve(path, dir, sizeof dir, &err))
         return 0;
     snprintf(file, sizeof file, "%s/config.json", dir);
     if (!kwk_file_exists(file) || kwk_read_file(file, (size_t)16 << 20, &text, &n, &err))

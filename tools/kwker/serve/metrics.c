@@ -61,6 +61,16 @@ static void render_server(struct srv_buf *out, const struct srv_metrics *m, unsi
     metric(out, "kwker_rerank_documents_total", "counter", "documents scored for them");
     line(out, "kwker_rerank_documents_total %llu\n",
          (unsigned long long)get(&m->rerank_documents));
+    metric(out, "kwker_score_requests_total", "counter", "/score requests answered with scores");
+    line(out, "kwker_score_requests_total %llu\n", (unsigned long long)get(&m->score_requests));
+    metric(out, "kwker_score_pairs_total", "counter", "pairs scored for them");
+    line(out, "kwker_score_pairs_total %llu\n", (unsigned long long)get(&m->score_pairs));
+    metric(out, "kwker_classify_requests_total", "counter",
+           "/classify requests answered with classes");
+    line(out, "kwker_classify_requests_total %llu\n",
+         (unsigned long long)get(&m->classify_requests));
+    metric(out, "kwker_classify_inputs_total", "counter", "inputs classified for them");
+    line(out, "kwker_classify_inputs_total %llu\n", (unsigned long long)get(&m->classify_inputs));
     metric(out, "kwker_streams_total", "counter", "streaming requests started");
     line(out, "kwker_streams_total %llu\n", (unsigned long long)get(&m->streams));
     metric(out, "kwker_client_aborts_total", "counter",

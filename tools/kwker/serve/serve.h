@@ -577,6 +577,10 @@ struct srv_metrics {
     _Atomic uint64_t embed_inputs;            /* inputs embedded for them */
     _Atomic uint64_t rerank_requests;         /* /v1/rerank requests answered 200 */
     _Atomic uint64_t rerank_documents;        /* documents scored for them */
+    _Atomic uint64_t score_requests;          /* /score requests answered 200 */
+    _Atomic uint64_t score_pairs;             /* pairs scored for them */
+    _Atomic uint64_t classify_requests;       /* /classify requests answered 200 */
+    _Atomic uint64_t classify_inputs;         /* inputs classified for them */
     _Atomic uint64_t client_aborts;           /* requests ended by a client going away */
     _Atomic uint64_t ttft_us_sum, ttft_count; /* submit to first token, as the server saw it */
     _Atomic int in_flight;  /* requests submitted whose connection MHD has not completed */

@@ -717,11 +717,21 @@ static int native_history(struct srv_req *r, json_t *root, int format, struct sr
     return 0;
 }
 
+/* The clock of a prompt: $SOURCE_DATE_EPOCH (seconds since 1970, the reproducible-builds
+ * convention) when set to a number, so a prompt can be rendered twice the same; else now. */
+static time_t prompt_now(void)
+{
+    const char *e = getenv("SOURCE_DATE_EPOCH");
+    char *end = NULL;
+    long long v = e && *e ? strtoll(e, &end, 10) : -1;
+    return v >= 0 && end && !*end ? (time_t)v : time(NULL);
+}
+
 /* Firefunction v2's "datetime": now, as llama.cpp formats it. */
 static int firefunction_context(const struct srv_req *q, json_t *ctx)
 {
     char when[64], *fns = q->tools ? json_dumps(q->tools, JSON_INDENT(2)) : strdup("");
-    time_t now = time(NULL);
+    time_t now = prompt_now();
     struct tm tm;
     int rc = -ENOMEM;
     if (!gmtime_r(&now, &tm) || !strftime(when, sizeof when, "%b %d %Y %H:%M:%S GMT", &tm))
