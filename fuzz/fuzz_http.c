@@ -29,6 +29,7 @@
 #include "../tools/kwker/serve/embed.c"
 #include "../tools/kwker/serve/rerank.c"
 #include "../tools/kwker/serve/score.c"
+#include "../tests/c/fake_tokenizer.h"
 
 #define FUZZ_MAX_INPUT (256 * 1024)
 
@@ -92,17 +93,6 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
     srv_buf_free(&b);
 }
 
-/* kwk_tokenizer_encode's contract over bytes: [101] bytes [102]. */
-static int fake_encode(void *user, const char *text, size_t len, int32_t *ids, size_t cap,
-                       size_t *n)
-{
-    (void)user;
-    *n = len + 2;
-    for (size_t i = 0; i < *n && i < cap; i++)
-        ids[i] = i == 0 ? 101 : i == len + 1 ? 102 : (unsigned char)text[i - 1];
-    return cap < *n ? KWK_ELIMIT : 0;
-}
-
 static void embed_all(const uint8_t *data, size_t size)
 {
     struct srv_embed_limits lim = {.n_vocab = 30522, .dim = 1 + data[0] % 7,
@@ -132,28 +122,6 @@ static void embed_all(const uint8_t *data, size_t size)
     }
     free(vec);
     srv_embed_req_free(&r);
-}
-
-/* kwk_tokenizer_encode_pair's contract over bytes: [101] a [102] b [102], types 0 then 1, the
- * longer text losing bytes from its end first until the whole fits cap (at least the three). */
-static int fake_pair(void *user, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
-                     int32_t *types, size_t cap, size_t *n)
-{
-    (void)user;
-    if (cap < 3)
-        return KWK_ELIMIT;
-    while (na + nb + 3 > cap)
-        *(na > nb ? &na : &nb) -= 1;
-    size_t k = 0;
-    ids[k] = 101, types[k++] = 0;
-    for (size_t i = 0; i < na; i++)
-        ids[k] = (unsigned char)a[i], types[k++] = 0;
-    ids[k] = 102, types[k++] = 0;
-    for (size_t i = 0; i < nb; i++)
-        ids[k] = (unsigned char)b[i], types[k++] = 1;
-    ids[k] = 102, types[k++] = 1;
-    *n = k;
-    return 0;
 }
 
 /* The reply's results: top_n of them, scores not increasing (a non-finite one is null). */

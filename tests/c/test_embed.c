@@ -8,19 +8,9 @@
 #include "../../tools/kwker/serve/openai.c"
 #include "../../tools/kwker/serve/toolcall.c"
 #include "../../tools/kwker/serve/embed.c"
+#include "fake_tokenizer.h"
 
 static const struct srv_embed_limits LIM = {.n_vocab = 1000, .dim = 4, .max_tokens = 8};
-
-/* The tokenizer's contract over bytes, as the fuzz target's: [101] bytes [102]. */
-static int fake_encode(void *user, const char *text, size_t len, int32_t *ids, size_t cap,
-                       size_t *n)
-{
-    (void)user;
-    *n = len + 2;
-    for (size_t i = 0; i < *n && i < cap; i++)
-        ids[i] = i == 0 ? 101 : i == len + 1 ? 102 : (unsigned char)text[i - 1];
-    return cap < *n ? KWK_ELIMIT : 0;
-}
 
 static int parse(const char *body, struct srv_embed_req *r, struct srv_err *e)
 {

@@ -9,28 +9,7 @@
 #include "../../tools/kwker/serve/openai.c"
 #include "../../tools/kwker/serve/rerank.c"
 #include "../../tools/kwker/serve/toolcall.c"
-
-/* The pair tokenizer's contract over bytes, as the fuzz target's: [101] a [102] b [102], types
- * 0 then 1, longest_first to cap. */
-static int fake_pair(void *user, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
-                     int32_t *types, size_t cap, size_t *n)
-{
-    (void)user;
-    if (cap < 3)
-        return KWK_ELIMIT;
-    while (na + nb + 3 > cap)
-        *(na > nb ? &na : &nb) -= 1;
-    size_t k = 0;
-    ids[k] = 101, types[k++] = 0;
-    for (size_t i = 0; i < na; i++)
-        ids[k] = (unsigned char)a[i], types[k++] = 0;
-    ids[k] = 102, types[k++] = 0;
-    for (size_t i = 0; i < nb; i++)
-        ids[k] = (unsigned char)b[i], types[k++] = 1;
-    ids[k] = 102, types[k++] = 1;
-    *n = k;
-    return 0;
-}
+#include "fake_tokenizer.h"
 
 static int parse(const char *body, struct srv_rerank_req *r, struct srv_err *e)
 {

@@ -13,38 +13,7 @@
 #include "../../tools/kwker/serve/embed.c"
 #include "../../tools/kwker/serve/rerank.c"
 #include "../../tools/kwker/serve/score.c"
-
-/* As the fuzz target's: a pair is [101] a [102] b [102], longest_first to cap; a text is [101]
- * its bytes [102], KWK_ELIMIT past cap. */
-static int fake_pair(void *user, const char *a, size_t na, const char *b, size_t nb, int32_t *ids,
-                     int32_t *types, size_t cap, size_t *n)
-{
-    (void)user;
-    if (cap < 3)
-        return KWK_ELIMIT;
-    while (na + nb + 3 > cap)
-        *(na > nb ? &na : &nb) -= 1;
-    size_t k = 0;
-    ids[k] = 101, types[k++] = 0;
-    for (size_t i = 0; i < na; i++)
-        ids[k] = (unsigned char)a[i], types[k++] = 0;
-    ids[k] = 102, types[k++] = 0;
-    for (size_t i = 0; i < nb; i++)
-        ids[k] = (unsigned char)b[i], types[k++] = 1;
-    ids[k] = 102, types[k++] = 1;
-    *n = k;
-    return 0;
-}
-
-static int fake_encode(void *user, const char *text, size_t len, int32_t *ids, size_t cap,
-                       size_t *n)
-{
-    (void)user;
-    *n = len + 2;
-    for (size_t i = 0; i < *n && i < cap; i++)
-        ids[i] = i == 0 ? 101 : i == len + 1 ? 102 : (unsigned char)text[i - 1];
-    return cap < *n ? KWK_ELIMIT : 0;
-}
+#include "fake_tokenizer.h"
 
 /* fake_encode truncated as Hugging Face truncates: [101] the first cap - 2 bytes [102]. */
 static int fake_trunc(void *user, const char *text, size_t len, int32_t *ids, size_t cap,
