@@ -70,7 +70,7 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
         struct srv_req q = *r; /* the same request read in format f (shallow: not freed) */
         q.tool_format = f;
         json_t *ctx = json_object(); /* the template's context as the format wants it */
-        if (ctx && srv_tools_context(&q, ctx) == 0 && json_object_get(ctx, "tools") &&
+        if (ctx && srv_tools_context(&q, q.tool_format, ctx) == 0 && json_object_get(ctx, "tools") &&
             !json_is_null(json_object_get(ctx, "tools")) && !json_is_array(q.tools))
             abort();
         json_decref(ctx);

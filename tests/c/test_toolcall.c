@@ -160,6 +160,11 @@ static void test_sendable(void)
     T_EQ(srv_tools_sendable(SRV_TOOLS_LLAMA3, "ab{\"na", 6), 2);
     T_EQ(srv_tools_sendable(SRV_TOOLS_LLAMA3, "abc", 3), 3);
     T_EQ(srv_tools_sendable(SRV_TOOLS_GENERIC, "{\"response\"", 11), 0);
+    /* Firefunction: spaces alone, or before "[", are held (a required call's list may follow,
+     * and the reply's content is then null), then sent with the text after them */
+    T_EQ(srv_tools_sendable(SRV_TOOLS_FIREFUNCTION, "\n ", 2), 0);
+    T_EQ(srv_tools_sendable(SRV_TOOLS_FIREFUNCTION, "\n [", 3), 0);
+    T_EQ(srv_tools_sendable(SRV_TOOLS_FIREFUNCTION, "\n Hi", 4), 4);
 }
 
 static void test_rename_root(void)
@@ -470,6 +475,12 @@ static void test_mistral(void)
         "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"a0a0a0a0a\"}",
         "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]",            /* no id */
         "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": 7}]", /* not a string */
+        /* ids other than 9 letters or digits (its template refuses them in the history) */
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abc\"}]",
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"a0a0\\na0a0\"}]",
+        /* arguments given as a string must be an object's JSON text (clients parse it) */
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": \"not json\", \"id\": \"a0a0a0a0a\"}]",
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": \"[1]\", \"id\": \"a0a0a0a0a\"}]",
         "[TOOL_CALLS][]",
         "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"a0a0a0a0a\"}] more",
         "[TOOL_CALLS]{\"name\": \"f\", \"arguments\": {}, \"id\": \"a0a0a0a0a\"}",
@@ -726,6 +737,12 @@ static void test_format_grammars(void)
         T_TRUE(!matches(r.grammar, cases[i].one));
         srv_req_free(&r);
     }
+    /* Mistral: a call without its id is refused by the grammar, as the reply's reader
+     * refuses it (review: it once let through what then came back as content) */
+    T_EQ(parse_two(&r, SRV_TOOLS_MISTRAL, "", &e), 0);
+    T_TRUE(!matches(r.grammar, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": "
+                               "{\"city\": \"Paris\"}}]"));
+    srv_req_free(&r);
     /* Functionary: a tool named python may also be free code after the python tag */
     T_EQ(parse_tools(&r, SRV_TOOLS_FUNCTIONARY,
                      "[{\"type\": \"function\", \"function\": {\"name\": \"python\", "
@@ -742,7 +759,7 @@ static void test_format_grammars(void)
     T_TRUE(matches(r.grammar, "{\"tool_calls\": [{\"name\": \"get_time\", \"arguments\": "
                               "{\"zone\": 1}}]}"));
     json_t *ctx = json_object();
-    T_EQ(srv_tools_context(&r, ctx), 0);
+    T_EQ(srv_tools_context(&r, r.tool_format, ctx), 0);
     T_TRUE(json_array_size(json_object_get(ctx, "tools")) == 2);
     json_decref(ctx);
     srv_req_free(&r);
@@ -792,11 +809,26 @@ static void test_firefunction_context(void)
     struct srv_err e;
     T_EQ(parse(&r, SRV_TOOLS_FIREFUNCTION, "", &e), 0);
     json_t *ctx = json_pack("{s:O}", "tools", r.tools);
-    T_EQ(srv_tools_context(&r, ctx), 0);
+    T_EQ(srv_tools_context(&r, r.tool_format, ctx), 0);
     T_STREQ(json_string_value(json_object_get(ctx, "functions")), want);
     T_TRUE(json_is_null(json_object_get(ctx, "tools")));
     const char *dt = json_string_value(json_object_get(ctx, "datetime"));
     T_TRUE(dt && strlen(dt) == strlen("Dec 07 2026 15:04:05 GMT") && !strcmp(dt + 20, " GMT"));
+    json_decref(ctx);
+    srv_req_free(&r);
+    /* without tools (or under tool_choice "none") the request reads as the generic format, and
+     * the server's Firefunction template still gets "functions" ("") and "datetime", as
+     * llama.cpp gives them: without them it refuses every plain chat */
+    static const char plain[] =
+        "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}";
+    struct srv_limits lim = {.n_vocab = 100, .max_cache_len = 100,
+                             .tool_format = SRV_TOOLS_FIREFUNCTION};
+    T_EQ(srv_req_parse(&r, SRV_CHAT, plain, sizeof plain - 1, &lim, &e), 0);
+    T_EQ(r.tool_format, SRV_TOOLS_GENERIC);
+    ctx = json_object();
+    T_EQ(srv_tools_context(&r, SRV_TOOLS_FIREFUNCTION, ctx), 0);
+    T_STREQ(json_string_value(json_object_get(ctx, "functions")), "");
+    T_TRUE(json_is_string(json_object_get(ctx, "datetime")));
     json_decref(ctx);
     srv_req_free(&r);
 }

@@ -130,6 +130,29 @@ def test_prompt_equals_transformers(server, tok):
     assert body["tokens"] == tok.encode(want, add_special_tokens=False)
 
 
+def test_plain_chat_equals_transformers(server, tok):
+    """A request without tools renders as transformers renders the template without them:
+    Firefunction's still gets "functions" ("") and "datetime", as llama.cpp gives them (its
+    template refuses a context without), here the fixture's fixed clock; a template that
+    refuses to render without tools (Command R+'s tool-use one) is a 400 as transformers
+    raises."""
+    from test_server import request
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hello there"}]
+    status, body = request(server.port, "POST", "/tokenize", body={"messages": msgs})
+    extra = {}
+    if server.format == "firefunction":
+        extra = {"functions": "", "datetime": "Jul 01 2025 00:00:00 GMT"}
+    try:
+        want = transformers_prompt(tok, server.format, msgs, None, **extra)
+    except Exception as err:  # jinja2's errors: the template itself refuses
+        assert server.format == "command_r_plus", err
+        assert status == 400 and body["error"]["code"] == "chat_template_error", body
+        return
+    assert status == 200, body
+    assert tok.decode(body["tokens"]) == want
+
+
 def check_calls(fmt, msg, names):
     assert msg.tool_calls, msg
     ids = set()

@@ -260,9 +260,13 @@ static json_t *call_schema(json_t *fn, const char *args_key, int with_id, const 
         json_decref(props);
         return NULL;
     }
-    return props ? json_pack("{s:s, s:o, s:[s,s], s:b}", "type", "object", "properties", props,
-                             "required", "name", args_key, "additionalProperties", 0)
-                 : NULL;
+    /* Mistral's reply is read back only with its id (as llama.cpp's grammar requires it) */
+    return !props ? NULL
+           : with_id
+               ? json_pack("{s:s, s:o, s:[s,s,s], s:b}", "type", "object", "properties", props,
+                           "required", "name", args_key, "id", "additionalProperties", 0)
+               : json_pack("{s:s, s:o, s:[s,s], s:b}", "type", "object", "properties", props,
+                           "required", "name", args_key, "additionalProperties", 0);
 }
 
 /* Whether the request lets the model call the tool named name (the named one, or any). */
@@ -744,9 +748,9 @@ static int firefunction_context(const struct srv_req *q, json_t *ctx)
     return rc;
 }
 
-int srv_tools_context(const struct srv_req *q, json_t *ctx)
+int srv_tools_context(const struct srv_req *q, int format, json_t *ctx)
 {
-    if (q->tool_format == SRV_TOOLS_FIREFUNCTION)
+    if (format == SRV_TOOLS_FIREFUNCTION)
         return firefunction_context(q, ctx);
     if (q->tool_format == SRV_TOOLS_GENERIC) /* described by its own system message */
         return json_object_set_new(ctx, "tools", json_null()) ? -ENOMEM : 0;

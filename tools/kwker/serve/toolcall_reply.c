@@ -46,6 +46,18 @@ static json_t *call_id(uint64_t seed, size_t index)
     return json_string(id);
 }
 
+static int mistral_id_ok(const json_t *id)
+{
+    const char *s = json_string_value(id);
+    if (!s || json_string_length(id) != 9)
+        return 0;
+    for (int i = 0; i < 9; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'z') ||
+              (s[i] >= 'A' && s[i] <= 'Z')))
+            return 0;
+    return 1;
+}
+
 /* {"name", <args key>} into OpenAI's {"id", "type", "function": {"name", "arguments": text}};
  * the id is the model's own when model_id and it wrote one (Mistral), else made from seed and
  * index. NULL when obj is not a call. */
@@ -58,9 +70,15 @@ static json_t *make_call_id(json_t *obj, uint64_t seed, size_t index, int model_
         args = json_object_get(obj, "parameters");
     if (!json_is_object(obj) || !name || !args || !(json_is_object(args) || json_is_string(args)))
         return NULL;
-    if (model_id && !(json_is_string(id) && json_string_length(id) >= 1 &&
-                      json_string_length(id) <= SRV_TOOL_NAME_MAX))
-        return NULL;
+    if (json_is_string(args)) { /* clients parse "arguments": a string must be an object's text */
+        json_t *parsed = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+        int ok = json_is_object(parsed);
+        json_decref(parsed);
+        if (!ok)
+            return NULL;
+    }
+    if (model_id && !mistral_id_ok(id)) /* the grammar's ^[a-zA-Z0-9]{9}$, which its template */
+        return NULL;                    /* wants back in the history */
     /* arguments are a JSON text in OpenAI's replies; a model that wrote a string wrote one */
     char *text =
         json_is_string(args) ? strdup(json_string_value(args)) : json_dumps(args, JSON_COMPACT);
@@ -482,9 +500,11 @@ size_t srv_tools_sendable(int format, const char *text, size_t len)
         upto = at < upto ? at : upto;
     }
     if (format == SRV_TOOLS_FIREFUNCTION) { /* a required call may start at "[" */
+        /* spaces alone, or spaces then "[": a call's list may follow, and the reply's content
+         * is then null, so not even the spaces may have been sent */
         const char *p = skip_ws(text, text + len);
-        if (p < text + len && *p == '[' && (size_t)(p - text) < upto)
-            upto = (size_t)(p - text);
+        if (p == text + len || *p == '[')
+            upto = 0;
     }
     return upto;
 }
