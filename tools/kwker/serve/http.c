@@ -574,9 +574,7 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
      * which describes them in its own system message; Firefunction's "functions" */
     json_t *ctx = json_pack("{s:O, s:n, s:b}", "messages", q->messages, "documents",
                             "add_generation_prompt", q->add_generation_prompt);
-    int fmt = s->lim.tool_format == SRV_TOOLS_FIREFUNCTION ? SRV_TOOLS_FIREFUNCTION
-                                                           : q->tool_format;
-    if (ctx && srv_tools_context(q, fmt, ctx)) {
+    if (ctx && srv_tools_context(q, s->lim.tool_format, ctx)) {
         json_decref(ctx);
         ctx = NULL;
     }

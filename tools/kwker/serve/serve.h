@@ -182,9 +182,9 @@ size_t srv_tools_sendable(int format, const char *text, size_t len);
 /* The template's context (messages, tools, ...) as q's format wants it: the generic format's
  * tools are described by its system message, not the template; Firefunction v2's template
  * reads "functions" (the tools as indented JSON, "" without) and "datetime" instead of
- * "tools", as llama.cpp's server gives them, with tools or not: format is the server's format
- * when that is Firefunction's, else q's. Returns 0, or -ENOMEM. */
-int srv_tools_context(const struct srv_req *q, int format, json_t *ctx);
+ * "tools", as llama.cpp's server gives them, with tools or not (server_format: the format of
+ * the server's template). Returns 0, or -ENOMEM. */
+int srv_tools_context(const struct srv_req *q, int server_format, json_t *ctx);
 
 /* ---- a growable byte buffer with a sticky error ---------------------------------------------- */
 

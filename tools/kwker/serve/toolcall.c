@@ -748,9 +748,11 @@ static int firefunction_context(const struct srv_req *q, json_t *ctx)
     return rc;
 }
 
-int srv_tools_context(const struct srv_req *q, int format, json_t *ctx)
+int srv_tools_context(const struct srv_req *q, int server_format, json_t *ctx)
 {
-    if (format == SRV_TOOLS_FIREFUNCTION)
+    /* Firefunction's template wants its context with tools or not (a request without them
+     * reads as the generic format) */
+    if (server_format == SRV_TOOLS_FIREFUNCTION || q->tool_format == SRV_TOOLS_FIREFUNCTION)
         return firefunction_context(q, ctx);
     if (q->tool_format == SRV_TOOLS_GENERIC) /* described by its own system message */
         return json_object_set_new(ctx, "tools", json_null()) ? -ENOMEM : 0;
