@@ -511,6 +511,11 @@ KWK_API const char *kwk_tokenizer_chat_template(const kwk_tokenizer *t);
  * next call on d. One detokenizer per stream (not thread-safe); the tokenizer must outlive it. */
 typedef struct kwk_detok kwk_detok;
 KWK_API kwk_detok *kwk_detok_new(const kwk_tokenizer *t, int skip_special);
+/* Keep the text of the special tokens ids[n] even with skip_special (preserved tokens, e.g. a
+ * tool call's marker): the stream is then kwk_tokenizer_decode(all ids but the other special
+ * ones, skip_special 0). Call before the first push. Ids outside the vocabulary are ignored;
+ * ids are copied. Returns 0, KWK_EARG, -ENOMEM. */
+KWK_API int kwk_detok_preserve(kwk_detok *d, const int32_t *ids, int n);
 KWK_API int kwk_detok_push(kwk_detok *d, int32_t id, const char **piece, size_t *len);
 KWK_API int kwk_detok_flush(kwk_detok *d, const char **piece, size_t *len);
 KWK_API void kwk_detok_free(kwk_detok *d);
@@ -560,7 +565,8 @@ KWK_API int kwk_grammar_match(const kwk_grammar *g, const char *text, size_t len
  * per tokenizer and shared by every matcher of it: immutable, thread-safe. */
 typedef struct kwk_grammar_vocab kwk_grammar_vocab;
 /* From a tokenizer: special tokens and holes are never allowed by a grammar (eos is the
- * generation's business: see kwk_gen_params.grammar). */
+ * generation's business: see kwk_gen_params.grammar), unless a matcher preserves a special
+ * one (kwk_matcher_preserve): the vocabulary keeps their bytes for that. */
 KWK_API kwk_grammar_vocab *kwk_grammar_vocab_new(const kwk_tokenizer *tok, struct kwk_err *err);
 /* From byte strings: token i adds bytes[i][0 .. lens[i]) (NULL or length 0: never allowed). */
 KWK_API kwk_grammar_vocab *kwk_grammar_vocab_from_bytes(const char *const *bytes,
@@ -577,6 +583,11 @@ KWK_API kwk_matcher *kwk_matcher_new(const kwk_grammar *g, const kwk_grammar_voc
 KWK_API void kwk_matcher_free(kwk_matcher *m);
 /* Back to the start of the grammar. */
 KWK_API void kwk_matcher_reset(kwk_matcher *m);
+/* Let the special tokens ids[n] of the vocabulary (built by kwk_grammar_vocab_new) be matched
+ * as their text, as any other token (kwk_gen_params.preserved_ids). Ids that are usable
+ * already, outside the vocabulary or without text are ignored; ids are copied. Returns 0,
+ * KWK_EARG, -ENOMEM. */
+KWK_API int kwk_matcher_preserve(kwk_matcher *m, const int32_t *ids, int n);
 /* The tokens that may come next: bit i of allowed[i / 32] is set for token i
  * (allowed[(n_vocab + 31) / 32] words). Returns how many are allowed, or a negative code
  * (KWK_ELIMIT when the grammar is too ambiguous here). */
@@ -631,7 +642,8 @@ struct kwk_gen_params {
     /* Constrained decoding: the reply's text is kept to a sentence of grammar (or NULL).
      * Tokens the grammar does not allow next are masked out before sampling (so the sampled
      * distribution is the model's renormalized over the allowed tokens, with top-k / top-p
-     * applied after the mask), special tokens are never allowed, and the eos ids only once the
+     * applied after the mask), special tokens are never allowed (but preserved ones: see
+     * preserved_ids), and the eos ids only once the
      * text is a whole sentence; when nothing can follow, the reply ends (KWK_FINISH_STOP).
      * Logprobs stay those of the raw logits. Speculation stays exact. With no eos id (or while
      * min_new_tokens holds them back) a whole sentence that could go on does not end the reply
@@ -647,9 +659,19 @@ struct kwk_gen_params {
      * sentences begin with the trigger, e.g. "<tool_call>"). A token that would bring the
      * trigger with bytes the grammar refuses is set aside and the choice made again (after 64
      * in a row the call fails); special tokens add no bytes, so a trigger spelled by one never
-     * fires; eos ids end a reply that has not met the trigger. NULL or "": the grammar holds
-     * from the reply's first byte. */
+     * fires (unless preserved, below); eos ids end a reply that has not met the trigger. NULL
+     * or "": the grammar holds from the reply's first byte. */
     const char *grammar_trigger;
+    /* Preserved tokens (llama.cpp's preserved_tokens): special tokens whose text the reply keeps,
+     * as a model's control token for a tool call's marker ("[TOOL_CALLS]", "<|python_tag|>").
+     * Each id's text (its decode) joins the reply's text where any other special token adds
+     * none; a grammar allows it as that text (so a grammar that starts with the marker takes
+     * the one token the model emits for it, as well as the same text spelled in plain tokens);
+     * a lazy grammar's trigger sees it. The eos ids stay eos ids, never text. Ids outside
+     * [0, n_vocab) are KWK_EARG; ids of tokens that are not special change nothing. Copied by
+     * the engine; kwk_generate reads them during the call. NULL / 0: none. */
+    const int32_t *preserved_ids; /* [n_preserved] */
+    int n_preserved;
 };
 
 #define KWK_GRAMMAR_TRIGGER_MAX 1024

@@ -141,6 +141,8 @@ class _GenParams(ctypes.Structure):
         ("grammar", ctypes.c_void_p),
         ("grammar_vocab", ctypes.c_void_p),
         ("grammar_trigger", ctypes.c_char_p),
+        ("preserved_ids", ctypes.POINTER(ctypes.c_int32)),
+        ("n_preserved", ctypes.c_int),
     ]
 
 
@@ -280,10 +282,11 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
                top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                frequency_penalty=0.0, logit_bias=None, seed=None, generator=None, eos=(),
                stop=None, tok=None, prompt_cache=True, lookup=8, top_logprobs=0, grammar=None,
-               grammar_trigger=None):
+               grammar_trigger=None, preserved_ids=None):
     """struct kwk_gen_params for generate()'s arguments (eos: a list of ids; stop: strings, which
-    need tok, a kwker.Tokenizer). Returns (params, buffers the params point into: keep them
-    alive while the params are used)."""
+    need tok, a kwker.Tokenizer; preserved_ids: special tokens whose text the reply keeps).
+    Returns (params, buffers the params point into: keep them alive while the params are
+    used)."""
     p = _GenParams()
     _bind().kwk_gen_params_init(ctypes.byref(p))
     p.max_new_tokens = int(max_new_tokens)
@@ -333,6 +336,11 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
         trig = grammar_trigger.encode("utf-8")
         keep.append(trig)
         p.grammar_trigger = trig
+    if preserved_ids:
+        pres = np.asarray([int(i) for i in preserved_ids], dtype=np.int32)
+        keep.append(pres)
+        p.preserved_ids = pres.ctypes.data_as(_I32P)
+        p.n_preserved = len(pres)
     return p, keep
 
 
@@ -483,7 +491,7 @@ class KwkDecoder(Closing):
                  generator=None, eos_token_id=None, stop=None, lookup=8, draft=None, n_draft=4,
                  streamer=None, prompt_cache=True, tokenizer=None, logprobs=False,
                  top_logprobs=0, return_dict_in_generate=False, grammar=None,
-                 json_schema=None, grammar_trigger=None):
+                 json_schema=None, grammar_trigger=None, preserved_ids=None):
         """Generate after input_ids; returns prompt + new tokens in the same kind (list, numpy,
         torch) and shape ([n] or [1, n]) as input_ids. With logprobs=True, top_logprobs=k > 0
         or return_dict_in_generate=True it returns a GenerateOutput instead: .sequences (that
@@ -509,6 +517,9 @@ class KwkDecoder(Closing):
         keeps the reply to that grammar's sentences (constrained decoding; needs the tokenizer).
         grammar_trigger makes the grammar lazy: free text until the reply contains that string,
         then the grammar (whose sentences begin with it) from the string's first byte on.
+        preserved_ids: special tokens (a tool call's marker, e.g. [TOOL_CALLS]) whose text the
+        reply keeps, which a grammar takes as that text and a trigger sees
+        (kwk_gen_params.preserved_ids).
         """
         n_top = int(top_logprobs or 0)
         if not 0 <= n_top <= _TOP_MAX:
@@ -530,7 +541,8 @@ class KwkDecoder(Closing):
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
             generator=generator, eos=self._eos_list(eos_token_id), stop=stop, tok=tok,
-            prompt_cache=prompt_cache, lookup=lookup, grammar=g, grammar_trigger=grammar_trigger)
+            prompt_cache=prompt_cache, lookup=lookup, grammar=g, grammar_trigger=grammar_trigger,
+            preserved_ids=preserved_ids)
         if g is not None:
             vocab = self._grammar_vocab(tok)
             keep.append(vocab)  # the cache could drop it during the call (a re-entrant one)

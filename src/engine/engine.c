@@ -117,6 +117,7 @@ static void req_free(struct kwk_req *r)
     kwk_free(r->bias_ids);
     kwk_free(r->bias);
     kwk_free(r->trigger);
+    kwk_free(r->preserved);
     if (r->stop)
         for (int i = 0; i < r->p.n_stop; i++)
             kwk_free(r->stop[i]);
@@ -204,6 +205,14 @@ static int req_copy(struct kwk_req *r, const int32_t *ids, int n, const struct k
     if (p->grammar_trigger &&
         !(r->p.grammar_trigger = r->trigger = kwk_strdup(p->grammar_trigger)))
         return -ENOMEM;
+    if (p->n_preserved > 0 && p->preserved_ids) {
+        if (!(r->preserved = kwk_malloc((size_t)p->n_preserved * sizeof(int32_t))))
+            return -ENOMEM;
+        memcpy(r->preserved, p->preserved_ids, (size_t)p->n_preserved * sizeof(int32_t));
+        r->p.preserved_ids = r->preserved;
+    } else {
+        r->p.preserved_ids = NULL; /* the caller's pointer may not outlive the call */
+    }
     return 0;
 }
 

@@ -35,6 +35,7 @@ struct kwk_req {
     float *bias;
     char **stop;
     char *trigger;            /* p.grammar_trigger, copied */
+    int32_t *preserved;       /* [p.n_preserved] p.preserved_ids, copied */
 
     int state;                  /* enum req_state */
     int slot;

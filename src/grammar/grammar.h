@@ -135,7 +135,9 @@ struct kwk_grammar_vocab {
     int32_t n_vocab;
     char *bytes;          /* every token's bytes, back to back */
     size_t *off;          /* [n_vocab + 1] token i is bytes[off[i] .. off[i + 1]) */
-    uint8_t *usable;      /* [n_vocab] 0: never allowed (empty, special, hole) */
+    uint8_t *usable;      /* [n_vocab] 0: not in the trie (empty, special, hole); a special
+                           * token's bytes are kept all the same, for a matcher that
+                           * preserves it (kwk_matcher_preserve) */
     struct kv_node *nodes; /* [n_nodes + 1], the last a sentinel (tok = n_node_toks) */
     uint32_t n_nodes;
     uint64_t (*sub)[2];   /* [n_nodes] the bytes of each subtree (its own included): bit b for

@@ -54,6 +54,8 @@ struct kwk_matcher {
     uint32_t *walk;          /* [v->max_len + 1] state at each depth of a trie walk */
     struct mask_entry cache[MASK_CACHE];
     uint64_t clock;
+    int32_t *kept;           /* [n_kept] preserved special tokens: matched as their bytes */
+    int n_kept;
 };
 
 static uint32_t ids_hash(const uint32_t *ids, size_t n)
@@ -241,6 +243,7 @@ void kwk_matcher_free(kwk_matcher *m)
     kwk_free(m->trans);
     kwk_free(m->slots);
     kwk_free(m->walk);
+    kwk_free(m->kept);
     for (int i = 0; i < MASK_CACHE; i++)
         kwk_free(m->cache[i].bits);
     kwk_free(m);
@@ -290,6 +293,37 @@ static int walk_bytes(kwk_matcher *m, const uint8_t *bytes, size_t len, uint32_t
     return s == ST_DEAD;
 }
 
+/* A special token with bytes in the vocabulary (outside its trie), which a matcher may
+ * preserve. */
+static int held(const struct kwk_grammar_vocab *v, int32_t token)
+{
+    return !v->usable[token] && v->off[token + 1] > v->off[token];
+}
+
+static int is_kept(const kwk_matcher *m, int32_t token)
+{
+    for (int k = 0; k < m->n_kept; k++)
+        if (m->kept[k] == token)
+            return 1;
+    return 0;
+}
+
+int kwk_matcher_preserve(kwk_matcher *m, const int32_t *ids, int n)
+{
+    if (!m || n < 0 || (n && !ids))
+        return KWK_EARG;
+    int32_t *k = kwk_realloc(m->kept, ((size_t)m->n_kept + (size_t)n + 1) * sizeof *k);
+    if (!k)
+        return -ENOMEM;
+    m->kept = k;
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < m->v->n_vocab && held(m->v, ids[i]) && !is_kept(m, ids[i]))
+            m->kept[m->n_kept++] = ids[i];
+    for (int i = 0; i < MASK_CACHE; i++) /* the masks made without them */
+        m->cache[i].state = ST_UNKNOWN;
+    return 0;
+}
+
 static int token_bytes(const kwk_matcher *m, int32_t token, const uint8_t **p, size_t *n)
 {
     const struct kwk_grammar_vocab *v = m->v;
@@ -297,7 +331,7 @@ static int token_bytes(const kwk_matcher *m, int32_t token, const uint8_t **p, s
         return KWK_ERANGE;
     *p = (const uint8_t *)v->bytes + v->off[token];
     *n = v->off[token + 1] - v->off[token];
-    return v->usable[token] ? 0 : KWK_EARG;
+    return v->usable[token] || is_kept(m, token) ? 0 : KWK_EARG;
 }
 
 int kwk_matcher_allows(kwk_matcher *m, int32_t token)
@@ -456,6 +490,18 @@ static int32_t mask_walk(kwk_matcher *m, uint32_t *allowed)
             allowed[tok >> 5] |= 1u << (tok & 31);
         }
         count += (int32_t)(last - first);
+    }
+    /* the preserved tokens are not in the trie: each is walked on its own (a few) */
+    for (int k = 0; k < m->n_kept; k++) {
+        int32_t tok = m->kept[k];
+        uint32_t s = root;
+        for (size_t b = v->off[tok]; s != ST_DEAD && b < v->off[tok + 1]; b++)
+            if ((rc = transition(m, s, (uint8_t)v->bytes[b], &s)))
+                return rc;
+        if (s != ST_DEAD) {
+            allowed[tok >> 5] |= 1u << (tok & 31);
+            count++;
+        }
     }
     return count;
 }

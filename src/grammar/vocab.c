@@ -162,8 +162,11 @@ void kwk_grammar_vocab_free(kwk_grammar_vocab *v)
     kwk_free(v);
 }
 
-kwk_grammar_vocab *kwk_grammar_vocab_from_bytes(const char *const *bytes, const uint32_t *lens,
-                                                int32_t n, struct kwk_err *err)
+/* The vocabulary of bytes[i][0 .. lens[i]); held[i] (NULL: none) marks tokens whose bytes are
+ * kept but which the trie leaves out (special tokens: usable only where a matcher preserves
+ * them). */
+static kwk_grammar_vocab *vocab_build(const char *const *bytes, const uint32_t *lens,
+                                      const uint8_t *held, int32_t n, struct kwk_err *err)
 {
     kwk_grammar_vocab *v = NULL;
     size_t total = 0;
@@ -201,7 +204,8 @@ kwk_grammar_vocab *kwk_grammar_vocab_from_bytes(const char *const *bytes, const 
         if (len)
             memcpy(v->bytes + v->off[i], bytes[i], len);
         v->off[i + 1] = v->off[i] + len;
-        v->usable[i] = len > 0;
+        v->usable[i] = len > 0 && !(held && held[i]);
+        /* a held token's bytes count too: a lazy grammar's trigger buffer takes a token */
         v->max_len = KWK_MAX(v->max_len, (uint32_t)len);
     }
     rc = trie_build(v);
@@ -214,6 +218,12 @@ nomem:
     return NULL;
 }
 
+kwk_grammar_vocab *kwk_grammar_vocab_from_bytes(const char *const *bytes, const uint32_t *lens,
+                                                int32_t n, struct kwk_err *err)
+{
+    return vocab_build(bytes, lens, NULL, n, err);
+}
+
 kwk_grammar_vocab *kwk_grammar_vocab_new(const kwk_tokenizer *tok, struct kwk_err *err)
 {
     kwk_grammar_vocab *v = NULL;
@@ -222,6 +232,7 @@ kwk_grammar_vocab *kwk_grammar_vocab_new(const kwk_tokenizer *tok, struct kwk_er
     const char **ptrs = NULL;
     size_t *offs = NULL; /* where each token's bytes start in blob, which may still move */
     uint32_t *lens = NULL;
+    uint8_t *special = NULL; /* [n] kept out of the trie (kwk_matcher_preserve) */
     size_t used = 0, cap = 0;
     kwk_err_clear(err);
     if (n < 0) {
@@ -231,13 +242,15 @@ kwk_grammar_vocab *kwk_grammar_vocab_new(const kwk_tokenizer *tok, struct kwk_er
     lens = kwk_calloc(n ? (size_t)n : 1, sizeof *lens);
     ptrs = kwk_calloc(n ? (size_t)n : 1, sizeof *ptrs);
     offs = kwk_calloc(n ? (size_t)n : 1, sizeof *offs);
-    if (!lens || !ptrs || !offs)
+    special = kwk_calloc(n ? (size_t)n : 1, 1);
+    if (!lens || !ptrs || !offs || !special)
         goto nomem;
     for (int32_t i = 0; i < n; i++) {
         size_t len = 0;
-        if (kwk_tokenizer_is_special(tok, i))
-            continue;
+        special[i] = (uint8_t)(kwk_tokenizer_is_special(tok, i) == 1);
         int rc = kwk_tokenizer_token_bytes(tok, i, blob ? blob + used : NULL, cap - used, &len);
+        if (rc == KWK_ELIMIT && special[i] && len > KV_TOKEN_BYTES_MAX)
+            continue; /* a special token that long is never preserved: as before, no bytes */
         if (rc == KWK_ELIMIT) {
             if (len > KV_TOKEN_BYTES_MAX) {
                 kwk_err_set(err, KWK_ELIMIT, "grammar vocab: token %d has %zu bytes, over %d",
@@ -254,8 +267,8 @@ kwk_grammar_vocab *kwk_grammar_vocab_new(const kwk_tokenizer *tok, struct kwk_er
             cap = c;
             rc = kwk_tokenizer_token_bytes(tok, i, blob + used, cap - used, &len);
         }
-        if (rc == KWK_ERANGE)
-            continue; /* a hole */
+        if (rc == KWK_ERANGE || (rc && rc != -ENOMEM && special[i]))
+            continue; /* a hole; a special token without bytes (never preserved) */
         if (rc) {
             kwk_err_set(err, rc, "grammar vocab: the bytes of token %d: %s", i,
                         kwk_status_str(rc));
@@ -267,7 +280,7 @@ kwk_grammar_vocab *kwk_grammar_vocab_new(const kwk_tokenizer *tok, struct kwk_er
     }
     for (int32_t i = 0; i < n; i++)
         ptrs[i] = lens[i] ? blob + offs[i] : NULL;
-    v = kwk_grammar_vocab_from_bytes(ptrs, lens, n, err);
+    v = vocab_build(ptrs, lens, special, n, err);
     goto done;
 nomem:
     kwk_err_set(err, -ENOMEM, "grammar vocab: out of memory");
@@ -278,6 +291,7 @@ done:
     kwk_free(ptrs);
     kwk_free(offs);
     kwk_free(lens);
+    kwk_free(special);
     return v;
 }
 

@@ -299,19 +299,38 @@ static int accept_token(struct kwk_gen_seq *g, int32_t tok, float logprob)
     return 0;
 }
 
+static int is_preserved(const struct kwk_gen_seq *g, int32_t tok)
+{
+    for (int i = 0; i < g->p->n_preserved; i++)
+        if (g->p->preserved_ids[i] == tok)
+            return 1;
+    return 0;
+}
+
+/* The bytes tok adds to the text a lazy grammar watches, or NULL: a special token (unless
+ * preserved: the detokenizer keeps its text) or a padded id adds none. */
+static const char *trigger_bytes(const struct kwk_gen_seq *g, int32_t tok, size_t *n)
+{
+    const kwk_grammar_vocab *v = g->vocab;
+    if (tok < 0 || tok >= v->n_vocab || !(v->usable[tok] || is_preserved(g, tok)))
+        return NULL;
+    *n = v->off[tok + 1] - v->off[tok];
+    return v->bytes + v->off[tok];
+}
+
 /* Whether tok sets off the lazy grammar: 0 no (its bytes join the kept tail), 1 yes (the
  * matcher now holds the text from the trigger's first byte through tok), 2 the trigger is
  * there but the grammar refuses what follows it (nothing changed), or a negative code when the
  * matcher could not tell (KWK_ELIMIT, -ENOMEM). */
 static int trigger_check(struct kwk_gen_seq *g, int32_t tok)
 {
-    const kwk_grammar_vocab *v = g->vocab;
     const char *t = g->p->grammar_trigger;
-    if (tok < 0 || tok >= v->n_vocab || !v->usable[tok])
-        return 0; /* a special token or a padded id adds no text the trigger could be in */
-    size_t n = v->off[tok + 1] - v->off[tok];
+    size_t n = 0;
+    const char *tb = trigger_bytes(g, tok, &n);
+    if (!tb)
+        return 0;
     char *b = g->trig_buf;
-    memcpy(b + g->trig_tail, v->bytes + v->off[tok], n);
+    memcpy(b + g->trig_tail, tb, n);
     size_t len = g->trig_tail + n;
     /* the tail is shorter than the trigger, so a match found here ends in tok's bytes */
     for (size_t i = 0; i + g->trig_len <= len; i++) {
@@ -331,10 +350,10 @@ static int trigger_check(struct kwk_gen_seq *g, int32_t tok)
 /* The tail a lazy grammar keeps after tok did not set it off: its last trig_len - 1 bytes. */
 static void trigger_keep(struct kwk_gen_seq *g, int32_t tok)
 {
-    const kwk_grammar_vocab *v = g->vocab;
-    if (tok < 0 || tok >= v->n_vocab || !v->usable[tok])
+    size_t n = 0;
+    if (!trigger_bytes(g, tok, &n))
         return;
-    size_t len = g->trig_tail + (v->off[tok + 1] - v->off[tok]), keep = g->trig_len - 1;
+    size_t len = g->trig_tail + n, keep = g->trig_len - 1;
     if (len > keep) {
         memmove(g->trig_buf, g->trig_buf + len - keep, keep);
         len = keep;
@@ -498,8 +517,13 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
     out->text_len = 0;
     if (!p || !prompt || n_prompt < 1 || p->max_new_tokens < 0 || p->n_eos < 0 ||
         p->n_stop < 0 || (p->n_eos && !p->eos_ids) || (p->n_stop && !p->stop) ||
-        p->top_logprobs < 0 || p->top_logprobs > KWK_SAMPLER_TOP_MAX)
+        p->top_logprobs < 0 || p->top_logprobs > KWK_SAMPLER_TOP_MAX || p->n_preserved < 0 ||
+        (p->n_preserved && !p->preserved_ids))
         return kwk_err_set(err, KWK_EARG, "generate: bad arguments");
+    for (int i = 0; i < p->n_preserved; i++)
+        if (p->preserved_ids[i] < 0 || p->preserved_ids[i] >= n_vocab)
+            return kwk_err_set(err, KWK_EARG, "preserved token %d (id %d) is out of range", i,
+                               p->preserved_ids[i]);
     if (p->n_stop > 0 && !p->tok)
         return kwk_err_set(err, KWK_EARG, "stop strings need a tokenizer");
     for (int i = 0; i < p->n_stop; i++)
@@ -521,7 +545,8 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
     g->seq = kwk_malloc(n_seq * sizeof(int32_t));
     if (p->tok)
         g->detok = kwk_detok_new(p->tok, 1);
-    if (!g->seq || (p->tok && !g->detok))
+    if (!g->seq || (p->tok && !g->detok) ||
+        (g->detok && kwk_detok_preserve(g->detok, p->preserved_ids, p->n_preserved)))
         return kwk_err_set(err, -ENOMEM, "out of memory");
     for (int i = 0; i < p->n_stop; i++)
         g->max_stop = KWK_MAX(g->max_stop, strlen(p->stop[i]));
@@ -547,6 +572,8 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
         g->matcher = kwk_matcher_new(p->grammar, v, err);
         if (!g->matcher)
             return err && err->code ? err->code : -ENOMEM;
+        if (kwk_matcher_preserve(g->matcher, p->preserved_ids, p->n_preserved))
+            return kwk_err_set(err, -ENOMEM, "out of memory");
         g->vocab = v;
         if (p->grammar_trigger && *p->grammar_trigger) {
             g->lazy = 1;

@@ -225,8 +225,23 @@ static int apply(const struct tok_step *st, struct toks *cur)
     return oom ? -12 : 0;
 }
 
+/* Whether id is one of keep[n_keep] (a handful of preserved tokens: a scan is enough). */
+static int kept(int32_t id, const int32_t *keep, size_t n_keep)
+{
+    for (size_t k = 0; k < n_keep; k++)
+        if (keep[k] == id)
+            return 1;
+    return 0;
+}
+
 int tok_decode_ids(const struct kwk_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
                    struct tok_buf *out)
+{
+    return tok_decode_keep(t, ids, n, skip_special, NULL, 0, out);
+}
+
+int tok_decode_keep(const struct kwk_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
+                    const int32_t *keep, size_t n_keep, struct tok_buf *out)
 {
     struct toks l = {0};
     int rc = 0;
@@ -237,7 +252,8 @@ int tok_decode_ids(const struct kwk_tokenizer *t, const int32_t *ids, size_t n, 
             rc = KWK_ERANGE;
             goto done;
         }
-        if (!t->pieces[id] || (skip_special && (t->attr[id] & TOK_ATTR_SPECIAL)))
+        if (!t->pieces[id] || (skip_special && (t->attr[id] & TOK_ATTR_SPECIAL) &&
+                               !kept(id, keep, n_keep)))
             continue;
         toks_add(&l, t->pieces[id], t->piece_lens[id]);
     }

@@ -15,6 +15,7 @@ struct kwk_detok {
     struct tok_buf prefix;
     struct tok_buf text;  /* scratch: decode of the window */
     struct tok_buf piece; /* what the last call returned */
+    struct tok_ids keep;  /* preserved special tokens: decoded even with skip_special */
 };
 
 kwk_detok *kwk_detok_new(const kwk_tokenizer *t, int skip_special)
@@ -37,7 +38,24 @@ void kwk_detok_free(kwk_detok *d)
     tok_buf_free(&d->prefix);
     tok_buf_free(&d->text);
     tok_buf_free(&d->piece);
+    tok_ids_free(&d->keep);
     kwk_free(d);
+}
+
+int kwk_detok_preserve(kwk_detok *d, const int32_t *ids, int n)
+{
+    if (!d || n < 0 || (n && !ids))
+        return KWK_EARG;
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < d->t->n_vocab)
+            tok_ids_push(&d->keep, ids[i]);
+    return d->keep.oom ? -ENOMEM : 0;
+}
+
+/* The window's ids[0..n) decoded as this stream decodes them. */
+static int window_decode(kwk_detok *d, size_t n, struct tok_buf *out)
+{
+    return tok_decode_keep(d->t, d->ids.p, n, d->skip_special, d->keep.p, d->keep.n, out);
 }
 
 static int ends_with_fffd(const struct tok_buf *b)
@@ -56,7 +74,7 @@ int kwk_detok_push(kwk_detok *d, int32_t id, const char **piece, size_t *len)
     tok_ids_push(&d->ids, id);
     if (d->ids.oom)
         return -ENOMEM;
-    int rc = tok_decode_ids(d->t, d->ids.p, d->ids.n, d->skip_special, &d->text);
+    int rc = window_decode(d, d->ids.n, &d->text);
     if (rc)
         return rc;
     if (d->text.n <= d->prefix.n || ends_with_fffd(&d->text))
@@ -70,7 +88,7 @@ int kwk_detok_push(kwk_detok *d, int32_t id, const char **piece, size_t *len)
     memmove(d->ids.p, d->ids.p + keep, (d->ids.n - keep) * sizeof *d->ids.p);
     d->ids.n -= keep;
     d->prefix_index = d->ids.n;
-    rc = tok_decode_ids(d->t, d->ids.p, d->ids.n, d->skip_special, &d->prefix);
+    rc = window_decode(d, d->ids.n, &d->prefix);
     if (rc)
         return rc;
     if (d->piece.oom || d->prefix.oom)
@@ -86,7 +104,7 @@ int kwk_detok_flush(kwk_detok *d, const char **piece, size_t *len)
         return KWK_EARG;
     *piece = "";
     *len = 0;
-    int rc = tok_decode_ids(d->t, d->ids.p, d->ids.n, d->skip_special, &d->text);
+    int rc = window_decode(d, d->ids.n, &d->text);
     if (rc)
         return rc;
     if (d->text.n <= d->prefix.n)

@@ -323,5 +323,10 @@ int tok_unigram_word(const struct kwk_tokenizer *t, const char *w, size_t n,
 /* tok_decode.c: ids to text following the decoder. */
 int tok_decode_ids(const struct kwk_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
                    struct tok_buf *out);
+/* The same, but the special tokens among keep[n_keep] are decoded even with skip_special (a
+ * detokenizer's preserved tokens): as if the other special ones were removed and the rest
+ * decoded with skip_special 0. */
+int tok_decode_keep(const struct kwk_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
+                    const int32_t *keep, size_t n_keep, struct tok_buf *out);
 
 #endif
