@@ -48,6 +48,8 @@ struct srv {
     struct srv_labels labels; /* its head's label names and /classify's activation */
     int32_t eos[8];
     int n_eos;
+    int32_t preserved[SRV_MAX_PRESERVED]; /* the tool format's markers that are special tokens */
+    int n_preserved;
     struct srv_limits lim;
     char model_id[256];
     const char *model_path;  /* --model as given, or the default's path: also a valid name */
@@ -685,6 +687,11 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     p->grammar = q->grammar;
     p->grammar_vocab = s->gvocab;
     p->grammar_trigger = q->grammar_trigger;
+    /* a reply read for calls keeps its format's markers, special tokens or not */
+    if (q->tools && q->tool_format == s->lim.tool_format) {
+        p->preserved_ids = s->preserved;
+        p->n_preserved = s->n_preserved;
+    }
 }
 
 static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struct srv_err *e)
@@ -1649,6 +1656,8 @@ static int load(struct srv *s, const char *path)
     /* how the model writes tool calls, read off its template */
     s->lim.tool_format = s->o->tool_format >= 0 ? s->o->tool_format : srv_tool_format_detect(src);
     kwk_free(src);
+    s->n_preserved = srv_tool_preserved(s->lim.tool_format, s->tok, s->preserved,
+                                        SRV_MAX_PRESERVED);
     /* built here (20-60 ms) rather than by the first constrained request, on the event loop */
     if (!(s->gvocab = kwk_grammar_vocab_new(s->tok, &err)))
         goto fail;

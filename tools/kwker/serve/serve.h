@@ -151,6 +151,11 @@ char *srv_dup_n(const char *s, size_t n);
 int srv_tool_format_detect(const char *template_src);
 int srv_tool_format_parse(const char *name); /* -1 when unknown */
 const char *srv_tool_format_name(int format);
+/* The format's markers that are special tokens of tok (one token each), whose text a reply
+ * with tools must keep (kwk_gen_params.preserved_ids): up to cap ids into ids, their count
+ * returned (0 when none is special). Thread-safe. */
+#define SRV_MAX_PRESERVED 8
+int srv_tool_preserved(int format, const kwk_tokenizer *tok, int32_t *ids, int cap);
 
 /* "tools", "tool_choice" and "parallel_tool_calls" of root into r, after the messages: the
  * calls' grammar compiled (lazy under "auto"), and for the generic format the system message

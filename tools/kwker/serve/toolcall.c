@@ -43,6 +43,37 @@ const char *const *srv_tool_format_openers(int format)
     return format_openers[format >= 0 && format < SRV_TOOLS_N ? format : SRV_TOOLS_GENERIC];
 }
 
+/* The texts of a format's replies that a vocabulary may hold as one special token, which the
+ * reply must then keep (llama.cpp's preserved_tokens of each format: the markers its reader
+ * reads, and the think block around R1's and Hermes / Qwen's calls) */
+static const char *const format_preserved[][8] = {
+    [SRV_TOOLS_GENERIC] = {NULL},
+    [SRV_TOOLS_HERMES] = {"<tool_call>", "</tool_call>", "<think>", "</think>", NULL},
+    [SRV_TOOLS_LLAMA3] = {PYTHON_TAG, NULL},
+    [SRV_TOOLS_MISTRAL] = {"[TOOL_CALLS]", NULL},
+    [SRV_TOOLS_FUNCTIONARY] = {PYTHON_TAG, "<function=", "</function>", NULL},
+    [SRV_TOOLS_DEEPSEEK_R1] = {"<think>", "</think>", R1_CALLS_BEGIN, R1_CALL_BEGIN, R1_SEP,
+                               R1_CALL_END, R1_CALLS_END, NULL},
+    [SRV_TOOLS_FIREFUNCTION] = {" functools[", NULL},
+    [SRV_TOOLS_COMMAND_R] = {NULL}};
+
+int srv_tool_preserved(int format, const kwk_tokenizer *tok, int32_t *ids, int cap)
+{
+    int n = 0;
+    if (!tok || format < 0 || format >= SRV_TOOLS_N)
+        return 0;
+    for (const char *const *t = format_preserved[format]; *t && n < cap; t++) {
+        int32_t one[2];
+        size_t k = 0;
+        /* as llama.cpp: a text the tokenizer reads as exactly one token (else it is ordinary
+         * text, which the reply keeps anyway); only a special one needs keeping */
+        if (kwk_tokenizer_encode(tok, *t, strlen(*t), 0, one, 2, &k) == 0 && k == 1 &&
+            kwk_tokenizer_is_special(tok, one[0]) == 1)
+            ids[n++] = one[0];
+    }
+    return n;
+}
+
 /* The most specific marks first (llama.cpp's order), so that a template is read as before:
  * Functionary's has Llama 3.1's <|python_tag|> too. */
 int srv_tool_format_detect(const char *template_src)

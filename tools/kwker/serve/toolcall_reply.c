@@ -492,7 +492,9 @@ size_t srv_tools_sendable(int format, const char *text, size_t len)
         return 0;
     if (format == SRV_TOOLS_LLAMA3) { /* a call may open as "{ \"name\"" or "{\n": from '{' */
         const char *brace = memchr(text, '{', len);
-        return brace ? (size_t)(brace - text) : len;
+        /* or after the python tag (a special token the reply keeps), which is not content */
+        size_t tag = opener_at(text, len, PYTHON_TAG), at = brace ? (size_t)(brace - text) : len;
+        return tag < at ? tag : at;
     }
     size_t upto = len;
     for (; *op; op++) {
