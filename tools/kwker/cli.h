@@ -61,7 +61,16 @@ const char *cli_cache_dir(const char *v);
 #define CLI_TEMPLATE_FILE_MAX ((size_t)64 << 20)
 #define CLI_TEMPLATE_FILE_USAGE \
     "  --chat-template-file F   a Jinja chat template to use instead of the model's (for files\n" \
-    "                           without one, as many GGUF files)\n"
+    "                           without one, as many GGUF files)\n" \
+    "  --chat-template-kwargs J variables for the chat template, a JSON object (as\n" \
+    "                           apply_chat_template(**kwargs), e.g. '{\"enable_thinking\":\n" \
+    "                           false}'; serve: a request's chat_template_kwargs win)\n"
+
+/* --chat-template-kwargs' text parsed into *out (a JSON object that sets none of the
+ * conversation's own variables: srv_template_kwargs_check). Returns 0, or -1 after printing the
+ * error. */
+struct json_t;
+int cli_template_kwargs(const char *text, const char *cmd, struct json_t **out);
 
 /* The chat template to use, compiled: the one in file (--chat-template-file: llama.cpp's option,
  * for model files that carry none, as many GGUF files, or a wrong one) when file is not NULL,

@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "cli.h"
 #include "cli_gen.h"
+#include "serve/serve.h"
 
 int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cmd,
                       kwk_template **tpl, char **source)
@@ -52,12 +53,42 @@ int cli_chat_template(const kwk_tokenizer *tok, const char *file, const char *cm
     return 0;
 }
 
+int cli_template_kwargs(const char *text, const char *cmd, json_t **out)
+{
+    json_error_t jerr;
+    struct srv_err e = {0};
+    *out = NULL;
+    /* jansson's parser recurses: the server's depth limit first */
+    if (!srv_json_depth_ok(text, strlen(text), SRV_MAX_DEPTH)) {
+        fprintf(stderr, "kwker %s: --chat-template-kwargs: nested deeper than %d levels\n", cmd,
+                SRV_MAX_DEPTH);
+        return -1;
+    }
+    json_t *kw = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!kw) {
+        fprintf(stderr, "kwker %s: --chat-template-kwargs: not JSON: %s (at byte %d)\n", cmd,
+                jerr.text, jerr.position);
+        return -1;
+    }
+    if (srv_template_kwargs_check(kw, "--chat-template-kwargs", &e)) {
+        fprintf(stderr, "kwker %s: %s\n", cmd, e.msg);
+        json_decref(kw);
+        return -1;
+    }
+    *out = kw;
+    return 0;
+}
+
 int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *file,
-                  const char *cmd)
+                  const char *kwargs, const char *cmd)
 {
     memset(c, 0, sizeof *c);
-    if (cli_chat_template(tok, file, cmd, &c->tpl, NULL))
+    if (kwargs && cli_template_kwargs(kwargs, cmd, (json_t **)&c->kwargs))
         return -1;
+    if (cli_chat_template(tok, file, cmd, &c->tpl, NULL)) {
+        cli_conv_free(c);
+        return -1;
+    }
     if (!c->tpl) {
         fprintf(stderr, "kwker %s: the model has no chat template (tokenizer_config.json, "
                         "chat_template.jinja or GGUF tokenizer.chat_template): give one with "
@@ -79,6 +110,7 @@ void cli_conv_free(struct cli_conv *c)
 {
     kwk_template_free(c->tpl);
     json_decref(c->messages);
+    json_decref(c->kwargs);
     memset(c, 0, sizeof *c);
 }
 
@@ -140,6 +172,10 @@ int cli_conv_ids(const struct cli_conv *c, const kwk_tokenizer *tok, int32_t **i
         json_object_set_new(ctx, "bos_token", json_string(c->bos));
     if (ctx && c->eos)
         json_object_set_new(ctx, "eos_token", json_string(c->eos));
+    if (ctx && c->kwargs && json_object_update(ctx, c->kwargs)) {
+        json_decref(ctx);
+        ctx = NULL;
+    }
     if (!ctx || !(ctx_text = json_dumps(ctx, JSON_COMPACT))) {
         fprintf(stderr, "kwker %s: out of memory\n", cmd);
         goto out;

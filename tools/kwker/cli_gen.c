@@ -124,6 +124,8 @@ static int parse_valued(struct cli_gen_opts *o, const char *a, const char *v)
         return o->system = v, 0;
     if (is(a, "--chat-template-file", NULL, NULL))
         return v[0] ? (o->chat_template_file = v, 0) : -1;
+    if (is(a, "--chat-template-kwargs", NULL, NULL))
+        return o->chat_template_kwargs = v, 0;
     if (is(a, "--n-draft", "--draft-max", NULL))
         return cli_parse_int(v, 1, 16, &o->n_draft);
     if (is(a, "-n", "--n-predict", "--max-new-tokens"))

@@ -16,6 +16,7 @@ struct cli_gen_opts {
     const char *draft;          /* --draft M2, or NULL */
     const char *system;         /* --system text, or NULL */
     const char *chat_template_file; /* --chat-template-file F, or NULL: the model's template */
+    const char *chat_template_kwargs; /* --chat-template-kwargs JSON, or NULL */
     struct kwk_decoder_params dec;
     struct cli_quant quant;     /* --mix-bits, --calib, --gptq, --act-bits (into dec) */
     struct kwk_sampler_params smp;
@@ -103,12 +104,13 @@ struct cli_conv {
     kwk_template *tpl;
     const char *bos, *eos;      /* the tokenizer's, borrowed */
     void *messages;             /* json_t array of {role, content} */
+    void *kwargs;               /* json_t object: --chat-template-kwargs, or NULL */
 };
 
 /* Compile the chat template (cli_chat_template; a model without one is an error here). Returns 0
  * or -1 after printing the error. */
 int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *file,
-                  const char *cmd);
+                  const char *kwargs, const char *cmd);
 void cli_conv_free(struct cli_conv *c);
 /* Append a message; 0, or -1 (content not valid UTF-8, or out of memory). */
 int cli_conv_add(struct cli_conv *c, const char *role, const char *content);

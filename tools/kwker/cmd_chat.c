@@ -197,7 +197,7 @@ int cmd_chat(int argc, char **argv)
     struct cli_conv c;
     if (cli_session_open(&s, &o, 1, "chat"))
         goto out_opts;
-    if (cli_conv_init(&c, s.tok, o.chat_template_file, "chat"))
+    if (cli_conv_init(&c, s.tok, o.chat_template_file, o.chat_template_kwargs, "chat"))
         goto out_session;
     if (o.system && cli_conv_add(&c, "system", o.system)) {
         fprintf(stderr, "kwker chat: --system is not valid UTF-8\n");

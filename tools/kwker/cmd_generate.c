@@ -37,7 +37,8 @@ static int text_prompt(struct cli_session *s, const struct cli_gen_opts *o, cons
         return st < 0 ? -1 : 0;
     }
     struct cli_conv c;
-    if (cli_conv_init(&c, s->tok, o->chat_template_file, "generate"))
+    if (cli_conv_init(&c, s->tok, o->chat_template_file, o->chat_template_kwargs,
+                      "generate"))
         return -1;
     int rc = -1;
     if ((o->system && cli_conv_add(&c, "system", o->system)) || cli_conv_add(&c, "user", chat))

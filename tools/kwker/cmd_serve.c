@@ -102,6 +102,8 @@ static int parse_opt(struct srv_opts *o, const char *a, const char *v)
         return cli_parse_int(v, 1, 1000000, &o->max_connections);
     if (!strcmp(a, "--chat-template-file"))
         return v[0] ? (o->chat_template_file = v, 0) : -1;
+    if (!strcmp(a, "--chat-template-kwargs"))
+        return o->chat_template_kwargs = v, 0;
     if (!strcmp(a, "--tool-format"))
         return (o->tool_format = srv_tool_format_parse(v)) < 0 ? -1 : 0;
     if (!strcmp(a, "--pooling"))

@@ -37,6 +37,7 @@ struct srv {
     kwk_model *m;
     kwk_tokenizer *tok;
     kwk_template *tpl;       /* NULL when the model has no chat template */
+    json_t *tpl_kwargs;      /* --chat-template-kwargs (an object), or NULL */
     kwk_grammar_vocab *gvocab; /* tok's token bytes for constrained requests, built at start */
     kwk_engine *e;           /* a decoder's; NULL when an encoder is served */
     kwk_encoder *enc;        /* an encoder's; NULL when a decoder is served */
@@ -585,6 +586,13 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
         json_object_set_new(ctx, "bos_token", json_string(bos));
     if (ctx && eos)
         json_object_set_new(ctx, "eos_token", json_string(eos));
+    /* the server's variables, then the request's over them (vLLM's order); both checked not
+     * to set the conversation's own, so they may override bos_token as transformers' do */
+    if (ctx && ((s->tpl_kwargs && json_object_update(ctx, s->tpl_kwargs)) ||
+                (q->template_kwargs && json_object_update(ctx, q->template_kwargs)))) {
+        json_decref(ctx);
+        ctx = NULL;
+    }
     if (!ctx || !(ctx_text = json_dumps(ctx, JSON_COMPACT))) {
         srv_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
@@ -673,6 +681,7 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     sp->min_p = q->min_p;
     sp->presence_penalty = q->presence_penalty;
     sp->frequency_penalty = q->frequency_penalty;
+    sp->repetition_penalty = q->repetition_penalty;
     sp->seed = q->seed_given ? q->seed : random_seed();
     p->logit_bias_ids = q->bias_ids;
     p->logit_bias = q->bias;
@@ -1499,8 +1508,8 @@ static int check_opts(const struct srv *s, const char *path, int encoder)
         bad = "--kv-bits";
     else if (encoder && o->engine.max_cache_len)
         bad = "--max-cache-len";
-    else if (encoder && o->chat_template_file)
-        bad = "--chat-template-file";
+    else if (encoder && (o->chat_template_file || o->chat_template_kwargs))
+        bad = "--chat-template-file and --chat-template-kwargs";
     else if (!encoder && (o->pooling >= 0 || o->normalize >= 0))
         bad = "--pooling and --normalize";
     if (!bad)
@@ -1656,6 +1665,9 @@ static int load(struct srv *s, const char *path)
     /* how the model writes tool calls, read off its template */
     s->lim.tool_format = s->o->tool_format >= 0 ? s->o->tool_format : srv_tool_format_detect(src);
     kwk_free(src);
+    if (s->o->chat_template_kwargs &&
+        cli_template_kwargs(s->o->chat_template_kwargs, "serve", &s->tpl_kwargs))
+        return -1;
     s->n_preserved = srv_tool_preserved(s->lim.tool_format, s->tok, s->preserved,
                                         SRV_MAX_PRESERVED);
     /* built here (20-60 ms) rather than by the first constrained request, on the event loop */
@@ -1771,6 +1783,7 @@ static void shutdown_all(struct srv *s)
     kwk_encoder_free(s->enc);
     srv_labels_free(&s->labels);
     kwk_template_free(s->tpl);
+    json_decref(s->tpl_kwargs);
     kwk_grammar_vocab_free(s->gvocab);
     kwk_tokenizer_free(s->tok);
     kwk_model_free(s->m);

@@ -321,8 +321,48 @@ out:
     return rc;
 }
 
+/* The variables a request's own fields give the template: transformers' apply_chat_template
+ * takes them as its parameters, so its **kwargs cannot name them (a TypeError there) */
+static const char *const template_own_vars[] = {"messages", "tools", "documents",
+                                                "add_generation_prompt", NULL};
+
+int srv_template_kwargs_check(const json_t *kw, const char *param, struct srv_err *e)
+{
+    if (!json_is_object(kw))
+        return srv_err_type(e, param, "an object of template variables");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)kw, key, v)
+    {
+        for (int i = 0; template_own_vars[i]; i++)
+            if (!strcmp(key, template_own_vars[i])) {
+                srv_err_set(e, 400, INVALID, param, "invalid_value",
+                            "'%s' may not set '%s': the request's own '%s' does", param, key,
+                            key);
+                return -1;
+            }
+    }
+    return 0;
+}
+
+/* chat_template_kwargs (vLLM's and llama.cpp's name): more variables for the template, as
+ * apply_chat_template(**kwargs) passes them (Qwen3's enable_thinking, Llama 3.1's date_string);
+ * null is none. */
+static int parse_template_kwargs(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    json_t *kw = json_object_get(root, "chat_template_kwargs");
+    if (!kw || json_is_null(kw))
+        return 0;
+    if (srv_template_kwargs_check(kw, "chat_template_kwargs", e))
+        return -1;
+    r->template_kwargs = json_incref(kw);
+    return 0;
+}
+
 static int parse_messages(struct srv_req *r, json_t *root, struct srv_err *e)
 {
+    if (parse_template_kwargs(r, root, e))
+        return -1;
     json_t *ms = json_object_get(root, "messages");
     if (!ms || json_is_null(ms)) {
         srv_err_set(e, 400, INVALID, "messages", "missing_required_parameter",
@@ -481,13 +521,17 @@ static int parse_sampling(struct srv_req *r, json_t *root, struct srv_err *e)
     int given;
     r->temperature = 1.0;
     r->top_p = 1.0;
+    r->repetition_penalty = 1.0; /* off */
     if (num_field(root, "temperature", 0, 2, &r->temperature, NULL, e) ||
         num_field(root, "top_p", 0, 1, &r->top_p, NULL, e) ||
         num_field(root, "min_p", 0, 1, &r->min_p, NULL, e) ||
         num_field(root, "presence_penalty", -2, 2, &r->presence_penalty, NULL, e) ||
         num_field(root, "frequency_penalty", -2, 2, &r->frequency_penalty, NULL, e) ||
+        num_field(root, "repetition_penalty", 0, 1e6, &r->repetition_penalty, NULL, e) ||
         int_field(root, "top_k", -1, INT32_MAX, &k, &given, e))
         return -1;
+    if (!(r->repetition_penalty > 0)) /* vLLM's and transformers' check: it divides logits */
+        return bad_value(e, "repetition_penalty", "must be greater than 0");
     r->top_k = k > 0 ? (int)k : 0; /* vLLM's -1 and 0 both mean off */
     if (int_field(root, "seed", INT64_MIN, INT64_MAX, &seed, &given, e))
         return -1;
@@ -840,6 +884,7 @@ void srv_req_free(struct srv_req *r)
     kwk_grammar_free(r->grammar);
     json_decref(r->tools);
     free(r->tool_name);
+    json_decref(r->template_kwargs);
     memset(r, 0, sizeof *r);
 }
 

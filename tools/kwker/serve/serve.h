@@ -30,6 +30,8 @@ struct srv_opts {
     int log_requests;        /* one stderr line per request */
     int shutdown_timeout_s;  /* on a signal: seconds the requests in flight may take to finish */
     const char *chat_template_file; /* --chat-template-file, or NULL: the model's template */
+    const char *chat_template_kwargs; /* --chat-template-kwargs: a JSON object of variables
+                                       * every chat render gets (a request's own win), or NULL */
     int tool_format;         /* --tool-format: enum srv_tool_format, or -1: read off the template */
     int pooling;             /* --pooling for an encoder: enum kwk_pooling, or -1: the model's */
     int normalize;           /* --normalize / --no-normalize: 1 / 0, or -1: the model's */
@@ -95,6 +97,7 @@ struct srv_req {
     double temperature, top_p, min_p;
     int top_k;                  /* 0 off */
     double presence_penalty, frequency_penalty;
+    double repetition_penalty;  /* vLLM's (transformers'): prompt and reply tokens; 1 off */
     int seed_given;
     uint64_t seed;
     char *stop[SRV_MAX_STOP];
@@ -117,6 +120,7 @@ struct srv_req {
     /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
     int add_special_tokens;     /* the tokenizer's own BOS etc. (default: text 1, messages 0) */
     int add_generation_prompt;  /* messages: the template's assistant header (default 1) */
+    json_t *template_kwargs;    /* messages: chat_template_kwargs (an object), or NULL */
     int return_token_strs;      /* tokenize: each id's vocabulary string too */
 };
 
@@ -134,6 +138,11 @@ void srv_req_free(struct srv_req *r);
  * limit) would fail the request at submit: 0 when it can, else -1 with e (the client's 400 on
  * param, or out of memory) and the grammar freed. */
 int srv_grammar_check_start(struct srv_req *r, const char *param, struct srv_err *e);
+
+/* Whether kw may be a chat template's extra variables (param names it in e): an object that
+ * sets none of the variables a request's own fields set (messages, tools, documents,
+ * add_generation_prompt). 0, or -1 with e filled (400). Thread-safe. */
+int srv_template_kwargs_check(const json_t *kw, const char *param, struct srv_err *e);
 
 /* Fill e; msg is printf-formatted. */
 void srv_err_set(struct srv_err *e, int http, const char *type, const char *param,
