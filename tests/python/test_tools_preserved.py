@@ -180,3 +180,34 @@ def test_streamed(server, choice):
     assert all(c["id"] for c in calls.values())  # made per request, but Mistral's
     assert [(c["name"], c["arguments"]) for c in calls.values()] == \
         [(w.function.name, w.function.arguments) for w in whole]
+
+
+def test_decoder_preserved_ids(ckpt):
+    """The binding's preserved_ids: the reply's text is Hugging Face's decode of its tokens with
+    the preserved one kept (and other special tokens dropped); the grammar takes the marker's
+    token and its trigger sees it. Without it the same tokens' text loses the marker."""
+    import kwker
+    tok = ckpt.tok
+    mid = tok.convert_tokens_to_ids("[TOOL_CALLS]")
+    ids = tok.encode("Weather in Paris?", add_special_tokens=False)
+    g = 'root ::= "[TOOL_CALLS]" "[" [a-z]{1,8} "]"'
+    with kwker.KwkDecoder(str(ckpt.path), max_cache_len=128) as dec:
+        outs = {}
+        for pres in ([mid], None):
+            r = dec.generate(ids, max_new_tokens=24, grammar=g, grammar_trigger="[TOOL_CALLS]",
+                             logit_bias={mid: 100.0}, preserved_ids=pres, eos_token_id=[],
+                             return_dict_in_generate=True)
+            outs[bool(pres)] = r
+        kept, dropped = outs[True], outs[False]
+        assert int(kept.tokens[0]) == mid
+        assert kept.text.startswith("[TOOL_CALLS][") and kept.text.endswith("]")
+        assert kept.finish_reason == "stop"  # the grammar's whole sentence
+        assert kept.text == tok.decode(
+            [int(t) for t in kept.tokens if int(t) == mid or int(t) not in tok.all_special_ids])
+        # not preserved: the marker is chosen (free text) but adds nothing, the grammar never
+        # starts (the biased marker is chosen again and again), and the text is the
+        # skip_special decode (empty here: None)
+        assert int(dropped.tokens[0]) == mid and dropped.finish_reason == "length"
+        assert (dropped.text or "") == tok.decode([int(t) for t in dropped.tokens],
+                                                  skip_special_tokens=True)
+        assert "[TOOL_CALLS]" not in (dropped.text or "")
