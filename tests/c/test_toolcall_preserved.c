@@ -22,6 +22,7 @@ enum { M_CALLS = 100, M_TOOL, M_TOOL_END, M_PY, M_THINK, M_THINK_END, M_R1_CALLS
 
 static char *tok_json(void)
 {
+    /* clang-format off */
     static const char head[] =
         "{\"version\": \"1.0\", \"added_tokens\": ["
         ADDED(100, "[TOOL_CALLS]", "true") "," ADDED(101, "<tool_call>", "true") ","
@@ -37,6 +38,7 @@ static char *tok_json(void)
         " \"add_prefix_space\": false, \"use_regex\": false}, \"post_processor\": null,"
         " \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {"
         "\"\\u0120\": 95, \"\\u010a\": 96";
+    /* clang-format on */
     struct srv_buf b = {0};
     srv_buf_str(&b, head);
     for (int c = '!'; c <= '~'; c++) {
