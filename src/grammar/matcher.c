@@ -54,7 +54,7 @@ struct kwk_matcher {
     uint32_t *walk;          /* [v->max_len + 1] state at each depth of a trie walk */
     struct mask_entry cache[MASK_CACHE];
     uint64_t clock;
-    int32_t *kept;           /* [n_kept] preserved special tokens: matched as their bytes */
+    int32_t *kept; /* [n_kept] preserved special tokens: matched as their bytes */
     int n_kept;
 };
 

@@ -515,9 +515,9 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
     out->prompt_reused = 0;
     out->text = NULL;
     out->text_len = 0;
-    if (!p || !prompt || n_prompt < 1 || p->max_new_tokens < 0 || p->n_eos < 0 ||
-        p->n_stop < 0 || (p->n_eos && !p->eos_ids) || (p->n_stop && !p->stop) ||
-        p->top_logprobs < 0 || p->top_logprobs > KWK_SAMPLER_TOP_MAX || p->n_preserved < 0 ||
+    if (!p || !prompt || n_prompt < 1 || p->max_new_tokens < 0 || p->n_eos < 0 || p->n_stop < 0 ||
+        (p->n_eos && !p->eos_ids) || (p->n_stop && !p->stop) || p->top_logprobs < 0 ||
+        p->top_logprobs > KWK_SAMPLER_TOP_MAX || p->n_preserved < 0 ||
         (p->n_preserved && !p->preserved_ids))
         return kwk_err_set(err, KWK_EARG, "generate: bad arguments");
     for (int i = 0; i < p->n_preserved; i++)

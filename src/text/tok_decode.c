@@ -252,8 +252,8 @@ int tok_decode_keep(const struct kwk_tokenizer *t, const int32_t *ids, size_t n,
             rc = KWK_ERANGE;
             goto done;
         }
-        if (!t->pieces[id] || (skip_special && (t->attr[id] & TOK_ATTR_SPECIAL) &&
-                               !kept(id, keep, n_keep)))
+        if (!t->pieces[id] ||
+            (skip_special && (t->attr[id] & TOK_ATTR_SPECIAL) && !kept(id, keep, n_keep)))
             continue;
         toks_add(&l, t->pieces[id], t->piece_lens[id]);
     }

@@ -133,8 +133,7 @@ static void streamed(kwk_tokenizer *t, int format, const char *reply, const char
     for (int i = 0; i <= n; i++) {
         const char *piece;
         size_t len;
-        T_EQ(i < n ? kwk_detok_push(d, ids[i], &piece, &len) : kwk_detok_flush(d, &piece, &len),
-             0);
+        T_EQ(i < n ? kwk_detok_push(d, ids[i], &piece, &len) : kwk_detok_flush(d, &piece, &len), 0);
         srv_buf_add(&all, piece, len);
         size_t upto = srv_tools_sendable(format, all.p ? all.p : "", all.len);
         sent = upto > sent ? upto : sent;
@@ -172,8 +171,9 @@ static void test_streamed_replies(void)
     streamed(t, SRV_TOOLS_MISTRAL,
              "Hi [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"abcDEF123\"}]",
              "Hi ", M_CALLS, "f", "{\"a\":1}");
-    streamed(t, SRV_TOOLS_HERMES, "Hi <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
-             "Hi ", M_TOOL, "f", "{}");
+    streamed(t, SRV_TOOLS_HERMES,
+             "Hi <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", "Hi ", M_TOOL,
+             "f", "{}");
     streamed(t, SRV_TOOLS_LLAMA3, "Hi <|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": 2}}",
              "Hi ", M_PY, "f", "{\"a\":2}");
     streamed(t, SRV_TOOLS_FUNCTIONARY, "Hi <|python_tag|>print(1)", "Hi ", M_PY, "python",
@@ -187,9 +187,9 @@ static void test_r1(void)
     kwk_tokenizer *t = tiny();
     if (!t)
         return;
-    static const char reply[] = "<think>hmm</think>\n\n" R1_CALLS_BEGIN R1_CALL_BEGIN
-                                "function" R1_SEP "f\n```json\n{\"a\": 3}\n```" R1_CALL_END
-                                    R1_CALLS_END;
+    static const char reply[] =
+        "<think>hmm</think>\n\n" R1_CALLS_BEGIN R1_CALL_BEGIN "function" R1_SEP
+        "f\n```json\n{\"a\": 3}\n```" R1_CALL_END R1_CALLS_END;
     int32_t pres[SRV_MAX_PRESERVED], ids[256];
     int n_pres = srv_tool_preserved(SRV_TOOLS_DEEPSEEK_R1, t, pres, SRV_MAX_PRESERVED);
     int n = ids_of(t, reply, ids, 256);

@@ -1668,8 +1668,8 @@ static int load(struct srv *s, const char *path)
     if (s->o->chat_template_kwargs &&
         cli_template_kwargs(s->o->chat_template_kwargs, "serve", &s->tpl_kwargs))
         return -1;
-    s->n_preserved = srv_tool_preserved(s->lim.tool_format, s->tok, s->preserved,
-                                        SRV_MAX_PRESERVED);
+    s->n_preserved =
+        srv_tool_preserved(s->lim.tool_format, s->tok, s->preserved, SRV_MAX_PRESERVED);
     /* built here (20-60 ms) rather than by the first constrained request, on the event loop */
     if (!(s->gvocab = kwk_grammar_vocab_new(s->tok, &err)))
         goto fail;
