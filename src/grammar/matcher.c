@@ -312,6 +312,8 @@ int kwk_matcher_preserve(kwk_matcher *m, const int32_t *ids, int n)
 {
     if (!m || n < 0 || (n && !ids))
         return KWK_EARG;
+    if (n == 0) /* every constrained generation asks: no allocation for none */
+        return 0;
     int32_t *k = kwk_realloc(m->kept, ((size_t)m->n_kept + (size_t)n + 1) * sizeof *k);
     if (!k)
         return -ENOMEM;
