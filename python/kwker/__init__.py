@@ -18,8 +18,12 @@ _EXPORTS = {
     "Tokenizer": "tokenizer",
     "ChatTemplate": "template",
     "Grammar": "grammar",
+    "Engine": "serve",
+    "install": "hf",
+    "uninstall": "hf",
 }
-_SUBMODULES = ("decode", "encoder", "reranker", "cpu_backend", "tokenizer", "template", "grammar")
+_SUBMODULES = ("decode", "encoder", "reranker", "cpu_backend", "tokenizer", "template", "grammar",
+               "serve", "hf")
 
 
 def __getattr__(name):

@@ -533,7 +533,9 @@ class KwkDecoder(Closing):
         from .grammar import as_grammar
         g = as_grammar(grammar, json_schema)
         tok = tokenizer or self._tokenizer_if_any()
-        if tok is None and (stop or streamer is not None or g is not None):
+        # a callable streamer gets text; transformers' streamers (put / end) only ids
+        text_streamer = streamer is not None and not hasattr(streamer, "put")
+        if tok is None and (stop or text_streamer or g is not None):
             tok = self.tokenizer()  # raises the reason the model's tokenizer did not load
         p, keep = gen_params(
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
