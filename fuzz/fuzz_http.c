@@ -1,12 +1,15 @@
 /* fuzz_http.c - libFuzzer target for `kwker serve`'s request parsing (tools/kwker/serve/openai.c,
- * toolcall.c and toolcall_reply.c, included whole: the server lives in the CLI, not the library).
+ * toolcall.c, think.c and toolcall_reply.c, included whole: the server lives in the CLI, not the
+ * library).
  * Input: one byte choosing the route (bit 0 clear: /v1/chat/completions, or /tokenize with bit
  * 1; set: /v1/completions, or /detokenize with bit 1) and the model's tool-call format (bits
  * 2-4), then the request body. A body that parses is then written back as a response, SSE
  * chunks and an
  * error (or the tokenize routes' answers), with logprobs made from its bytes, so the builders
  * see every string the parser lets through; its text is also read as a reply with tool calls
- * in every format (the model's output is untrusted too). Every body is also parsed as a
+ * in every format (the model's output is untrusted too) and split at a think block
+ * (think.c), whole and streamed in steps, whose deltas must add up to the whole reply's
+ * reasoning and content. Every body is also parsed as a
  * /v1/embeddings request (embed.c): its inputs packed by a tokenizer stand-in (a byte a token
  * between [CLS] and [SEP]) and its reply written as floats, some non-finite, and as base64;
  * the reply must be JSON. And as a /v1/rerank request (rerank.c): its pairs packed by a pair
@@ -25,6 +28,7 @@
 
 #include "../tools/kwker/serve/openai.c"
 #include "../tools/kwker/serve/toolcall.c"
+#include "../tools/kwker/serve/think.c"
 #include "../tools/kwker/serve/toolcall_reply.c"
 #include "../tools/kwker/serve/embed.c"
 #include "../tools/kwker/serve/rerank.c"
@@ -32,6 +36,39 @@
 #include "../tests/c/fake_tokenizer.h"
 
 #define FUZZ_MAX_INPUT (256 * 1024)
+
+/* The reply streamed as http.c streams it, arriving in steps of `step` bytes, then read whole:
+ * the deltas must add up to the whole reply's reasoning and content (think.c), or abort. */
+static void stream_check(const struct srv_req *q, const char *text, size_t len, size_t step)
+{
+    struct srv_reply_stream st = {0};
+    struct srv_delta d;
+    struct srv_buf r = {0}, c = {0};
+    for (size_t k = 0; k < len; k += step) {
+        srv_reply_stream_next(&st, q, text, k, NULL, &d);
+        srv_buf_add(&r, d.reasoning, d.reasoning_len);
+        srv_buf_add(&c, d.content, d.content_len);
+    }
+    struct srv_tool_reply whole;
+    if (q->tools)
+        srv_tools_extract(q, text, len, 42, &whole);
+    else {
+        memset(&whole, 0, sizeof whole);
+        srv_think_reply(q, text, len, &whole);
+    }
+    srv_reply_stream_next(&st, q, text, len, &whole, &d);
+    srv_buf_add(&r, d.reasoning, d.reasoning_len);
+    srv_buf_add(&c, d.content, d.content_len);
+    size_t want_r = whole.reasoning ? whole.reasoning_len : 0;
+    size_t want_c = whole.null_content ? 0 : whole.content_len;
+    if (!r.err && !c.err &&
+        (r.len != want_r || (want_r && memcmp(r.p, whole.reasoning, want_r)) || c.len != want_c ||
+         (want_c && memcmp(c.p, whole.content, want_c))))
+        abort();
+    srv_tool_reply_free(&whole);
+    srv_buf_free(&r);
+    srv_buf_free(&c);
+}
 
 static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
 {
@@ -74,9 +111,11 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
             !json_is_null(json_object_get(ctx, "tools")) && !json_is_array(q.tools))
             abort();
         json_decref(ctx);
+        q.think = (int)(len % 3); /* off, a block the reply opens, or the prompt's */
         srv_tools_extract(&q, text ? text : "", text ? len : 0, 42, &tr);
         if (srv_tools_sendable(f, text ? text : "", text ? len : 0) > (text ? len : 0))
             abort();
+        stream_check(&q, text ? text : "", text ? len : 0, 1 + len / 256);
         c.tools = &tr;
         srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
         if (tr.calls)
@@ -84,6 +123,19 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
         srv_sse_finish(&b, &c, KWK_FINISH_STOP);
         c.tools = NULL;
         srv_tool_reply_free(&tr);
+    }
+    for (int think = SRV_THINK_ON; think <= SRV_THINK_OPEN && r->kind == SRV_CHAT; think++) {
+        struct srv_tool_reply tr = {0}; /* a reply without tools, split at its think block */
+        struct srv_req q = *r;
+        q.tools = NULL;
+        q.think = think;
+        srv_think_reply(&q, text ? text : "", text ? len : 0, &tr);
+        c.tools = &tr;
+        srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
+        if (tr.reasoning)
+            srv_sse_reasoning(&b, &c, tr.reasoning, tr.reasoning_len, lps, 4);
+        c.tools = NULL;
+        stream_check(&q, text ? text : "", text ? len : 0, 1 + len / 512);
     }
     srv_sse_role(&b, &c);
     srv_sse_content(&b, &c, text, len, lps, 4);

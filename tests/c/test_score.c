@@ -8,6 +8,7 @@
 #include "test.h"
 
 #include "../../tools/kwker/serve/openai.c"
+#include "../../tools/kwker/serve/think.c"
 #include "../../tools/kwker/serve/toolcall.c"
 #include "../../tools/kwker/serve/toolcall_reply.c"
 #include "../../tools/kwker/serve/embed.c"

@@ -6,6 +6,7 @@
 #include "test.h"
 
 #include "../../tools/kwker/serve/openai.c"
+#include "../../tools/kwker/serve/think.c"
 #include "../../tools/kwker/serve/toolcall.c"
 #include "../../tools/kwker/serve/toolcall_reply.c"
 
@@ -21,11 +22,12 @@ static const char *call_args(const struct srv_tool_reply *r, size_t i)
         json_object_get(json_object_get(json_array_get(r->calls, i), "function"), "arguments"));
 }
 
-/* Read text as format; returns the number of calls (-1: not a call reply) and checks that the
- * content is want_content (NULL: null). */
-static int extract(int format, const char *text, const char *want_content, struct srv_tool_reply *r)
+/* Read text as format, its think block per think; returns the number of calls (-1: not a call
+ * reply) and checks that the content is want_content (NULL: null). */
+static int extract_think(int format, int think, const char *text, const char *want_content,
+                         struct srv_tool_reply *r)
 {
-    struct srv_req q = {.tool_format = format};
+    struct srv_req q = {.tool_format = format, .think = think};
     srv_tools_extract(&q, text, strlen(text), 7, r);
     if (want_content) {
         T_TRUE(!r->null_content);
@@ -36,6 +38,14 @@ static int extract(int format, const char *text, const char *want_content, struc
         T_TRUE(r->null_content);
     }
     return r->calls ? (int)json_array_size(r->calls) : -1;
+}
+
+/* The same with R1's think block read as the server reads it (its format always thinks) when
+ * the reply opens it itself. */
+static int extract(int format, const char *text, const char *want_content, struct srv_tool_reply *r)
+{
+    int think = format == SRV_TOOLS_DEEPSEEK_R1 ? SRV_THINK_ON : SRV_THINK_OFF;
+    return extract_think(format, think, text, want_content, r);
 }
 
 /* Texts that are not a whole call reply in format: all of each is content. */
@@ -530,16 +540,17 @@ static void test_functionary(void)
 static void test_deepseek_r1(void)
 {
     struct srv_tool_reply r;
-    /* the prompt opened the think block: reasoning up to </think>, then a call */
-    T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1,
-                 "I should call f.\n</think>\n\n" R1_CALLS_BEGIN R1_CALL(
-                     "f", "{\"a\": 1}") "\n" R1_CALL("g", "{}") R1_CALLS_END,
-                 NULL, &r),
+    /* the prompt opened the think block: reasoning up to </think> (stripped, as llama.cpp's),
+     * then a call */
+    T_EQ(extract_think(SRV_TOOLS_DEEPSEEK_R1, SRV_THINK_OPEN,
+                       "I should call f.\n</think>\n\n" R1_CALLS_BEGIN R1_CALL(
+                           "f", "{\"a\": 1}") "\n" R1_CALL("g", "{}") R1_CALLS_END,
+                       NULL, &r),
          2);
     T_STREQ(call_args(&r, 0), "{\"a\":1}");
     T_STREQ(call_name(&r, 1), "g");
-    T_EQ(r.reasoning_len, strlen("I should call f.\n"));
-    T_TRUE(r.reasoning && !memcmp(r.reasoning, "I should call f.\n", r.reasoning_len));
+    T_EQ(r.reasoning_len, strlen("I should call f."));
+    T_TRUE(r.reasoning && !memcmp(r.reasoning, "I should call f.", r.reasoning_len));
     srv_tool_reply_free(&r);
     /* an opening <think> of the model's own; content after it; no calls */
     T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1, "<think>hmm</think>Paris.", "Paris.", &r), -1);
@@ -552,9 +563,16 @@ static void test_deepseek_r1(void)
     T_TRUE(r.reasoning && r.reasoning_len > 0);
     srv_tool_reply_free(&r);
     /* content, then calls whose end an end of text stands for */
-    T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1, "ok</think>Sure. " R1_CALLS_BEGIN R1_CALL("f", "{}"),
-                 "Sure. ", &r),
+    T_EQ(extract_think(SRV_TOOLS_DEEPSEEK_R1, SRV_THINK_OPEN,
+                       "ok</think>Sure. " R1_CALLS_BEGIN R1_CALL("f", "{}"), "Sure. ", &r),
          1);
+    srv_tool_reply_free(&r);
+    /* --reasoning-format none: no split, calls read from the whole text */
+    T_EQ(extract_think(SRV_TOOLS_DEEPSEEK_R1, SRV_THINK_OFF,
+                       "ok</think>Sure. " R1_CALLS_BEGIN R1_CALL("f", "{}"), "ok</think>Sure. ",
+                       &r),
+         1);
+    T_TRUE(!r.reasoning);
     srv_tool_reply_free(&r);
     T_EQ(extract(SRV_TOOLS_DEEPSEEK_R1, "no thinking", "no thinking", &r), -1);
     T_TRUE(!r.reasoning);
@@ -833,14 +851,16 @@ static void test_firefunction_context(void)
     srv_req_free(&r);
 }
 
-/* An R1 reply's reasoning as "reasoning_content": in the message, and streamed as one delta
- * before the finish chunk; the content and calls without it. */
+/* An R1 reply's reasoning as "reasoning_content": in the message, and streamed as its own
+ * deltas (not held to the finish chunk); the content and calls without it. */
 static void test_reasoning_reply(void)
 {
     static const char text[] =
         "Paris is sunny?</think>\n\n" R1_CALLS_BEGIN R1_CALL("get_weather", "{\"city\": \"Paris\"}")
             R1_CALLS_END;
-    struct srv_req q = {.tool_format = SRV_TOOLS_DEEPSEEK_R1, .tool_choice = SRV_TOOL_AUTO};
+    struct srv_req q = {.tool_format = SRV_TOOLS_DEEPSEEK_R1,
+                        .tool_choice = SRV_TOOL_AUTO,
+                        .think = SRV_THINK_OPEN};
     struct srv_tool_reply tr;
     srv_tools_extract(&q, text, sizeof text - 1, 5, &tr);
     struct srv_ctx c = {.kind = SRV_CHAT, .id = "chatcmpl-1", .model = "m", .tools = &tr};
@@ -852,11 +872,19 @@ static void test_reasoning_reply(void)
     T_TRUE(json_is_null(json_object_get(msg, "content")));
     T_EQ(json_array_size(json_object_get(msg, "tool_calls")), 1);
     json_decref(j);
+    /* the first bytes stream as reasoning before the reply is whole */
+    struct srv_reply_stream st = {0};
+    struct srv_delta d;
+    srv_reply_stream_next(&st, &q, text, 8, NULL, &d);
+    T_EQ(d.reasoning_len, 8);
+    T_EQ(d.content_len, 0);
+    b.len = 0;
+    srv_sse_reasoning(&b, &c, d.reasoning, d.reasoning_len, NULL, 0);
+    T_CONTAINS(b.p, "\"delta\":{\"reasoning_content\":\"Paris is\"}");
     b.len = 0;
     srv_sse_finish(&b, &c, KWK_FINISH_STOP);
-    T_CONTAINS(b.p, "{\"reasoning_content\":\"Paris is sunny?\"}");
+    T_TRUE(!strstr(b.p, "reasoning_content"));
     T_CONTAINS(b.p, "\"finish_reason\":\"tool_calls\"");
-    T_TRUE(strstr(b.p, "reasoning_content") < strstr(b.p, "finish_reason\":\"tool_calls"));
     srv_buf_free(&b);
     srv_tool_reply_free(&tr);
 }

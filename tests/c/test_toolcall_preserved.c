@@ -7,6 +7,7 @@
 #include "test.h"
 
 #include "../../tools/kwker/serve/openai.c"
+#include "../../tools/kwker/serve/think.c"
 #include "../../tools/kwker/serve/toolcall.c"
 #include "../../tools/kwker/serve/toolcall_reply.c"
 
@@ -206,7 +207,7 @@ static void test_r1(void)
             memcpy(text + len, piece, k), len += k;
     }
     T_EQ(len, strlen(reply));
-    struct srv_req q = {.tool_format = SRV_TOOLS_DEEPSEEK_R1};
+    struct srv_req q = {.tool_format = SRV_TOOLS_DEEPSEEK_R1, .think = SRV_THINK_OPEN};
     struct srv_tool_reply r;
     srv_tools_extract(&q, text, len, 7, &r);
     T_TRUE(r.calls && json_array_size(r.calls) == 1);
@@ -215,6 +216,48 @@ static void test_r1(void)
     T_TRUE(r.null_content);
     srv_tool_reply_free(&r);
     kwk_detok_free(d);
+    kwk_tokenizer_free(t);
+}
+
+/* A reply without tools split at its think block: the tags are special tokens, dropped by the
+ * detokenizer unless srv_think_preserved's ids are kept, and then read as reasoning. */
+static void test_think_preserved(void)
+{
+    kwk_tokenizer *t = tiny();
+    if (!t)
+        return;
+    int32_t pres[2], ids[64];
+    T_EQ(srv_think_preserved(t, pres, 2), 2);
+    T_TRUE(has(pres, 2, M_THINK) && has(pres, 2, M_THINK_END));
+    T_EQ(srv_think_preserved(NULL, pres, 2), 0);
+    static const char reply[] = "<think>hmm</think>\n\nParis.";
+    int n = ids_of(t, reply, ids, 64);
+    T_TRUE(has(ids, n, M_THINK) && has(ids, n, M_THINK_END));
+    for (int keep = 0; keep < 2; keep++) {
+        char text[128];
+        size_t len = 0;
+        kwk_detok *d = kwk_detok_new(t, 1);
+        T_EQ(kwk_detok_preserve(d, pres, keep ? 2 : 0), 0);
+        for (int i = 0; i <= n; i++) {
+            const char *piece;
+            size_t k;
+            int rc = i < n ? kwk_detok_push(d, ids[i], &piece, &k) : kwk_detok_flush(d, &piece, &k);
+            T_EQ(rc, 0);
+            if (len + k < sizeof text)
+                memcpy(text + len, piece, k), len += k;
+        }
+        struct srv_req q = {.kind = SRV_CHAT, .think = SRV_THINK_ON};
+        struct srv_tool_reply r = {0};
+        srv_think_reply(&q, text, len, &r);
+        if (keep) { /* kept: reasoning and content apart */
+            T_TRUE(r.reasoning_len == 3 && r.reasoning && !memcmp(r.reasoning, "hmm", 3));
+            T_TRUE(r.content_len == 6 && !memcmp(r.content, "Paris.", 6));
+        } else { /* dropped: the reasoning's words run into the content */
+            T_TRUE(!r.reasoning);
+            T_TRUE(r.content_len == len && !memcmp(r.content, "hmm\n\nParis.", len));
+        }
+        kwk_detok_free(d);
+    }
     kwk_tokenizer_free(t);
 }
 
@@ -232,6 +275,7 @@ int main(void)
     test_preserved_ids();
     test_streamed_replies();
     test_r1();
+    test_think_preserved();
     test_llama3_sendable();
     return t_report("test_toolcall_preserved");
 }

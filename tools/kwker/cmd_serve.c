@@ -53,6 +53,10 @@ static void usage(FILE *f)
             "                           mistral_nemo, functionary, deepseek_r1, firefunction,\n"
             "                           command_r_plus or generic (a JSON reply described in the\n"
             "                           system prompt) (default: read off the chat template)\n"
+            "  --reasoning-format F     auto or deepseek (default auto): a chat template that\n"
+            "                           thinks (names <think>) has its replies' think block in\n"
+            "                           reasoning_content, the rest in content; none: all in\n"
+            "                           content\n"
             "  --quiet                  no per-request log lines\n");
 }
 
@@ -65,6 +69,18 @@ static int parse_size(const char *s, size_t lo, size_t hi, size_t *out)
         return -1;
     *out = (size_t)v;
     return 0;
+}
+
+/* llama.cpp's names (its deepseek-legacy, reasoning kept in content too, is not offered) */
+static int reasoning_format_parse(const char *v)
+{
+    if (!strcmp(v, "auto"))
+        return SRV_REASONING_AUTO;
+    if (!strcmp(v, "deepseek"))
+        return SRV_REASONING_DEEPSEEK;
+    if (!strcmp(v, "none"))
+        return SRV_REASONING_NONE;
+    return -1;
 }
 
 /* One option with its value v; 1 when a is not an option of serve, -1 for a bad value. */
@@ -106,6 +122,8 @@ static int parse_opt(struct srv_opts *o, const char *a, const char *v)
         return o->chat_template_kwargs = v, 0;
     if (!strcmp(a, "--tool-format"))
         return (o->tool_format = srv_tool_format_parse(v)) < 0 ? -1 : 0;
+    if (!strcmp(a, "--reasoning-format"))
+        return (o->reasoning_format = reasoning_format_parse(v)) < 0 ? -1 : 0;
     if (!strcmp(a, "--pooling"))
         return (o->pooling = cli_parse_pooling(v)) < 0 ? -1 : 0;
     if (!strcmp(a, "--shutdown-timeout"))

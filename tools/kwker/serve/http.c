@@ -51,6 +51,11 @@ struct srv {
     int n_eos;
     int32_t preserved[SRV_MAX_PRESERVED]; /* the tool format's markers that are special tokens */
     int n_preserved;
+    int think;               /* chat replies' think blocks are split off (--reasoning-format) */
+    int32_t think_ids[2];    /* <think>, </think> where special tokens: kept in split replies */
+    int n_think_ids;
+    int32_t preserved_all[SRV_MAX_PRESERVED + 2]; /* preserved, then think_ids not among them */
+    int n_preserved_all;
     struct srv_limits lim;
     char model_id[256];
     const char *model_path;  /* --model as given, or the default's path: also a valid name */
@@ -99,9 +104,11 @@ struct rq {
     uint64_t eid;             /* the engine's id, 0 until submitted */
     struct srv_buf out;       /* stream bytes formatted, not yet handed to MHD */
     size_t out_off;
-    struct srv_buf reply;     /* with tools, streaming: all the reply's text so far */
-    size_t reply_sent;        /* bytes of it sent as content */
-    struct srv_tool_reply tools; /* with tools: the reply read for calls, once DONE */
+    struct srv_buf reply;     /* with tools or a think block, streaming: all the reply's text
+                               * so far */
+    struct srv_reply_stream sent; /* how much of it went out as each field */
+    struct srv_tool_reply tools; /* with tools or a think block: the reply read whole (calls,
+                                  * content, reasoning), once DONE */
     uint64_t call_seed;       /* the calls' ids */
     int role_sent, end_sent;
     /* shared with the engine thread, under mu */
@@ -377,37 +384,30 @@ static void on_event(void *user, const struct kwk_event *ev)
 
 /* ---- streaming (event-loop thread) ----------------------------------------------------------- */
 
-/* With tools, the text that arrived becomes the content that is surely not a call: text before
- * the format's trigger while the reply runs, and at DONE the rest of the content the reply is
- * read as (its calls follow as their own chunks). */
-static void stream_tools(struct rq *r, struct srv_buf *text, int done)
+/* With tools or a think block, the text that arrived is added to the whole reply, and what of
+ * it is settled goes out (srv_reply_stream_next): reasoning as it comes (but a "</think>" that
+ * may be arriving), content that is surely not a call, and at DONE the rest of both as the
+ * reply is read whole (its calls follow as their own chunks). */
+static void stream_reply(struct rq *r, struct srv_buf *text, struct srv_delta *d, int done)
 {
     struct srv_buf *all = &r->reply;
     srv_buf_add(all, text->p, text->len);
     text->len = 0;
+    memset(d, 0, sizeof *d);
     if (all->err) {
         r->out.err = 1;
         return;
     }
     const char *t = all->p ? all->p : "";
-    size_t upto;
-    if (done) {
-        if (r->estatus) /* a failed reply: its text is not read for calls */
-            return;
+    if (done && r->estatus) /* a failed reply: its text is not read */
+        return;
+    if (done && r->req.tools)
         srv_tools_extract(&r->req, t, all->len, r->call_seed, &r->tools);
+    else if (done)
+        srv_think_reply(&r->req, t, all->len, &r->tools);
+    if (done)
         r->ctx.tools = &r->tools;
-        if (r->tools.content != t) { /* the generic format's "response": nothing sent before */
-            srv_buf_add(text, r->tools.content, r->tools.content_len);
-            return;
-        }
-        upto = r->tools.content_len;
-    } else {
-        upto = srv_tools_sendable(r->req.tool_format, t, all->len);
-    }
-    if (upto > r->reply_sent) {
-        srv_buf_add(text, t + r->reply_sent, upto - r->reply_sent);
-        r->reply_sent = upto;
-    }
+    srv_reply_stream_next(&r->sent, &r->req, t, all->len, done ? &r->tools : NULL, d);
 }
 
 /* Format what arrived since the last call into r->out. Returns 1 when something was added, 0
@@ -439,10 +439,21 @@ static int stream_fill(struct rq *r)
     if (!r->role_sent && r->ctx.kind == SRV_CHAT)
         srv_sse_role(&r->out, &r->ctx);
     r->role_sent = 1;
-    if (r->req.tools)
-        stream_tools(r, &text, done);
-    if (text.len || n_lps)
-        srv_sse_content(&r->out, &r->ctx, text.p, text.len, lps, n_lps);
+    const char *content = text.p;
+    size_t content_len = text.len;
+    if (r->req.tools || r->req.think) {
+        struct srv_delta d;
+        stream_reply(r, &text, &d, done);
+        content = d.content;
+        content_len = d.content_len;
+        if (d.reasoning_len) /* the logprobs go with the content, if any came */
+            srv_sse_reasoning(&r->out, &r->ctx, d.reasoning, d.reasoning_len,
+                              content_len ? NULL : lps, content_len ? 0 : n_lps);
+        if (d.reasoning_len && !content_len)
+            n_lps = 0;
+    }
+    if (content_len || n_lps)
+        srv_sse_content(&r->out, &r->ctx, content, content_len, lps, n_lps);
     if (done && r->tools.calls)
         srv_sse_tool_calls(&r->out, &r->ctx, r->tools.calls);
     if (done) {
@@ -547,6 +558,9 @@ static enum MHD_Result answer(struct rq *r)
         srv_tools_extract(&r->req, r->text.p ? r->text.p : "", r->text.len, r->call_seed,
                           &r->tools);
         r->ctx.tools = &r->tools;
+    } else if (r->req.think) {
+        srv_think_reply(&r->req, r->text.p ? r->text.p : "", r->text.len, &r->tools);
+        r->ctx.tools = &r->tools;
     }
     srv_json_response(&b, &r->ctx, r->text.p, r->text.len, r->lps, r->n_lps, r->finish,
                       r->n_prompt, r->n_tokens);
@@ -607,6 +621,10 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
         srv_err_set(e, 500, "server_error", NULL, NULL, "tokenizing: %s", kwk_status_str(st));
         goto out;
     }
+    /* whether the reply starts inside the think block is the prompt's to say, per request
+     * (Qwen3's enable_thinking=false closes it; R1's opens it) */
+    if (s->think && q->kind == SRV_CHAT)
+        q->think = srv_think_prompt_open(text, len) ? SRV_THINK_OPEN : SRV_THINK_ON;
     rc = 0;
 out:
     kwk_string_free(text);
@@ -696,10 +714,18 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     p->grammar = q->grammar;
     p->grammar_vocab = s->gvocab;
     p->grammar_trigger = q->grammar_trigger;
-    /* a reply read for calls keeps its format's markers, special tokens or not */
-    if (q->tools && q->tool_format == s->lim.tool_format) {
+    /* a reply read for calls keeps its format's markers, special tokens or not; one split at
+     * its think block keeps the block's tags */
+    int tools = q->tools && q->tool_format == s->lim.tool_format;
+    if (tools && q->think) {
+        p->preserved_ids = s->preserved_all;
+        p->n_preserved = s->n_preserved_all;
+    } else if (tools) {
         p->preserved_ids = s->preserved;
         p->n_preserved = s->n_preserved;
+    } else if (q->think) {
+        p->preserved_ids = s->think_ids;
+        p->n_preserved = s->n_think_ids;
     }
 }
 
@@ -1642,6 +1668,22 @@ static int load_encoder(struct srv *s, const char *path, const struct kwk_model_
     return 0;
 }
 
+/* The think tags' special tokens, and the tool markers' with them (a request with tools and a
+ * think block keeps both; R1's markers hold the tags already). */
+static void preserved_think(struct srv *s)
+{
+    s->n_think_ids = s->think ? srv_think_preserved(s->tok, s->think_ids, 2) : 0;
+    memcpy(s->preserved_all, s->preserved, sizeof(int32_t) * (size_t)s->n_preserved);
+    s->n_preserved_all = s->n_preserved;
+    for (int i = 0; i < s->n_think_ids; i++) {
+        int seen = 0;
+        for (int k = 0; k < s->n_preserved; k++)
+            seen |= s->preserved[k] == s->think_ids[i];
+        if (!seen)
+            s->preserved_all[s->n_preserved_all++] = s->think_ids[i];
+    }
+}
+
 static int load(struct srv *s, const char *path)
 {
     struct kwk_err err = {0};
@@ -1664,12 +1706,16 @@ static int load(struct srv *s, const char *path)
         return -1;
     /* how the model writes tool calls, read off its template */
     s->lim.tool_format = s->o->tool_format >= 0 ? s->o->tool_format : srv_tool_format_detect(src);
+    /* whether it thinks, read off it too (R1's tool format always does) */
+    s->think = s->o->reasoning_format != SRV_REASONING_NONE &&
+               (srv_think_template(src) || s->lim.tool_format == SRV_TOOLS_DEEPSEEK_R1);
     kwk_free(src);
     if (s->o->chat_template_kwargs &&
         cli_template_kwargs(s->o->chat_template_kwargs, "serve", &s->tpl_kwargs))
         return -1;
     s->n_preserved =
         srv_tool_preserved(s->lim.tool_format, s->tok, s->preserved, SRV_MAX_PRESERVED);
+    preserved_think(s);
     /* built here (20-60 ms) rather than by the first constrained request, on the event loop */
     if (!(s->gvocab = kwk_grammar_vocab_new(s->tok, &err)))
         goto fail;

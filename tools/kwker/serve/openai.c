@@ -1060,7 +1060,7 @@ void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text,
         json_t *msg = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content", t, "refusal");
         if (msg && tr && tr->calls)
             json_object_set(msg, "tool_calls", tr->calls);
-        if (msg && tr && tr->reasoning) /* DeepSeek's name, as llama.cpp's server answers */
+        if (msg && tr && tr->reasoning) /* DeepSeek's name, as llama.cpp's and vLLM's answer */
             json_object_set_new(msg, "reasoning_content",
                                 json_text(tr->reasoning, tr->reasoning_len));
         json_object_set_new(choice, "message", msg);
@@ -1131,16 +1131,18 @@ void srv_sse_content(struct srv_buf *out, struct srv_ctx *c, const char *text, s
     chunk(out, c, c->kind == SRV_CHAT ? json_pack("{s:o}", "content", t) : t, lp, NULL);
 }
 
+void srv_sse_reasoning(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
+                       const struct srv_lp *lps, int n_lps)
+{
+    /* DeepSeek's field name, as llama.cpp's and vLLM's servers stream it */
+    chunk(out, c, json_pack("{s:o}", "reasoning_content", json_text(text ? text : "", len)),
+          lps ? logprobs_json(c, lps, n_lps) : json_null(), NULL);
+}
+
 void srv_sse_finish(struct srv_buf *out, const struct srv_ctx *c, int finish)
 {
     const struct srv_tool_reply *tr = c->tools;
     const char *why = tr && tr->calls && !tr->named ? "tool_calls" : srv_finish_name(finish);
-    /* a reply's reasoning, known once it is read whole (R1's format holds it back) */
-    if (tr && tr->reasoning && c->kind == SRV_CHAT)
-        chunk(out, c,
-              json_pack("{s:o}", "reasoning_content",
-                        json_text(tr->reasoning, tr->reasoning_len)),
-              json_null(), NULL);
     chunk(out, c, c->kind == SRV_CHAT ? json_object() : json_string(""), json_null(), why);
 }
 

@@ -33,6 +33,7 @@ struct srv_opts {
     const char *chat_template_kwargs; /* --chat-template-kwargs: a JSON object of variables
                                        * every chat render gets (a request's own win), or NULL */
     int tool_format;         /* --tool-format: enum srv_tool_format, or -1: read off the template */
+    int reasoning_format;    /* --reasoning-format: enum srv_reasoning_format */
     int pooling;             /* --pooling for an encoder: enum kwk_pooling, or -1: the model's */
     int normalize;           /* --normalize / --no-normalize: 1 / 0, or -1: the model's */
 };
@@ -65,6 +66,17 @@ enum srv_tool_format {
     SRV_TOOLS_N
 };
 enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_TOOL_NAMED };
+
+/* --reasoning-format (llama.cpp's names): auto and deepseek split a thinking template's replies
+ * into reasoning_content and content; none leaves the think block in content. */
+enum srv_reasoning_format { SRV_REASONING_AUTO = 0, SRV_REASONING_DEEPSEEK, SRV_REASONING_NONE };
+
+/* How a chat reply's think block is read (srv_req.think, set per request from its prompt). */
+enum srv_think_mode {
+    SRV_THINK_OFF = 0, /* not split: all of it is content */
+    SRV_THINK_ON,      /* a block the reply opens with <think> is reasoning */
+    SRV_THINK_OPEN     /* the prompt opened the block: the reply starts inside it */
+};
 
 /* What the parser checks against. */
 struct srv_limits {
@@ -117,6 +129,8 @@ struct srv_req {
     char *tool_name;            /* SRV_TOOL_NAMED: the function */
     int parallel_tools;         /* parallel_tool_calls (default 1) */
     int tool_format;            /* enum srv_tool_format the reply is read in (with tools) */
+    int think;                  /* enum srv_think_mode: chat on a thinking template (http.c
+                                 * sets it from the rendered prompt; the parser leaves 0) */
     /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
     int add_special_tokens;     /* the tokenizer's own BOS etc. (default: text 1, messages 0) */
     int add_generation_prompt;  /* messages: the template's assistant header (default 1) */
@@ -165,6 +179,8 @@ const char *srv_tool_format_name(int format);
  * returned (0 when none is special). Thread-safe. */
 #define SRV_MAX_PRESERVED 8
 int srv_tool_preserved(int format, const kwk_tokenizer *tok, int32_t *ids, int cap);
+/* The same for the NULL-terminated texts: those tok reads as one special token each. */
+int srv_special_tokens(const kwk_tokenizer *tok, const char *const *texts, int32_t *ids, int cap);
 
 /* "tools", "tool_choice" and "parallel_tool_calls" of root into r, after the messages: the
  * calls' grammar compiled (lazy under "auto"), and for the generic format the system message
@@ -183,10 +199,11 @@ struct srv_tool_reply {
     char *own;
     int named;                  /* q's tool_choice named the function: finish_reason "stop",
                                  * as OpenAI answers a forced call */
-    const char *reasoning;      /* into the text: a <think> block's inside (DeepSeek R1), as
-                                 * "reasoning_content", or NULL */
+    const char *reasoning;      /* into the text: the think block's inside (q->think), as
+                                 * "reasoning_content", or NULL (none, or only whitespace) */
     size_t reasoning_len;
 };
+/* The think block split off first (srv_think_reply), then the calls read from the rest. */
 int srv_tools_extract(const struct srv_req *q, const char *text, size_t len, uint64_t seed,
                       struct srv_tool_reply *out);
 void srv_tool_reply_free(struct srv_tool_reply *r);
@@ -199,6 +216,53 @@ size_t srv_tools_sendable(int format, const char *text, size_t len);
  * "tools", as llama.cpp's server gives them, with tools or not (server_format: the format of
  * the server's template). Returns 0, or -ENOMEM. */
 int srv_tools_context(const struct srv_req *q, int server_format, json_t *ctx);
+
+/* ---- thinking models' replies (think.c) ------------------------------------------------------ */
+
+/* Whether a chat template thinks: it names <think> or </think>. Thread-safe. */
+int srv_think_template(const char *template_src);
+/* Whether a rendered prompt leaves the reply inside a think block: it ends with "<think>" and
+ * whitespace (R1's and QwQ's generation prompts). */
+int srv_think_prompt_open(const char *prompt, size_t len);
+
+/* A reply's text split as llama.cpp's --reasoning-format deepseek reads it: when it opens with
+ * <think> (after whitespace) or the prompt opened the block (open), reasoning runs to the first
+ * </think> (or to the end: cut by max_tokens) and is stripped of whitespace on both sides;
+ * content starts after </think> and the whitespace that follows. A reply that opens no block is
+ * all content, as it came. Offsets into the text. */
+struct srv_think {
+    size_t reasoning, reasoning_len; /* settled reasoning (may be empty) */
+    size_t content;                  /* where content starts; the text's length: none settled */
+    int opened, closed;              /* the block opened (reply or prompt); </think> came */
+};
+/* final 0: the text is still arriving, and what a later byte could change (a "<think>" or
+ * "</think>" begun at the end, trailing whitespace of the reasoning, whether a block opens at
+ * all) is not settled; what is settled is a prefix of the final split's fields. */
+void srv_think_split(const char *text, size_t len, int open, int final, struct srv_think *out);
+/* The whole reply into out's content and reasoning (reasoning NULL when empty) per q->think;
+ * calls untouched. */
+void srv_think_reply(const struct srv_req *q, const char *text, size_t len,
+                     struct srv_tool_reply *out);
+
+/* A streaming chat reply's progress: offsets of the text up to which each field was sent. */
+struct srv_reply_stream {
+    size_t reasoning_sent, content_sent;
+};
+/* What to send now of each field (pointers into text, or done's own content). */
+struct srv_delta {
+    const char *reasoning, *content;
+    size_t reasoning_len, content_len;
+};
+/* The deltas of the whole text so far (len bytes) past st, st moved: while the reply runs
+ * (done NULL) what is settled (srv_think_split, and with tools srv_tools_sendable of the
+ * content), at its end the rest of done's fields (the reply read whole by srv_tools_extract or
+ * srv_think_reply). The deltas add up to done's fields. */
+void srv_reply_stream_next(struct srv_reply_stream *st, const struct srv_req *q,
+                           const char *text, size_t len, const struct srv_tool_reply *done,
+                           struct srv_delta *d);
+/* <think> and </think> where tok holds them as special tokens (a reasoning-split reply keeps
+ * their text: kwk_gen_params.preserved_ids); their count, at most cap. */
+int srv_think_preserved(const kwk_tokenizer *tok, int32_t *ids, int cap);
 
 /* ---- a growable byte buffer with a sticky error ---------------------------------------------- */
 
@@ -250,6 +314,9 @@ void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text,
 void srv_sse_role(struct srv_buf *out, const struct srv_ctx *c);
 void srv_sse_content(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
                      const struct srv_lp *lps, int n_lps);
+/* A chat chunk whose delta is {"reasoning_content": text} (and logprobs, when not NULL). */
+void srv_sse_reasoning(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
+                       const struct srv_lp *lps, int n_lps);
 void srv_sse_finish(struct srv_buf *out, const struct srv_ctx *c, int finish);
 void srv_sse_usage(struct srv_buf *out, const struct srv_ctx *c, int n_prompt,
                    int n_completion);

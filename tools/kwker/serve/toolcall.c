@@ -57,12 +57,10 @@ static const char *const format_preserved[][8] = {
     [SRV_TOOLS_FIREFUNCTION] = {" functools[", NULL},
     [SRV_TOOLS_COMMAND_R] = {NULL}};
 
-int srv_tool_preserved(int format, const kwk_tokenizer *tok, int32_t *ids, int cap)
+int srv_special_tokens(const kwk_tokenizer *tok, const char *const *texts, int32_t *ids, int cap)
 {
     int n = 0;
-    if (!tok || format < 0 || format >= SRV_TOOLS_N)
-        return 0;
-    for (const char *const *t = format_preserved[format]; *t && n < cap; t++) {
+    for (const char *const *t = texts; tok && *t && n < cap; t++) {
         int32_t one[2];
         size_t k = 0;
         /* as llama.cpp: a text the tokenizer reads as exactly one token (else it is ordinary
@@ -72,6 +70,13 @@ int srv_tool_preserved(int format, const kwk_tokenizer *tok, int32_t *ids, int c
             ids[n++] = one[0];
     }
     return n;
+}
+
+int srv_tool_preserved(int format, const kwk_tokenizer *tok, int32_t *ids, int cap)
+{
+    if (!tok || format < 0 || format >= SRV_TOOLS_N)
+        return 0;
+    return srv_special_tokens(tok, format_preserved[format], ids, cap);
 }
 
 /* The most specific marks first (llama.cpp's order), so that a template is read as before:

@@ -1,7 +1,7 @@
-/* toolcall_reply.c - a model's reply read back into content, OpenAI's "tool_calls" and (DeepSeek
- * R1) "reasoning_content", in each format toolcall.c reads off a template; and how much of a
- * reply still streaming is surely content. The model's text is untrusted: anything that is not
- * a whole call reply in its format is content. No HTTP; any thread. */
+/* toolcall_reply.c - a model's reply read back into content and OpenAI's "tool_calls" (after
+ * its think block, split off by think.c), in each format toolcall.c reads off a template; and
+ * how much of a reply still streaming is surely content. The model's text is untrusted:
+ * anything that is not a whole call reply in its format is content. No HTTP; any thread. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,28 +346,6 @@ static json_t *r1_calls(const char *text, size_t len, uint64_t seed, size_t *con
     return calls;
 }
 
-/* R1 thinks first: what comes before </think> (after an opening <think>, which its prompt
- * usually writes itself) is reasoning, the rest the reply; a <think> never closed (cut by
- * max_tokens) is reasoning to the end. A think block never reaches the calls. */
-static void r1_split(const char *text, size_t len, struct srv_tool_reply *out, const char **body,
-                     size_t *body_len)
-{
-    const char *end = text + len, *start = skip_ws(text, end);
-    const char *close = memmem(text, len, "</think>", 8);
-    int opened = starts(start, end, "<think>");
-    *body = text;
-    *body_len = len;
-    if (!close && !opened)
-        return;
-    start = opened ? start + 7 : text;
-    if (close && close < start) /* "</think>" inside "<think>"'s text cannot be */
-        close = NULL;
-    out->reasoning = start;
-    out->reasoning_len = (size_t)((close ? close : end) - start);
-    *body = close ? skip_ws(close + 8, end) : end;
-    *body_len = (size_t)(end - *body);
-}
-
 /* Generic: the whole reply is {"tool_calls": [...]} or {"response": "..."}. */
 static json_t *generic_calls(const char *text, size_t len, uint64_t seed, char **content,
                              size_t *content_len)
@@ -431,14 +409,13 @@ int srv_tools_extract(const struct srv_req *q, const char *text, size_t len, uin
                       struct srv_tool_reply *out)
 {
     int format = q->tool_format;
-    const char *body = text;
-    size_t body_len = len;
     memset(out, 0, sizeof *out);
     out->named = q->tool_choice == SRV_TOOL_NAMED;
-    if (format == SRV_TOOLS_DEEPSEEK_R1)
-        r1_split(text, len, out, &body, &body_len);
-    out->content = body;
-    out->content_len = body_len;
+    /* a thinking model's calls come after its think block: one drafted inside it is
+     * reasoning, never a call (R1's; Qwen3's Hermes calls alike) */
+    srv_think_reply(q, text, len, out);
+    const char *body = out->content;
+    size_t body_len = out->content_len;
     out->calls = format_calls(format, body, body_len, seed, out);
     /* a call of a tool the request did not give is not a call (a Llama 3 reply's object that
      * opened as "{ \"name\"" never met the grammar, whose trigger is "{\"name\"") */
@@ -486,9 +463,9 @@ static size_t opener_at(const char *text, size_t len, const char *t)
 size_t srv_tools_sendable(int format, const char *text, size_t len)
 {
     const char *const *op = srv_tool_format_openers(format);
-    /* generic: the whole reply is JSON, its content known only at the end; R1: what comes
-     * before </think> is reasoning, not content */
-    if (!op[0] || format == SRV_TOOLS_DEEPSEEK_R1)
+    /* generic: the whole reply is JSON, its content known only at the end (a think block
+     * before the text is the caller's: srv_reply_stream_next) */
+    if (!op[0])
         return 0;
     if (format == SRV_TOOLS_LLAMA3) { /* a call may open as "{ \"name\"" or "{\n": from '{' */
         const char *brace = memchr(text, '{', len);
