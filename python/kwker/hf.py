@@ -109,7 +109,7 @@ def install(model, precision="preserve", max_cache_len=None, n_threads=None, fal
     if path is None:
         saved_dir = tempfile.mkdtemp(prefix="kwker-install-", dir=save_dir)
         try:
-            model.save_pretrained(saved_dir)
+            _save_copy(model, saved_dir, torch)
         except BaseException:
             shutil.rmtree(saved_dir, ignore_errors=True)
             raise
@@ -151,6 +151,31 @@ def uninstall(model):
     delattr(model, _ATTR)
     state.finalizer()  # closes the decoder, removes the copy
     return True
+
+
+def _save_copy(model, folder, torch):
+    """The model's config and parameters as a checkpoint in folder: save_pretrained, or where
+    it refuses (a model transformers dequantized from a GGUF file is "not serializable"), the
+    config and the state dict written directly (a tied head left to tie_word_embeddings)."""
+    try:
+        model.save_pretrained(folder)
+        return
+    except (ValueError, NotImplementedError):
+        pass
+    from safetensors.torch import save_file
+    for f in os.listdir(folder):
+        os.unlink(os.path.join(folder, f))
+    cfg = copy.deepcopy(model.config)
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    cfg.save_pretrained(folder)
+    tensors, seen = {}, set()
+    for key, t in model.state_dict().items():
+        if t.data_ptr() in seen:  # a tied copy (lm_head of tied embeddings)
+            continue
+        seen.add(t.data_ptr())
+        tensors[key] = t.detach().contiguous()
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
 
 
 def _checkpoint_of(model, torch):

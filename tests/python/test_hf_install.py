@@ -304,3 +304,32 @@ def test_refuses_what_it_cannot_run(llama):
     with pytest.raises(kwker.KwkError, match="max_cache_len"):
         kwker.install(llama, max_cache_len=10 ** 9)
     assert getattr(llama, "_kwker_install", None) is None  # nothing was left half-installed
+
+
+def test_real_model_batch():
+    """The real SmolLM2-135M-Instruct (its Q4_1 GGUF, which transformers dequantizes to float32;
+    the GGUF's folder holds no safetensors, so Kwker runs a saved copy of the model): a
+    left-padded batch of two chats, greedy, equals transformers' generate token for token."""
+    from test_decode_smollm2 import locate_smollm2
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = locate_smollm2()
+    tm.torch_single_thread()
+    d, f = str(path.parent), path.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    chats = [[{"role": "user", "content": "What is the capital of France?"}],
+             [{"role": "system", "content": "You are a poet."},
+              {"role": "user", "content": "Write two lines about the sea and the wind."}]]
+    texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+             for c in chats]
+    batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert (batch["attention_mask"] == 0).any()  # the rows do differ in length
+    with torch.no_grad():
+        want = model.generate(**batch, max_new_tokens=24, do_sample=False)
+    kwker.install(model)
+    try:
+        assert model._kwker_install.saved_dir
+        got = model.generate(**batch, max_new_tokens=24, do_sample=False)
+    finally:
+        kwker.uninstall(model)
+    assert torch.equal(got, want), (tok.batch_decode(got), tok.batch_decode(want))
