@@ -336,8 +336,11 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
         trig = grammar_trigger.encode("utf-8")
         keep.append(trig)
         p.grammar_trigger = trig
-    if preserved_ids:
-        pres = np.asarray([int(i) for i in preserved_ids], dtype=np.int32)
+    if preserved_ids is not None:  # a numpy array or tensor has no truth value ([0] is one id)
+        pres = np.asarray(preserved_ids, dtype=np.int64).ravel()
+        if pres.size and (pres.min() < 0 or pres.max() > 0x7FFFFFFF):
+            raise ValueError("preserved_ids must be token ids")
+        pres = pres.astype(np.int32)
         keep.append(pres)
         p.preserved_ids = pres.ctypes.data_as(_I32P)
         p.n_preserved = len(pres)

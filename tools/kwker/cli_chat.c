@@ -93,6 +93,7 @@ int cli_conv_init(struct cli_conv *c, const kwk_tokenizer *tok, const char *file
         fprintf(stderr, "kwker %s: the model has no chat template (tokenizer_config.json, "
                         "chat_template.jinja or GGUF tokenizer.chat_template): give one with "
                         "--chat-template-file\n", cmd);
+        cli_conv_free(c); /* the kwargs parsed above */
         return -1;
     }
     c->bos = kwk_tokenizer_bos_token(tok);

@@ -1534,8 +1534,10 @@ static int check_opts(const struct srv *s, const char *path, int encoder)
         bad = "--kv-bits";
     else if (encoder && o->engine.max_cache_len)
         bad = "--max-cache-len";
-    else if (encoder && (o->chat_template_file || o->chat_template_kwargs))
-        bad = "--chat-template-file and --chat-template-kwargs";
+    else if (encoder && o->chat_template_file)
+        bad = "--chat-template-file";
+    else if (encoder && o->chat_template_kwargs)
+        bad = "--chat-template-kwargs";
     else if (!encoder && (o->pooling >= 0 || o->normalize >= 0))
         bad = "--pooling and --normalize";
     if (!bad)
