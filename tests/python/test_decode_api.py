@@ -250,3 +250,18 @@ def test_generate_fills_the_cache_exactly(kwker_mod, oracle_refs):
     d = kwker_mod.KwkDecoder(str(ref.path), max_cache_len=len(ref.prompt) + 16)
     assert d.generate(list(ref.prompt), max_new_tokens=16) == ref.gen
     assert d.generate(list(ref.prompt), max_new_tokens=16) == ref.gen
+
+
+def test_preserved_ids_kinds():
+    """gen_params takes preserved_ids as a list, a numpy array or a tensor of any shape; id 0 is
+    an id like any other (an array has no truth value to test), and a non-id is refused."""
+    from kwker.decode import gen_params
+    for ids, n in (([0], 1), (np.array([0]), 1), (np.array([5, 6]), 2), (np.array([[5], [6]]), 2),
+                   ([], 0), (None, 0)):
+        p, keep = gen_params(preserved_ids=ids)
+        assert p.n_preserved == n, (ids, p.n_preserved)
+        if n:
+            assert [p.preserved_ids[i] for i in range(n)] == np.asarray(ids).ravel().tolist()
+    for bad in ([-1], np.array([2 ** 40])):
+        with pytest.raises(ValueError):
+            gen_params(preserved_ids=bad)
