@@ -220,3 +220,14 @@ def test_bad_reasoning_format_refused():
     p = subprocess.run([kwker_bin(), "serve", "--reasoning-format", "sometimes"],
                        capture_output=True, text=True, env=cli_env(), timeout=60)
     assert p.returncode != 0 and "--reasoning-format" in p.stderr
+
+
+def test_r1_json_schema_is_content(r1):
+    """A reply held to a JSON schema from its first byte writes no thinking, whatever the
+    prompt opened: it is content (llama.cpp reads R1's replies under a schema unsplit too)."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    r, content, finish = fields(chat(r1, response_format=rf, max_tokens=40))
+    assert r is None and finish == "stop" and json.loads(content)["city"] is not None
+    assert streamed(r1, response_format=rf, max_tokens=40)[:3] == (None, content, finish)

@@ -623,8 +623,12 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
     }
     /* whether the reply starts inside the think block is the prompt's to say, per request
      * (Qwen3's enable_thinking=false closes it; R1's opens it) */
-    if (s->think && q->kind == SRV_CHAT)
-        q->think = srv_think_prompt_open(text, len) ? SRV_THINK_OPEN : SRV_THINK_ON;
+    if (s->think && q->kind == SRV_CHAT) {
+        /* but a reply held to a JSON schema or a tool call from its first byte writes no
+         * thinking (a GBNF grammar may: it is the client's to say) */
+        int held = q->grammar && !q->grammar_trigger && !q->grammar_gbnf;
+        q->think = srv_think_prompt_open(text, len) && !held ? SRV_THINK_OPEN : SRV_THINK_ON;
+    }
     rc = 0;
 out:
     kwk_string_free(text);

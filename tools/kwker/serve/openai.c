@@ -661,6 +661,7 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
             return srv_err_type(e, "grammar", "a string of GBNF");
         struct kwk_err err = {0};
         r->grammar = kwk_grammar_new(json_string_value(gr), json_string_length(gr), &err);
+        r->grammar_gbnf = 1;
         if (r->grammar)
             return srv_grammar_check_start(r, "grammar", e);
         if (err.code == -ENOMEM)

@@ -123,6 +123,7 @@ struct srv_req {
     int include_usage;
     kwk_grammar *grammar;       /* response_format / json_schema / grammar / tools, or NULL */
     const char *grammar_trigger; /* static: the grammar is lazy (tool_choice "auto"), or NULL */
+    int grammar_gbnf;           /* the grammar is the request's own GBNF ("grammar") */
     json_t *tools;              /* the functions the model is told of (for the template), or
                                  * NULL (none given, or tool_choice "none") */
     int tool_choice;            /* enum srv_tool_choice (with tools) */
