@@ -136,7 +136,7 @@ void srv_reply_stream_next(struct srv_reply_stream *st, const struct srv_req *q,
             span_next(&st->reasoning_sent, text, (size_t)(done->reasoning - text),
                       (size_t)(done->reasoning - text) + done->reasoning_len, &d->reasoning,
                       &d->reasoning_len);
-        if (done->content < text || done->content > text + len) {
+        if (done->own && done->content == done->own) {
             /* the generic format's "response", own text: nothing of it was sent before */
             d->content = done->content;
             d->content_len = done->content_len;
