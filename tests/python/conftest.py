@@ -264,3 +264,13 @@ def oracle_refs():
 @pytest.fixture(scope="session")
 def isas():
     return supported_isas()
+
+
+@pytest.fixture(scope="module")
+def qwen3_template(tmp_path_factory):
+    """Qwen3-0.6B's chat template (a thinking one, enable_thinking), from huggingface.js'
+    end-to-end cases, as a file for --chat-template-file."""
+    cases = json.loads((SHARED_DATA / "chat-templates" / "hfjinja_e2e_cases.json").read_text())
+    path = tmp_path_factory.mktemp("tpl") / "qwen3.jinja"
+    path.write_text(cases["custom_templates"]["Qwen/Qwen3-0.6B"]["chat_template"])
+    return path

@@ -27,14 +27,6 @@ THINK_GRAMMAR = 'root ::= "<think>\\n" [a-z ]{1,30} "</think>\\n\\n" [a-z ]{1,30
 TAGS = ("<think>", "</think>")
 
 
-@pytest.fixture(scope="module")
-def qwen3_template(tmp_path_factory):
-    cases = json.loads((SHARED_DATA / "chat-templates" / "hfjinja_e2e_cases.json").read_text())
-    path = tmp_path_factory.mktemp("tpl") / "qwen3.jinja"
-    path.write_text(cases["custom_templates"]["Qwen/Qwen3-0.6B"]["chat_template"])
-    return path
-
-
 def serve(*args):
     return Server("--api-key", KEY, "--max-cache-len", 1024, *args)
 

@@ -23,14 +23,6 @@ MSGS = [{"role": "system", "content": "Be brief."},
 
 
 @pytest.fixture(scope="module")
-def qwen3_template(tmp_path_factory):
-    cases = json.loads((SHARED_DATA / "chat-templates" / "hfjinja_e2e_cases.json").read_text())
-    path = tmp_path_factory.mktemp("tpl") / "qwen3.jinja"
-    path.write_text(cases["custom_templates"]["Qwen/Qwen3-0.6B"]["chat_template"])
-    return path
-
-
-@pytest.fixture(scope="module")
 def qwen3(qwen3_template):
     """The server's default turns thinking off; requests may turn it back on."""
     s = Server("--api-key", KEY, "--max-cache-len", 1024, "--chat-template-file", qwen3_template,
