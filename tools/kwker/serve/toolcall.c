@@ -45,11 +45,14 @@ const char *const *srv_tool_format_openers(int format)
 
 /* The texts of a format's replies that a vocabulary may hold as one special token, which the
  * reply must then keep (llama.cpp's preserved_tokens of each format: the markers its reader
- * reads, and the think block around R1's and Hermes / Qwen's calls) */
+ * reads, and the think block around R1's and Hermes / Qwen's calls). Not Llama 3's
+ * <|python_tag|>: llama.cpp keeps it only for the built-in tools, which this server does not
+ * offer; its calls are the JSON objects, read the same with the tag dropped, and a tag before
+ * code that is no call would otherwise reach the content. */
 static const char *const format_preserved[][8] = {
     [SRV_TOOLS_GENERIC] = {NULL},
     [SRV_TOOLS_HERMES] = {"<tool_call>", "</tool_call>", "<think>", "</think>", NULL},
-    [SRV_TOOLS_LLAMA3] = {PYTHON_TAG, NULL},
+    [SRV_TOOLS_LLAMA3] = {NULL},
     [SRV_TOOLS_MISTRAL] = {"[TOOL_CALLS]", NULL},
     [SRV_TOOLS_FUNCTIONARY] = {PYTHON_TAG, "<function=", "</function>", NULL},
     [SRV_TOOLS_DEEPSEEK_R1] = {"<think>", "</think>", R1_CALLS_BEGIN, R1_CALL_BEGIN, R1_SEP,
