@@ -51,7 +51,7 @@ _NEUTRAL = {
     "begin_suppress_tokens": None, "sequence_bias": None, "guidance_scale": None,
     "watermarking_config": None, "dola_layers": None, "output_scores": False,
     "output_logits": False, "output_attentions": False, "output_hidden_states": False,
-    "stop_strings": None, "top_h": None, "token_healing": False,
+    "stop_strings": None, "top_h": None, "token_healing": False, "max_time": None,
 }
 # model keyword arguments generate() may be given; others (inputs_embeds, past_key_values, ...)
 # go to the fallback
@@ -67,8 +67,35 @@ class _Installed:
         self.fallback = fallback
         self.original = original  # the instance's own generate attribute, or None
         self.lock = threading.Lock()  # one call at a time: a decoder is not thread-safe
+        self.mu = threading.Lock()  # guards the three below
+        self.active = 0  # calls using the decoder (this model's, or it as an assistant)
+        self.closing = False  # uninstalled: the last active call frees the decoder
         # the copy is removed with the model too, should uninstall never be called
         self.finalizer = weakref.finalize(model, _cleanup, dec, saved_dir)
+
+    def pin(self):
+        """Keep the decoder for a call; False once uninstalled."""
+        with self.mu:
+            if self.closing:
+                return False
+            self.active += 1
+            return True
+
+    def unpin(self):
+        with self.mu:
+            self.active -= 1
+            last = self.closing and self.active == 0
+        if last:
+            self.finalizer()
+
+    def close(self):
+        """Free the decoder now, or when the calls using it end (an uninstall from a
+        streamer's callback, or from another thread, must not free it under them)."""
+        with self.mu:
+            self.closing = True
+            now = self.active == 0
+        if now:
+            self.finalizer()
 
 
 def _cleanup(dec, saved_dir):
@@ -129,8 +156,10 @@ def install(model, precision="preserve", max_cache_len=None, n_threads=None, fal
     setattr(model, _ATTR, state)
     model.kwker = dec
 
+    ref = weakref.ref(model)  # no cycle through the model's own attribute
+
     def generate(*args, **kwargs):
-        return _generate(model, state, args, kwargs)
+        return _generate(ref(), state, args, kwargs)
 
     generate.__doc__ = "transformers' generate, run by Kwker (kwker.install)."
     model.generate = generate
@@ -149,7 +178,7 @@ def uninstall(model):
         model.__dict__.pop("generate", None)
     model.__dict__.pop("kwker", None)
     delattr(model, _ATTR)
-    state.finalizer()  # closes the decoder, removes the copy
+    state.close()  # closes the decoder and removes the copy, now or after the calls in flight
     return True
 
 
@@ -163,8 +192,8 @@ def _save_copy(model, folder, torch):
     except (ValueError, NotImplementedError):
         pass
     from safetensors.torch import save_file
-    for f in os.listdir(folder):
-        os.unlink(os.path.join(folder, f))
+    shutil.rmtree(folder)  # what save_pretrained left before it refused
+    os.mkdir(folder)
     cfg = copy.deepcopy(model.config)
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
@@ -187,9 +216,23 @@ def _checkpoint_of(model, torch):
     if folder is None:
         return None
     try:
-        return folder if _same_weights(model, folder, torch) else None
+        same = _same_config(model, folder) and _same_weights(model, folder, torch)
     except Exception:  # an unreadable or odd checkpoint: the saved copy is always right
         return None
+    return folder if same else None
+
+
+# config keys that say where or how a model was loaded, not what it computes
+_CONFIG_WHERE = {"_name_or_path", "transformers_version", "dtype", "torch_dtype"}
+
+
+def _same_config(model, folder):
+    """Whether the folder's config.json is the model's config (one changed at load, as
+    from_pretrained(path, rope_theta=...) does, must not be read from the file)."""
+    ours = model.config.to_dict()
+    theirs = type(model.config).from_pretrained(folder).to_dict()
+    keys = (set(ours) | set(theirs)) - _CONFIG_WHERE
+    return all(ours.get(k) == theirs.get(k) for k in keys if not k.startswith("_"))
 
 
 def _cached_snapshot(name):
@@ -336,8 +379,26 @@ def _generate(model, state, args, kwargs):
                       min_p=float(gc.min_p or 0.0))
     if gc.repetition_penalty is not None:
         sample["repetition_penalty"] = float(gc.repetition_penalty)
-    with state.lock:
-        news = _run(state, rows, n_ret, max_new, sample, gc, streamer, assistant, torch)
+    helper = getattr(assistant, _ATTR, None) if assistant is not None else None
+    states = [state] + ([helper] if helper is not None and helper is not state else [])
+    pinned = []
+    try:
+        for st in states:
+            if not st.pin():
+                raise RuntimeError("kwker.install: the model was uninstalled")
+            pinned.append(st)
+        # both decoders for the call, locked in one order whatever the call (no deadlock)
+        locks = sorted((st.lock for st in states), key=id)
+        for lk in locks:
+            lk.acquire()
+        try:
+            news = _run(state, rows, n_ret, max_new, sample, gc, streamer, helper, ids, torch)
+        finally:
+            for lk in reversed(locks):
+                lk.release()
+    finally:
+        for st in pinned:
+            st.unpin()
     return _assemble(ids, news, n_ret, pad, gc, torch)
 
 
@@ -366,6 +427,11 @@ def _rows(ids, mask, torch):
     if mask.shape != ids.shape:
         raise ValueError("attention_mask has shape %s; input_ids %s" % (tuple(mask.shape),
                                                                          tuple(ids.shape)))
+    if ids.shape[0] > 1 and bool((mask[:, -1] == 0).any()):
+        # transformers' own warning; Kwker decodes each row without its padding either way
+        warnings.warn("A decoder-only architecture is being used, but right-padding was "
+                      "detected! For correct generation results, please set "
+                      "`padding_side='left'` when initializing the tokenizer.", stacklevel=4)
     for i in range(ids.shape[0]):
         keep = mask[i].bool()
         row = ids[i][keep].tolist()
@@ -380,20 +446,21 @@ def _seed(torch):
     return int(torch.randint(0, 2 ** 62, (1,)).item())
 
 
-def _run(state, rows, n_ret, max_new, sample, gc, streamer, assistant, torch):
-    """The new tokens of each output row (row i's n_ret samples one after another)."""
+def _run(state, rows, n_ret, max_new, sample, gc, streamer, helper, ids, torch):
+    """The new tokens of each output row (row i's n_ret samples one after another); helper:
+    the installed assistant's state, or None."""
     dec = state.dec
     if len(rows) == 1 and n_ret == 1:
         kw = dict(sample)
         if gc.do_sample:
             kw["seed"] = _seed(torch)
-        if assistant is not None:
-            a = getattr(assistant, _ATTR)
-            kw.update(draft=a.dec, n_draft=int(getattr(gc, "num_assistant_tokens", 4) or 4))
+        if helper is not None:
+            kw.update(draft=helper.dec,
+                      n_draft=int(getattr(gc, "num_assistant_tokens", 4) or 4))
         if gc.prompt_lookup_num_tokens:
             kw["lookup"] = int(gc.prompt_lookup_num_tokens)
         if streamer is not None:
-            kw["streamer"] = _TorchStreamer(streamer, torch)
+            kw["streamer"] = _TorchStreamer(streamer, ids, torch)
         out = dec.generate(rows[0], max_new_tokens=max_new, prompt_cache=True, **kw)
         return [out[len(rows[0]):]]
     eng = dec.engine()
@@ -408,16 +475,17 @@ def _run(state, rows, n_ret, max_new, sample, gc, streamer, assistant, torch):
 
 
 class _TorchStreamer:
-    """transformers' streamers get the prompt as a [1, n] LongTensor, then each new token as a
-    [1] one; KwkDecoder hands numpy arrays."""
+    """transformers' streamers get the input_ids as given (a [1, n] LongTensor, padding
+    included), then each new token as a [1] one; KwkDecoder hands numpy arrays."""
 
-    def __init__(self, streamer, torch):
-        self.s, self.torch, self.first = streamer, torch, True
+    def __init__(self, streamer, prompt, torch):
+        self.s, self.prompt, self.torch = streamer, prompt, torch
 
     def put(self, ids):
-        t = self.torch.as_tensor(ids, dtype=self.torch.long)
-        if self.first:
-            t, self.first = t.unsqueeze(0), False
+        if self.prompt is not None:
+            t, self.prompt = self.prompt, None
+        else:
+            t = self.torch.as_tensor(ids, dtype=self.torch.long)
         self.s.put(t)
 
     def end(self):

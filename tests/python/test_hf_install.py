@@ -333,3 +333,113 @@ def test_real_model_batch():
     finally:
         kwker.uninstall(model)
     assert torch.equal(got, want), (tok.batch_decode(got), tok.batch_decode(want))
+
+
+def test_uninstall_during_a_call(llama):
+    """Uninstalling from a streamer's callback (or another thread) while generate runs frees
+    the decoder only when the call ends: the call finishes with transformers' tokens."""
+    ids = torch.tensor([tm.prompt_ids("llama_tied")])
+    want = hf(llama, ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    dec = kwker.install(llama)
+
+    class Uninstaller(Recorder):
+        def put(self, value):
+            super().put(value)
+            if len(self.puts) == 3:
+                assert kwker.uninstall(llama)
+
+    got = llama.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                         streamer=Uninstaller())
+    assert torch.equal(got, want)
+    assert dec._dec is None  # freed once the call ended
+    assert "generate" not in llama.__dict__  # transformers' own again
+    assert torch.equal(llama.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0),
+                       want)
+
+
+def test_assistant_shared_between_threads(llama):
+    """An installed model drafting for another while it generates itself in a second thread:
+    its decoder is taken by one call at a time (this hung before it was locked)."""
+    import threading
+    ids = torch.tensor([tm.prompt_ids("llama_tied")])
+    want = hf(llama, ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    draft = tm.load_hf(tm.build("llama_tied"))
+    kwker.install(llama)
+    kwker.install(draft)
+    out, errors = {}, []
+
+    def run(name, fn):
+        try:
+            for _ in range(3):
+                out[name] = fn()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=("main", lambda: llama.generate(
+                   ids, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                   assistant_model=draft))),
+               threading.Thread(target=run, args=("draft", lambda: draft.generate(
+                   ids, max_new_tokens=12, do_sample=False, pad_token_id=0)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        assert not any(t.is_alive() for t in threads) and not errors, errors
+        assert torch.equal(out["main"], want) and torch.equal(out["draft"], want)
+    finally:
+        kwker.uninstall(draft)
+
+
+def test_config_changed_at_load():
+    """A config changed at load (from_pretrained(path, rms_norm_eps=...)) is the model's: the
+    folder's config.json is not, so Kwker runs a saved copy."""
+    import transformers
+    path = tm.build("llama_tied")
+    m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                          rms_norm_eps=0.5).eval()
+    ids = torch.tensor([tm.prompt_ids("llama_tied")])
+    want = hf(m, ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert not torch.equal(want, hf(tm.load_hf(path), ids, max_new_tokens=12, do_sample=False,
+                                    pad_token_id=0))  # the change does change the tokens
+    kwker.install(m)
+    try:
+        assert m._kwker_install.saved_dir
+        assert torch.equal(m.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0),
+                           want)
+    finally:
+        kwker.uninstall(m)
+
+
+def test_freed_without_the_cycle_collector():
+    import gc
+    import weakref
+    m = tm.load_hf(tm.build("llama_tied"))
+    m.generate(torch.tensor([[1, 5, 9]]), max_new_tokens=2, pad_token_id=0)
+    dec = kwker.install(m)
+    alive = weakref.ref(m)
+    gc.disable()
+    try:
+        del m
+        assert alive() is None and dec._dec is None
+    finally:
+        gc.enable()
+
+
+def test_streamer_prompt_padding_and_right_padding(llama):
+    rows = [tm.prompt_ids("llama_tied")[:6], tm.prompt_ids("llama_tied", seed=1)]
+    ids, mask = left_padded(rows)
+    want = Recorder()
+    hf(llama, ids[:1], attention_mask=mask[:1], max_new_tokens=4, do_sample=False,
+       pad_token_id=0, streamer=want)
+    kwker.install(llama)
+    got = Recorder()
+    llama.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=4, do_sample=False,
+                   pad_token_id=0, streamer=got)
+    assert got.puts == want.puts and got.puts[0][1][0][0] == 0  # the prompt as given, padded
+    with pytest.warns(UserWarning, match="max_time"):
+        llama.generate(ids[1:], max_new_tokens=4, pad_token_id=0, max_time=100.0)
+    right = torch.tensor([rows[0] + [0] * (len(rows[1]) - 6), rows[1]])
+    rmask = torch.tensor([[1] * 6 + [0] * (len(rows[1]) - 6), [1] * len(rows[1])])
+    with pytest.warns(UserWarning, match="right-padding"):
+        llama.generate(right, attention_mask=rmask, max_new_tokens=4, pad_token_id=0)
