@@ -175,6 +175,23 @@ static void test_sendable(void)
     T_EQ(srv_tools_sendable(SRV_TOOLS_FIREFUNCTION, "\n ", 2), 0);
     T_EQ(srv_tools_sendable(SRV_TOOLS_FIREFUNCTION, "\n [", 3), 0);
     T_EQ(srv_tools_sendable(SRV_TOOLS_FIREFUNCTION, "\n Hi", 4), 4);
+    /* every format holds whitespace alone before a call the same way (a call after it gives
+     * null content; sent, the stream's " " would not add up to the whole reply) */
+    static const struct {
+        int format;
+        const char *text;
+        size_t want;
+    } blank[] = {
+        {SRV_TOOLS_LLAMA3, " {\"name\"", 0},     {SRV_TOOLS_LLAMA3, " \n", 0},
+        {SRV_TOOLS_LLAMA3, " a{", 2},             {SRV_TOOLS_FUNCTIONARY, " <function=", 0},
+        {SRV_TOOLS_FUNCTIONARY, " x <func", 3},   {SRV_TOOLS_HERMES, "\n<tool_call>", 0},
+        {SRV_TOOLS_MISTRAL, "  [TOOL_CA", 0},      {SRV_TOOLS_DEEPSEEK_R1, " " R1_CALLS_BEGIN, 0},
+        {SRV_TOOLS_HERMES, "\n\nHi <tool", 5},
+    };
+    for (size_t i = 0; i < sizeof blank / sizeof *blank; i++)
+        T_CHECK(srv_tools_sendable(blank[i].format, blank[i].text, strlen(blank[i].text)) ==
+                    blank[i].want,
+                "blank case %zu", i);
 }
 
 static void test_rename_root(void)

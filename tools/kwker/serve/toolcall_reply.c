@@ -460,6 +460,13 @@ static size_t opener_at(const char *text, size_t len, const char *t)
     return len;
 }
 
+/* Content that is only whitespace so far is held: a call may follow, and the reply's content is
+ * then null (srv_tools_extract), so not even the whitespace may have been sent. */
+static size_t held_if_blank(const char *text, size_t upto)
+{
+    return skip_ws(text, text + upto) == text + upto ? 0 : upto;
+}
+
 size_t srv_tools_sendable(int format, const char *text, size_t len)
 {
     const char *const *op = srv_tool_format_openers(format);
@@ -471,7 +478,7 @@ size_t srv_tools_sendable(int format, const char *text, size_t len)
         const char *brace = memchr(text, '{', len);
         /* or after the python tag (a special token the reply keeps), which is not content */
         size_t tag = opener_at(text, len, PYTHON_TAG), at = brace ? (size_t)(brace - text) : len;
-        return tag < at ? tag : at;
+        return held_if_blank(text, tag < at ? tag : at);
     }
     size_t upto = len;
     for (; *op; op++) {
@@ -485,5 +492,5 @@ size_t srv_tools_sendable(int format, const char *text, size_t len)
         if (p == text + len || *p == '[')
             upto = 0;
     }
-    return upto;
+    return held_if_blank(text, upto);
 }
