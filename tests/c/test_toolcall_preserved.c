@@ -301,9 +301,40 @@ static void test_llama3_sendable(void)
     T_EQ(srv_tools_sendable(SRV_TOOLS_LLAMA3, "ab{<|python_tag|>", 17), 2);
 }
 
+/* Functionary's <|python_tag|> is kept for a request only when it offers a python / ipython
+ * tool (its code is a call of that tool alone); the format's other markers always. */
+static void test_functionary_python(void)
+{
+    kwk_tokenizer *t = tiny();
+    if (!t)
+        return;
+    int32_t all[SRV_MAX_PRESERVED], out[SRV_MAX_PRESERVED];
+    int n = srv_tool_preserved(SRV_TOOLS_FUNCTIONARY, t, all, SRV_MAX_PRESERVED);
+    T_TRUE(n >= 1 && has(all, n, M_PY));
+    static const char *const lists[] = {
+        "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]",
+        "[{\"type\": \"function\", \"function\": {\"name\": \"python\"}}]",
+        "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}, "
+        "{\"type\": \"function\", \"function\": {\"name\": \"ipython\"}}]"};
+    for (int k = 0; k < 3; k++) {
+        json_t *tools = json_loads(lists[k], 0, NULL);
+        T_TRUE(tools != NULL);
+        struct srv_req q = {.tool_format = SRV_TOOLS_FUNCTIONARY, .tools = tools};
+        int m = srv_tool_preserved_req(&q, t, all, n, out);
+        T_EQ(m, k == 0 ? n - 1 : n);
+        T_EQ(has(out, m, M_PY), k != 0);
+        /* another format's list passes through whole */
+        q.tool_format = SRV_TOOLS_MISTRAL;
+        T_EQ(srv_tool_preserved_req(&q, t, all, n, out), n);
+        json_decref(tools);
+    }
+    kwk_tokenizer_free(t);
+}
+
 int main(void)
 {
     test_preserved_ids();
+    test_functionary_python();
     test_streamed_replies();
     test_r1();
     test_think_preserved();

@@ -689,8 +689,9 @@ static uint64_t random_seed(void)
     return seed;
 }
 
+/* pres: room for the request's preserved ids (SRV_MAX_PRESERVED + 2), which p points into. */
 static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
-                       struct kwk_gen_params *p)
+                       struct kwk_gen_params *p, int32_t *pres)
 {
     kwk_gen_params_init(p);
     p->max_new_tokens = max_new;
@@ -721,12 +722,12 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     /* a reply read for calls keeps its format's markers, special tokens or not; one split at
      * its think block keeps the block's tags */
     int tools = q->tools && q->tool_format == s->lim.tool_format;
-    if (tools && q->think) {
-        p->preserved_ids = s->preserved_all;
-        p->n_preserved = s->n_preserved_all;
-    } else if (tools) {
-        p->preserved_ids = s->preserved;
-        p->n_preserved = s->n_preserved;
+    if (tools) {
+        p->n_preserved = srv_tool_preserved_req(q, s->tok, q->think ? s->preserved_all
+                                                                    : s->preserved,
+                                                q->think ? s->n_preserved_all : s->n_preserved,
+                                                pres);
+        p->preserved_ids = pres;
     } else if (q->think) {
         p->preserved_ids = s->think_ids;
         p->n_preserved = s->n_think_ids;
@@ -738,7 +739,8 @@ static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struc
     struct srv *s = r->s;
     struct kwk_gen_params p;
     struct kwk_err err = {0};
-    gen_params(s, &r->req, max_new, &p);
+    int32_t pres[SRV_MAX_PRESERVED + 2]; /* the engine copies them at submit */
+    gen_params(s, &r->req, max_new, &p, pres);
     pthread_mutex_lock(&r->mu);
     r->refs++; /* the engine's, dropped at DONE */
     pthread_mutex_unlock(&r->mu);

@@ -180,6 +180,11 @@ const char *srv_tool_format_name(int format);
  * returned (0 when none is special). Thread-safe. */
 #define SRV_MAX_PRESERVED 8
 int srv_tool_preserved(int format, const kwk_tokenizer *tok, int32_t *ids, int cap);
+/* ids[n] (a server's preserved list) as request q's reply keeps them, into out (n entries at
+ * most): Functionary's <|python_tag|> only when q offers a "python" or "ipython" tool (its
+ * code is a call of that tool alone; llama.cpp's rule). Returns the count. Thread-safe. */
+int srv_tool_preserved_req(const struct srv_req *q, const kwk_tokenizer *tok, const int32_t *ids,
+                           int n, int32_t *out);
 /* The same for the NULL-terminated texts: those tok reads as one special token each. */
 int srv_special_tokens(const kwk_tokenizer *tok, const char *const *texts, int32_t *ids, int cap);
 

@@ -82,6 +82,38 @@ int srv_tool_preserved(int format, const kwk_tokenizer *tok, int32_t *ids, int c
     return srv_special_tokens(tok, format_preserved[format], ids, cap);
 }
 
+/* Whether the request offers a tool of that name. */
+static int offers_tool(const json_t *tools, const char *name)
+{
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        json_t *fn = json_object_get(t, "function");
+        const char *have = json_string_value(json_object_get(fn ? fn : t, "name"));
+        if (have && !strcmp(have, name))
+            return 1;
+    }
+    return 0;
+}
+
+int srv_tool_preserved_req(const struct srv_req *q, const kwk_tokenizer *tok, const int32_t *ids,
+                           int n, int32_t *out)
+{
+    int32_t tag = -1;
+    if (q->tools && q->tool_format == SRV_TOOLS_FUNCTIONARY &&
+        !offers_tool(q->tools, "python") && !offers_tool(q->tools, "ipython")) {
+        static const char *const py[] = {PYTHON_TAG, NULL};
+        if (srv_special_tokens(tok, py, &tag, 1) != 1)
+            tag = -1;
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (ids[i] != tag)
+            out[k++] = ids[i];
+    return k;
+}
+
 /* The most specific marks first (llama.cpp's order), so that a template is read as before:
  * Functionary's has Llama 3.1's <|python_tag|> too. */
 int srv_tool_format_detect(const char *template_src)
