@@ -291,6 +291,7 @@ def _unsupported(gc, model_kwargs, args):
 def _generate(model, state, args, kwargs):
     import torch
 
+    call_kwargs = kwargs  # the call as made, for the fallback
     kwargs = dict(kwargs)
     inputs = args[0] if args else kwargs.pop("inputs", None)
     gen_config = args[1] if len(args) > 1 else kwargs.pop("generation_config", None)
@@ -323,15 +324,7 @@ def _generate(model, state, args, kwargs):
         warnings.warn("kwker: %s is not supported: transformers' own generate runs this call"
                       % why, stacklevel=3)
         original = state.original or type(model).generate.__get__(model)
-        return original(*args, **{**kwargs, **{k: v for k, v in extra.items()
-                                               if v is not None and k != "positional arguments"},
-                                  **({"inputs": inputs} if inputs is not None and not args
-                                     else {}),
-                                  **({"generation_config": gen_config}
-                                     if gen_config is not None and len(args) < 2 else {}),
-                                  **({"assistant_model": assistant} if assistant is not None
-                                     else {}),
-                                  **({"streamer": streamer} if streamer is not None else {})})
+        return original(*args, **call_kwargs)
     ids = torch.as_tensor(input_ids)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
