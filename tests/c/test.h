@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Random test data: a fixed xorshift sequence, so each test binary draws the same numbers run
@@ -98,6 +99,27 @@ static inline int t_cpu_amx_bf16(void)
     if (!t_cpu_amx() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1))
         return 0;
     return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
+}
+
+/* A file of the shared data (ctest runs in the checkout: ../shared/data beside it; or
+ * $KWKER_SHARED_DATA), NUL-terminated, to free; NULL (a failed check) when it cannot be read. */
+static inline char *t_read_shared(const char *rel)
+{
+    const char *data = getenv("KWKER_SHARED_DATA");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", data && *data ? data : "../shared/data", rel);
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
+        (buf = calloc(1, (size_t)n + 1)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    if (f)
+        fclose(f);
+    T_CHECK(buf != NULL, "cannot read %s (set KWKER_SHARED_DATA)", path);
+    return buf;
 }
 
 static int t_report(const char *name)

@@ -262,26 +262,6 @@ static void test_prompts(void)
                 "prompt %zu", i);
 }
 
-/* A file of the shared data (ctest runs in the checkout: ../shared/data beside it), or NULL. */
-static char *read_shared(const char *rel)
-{
-    const char *data = getenv("KWKER_SHARED_DATA");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", data && *data ? data : "../shared/data", rel);
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-    if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
-        (buf = calloc(1, (size_t)n + 1)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (f)
-        fclose(f);
-    T_CHECK(buf != NULL, "cannot read %s (set KWKER_SHARED_DATA)", path);
-    return buf;
-}
-
 static void test_templates(void)
 {
     static const struct {
@@ -297,7 +277,7 @@ static void test_templates(void)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "chat-templates/llamacpp/%s", cases[i].file);
-        char *src = read_shared(rel);
+        char *src = t_read_shared(rel);
         if (!src)
             continue;
         T_CHECK(srv_think_template(src) == cases[i].thinks, "%s", cases[i].file);

@@ -417,26 +417,6 @@ static void test_unknown_names(void)
 
 /* ---- the formats of llama.cpp's real templates --------------------------------------------- */
 
-/* A file of the shared data (ctest runs in the checkout: ../shared/data beside it), or NULL. */
-static char *read_shared(const char *rel)
-{
-    const char *data = getenv("KWKER_SHARED_DATA");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", data && *data ? data : "../shared/data", rel);
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-    if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
-        (buf = calloc(1, (size_t)n + 1)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (f)
-        fclose(f);
-    T_CHECK(buf != NULL, "cannot read %s (set KWKER_SHARED_DATA)", path);
-    return buf;
-}
-
 static void test_detect_templates(void)
 {
     static const struct {
@@ -460,7 +440,7 @@ static void test_detect_templates(void)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "chat-templates/llamacpp/%s", cases[i].file);
-        char *src = read_shared(rel);
+        char *src = t_read_shared(rel);
         if (!src)
             continue;
         T_CHECK(srv_tool_format_detect(src) == cases[i].format, "%s: %s, want %s", cases[i].file,
