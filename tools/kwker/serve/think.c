@@ -10,27 +10,11 @@
 #define THINK_OPEN "<think>"
 #define THINK_CLOSE "</think>"
 
-static int think_space(char c)
-{
-    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
-}
-
 static size_t think_skip_ws(const char *t, size_t at, size_t end)
 {
-    while (at < end && think_space(t[at]))
+    while (at < end && srv_is_space(t[at]))
         at++;
     return at;
-}
-
-/* Bytes at the end of t[0, len) that begin the NUL-terminated tag s without being all of it
- * (a tag that may still be arriving, held back as stop strings are). */
-static size_t tag_tail(const char *t, size_t len, const char *s)
-{
-    size_t n = strlen(s);
-    for (size_t k = n - 1; k > 0; k--)
-        if (len >= k && !memcmp(t + len - k, s, k))
-            return k;
-    return 0;
 }
 
 /* Whether t[at, len) is a proper beginning of s (the reply may still write all of s). */
@@ -53,7 +37,7 @@ int srv_think_prompt_open(const char *prompt, size_t len)
      * closes it again ("<think>\n\n</think>\n\n"). Only the prompt's very end counts: a user's
      * message that quotes "<think>" earlier must not put the reply in reasoning */
     size_t n = strlen(THINK_OPEN);
-    while (len > 0 && think_space(prompt[len - 1]))
+    while (len > 0 && srv_is_space(prompt[len - 1]))
         len--;
     return len >= n && !memcmp(prompt + len - n, THINK_OPEN, n);
 }
@@ -81,14 +65,14 @@ void srv_think_split(const char *text, size_t len, int open, int final, struct s
         out->content = think_skip_ws(text, end + strlen(THINK_CLOSE), len);
         out->closed = 1;
     } else { /* reasoning to the end (cut by max_tokens), but a "</think>" still arriving */
-        end = final ? len : len - tag_tail(text, len, THINK_CLOSE);
+        end = final ? len : len - srv_marker_tail(text, len, THINK_CLOSE);
     }
     /* llama.cpp's string_strip: no whitespace on either side (a streamed reply holds back its
      * trailing whitespace, which more reasoning may follow) */
     if (end < start)
         end = start;
     start = think_skip_ws(text, start, end);
-    while (end > start && think_space(text[end - 1]))
+    while (end > start && srv_is_space(text[end - 1]))
         end--;
     out->reasoning = start;
     out->reasoning_len = end - start;

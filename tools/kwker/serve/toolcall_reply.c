@@ -12,7 +12,7 @@
 
 static const char *skip_ws(const char *p, const char *end)
 {
-    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+    while (p < end && srv_is_space(*p))
         p++;
     return p;
 }
@@ -454,10 +454,7 @@ static size_t opener_at(const char *text, size_t len, const char *t)
     const char *hit = memmem(text, len, t, n);
     if (hit)
         return (size_t)(hit - text);
-    for (size_t k = n - 1; k > 0; k--)
-        if (len >= k && !memcmp(text + len - k, t, k))
-            return len - k;
-    return len;
+    return len - srv_marker_tail(text, len, t);
 }
 
 /* Content that is only whitespace so far is held: a call may follow, and the reply's content is
