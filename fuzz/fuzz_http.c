@@ -101,7 +101,10 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
         srv_buf_free(&b);
         return;
     }
-    srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
+    /* two choices, the second cut by length, as n = 2 answers */
+    struct srv_choice two[2] = {{text, len, lps, 4, KWK_FINISH_STOP, NULL},
+                                {text, len / 2, lps, 2, KWK_FINISH_LENGTH, NULL}};
+    srv_json_response(&b, &c, two, 2, 3, 4);
     for (int f = 0; f < SRV_TOOLS_N && r->kind == SRV_CHAT; f++) {
         struct srv_tool_reply tr;
         struct srv_req q = *r; /* the same request read in format f (shallow: not freed) */
@@ -117,7 +120,8 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
             abort();
         stream_check(&q, text ? text : "", text ? len : 0, 1 + len / 256);
         c.tools = &tr;
-        srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
+        struct srv_choice one = {text, len, lps, 4, KWK_FINISH_STOP, &tr};
+        srv_json_response(&b, &c, &one, 1, 3, 4);
         if (tr.calls)
             srv_sse_tool_calls(&b, &c, tr.calls);
         srv_sse_finish(&b, &c, KWK_FINISH_STOP);
@@ -131,7 +135,8 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
         q.think = think;
         srv_think_reply(&q, text ? text : "", text ? len : 0, &tr);
         c.tools = &tr;
-        srv_json_response(&b, &c, text, len, lps, 4, KWK_FINISH_STOP, 3, 4);
+        struct srv_choice one = {text, len, lps, 4, KWK_FINISH_STOP, &tr};
+        srv_json_response(&b, &c, &one, 1, 3, 4);
         if (tr.reasoning)
             srv_sse_reasoning(&b, &c, tr.reasoning, tr.reasoning_len, lps, 4);
         c.tools = NULL;

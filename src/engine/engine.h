@@ -14,6 +14,8 @@ enum req_state {
     REQ_QUEUED,  /* waiting for a slot */
     REQ_PREFILL, /* in a slot, prompt being read */
     REQ_DECODE,  /* generating: `pending` is sampled and not yet in the cache */
+    REQ_SHARE,   /* in a slot, waiting for the request in slot `wait_slot` to read the prompt
+                  * prefix they share, which is then copied rather than read twice */
 };
 
 /* One request. Owned by the queue, then by its slot; freed on the stepping thread after its DONE
@@ -41,6 +43,9 @@ struct kwk_req {
     int slot;
     int n_read;                 /* prompt tokens in the slot's cache */
     int copy_src;               /* admission: slot whose first n_read positions are copied */
+    int wait_slot;              /* REQ_SHARE: the slot whose request reads the shared prefix */
+    uint64_t wait_id;           /* REQ_SHARE: that request's id */
+    int wait_len;               /* REQ_SHARE: positions it shares with this prompt */
     int32_t pending;
     struct kwk_gen_seq g;
     struct kwk_gen_output out;  /* tokens, logprobs, top arrays owned here */

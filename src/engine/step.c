@@ -35,6 +35,16 @@ static int pick_slot(const struct kwk_engine *e, const int32_t *ids, int n, int 
     return best;
 }
 
+/* Positions request q's prompt shares with prompt ids[n] (at most n - 1, as common_prefix) when
+ * q has yet to read them all, else 0. */
+static int shared_ahead(const struct kwk_req *q, const int32_t *ids, int n)
+{
+    int k = 0, limit = KWK_MIN(q->n_prompt, n - 1);
+    while (k < limit && q->prompt[k] == ids[k])
+        k++;
+    return k > q->n_read ? k : 0;
+}
+
 /* Called by the sequence for each token it records: the TOKEN event. Non-zero cancels. */
 static int on_token(void *user, int32_t tok, const char *text, size_t len)
 {
@@ -112,6 +122,27 @@ static void admit(struct kwk_engine *e, double now)
             if (k > src_keep)
                 src = i, src_keep = k;
         }
+        /* A request in flight that is still to read a longer prefix of this prompt (the n
+         * choices of one prompt, a burst of requests with one system prompt): wait for it and
+         * copy then. Prompts are read first come first served, so it reads its own before this
+         * one would start on it anyway: waiting costs the step in which the copy is made. */
+        int wait = -1, wait_len = src_keep;
+        for (int i = 0; i < e->prm.max_batch && r->p.prompt_cache; i++) {
+            struct kwk_req *q = e->slots[i].req;
+            if (!q || i == slot || (q->state != REQ_PREFILL && q->state != REQ_SHARE))
+                continue;
+            int k = shared_ahead(q, r->prompt, r->n_prompt);
+            if (k > wait_len)
+                wait = i, wait_len = k;
+        }
+        r->state = REQ_PREFILL;
+        r->wait_slot = wait;
+        if (wait >= 0) {
+            r->state = REQ_SHARE;
+            r->wait_id = e->slots[wait].req->id;
+            r->wait_len = wait_len;
+            src = -1; /* the whole prefix is copied from the reader once it is read */
+        }
         r->copy_src = src;
         if (src >= 0) {
             keep = src_keep;
@@ -119,7 +150,6 @@ static void admit(struct kwk_engine *e, double now)
         }
         r->slot = slot;
         r->n_read = keep;
-        r->state = REQ_PREFILL;
         r->t_admit = now;
         e->slots[slot].req = r;
         e->slots[slot].len = keep;
@@ -152,6 +182,45 @@ static void admit(struct kwk_engine *e, double now)
         pthread_mutex_lock(&e->mu);
         e->st.prompt_reused += (uint64_t)r->n_read;
         pthread_mutex_unlock(&e->mu);
+    }
+}
+
+/* Whether request r, waiting for a shared prefix, can stop: its reader has read the prefix,
+ * or left the slot (ended, or canceled), whose cache then holds what it holds. */
+static int share_ready(const struct kwk_engine *e, const struct kwk_req *r)
+{
+    const struct kwk_req *q = e->slots[r->wait_slot].req;
+    return !q || q->id != r->wait_id || (q->state != REQ_PREFILL && q->state != REQ_SHARE) ||
+           q->n_read >= r->wait_len;
+}
+
+/* Waiting requests whose prefix is read copy it from the reader's slot and go on to read the
+ * rest of their prompt. In admission order, so that a request waiting on one that waited
+ * itself is copied in the same step. */
+static void share_prefixes(struct kwk_engine *e)
+{
+    for (;;) {
+        struct kwk_req *r = NULL;
+        for (int i = 0; i < e->prm.max_batch; i++) {
+            struct kwk_req *q = e->slots[i].req;
+            if (q && q->state == REQ_SHARE && share_ready(e, q) && (!r || q->id < r->id))
+                r = q;
+        }
+        if (!r)
+            return;
+        const struct kwk_slot *src = &e->slots[r->wait_slot];
+        int k = common_prefix(src, r->prompt, r->n_prompt);
+        if (k > r->n_read) {
+            kwk_kv_copy(e->d, r->slot, r->wait_slot, k);
+            memcpy(e->slots[r->slot].tokens, src->tokens, sizeof(int32_t) * (size_t)k);
+            pthread_mutex_lock(&e->mu);
+            e->st.prompt_reused += (uint64_t)(k - r->n_read);
+            pthread_mutex_unlock(&e->mu);
+            r->n_read = k;
+            e->slots[r->slot].len = k;
+            r->out.prompt_reused = k;
+        }
+        r->state = REQ_PREFILL;
     }
 }
 
@@ -234,6 +303,7 @@ int kwk_engine_run_step(struct kwk_engine *e)
             kwk_engine_finish(e, r, 0, NULL);
         }
     }
+    share_prefixes(e);
 
     /* Decode rows first (one per running request, plus candidates), then prompt chunks in
      * first-come order within the budget. */

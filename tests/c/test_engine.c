@@ -2,7 +2,8 @@
  * tokens kwk_generate gives it alone (greedy and seeded sampling, more requests than slots,
  * prompts sharing a prefix), requests submitted from several threads while the engine's own
  * thread steps, cancellation, freeing an engine with requests in flight, bad submissions, and
- * act_bits (8-bit activations on balanced / int4: the same tokens alone and batched; bad values
+ * requests in flight sharing a prompt (read once, copied to the others: the n choices of one
+ * prompt), act_bits (8-bit activations on balanced / int4: the same tokens alone and batched; bad values
  * refused), and bf16 weights under preserve (on AMX-BF16 too: ctest test_engine_amx_preserve).
  * Main thread plus the submitter threads it starts. */
 #include <pthread.h>
@@ -397,6 +398,106 @@ static void test_cancel_and_free(const kwk_model *m)
     T_EQ(g.events_after_done, 0);
 }
 
+/* Requests in flight that share a prompt prefix: the later ones wait for the first to read it
+ * and copy it (kv copy), so the prefix is read once. shared[i] has the length of prompt i; the
+ * engine's one-step delay must not change a token. */
+#define N_SHARE 6
+static int32_t shared[40];
+static const int share_len[N_SHARE] = {36, 36, 36, 20, 30, 36};
+
+static uint64_t submit_shared(kwk_engine *e, struct tag *tags, struct got *g, int i)
+{
+    struct kwk_gen_params p;
+    gen_params(&p, 100 + i, 1); /* each its own seed: the n choices of one prompt */
+    tags[i] = (struct tag){g, i};
+    return kwk_engine_submit(e, shared, share_len[i], &p, on_event, &tags[i], NULL);
+}
+
+static void expect_shared_alone(const kwk_model *m, struct got *g, int i, const char *what)
+{
+    kwk_decoder *d = kwk_decoder_new(m, NULL, NULL);
+    T_EQ(d != NULL, 1);
+    if (!d)
+        return;
+    int32_t want[MAX_NEW];
+    struct kwk_gen_params p;
+    gen_params(&p, 100 + i, 1);
+    struct kwk_gen_output o = {.tokens = want, .cap = MAX_NEW};
+    T_EQ(kwk_generate(d, shared, share_len[i], &p, &o, NULL), 0);
+    kwk_decoder_free(d);
+    T_EQ(g->done[i], 1);
+    T_EQ(g->status[i], 0);
+    int same = g->n[i] == o.n_tokens &&
+               !memcmp(g->tokens[i], want, sizeof(int32_t) * (size_t)o.n_tokens);
+    if (!same)
+        fprintf(stderr, "  %s: request %d differs from its run alone\n", what, i);
+    T_EQ(same, 1);
+}
+
+static void test_shared_prompt(const kwk_model *m)
+{
+    for (int j = 0; j < 40; j++)
+        shared[j] = (int32_t)((j * 37 + 11) % N_VOCAB);
+    struct kwk_engine_params ep;
+    kwk_engine_params_init(&ep);
+    ep.max_batch = 6;
+    ep.prefill_chunk = 16; /* the 36-token prompt takes three steps */
+    ep.max_cache_len = 96;
+    kwk_engine *e = kwk_engine_new(m, &ep, NULL);
+    T_EQ(e != NULL, 1);
+    if (!e)
+        return;
+    static struct got g;
+    got_init(&g);
+    struct tag tags[N_SHARE];
+    /* three choices of one prompt: read once, copied twice */
+    for (int i = 0; i < 3; i++)
+        T_EQ(submit_shared(e, tags, &g, i) > 0, 1);
+    while (kwk_engine_step(e) > 0)
+        ;
+    struct kwk_engine_stats st;
+    kwk_engine_get_stats(e, &st);
+    T_EQ((int)st.prompt_tokens, 36 + 1 + 1); /* each copy reads the last token again */
+    T_EQ(g.reused[0], 0);
+    T_EQ(g.reused[1], 35);
+    T_EQ(g.reused[2], 35);
+    for (int i = 0; i < 3; i++)
+        expect_shared_alone(m, &g, i, "shared prompt");
+    kwk_engine_free(e);
+
+    /* a chain: 4 reads 20 tokens, 5 waits on it for 20 of its 30, 6 waits on 5 for 30 of 36 */
+    e = kwk_engine_new(m, &ep, NULL);
+    got_init(&g);
+    for (int i = 3; i < 6; i++)
+        T_EQ(submit_shared(e, tags, &g, i) > 0, 1);
+    while (kwk_engine_step(e) > 0)
+        ;
+    kwk_engine_get_stats(e, &st);
+    T_EQ((int)st.prompt_tokens, 20 + 10 + 6);
+    T_EQ(g.reused[4], 20);
+    T_EQ(g.reused[5], 30);
+    for (int i = 3; i < 6; i++)
+        expect_shared_alone(m, &g, i, "chained shared prompt");
+    kwk_engine_free(e);
+
+    /* the reader canceled after its first chunk: the waiting request copies those 16 positions
+     * and reads the rest itself */
+    e = kwk_engine_new(m, &ep, NULL);
+    got_init(&g);
+    uint64_t first = submit_shared(e, tags, &g, 0);
+    T_EQ(first > 0 && submit_shared(e, tags, &g, 1) > 0, 1);
+    kwk_engine_step(e);
+    T_EQ(kwk_engine_cancel(e, first), 0);
+    while (kwk_engine_step(e) > 0)
+        ;
+    T_EQ(g.finish[0], KWK_FINISH_CANCELED);
+    T_EQ(g.reused[1], 16);
+    kwk_engine_get_stats(e, &st);
+    T_EQ((int)st.prompt_tokens, 16 + 20);
+    expect_shared_alone(m, &g, 1, "shared prompt, reader canceled");
+    kwk_engine_free(e);
+}
+
 /* act_bits reaches the engine's decoder: only 0, 8 and 16, and 8 only for quantized weights. */
 static void test_bad_act_bits(const kwk_model *m)
 {
@@ -495,6 +596,7 @@ int main(void)
     test_bad_act_bits(&t.m);
     test_threads(&t.m);
     test_cancel_and_free(&t.m);
+    test_shared_prompt(&t.m);
     test_bad_submissions(&t.m);
     model_free(&t);
     /* bf16 weights, multiplied where they lie by preserve: on AMX-BF16 with KWKER_AMX_PRESERVE=on

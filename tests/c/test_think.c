@@ -296,7 +296,8 @@ static void test_json(void)
     srv_think_reply(&q, text, sizeof text - 1, &tr);
     struct srv_ctx c = {.kind = SRV_CHAT, .id = "chatcmpl-1", .model = "m", .tools = &tr};
     struct srv_buf b = {0};
-    srv_json_response(&b, &c, text, sizeof text - 1, NULL, 0, KWK_FINISH_STOP, 1, 2);
+    struct srv_choice one = {text, sizeof text - 1, NULL, 0, KWK_FINISH_STOP, &tr};
+    srv_json_response(&b, &c, &one, 1, 1, 2);
     json_t *j = b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     json_t *msg = json_object_get(ch, "message");
@@ -311,7 +312,8 @@ static void test_json(void)
     static const char plain[] = "Because.";
     srv_think_reply(&q, plain, sizeof plain - 1, &tr);
     b.len = 0;
-    srv_json_response(&b, &c, plain, sizeof plain - 1, NULL, 0, KWK_FINISH_STOP, 1, 2);
+    one = (struct srv_choice){plain, sizeof plain - 1, NULL, 0, KWK_FINISH_STOP, &tr};
+    srv_json_response(&b, &c, &one, 1, 1, 2);
     T_TRUE(b.p && !strstr(b.p, "reasoning_content"));
     srv_buf_free(&b);
 }

@@ -862,7 +862,8 @@ static void test_reasoning_reply(void)
     srv_tools_extract(&q, text, sizeof text - 1, 5, &tr);
     struct srv_ctx c = {.kind = SRV_CHAT, .id = "chatcmpl-1", .model = "m", .tools = &tr};
     struct srv_buf b = {0};
-    srv_json_response(&b, &c, text, sizeof text - 1, NULL, 0, KWK_FINISH_STOP, 1, 2);
+    struct srv_choice one = {text, sizeof text - 1, NULL, 0, KWK_FINISH_STOP, &tr};
+    srv_json_response(&b, &c, &one, 1, 1, 2);
     json_t *j = b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
     json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
     T_STREQ(json_string_value(json_object_get(msg, "reasoning_content")), "Paris is sunny?");

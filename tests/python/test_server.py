@@ -345,7 +345,7 @@ BAD_CHAT = [
     ("temperature a string", {"temperature": "hot"}, "temperature", "invalid_type"),
     ("temperature 3", {"temperature": 3}, "temperature", "invalid_value"),
     ("top_p 1.5", {"top_p": 1.5}, "top_p", "invalid_value"),
-    ("n 2", {"n": 2}, "n", "invalid_value"),
+    ("n 0", {"n": 0}, "n", "invalid_value"),  # more: tests/python/test_choices.py
     ("stop of 5", {"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
     ("stop a number", {"stop": 5}, "stop", "invalid_type"),
     ("logit_bias range", {"logit_bias": {"5": 101}}, "logit_bias", "invalid_value"),
@@ -419,7 +419,8 @@ def test_bad_completions_400(srv, model_id):
              ({"prompt": ["a", "b"]}, "prompt"), ({}, "prompt"),
              ({"prompt": "x", "echo": True}, "echo"),
              ({"prompt": "x", "logprobs": True}, "logprobs"),
-             ({"prompt": "x", "best_of": 2}, "best_of"), ({"prompt": "x", "suffix": "y"}, "suffix")]
+             ({"prompt": "x", "n": 2, "best_of": 1}, "best_of"),
+             ({"prompt": "x", "suffix": "y"}, "suffix")]
     for extra, param in cases:
         status, r = request(srv.port, "POST", "/v1/completions", body=dict(model=model_id, **extra))
         assert status == 400, (extra, status, r)

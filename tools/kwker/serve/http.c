@@ -74,6 +74,31 @@ enum rq_route {
     R_CLASSIFY
 };
 
+struct rq;
+
+/* One choice of a chat or completion request ("n", "best_of"): one engine request. */
+struct rq_choice {
+    struct rq *r;
+    int index;
+    uint64_t eid;             /* the engine's id, 0 until submitted */
+    /* event-loop thread only */
+    struct srv_ctx ctx;       /* the request's, with this choice's index, text offset, calls */
+    struct srv_buf reply;     /* with tools or a think block, streaming: all the reply's text
+                               * so far */
+    struct srv_reply_stream sent; /* how much of it went out as each field */
+    struct srv_tool_reply tools; /* with tools or a think block: the reply read whole (calls,
+                                  * content, reasoning), once DONE */
+    int role_sent, end_sent;
+    /* shared with the engine thread, under the request's mu */
+    int done;
+    struct srv_buf text;      /* settled text not yet sent (stream) or all of it */
+    struct srv_lp *lps;
+    int n_lps, cap_lps;
+    int n_tokens, finish, estatus;
+    double lp_sum;            /* the tokens' logprobs: best_of's rank */
+    char err_msg[256];
+};
+
 struct rq {
     struct srv *s;
     pthread_mutex_t mu;
@@ -101,23 +126,16 @@ struct rq {
                                 * allocated by the worker (job_out) */
     struct srv_ctx ctx;
     char id[48];
-    uint64_t eid;             /* the engine's id, 0 until submitted */
     struct srv_buf out;       /* stream bytes formatted, not yet handed to MHD */
     size_t out_off;
-    struct srv_buf reply;     /* with tools or a think block, streaming: all the reply's text
-                               * so far */
-    struct srv_reply_stream sent; /* how much of it went out as each field */
-    struct srv_tool_reply tools; /* with tools or a think block: the reply read whole (calls,
-                                  * content, reasoning), once DONE */
     uint64_t call_seed;       /* the calls' ids */
-    int role_sent, end_sent;
+    int end_sent;
+    struct rq_choice *ch;     /* [n_ch]: chat and completions (req.best_of of them) */
     /* shared with the engine thread, under mu */
-    int suspended, conn_gone, done;
+    int n_ch, n_done;         /* choices submitted, and ended */
+    int suspended, conn_gone, done; /* done: every choice (or the encoder's job) ended */
     int counted;              /* in s->met.in_flight (event-loop thread only) */
-    struct srv_buf text;      /* settled text not yet sent (stream) or all of it */
-    struct srv_lp *lps;
-    int n_lps, cap_lps;
-    int n_tokens, n_prompt, finish, estatus;
+    int n_tokens, n_prompt, estatus; /* n_tokens: all choices'; estatus: the encoder's job */
     double t_first;
     char err_msg[256];
 };
@@ -152,16 +170,20 @@ static void rq_free(struct rq *r)
 {
     srv_buf_free(&r->body);
     srv_buf_free(&r->out);
-    srv_buf_free(&r->text);
-    srv_buf_free(&r->reply);
-    srv_tool_reply_free(&r->tools);
+    for (int i = 0; r->ch && i < r->req.best_of; i++) {
+        struct rq_choice *ch = &r->ch[i];
+        srv_buf_free(&ch->text);
+        srv_buf_free(&ch->reply);
+        srv_tool_reply_free(&ch->tools);
+        free(ch->lps);
+    }
+    free(r->ch);
     srv_req_free(&r->req);
     srv_embed_req_free(&r->ereq);
     srv_rerank_req_free(&r->rreq);
     srv_score_req_free(&r->sreq);
     srv_classify_req_free(&r->creq);
     free(r->vec);
-    free(r->lps);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
@@ -299,17 +321,17 @@ static enum MHD_Result get_route(struct rq *r)
 
 /* ---- the engine's events (engine thread) ----------------------------------------------------- */
 
-static void add_lp(struct rq *r, const struct kwk_event *ev)
+static void add_lp(struct rq_choice *ch, const struct kwk_event *ev)
 {
-    if (r->n_lps == r->cap_lps) {
-        int cap = r->cap_lps ? r->cap_lps * 2 : 16;
-        struct srv_lp *l = realloc(r->lps, sizeof *l * (size_t)cap);
+    if (ch->n_lps == ch->cap_lps) {
+        int cap = ch->cap_lps ? ch->cap_lps * 2 : 16;
+        struct srv_lp *l = realloc(ch->lps, sizeof *l * (size_t)cap);
         if (!l)
             return; /* logprobs of this token are lost; the text is not */
-        r->lps = l;
-        r->cap_lps = cap;
+        ch->lps = l;
+        ch->cap_lps = cap;
     }
-    struct srv_lp *l = &r->lps[r->n_lps++];
+    struct srv_lp *l = &ch->lps[ch->n_lps++];
     l->token = ev->token;
     l->logprob = ev->logprob;
     l->n_top = ev->n_top < SRV_MAX_TOP ? ev->n_top : SRV_MAX_TOP;
@@ -321,19 +343,24 @@ static void add_lp(struct rq *r, const struct kwk_event *ev)
     }
 }
 
-static void on_done(struct rq *r, const struct kwk_event *ev)
+/* A choice ended. The prompt and the time to the first token count once a request (its first
+ * choice to end), generated tokens for every choice. */
+static void on_done(struct rq *r, struct rq_choice *ch, const struct kwk_event *ev)
 {
     struct srv_metrics *m = &r->s->met;
-    r->done = 1;
-    r->finish = ev->finish_reason;
-    r->estatus = ev->status;
-    r->n_prompt = ev->n_prompt;
-    r->n_tokens = ev->n_tokens;
+    ch->done = 1;
+    ch->finish = ev->finish_reason;
+    ch->estatus = ev->status;
+    ch->n_tokens = ev->n_tokens;
     if (ev->status && ev->err_msg)
-        snprintf(r->err_msg, sizeof r->err_msg, "%s", ev->err_msg);
-    atomic_fetch_add_explicit(&m->prompt_tokens, (uint64_t)ev->n_prompt, memory_order_relaxed);
+        snprintf(ch->err_msg, sizeof ch->err_msg, "%s", ev->err_msg);
+    r->n_prompt = ev->n_prompt;
+    r->done = ++r->n_done == r->n_ch;
     atomic_fetch_add_explicit(&m->completion_tokens, (uint64_t)ev->n_tokens,
                               memory_order_relaxed);
+    if (r->n_done > 1)
+        return;
+    atomic_fetch_add_explicit(&m->prompt_tokens, (uint64_t)ev->n_prompt, memory_order_relaxed);
     if (r->t_first > 0) {
         atomic_fetch_add_explicit(&m->ttft_us_sum, (uint64_t)((r->t_first - r->t_submit) * 1e6),
                                   memory_order_relaxed);
@@ -359,38 +386,48 @@ static void rq_wake_unlock(struct rq *r, int ready, int last)
         rq_free(r);
 }
 
-/* Copy and return: the engine's step waits for this. */
+/* Copy and return: the engine's step waits for this. user is the choice. */
 static void on_event(void *user, const struct kwk_event *ev)
 {
-    struct rq *r = user;
+    struct rq_choice *ch = user;
+    struct rq *r = ch->r;
     int last = 0;
     pthread_mutex_lock(&r->mu);
     if (ev->type == KWK_EVENT_TOKEN) {
         if (r->t_first == 0)
             r->t_first = now_s();
         r->n_tokens++;
+        ch->lp_sum += ev->logprob;
         if (!r->conn_gone) {
-            srv_buf_add(&r->text, ev->text, ev->len);
+            srv_buf_add(&ch->text, ev->text, ev->len);
             if (r->req.logprobs)
-                add_lp(r, ev);
+                add_lp(ch, ev);
         }
     } else if (ev->type == KWK_EVENT_DONE) {
-        on_done(r, ev);
+        on_done(r, ch, ev);
         last = --r->refs == 0;
     }
-    /* a non-streaming request waits for DONE only: no wake-up per token */
-    rq_wake_unlock(r, r->done || (r->req.stream && (r->text.len || r->n_lps)), last);
+    /* a non-streaming request waits for every DONE only: no wake-up per token */
+    int ready = r->done || (r->req.stream && (ch->text.len || ch->n_lps || ch->done));
+    rq_wake_unlock(r, ready, last);
 }
 
 /* ---- streaming (event-loop thread) ----------------------------------------------------------- */
+
+/* Choice i's calls' ids (choice 0's as a request of one choice gets). */
+static uint64_t call_seed(const struct rq *r, int i)
+{
+    return r->call_seed ^ (uint64_t)i * 0x94d049bb133111ebull;
+}
 
 /* With tools or a think block, the text that arrived is added to the whole reply, and what of
  * it is settled goes out (srv_reply_stream_next): reasoning as it comes (but a "</think>" that
  * may be arriving), content that is surely not a call, and at DONE the rest of both as the
  * reply is read whole (its calls follow as their own chunks). */
-static void stream_reply(struct rq *r, struct srv_buf *text, struct srv_delta *d, int done)
+static void stream_reply(struct rq *r, struct rq_choice *ch, struct srv_buf *text,
+                         struct srv_delta *d, int done)
 {
-    struct srv_buf *all = &r->reply;
+    struct srv_buf *all = &ch->reply;
     srv_buf_add(all, text->p, text->len);
     text->len = 0;
     memset(d, 0, sizeof *d);
@@ -399,15 +436,63 @@ static void stream_reply(struct rq *r, struct srv_buf *text, struct srv_delta *d
         return;
     }
     const char *t = all->p ? all->p : "";
-    if (done && r->estatus) /* a failed reply: its text is not read */
+    if (done && ch->estatus) /* a failed reply: its text is not read */
         return;
     if (done && r->req.tools)
-        srv_tools_extract(&r->req, t, all->len, r->call_seed, &r->tools);
+        srv_tools_extract(&r->req, t, all->len, call_seed(r, ch->index), &ch->tools);
     else if (done)
-        srv_think_reply(&r->req, t, all->len, &r->tools);
+        srv_think_reply(&r->req, t, all->len, &ch->tools);
     if (done)
-        r->ctx.tools = &r->tools;
-    srv_reply_stream_next(&r->sent, &r->req, t, all->len, done ? &r->tools : NULL, d);
+        ch->ctx.tools = &ch->tools;
+    srv_reply_stream_next(&ch->sent, &r->req, t, all->len, done ? &ch->tools : NULL, d);
+}
+
+/* What arrived for one choice since the last call, taken under the request's lock. */
+struct rq_take {
+    struct srv_buf text;
+    struct srv_lp *lps;
+    int n_lps, done;
+};
+
+/* One choice's chunks for what t holds into r->out; at its end its finish chunk (or the
+ * stream's error event: then the stream ends, and the other choices are canceled when the
+ * connection closes). */
+static void stream_choice(struct rq *r, struct rq_choice *ch, struct rq_take *t)
+{
+    struct srv_ctx *c = &ch->ctx;
+    if (!ch->role_sent && c->kind == SRV_CHAT)
+        srv_sse_role(&r->out, c);
+    ch->role_sent = 1;
+    const char *content = t->text.p;
+    size_t content_len = t->text.len;
+    int n_lps = t->n_lps;
+    if (r->req.tools || r->req.think) {
+        struct srv_delta d;
+        stream_reply(r, ch, &t->text, &d, t->done);
+        content = d.content;
+        content_len = d.content_len;
+        if (d.reasoning_len) /* the logprobs go with the content, if any came */
+            srv_sse_reasoning(&r->out, c, d.reasoning, d.reasoning_len,
+                              content_len ? NULL : t->lps, content_len ? 0 : n_lps);
+        if (d.reasoning_len && !content_len)
+            n_lps = 0;
+    }
+    if (content_len || n_lps)
+        srv_sse_content(&r->out, c, content, content_len, t->lps, n_lps);
+    if (t->done && ch->tools.calls)
+        srv_sse_tool_calls(&r->out, c, ch->tools.calls);
+    if (!t->done)
+        return;
+    ch->end_sent = 1;
+    if (ch->estatus) {
+        struct srv_err e;
+        srv_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                    ch->err_msg[0] ? ch->err_msg : kwk_status_str(ch->estatus));
+        srv_sse_error(&r->out, &e);
+        r->end_sent = 1;
+    } else {
+        srv_sse_finish(&r->out, c, ch->finish);
+    }
 }
 
 /* Format what arrived since the last call into r->out. Returns 1 when something was added, 0
@@ -415,63 +500,47 @@ static void stream_reply(struct rq *r, struct srv_buf *text, struct srv_delta *d
  * engine thread checks, so a wake-up cannot be missed). */
 static int stream_fill(struct rq *r)
 {
-    struct srv_buf text = {0};
-    struct srv_lp *lps = NULL;
-    int n_lps = 0, done;
+    int n = r->req.n, fresh = 0;
+    struct rq_take take[SRV_MAX_CHOICES];
     pthread_mutex_lock(&r->mu);
-    done = r->done;
-    if (!r->text.len && !r->n_lps && !done && r->role_sent) {
+    for (int i = 0; i < n; i++) {
+        const struct rq_choice *ch = &r->ch[i];
+        fresh |= !ch->end_sent && (ch->text.len || ch->n_lps || ch->done || !ch->role_sent);
+    }
+    if (!fresh) {
         r->suspended = 1;
         MHD_suspend_connection(r->conn);
         pthread_mutex_unlock(&r->mu);
         return 0;
     }
-    text = r->text;
-    memset(&r->text, 0, sizeof r->text);
-    lps = r->lps;
-    n_lps = r->n_lps;
-    r->lps = NULL;
-    r->n_lps = r->cap_lps = 0;
+    for (int i = 0; i < n; i++) {
+        struct rq_choice *ch = &r->ch[i];
+        take[i] = (struct rq_take){ch->text, ch->lps, ch->n_lps, ch->done};
+        memset(&ch->text, 0, sizeof ch->text);
+        ch->lps = NULL;
+        ch->n_lps = ch->cap_lps = 0;
+    }
     pthread_mutex_unlock(&r->mu);
 
     r->out.len = 0;
     r->out_off = 0;
-    if (!r->role_sent && r->ctx.kind == SRV_CHAT)
-        srv_sse_role(&r->out, &r->ctx);
-    r->role_sent = 1;
-    const char *content = text.p;
-    size_t content_len = text.len;
-    if (r->req.tools || r->req.think) {
-        struct srv_delta d;
-        stream_reply(r, &text, &d, done);
-        content = d.content;
-        content_len = d.content_len;
-        if (d.reasoning_len) /* the logprobs go with the content, if any came */
-            srv_sse_reasoning(&r->out, &r->ctx, d.reasoning, d.reasoning_len,
-                              content_len ? NULL : lps, content_len ? 0 : n_lps);
-        if (d.reasoning_len && !content_len)
-            n_lps = 0;
+    int ended = 0, n_tokens = 0;
+    for (int i = 0; i < n; i++) {
+        struct rq_choice *ch = &r->ch[i];
+        if (!ch->end_sent && !r->end_sent)
+            stream_choice(r, ch, &take[i]);
+        ended += ch->end_sent;
+        n_tokens += ch->n_tokens;
+        srv_buf_free(&take[i].text);
+        free(take[i].lps);
     }
-    if (content_len || n_lps)
-        srv_sse_content(&r->out, &r->ctx, content, content_len, lps, n_lps);
-    if (done && r->tools.calls)
-        srv_sse_tool_calls(&r->out, &r->ctx, r->tools.calls);
-    if (done) {
-        if (r->estatus) {
-            struct srv_err e;
-            srv_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
-                        r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
-            srv_sse_error(&r->out, &e);
-        } else {
-            srv_sse_finish(&r->out, &r->ctx, r->finish);
-            if (r->ctx.include_usage)
-                srv_sse_usage(&r->out, &r->ctx, r->n_prompt, r->n_tokens);
-        }
-        srv_sse_done(&r->out);
+    if (ended == n && !r->end_sent) {
+        if (r->ctx.include_usage)
+            srv_sse_usage(&r->out, &r->ctx, r->n_prompt, n_tokens);
         r->end_sent = 1;
     }
-    srv_buf_free(&text);
-    free(lps);
+    if (r->end_sent)
+        srv_sse_done(&r->out);
     return 1;
 }
 
@@ -528,6 +597,12 @@ static enum MHD_Result rerank_reply(struct rq *r);
 static enum MHD_Result score_reply(struct rq *r);
 static enum MHD_Result classify_reply(struct rq *r);
 
+/* A best_of candidate's rank: its mean token logprob. */
+static double choice_rank(const struct rq_choice *ch)
+{
+    return ch->n_tokens ? ch->lp_sum / ch->n_tokens : 0;
+}
+
 static enum MHD_Result answer(struct rq *r)
 {
     pthread_mutex_lock(&r->mu);
@@ -546,24 +621,44 @@ static enum MHD_Result answer(struct rq *r)
         return score_reply(r);
     if (r->route == R_CLASSIFY)
         return classify_reply(r);
-    /* after DONE the engine no longer touches r: the fields below are final */
-    if (r->estatus) {
-        struct srv_err e;
-        srv_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
-                    r->err_msg[0] ? r->err_msg : kwk_status_str(r->estatus));
-        return respond_err(r, &e);
+    /* after every DONE the engine no longer touches r: the fields below are final */
+    int n = r->req.best_of, n_tokens = 0;
+    for (int i = 0; i < n; i++)
+        if (r->ch[i].estatus) {
+            struct srv_err e;
+            srv_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                        r->ch[i].err_msg[0] ? r->ch[i].err_msg
+                                            : kwk_status_str(r->ch[i].estatus));
+            return respond_err(r, &e);
+        }
+    struct srv_choice out[SRV_MAX_CHOICES];
+    int order[SRV_MAX_CHOICES];
+    for (int i = 0; i < n; i++) {
+        struct rq_choice *ch = &r->ch[i];
+        const char *text = ch->text.p ? ch->text.p : "";
+        if (r->req.tools)
+            srv_tools_extract(&r->req, text, ch->text.len, call_seed(r, i), &ch->tools);
+        else if (r->req.think)
+            srv_think_reply(&r->req, text, ch->text.len, &ch->tools);
+        out[i] = (struct srv_choice){text, ch->text.len, ch->lps, ch->n_lps, ch->finish,
+                                     r->req.tools || r->req.think ? &ch->tools : NULL};
+        n_tokens += ch->n_tokens;
+        order[i] = i;
     }
+    /* best_of: the n with the highest logprob per token, best first (OpenAI's rule), each
+     * billed; an insertion sort, stable, so equal candidates keep their order */
+    for (int i = 1; i < n && n > r->req.n; i++)
+        for (int j = i; j > 0 && choice_rank(&r->ch[order[j]]) >
+                                     choice_rank(&r->ch[order[j - 1]]); j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    struct srv_choice best[SRV_MAX_CHOICES];
+    for (int i = 0; i < r->req.n; i++)
+        best[i] = out[order[i]];
     struct srv_buf b = {0};
-    if (r->req.tools) {
-        srv_tools_extract(&r->req, r->text.p ? r->text.p : "", r->text.len, r->call_seed,
-                          &r->tools);
-        r->ctx.tools = &r->tools;
-    } else if (r->req.think) {
-        srv_think_reply(&r->req, r->text.p ? r->text.p : "", r->text.len, &r->tools);
-        r->ctx.tools = &r->tools;
-    }
-    srv_json_response(&b, &r->ctx, r->text.p, r->text.len, r->lps, r->n_lps, r->finish,
-                      r->n_prompt, r->n_tokens);
+    srv_json_response(&b, &r->ctx, n > r->req.n ? best : out, r->req.n, r->n_prompt, n_tokens);
     enum MHD_Result rc = respond_json(r, 200, &b);
     srv_buf_free(&b);
     return rc;
@@ -734,31 +829,64 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     }
 }
 
+/* Choice i's seed: choice 0 has the request's own (or a random one), so that one choice is
+ * sampled as before; the others one mixed from it (splitmix64), so that a seeded request's
+ * choices differ from each other and repeat from call to call. */
+static uint64_t choice_seed(uint64_t seed, int i)
+{
+    if (i == 0)
+        return seed;
+    uint64_t z = seed + (uint64_t)i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* One engine request per choice (req.best_of of them), all of the same prompt: the engine reads
+ * it once and copies it to the others. When one is refused the request fails; those already
+ * submitted are canceled when the connection closes after the error. */
 static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struct srv_err *e)
 {
     struct srv *s = r->s;
     struct kwk_gen_params p;
     struct kwk_err err = {0};
     int32_t pres[SRV_MAX_PRESERVED + 2]; /* the engine copies them at submit */
+    int n_ch = r->req.best_of, i = 0;
+    if (!(r->ch = calloc((size_t)n_ch, sizeof *r->ch)))
+        return srv_err_oom(e);
     gen_params(s, &r->req, max_new, &p, pres);
+    uint64_t seed = p.sampling.seed;
     pthread_mutex_lock(&r->mu);
-    r->refs++; /* the engine's, dropped at DONE */
+    r->refs += n_ch; /* the engine's, one dropped at each DONE */
+    r->n_ch = n_ch;
     pthread_mutex_unlock(&r->mu);
     r->t_submit = now_s();
-    uint64_t id = 0;
     pthread_mutex_lock(&s->mu);
-    if (!s->closing && !atomic_load(&s->met.draining))
-        id = kwk_engine_submit(s->e, ids, (int)n, &p, on_event, r, &err);
-    else
-        err.code = KWK_ECANCELED;
+    for (; i < n_ch; i++) {
+        struct rq_choice *ch = &r->ch[i];
+        ch->r = r;
+        ch->index = i;
+        p.sampling.seed = choice_seed(seed, i);
+        if (s->closing || atomic_load(&s->met.draining)) {
+            err.code = KWK_ECANCELED;
+            break;
+        }
+        if (!(ch->eid = kwk_engine_submit(s->e, ids, (int)n, &p, on_event, ch, &err)))
+            break;
+    }
     pthread_mutex_unlock(&s->mu);
-    if (id) {
-        r->eid = id;
+    if (i > 0) {
         r->counted = 1;
         atomic_fetch_add(&s->met.in_flight, 1);
-        return 0;
     }
-    rq_unref(r); /* no event will come: the connection still holds r */
+    if (i == n_ch)
+        return 0;
+    /* no event will come for choices i..: the connection still holds r */
+    pthread_mutex_lock(&r->mu);
+    r->refs -= n_ch - i;
+    r->n_ch = i;
+    r->done = r->n_done == i;
+    pthread_mutex_unlock(&r->mu);
     if (err.code == KWK_EARG || err.code == KWK_ERANGE)
         srv_err_set(e, 400, "invalid_request_error", NULL, "invalid_value", "%s", err.msg);
     else if (err.code == KWK_ELIMIT || err.code == KWK_ECANCELED)
@@ -788,6 +916,10 @@ static void init_ctx(struct rq *r)
     r->ctx.top_logprobs = r->req.top_logprobs;
     r->ctx.include_usage = r->req.include_usage;
     r->call_seed = (n * 0xbf58476d1ce4e5b9ull) ^ s->id_salt;
+    for (int i = 0; r->ch && i < r->req.best_of; i++) {
+        r->ch[i].ctx = r->ctx;
+        r->ch[i].ctx.index = i;
+    }
 }
 
 /* /tokenize and /detokenize: answered here, on the event-loop thread, as a completion's prompt
@@ -1444,7 +1576,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (s->o->log_requests)
         log_request(r, toe);
     r->conn_gone = 1;
-    uint64_t cancel = !r->done ? r->eid : 0;
+    /* the choices still running (r->ch[i].eid is the event-loop thread's, as this is) */
+    uint64_t cancel[SRV_MAX_CHOICES];
+    int n_cancel = 0;
+    for (int i = 0; i < r->n_ch; i++)
+        if (!r->ch[i].done && r->ch[i].eid)
+            cancel[n_cancel++] = r->ch[i].eid;
     int drop_job = !r->done && r->job.done; /* an embedding job the worker has not ended */
     if (drop_job) /* under r->mu: the worker's reference keeps r alive until it ends the job */
         atomic_store_explicit(&r->job.canceled, 1, memory_order_relaxed);
@@ -1452,11 +1589,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     pthread_mutex_unlock(&r->mu);
     if (drop_job)
         atomic_fetch_add_explicit(&s->met.client_aborts, 1, memory_order_relaxed);
-    if (cancel) {
+    if (n_cancel) {
         atomic_fetch_add_explicit(&s->met.client_aborts, 1, memory_order_relaxed);
         pthread_mutex_lock(&s->mu);
-        if (!s->closing)
-            kwk_engine_cancel(s->e, cancel);
+        for (int i = 0; i < n_cancel && !s->closing; i++)
+            kwk_engine_cancel(s->e, cancel[i]);
         pthread_mutex_unlock(&s->mu);
     }
     if (last)

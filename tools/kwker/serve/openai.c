@@ -693,14 +693,9 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
 /* Fields we accept only at their default value (they ask for things not implemented). */
 static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
 {
-    json_int_t n = 1;
-    int given, echo = 0;
-    if (int_field(root, "n", 1, 128, &n, &given, e))
-        return -1;
-    if (n != 1)
-        return bad_value(e, "n", "must be 1 (one choice per request)");
+    int echo = 0;
     if (kind == SRV_COMPLETION) {
-        if (int_field(root, "best_of", 1, 1, &n, &given, e) || bool_field(root, "echo", &echo, e))
+        if (bool_field(root, "echo", &echo, e))
             return -1;
         if (echo)
             return bad_value(e, "echo", "is not supported");
@@ -719,6 +714,34 @@ static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
                     "'functions' is not supported: use 'tools'");
         return -1;
     }
+    return 0;
+}
+
+/* "n" choices, and the completions' "best_of" candidates they are the best of (by mean token
+ * logprob, OpenAI's rule), after parse_stream: candidates that are not all returned cannot be
+ * streamed. */
+static int parse_choices(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    json_int_t n = 1, best = 0;
+    int given;
+    if (int_field(root, "n", 1, SRV_MAX_CHOICES, &n, &given, e))
+        return -1;
+    r->n = (int)n;
+    r->best_of = r->n;
+    if (r->kind != SRV_COMPLETION)
+        return 0;
+    if (int_field(root, "best_of", 1, SRV_MAX_CHOICES, &best, &given, e))
+        return -1;
+    if (!given)
+        return 0;
+    if (best < n) {
+        srv_err_set(e, 400, INVALID, "best_of", "invalid_value",
+                    "'best_of' (%lld) must be at least 'n' (%lld)", (long long)best, (long long)n);
+        return -1;
+    }
+    if (best > n && r->stream)
+        return bad_value(e, "best_of", "larger than 'n' cannot be streamed");
+    r->best_of = (int)best;
     return 0;
 }
 
@@ -828,7 +851,8 @@ static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *
     if (parse_max_tokens(r, root, lim, e) || parse_sampling(r, root, e) ||
         parse_stop(r, root, e) || parse_bias(r, root, lim, e) || parse_logprobs(r, root, e) ||
         parse_unsupported(root, r->kind, e) || parse_constraint(r, root, e) ||
-        srv_tools_parse(r, root, lim->tool_format, e) || parse_stream(r, root, e))
+        srv_tools_parse(r, root, lim->tool_format, e) || parse_stream(r, root, e) ||
+        parse_choices(r, root, e))
         return -1;
     return 0;
 }
@@ -1040,18 +1064,19 @@ static void dump_into(struct srv_buf *out, json_t *j, const char *prefix, const 
     json_decref(j);
 }
 
-void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
-                       const struct srv_lp *lps, int n_lps, int finish, int n_prompt,
-                       int n_completion)
+/* One choice of a whole response; c->text_offset is the choice's own (completions logprobs). */
+static json_t *choice_json(struct srv_ctx *c, int index, const struct srv_choice *ch)
 {
     int chat = c->kind == SRV_CHAT;
-    const struct srv_tool_reply *tr = chat ? c->tools : NULL;
-    json_t *r = envelope(c, chat ? "chat.completion" : "text_completion");
+    const struct srv_tool_reply *tr = chat ? ch->tools : NULL;
+    const char *text = ch->text;
+    size_t len = ch->len;
+    c->text_offset = 0;
     /* OpenAI's finish_reason is "tool_calls" when the reply calls tools */
-    json_t *choice = json_pack("{s:i, s:o, s:s}", "index", 0, "logprobs",
-                               logprobs_json(c, lps, n_lps), "finish_reason",
+    json_t *choice = json_pack("{s:i, s:o, s:s}", "index", index, "logprobs",
+                               logprobs_json(c, ch->lps, ch->n_lps), "finish_reason",
                                tr && tr->calls && !tr->named ? "tool_calls"
-                                                             : srv_finish_name(finish));
+                                                             : srv_finish_name(ch->finish));
     if (tr) {
         text = tr->content;
         len = tr->content_len;
@@ -1067,7 +1092,18 @@ void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text,
         json_object_set_new(choice, "message", msg);
     } else
         json_object_set_new(choice, "text", t);
-    json_object_set_new(r, "choices", json_pack("[o]", choice));
+    return choice;
+}
+
+void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const struct srv_choice *ch,
+                       int n, int n_prompt, int n_completion)
+{
+    json_t *r = envelope(c, c->kind == SRV_CHAT ? "chat.completion" : "text_completion");
+    json_t *choices = json_array();
+    for (int i = 0; i < n; i++)
+        if (json_array_append_new(choices, choice_json(c, i, &ch[i])))
+            out->err = 1;
+    json_object_set_new(r, "choices", choices);
     json_object_set_new(r, "usage", usage_json(n_prompt, n_completion));
     dump_into(out, r, "", "");
 }
@@ -1109,7 +1145,7 @@ static void chunk(struct srv_buf *out, const struct srv_ctx *c, json_t *delta_or
 {
     int chat = c->kind == SRV_CHAT;
     json_t *r = envelope(c, chat ? "chat.completion.chunk" : "text_completion");
-    json_t *choice = json_pack("{s:i, s:o, s:o}", "index", 0, chat ? "delta" : "text",
+    json_t *choice = json_pack("{s:i, s:o, s:o}", "index", c->index, chat ? "delta" : "text",
                                delta_or_text, "logprobs", logprobs);
     json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
     json_object_set_new(r, "choices", json_pack("[o]", choice));

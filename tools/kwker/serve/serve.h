@@ -49,6 +49,7 @@ enum srv_kind { SRV_CHAT = 1, SRV_COMPLETION = 2, SRV_TOKENIZE = 3, SRV_DETOKENI
 #define SRV_MAX_TOP 20        /* top_logprobs (OpenAI's limit) */
 #define SRV_MAX_TOOLS 128     /* functions in "tools" (OpenAI's limit) */
 #define SRV_TOOL_NAME_MAX 64  /* a function name's bytes (OpenAI's limit) */
+#define SRV_MAX_CHOICES 128   /* "n" and "best_of" (OpenAI's limit) */
 
 /* How a model writes tool calls (toolcall.c): read off its chat template. */
 enum srv_tool_format {
@@ -105,6 +106,8 @@ struct srv_req {
     int32_t *prompt_ids;        /* completions: token ids instead of text */
     int n_prompt_ids;
     int max_tokens;             /* -1: until eos or the context is full */
+    int n;                      /* choices in the reply, 1..SRV_MAX_CHOICES */
+    int best_of;                /* choices generated (completions' best_of; else n), >= n */
     int sample;                 /* 0: greedy (temperature 0) */
     double temperature, top_p, min_p;
     int top_k;                  /* 0 off */
@@ -303,20 +306,33 @@ struct srv_ctx {
     int logprobs, top_logprobs;
     int include_usage;
     size_t text_offset;         /* completions logprobs: bytes of text before the next token */
-    const struct srv_tool_reply *tools; /* a chat reply read for tool calls, or NULL */
+    const struct srv_tool_reply *tools; /* a streamed chat reply read for tool calls, or NULL */
+    int index;                  /* the choice a streamed chunk belongs to */
+};
+
+/* One choice of a whole (non-streaming) response. */
+struct srv_choice {
+    const char *text;
+    size_t len;
+    const struct srv_lp *lps;
+    int n_lps;
+    int finish;                 /* enum kwk_finish */
+    const struct srv_tool_reply *tools; /* chat: the reply read for tool calls or its think
+                                         * block, or NULL */
 };
 
 /* {"error": {...}} as a malloc'd NUL-terminated string, NULL when out of memory. */
 char *srv_json_error(const struct srv_err *e);
 
-/* The whole non-streaming response (chat.completion / text_completion). finish is enum
- * kwk_finish. Appends to out. */
-void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
-                       const struct srv_lp *lps, int n_lps, int finish, int n_prompt,
-                       int n_completion);
+/* The whole non-streaming response (chat.completion / text_completion) with choices ch[n],
+ * indexed in that order; n_completion counts every generated token (best_of's candidates too).
+ * Appends to out. */
+void srv_json_response(struct srv_buf *out, struct srv_ctx *c, const struct srv_choice *ch,
+                       int n, int n_prompt, int n_completion);
 
 /* SSE events appended to out: the chat role chunk; a content chunk (text and logprobs since the
- * last one); the chunk with finish_reason; the usage chunk; "data: [DONE]". */
+ * last one); the chunk with finish_reason; the usage chunk; "data: [DONE]". Chunks carry
+ * c->index, the choice they belong to. */
 void srv_sse_role(struct srv_buf *out, const struct srv_ctx *c);
 void srv_sse_content(struct srv_buf *out, struct srv_ctx *c, const char *text, size_t len,
                      const struct srv_lp *lps, int n_lps);
