@@ -208,10 +208,16 @@ static void share_prefixes(struct kwk_engine *e)
         }
         if (!r)
             return;
-        const struct kwk_slot *src = &e->slots[r->wait_slot];
-        int k = common_prefix(src, r->prompt, r->n_prompt);
+        /* the reader's slot, or another that holds more (the reader was canceled early) */
+        int from = r->wait_slot, k = common_prefix(&e->slots[from], r->prompt, r->n_prompt);
+        for (int i = 0; i < e->prm.max_batch; i++) {
+            int ki = i == r->slot ? 0 : common_prefix(&e->slots[i], r->prompt, r->n_prompt);
+            if (ki > k)
+                from = i, k = ki;
+        }
+        const struct kwk_slot *src = &e->slots[from];
         if (k > r->n_read) {
-            kwk_kv_copy(e->d, r->slot, r->wait_slot, k);
+            kwk_kv_copy(e->d, r->slot, from, k);
             memcpy(e->slots[r->slot].tokens, src->tokens, sizeof(int32_t) * (size_t)k);
             pthread_mutex_lock(&e->mu);
             e->st.prompt_reused += (uint64_t)(k - r->n_read);

@@ -343,8 +343,8 @@ static void add_lp(struct rq_choice *ch, const struct kwk_event *ev)
     }
 }
 
-/* A choice ended. The prompt and the time to the first token count once a request (its first
- * choice to end), generated tokens for every choice. */
+/* A choice ended. The prompt counts once a request (at its first choice to end), the time to
+ * its first token once (at its last), generated tokens for every choice. */
 static void on_done(struct rq *r, struct rq_choice *ch, const struct kwk_event *ev)
 {
     struct srv_metrics *m = &r->s->met;
@@ -358,10 +358,10 @@ static void on_done(struct rq *r, struct rq_choice *ch, const struct kwk_event *
     r->done = ++r->n_done == r->n_ch;
     atomic_fetch_add_explicit(&m->completion_tokens, (uint64_t)ev->n_tokens,
                               memory_order_relaxed);
-    if (r->n_done > 1)
-        return;
-    atomic_fetch_add_explicit(&m->prompt_tokens, (uint64_t)ev->n_prompt, memory_order_relaxed);
-    if (r->t_first > 0) {
+    if (r->n_done == 1)
+        atomic_fetch_add_explicit(&m->prompt_tokens, (uint64_t)ev->n_prompt,
+                                  memory_order_relaxed);
+    if (r->done && r->t_first > 0) {
         atomic_fetch_add_explicit(&m->ttft_us_sum, (uint64_t)((r->t_first - r->t_submit) * 1e6),
                                   memory_order_relaxed);
         atomic_fetch_add_explicit(&m->ttft_count, 1, memory_order_relaxed);
@@ -451,7 +451,7 @@ static void stream_reply(struct rq *r, struct rq_choice *ch, struct srv_buf *tex
 struct rq_take {
     struct srv_buf text;
     struct srv_lp *lps;
-    int n_lps, done;
+    int n_lps, done, n_tokens;
 };
 
 /* One choice's chunks for what t holds into r->out; at its end its finish chunk (or the
@@ -515,7 +515,7 @@ static int stream_fill(struct rq *r)
     }
     for (int i = 0; i < n; i++) {
         struct rq_choice *ch = &r->ch[i];
-        take[i] = (struct rq_take){ch->text, ch->lps, ch->n_lps, ch->done};
+        take[i] = (struct rq_take){ch->text, ch->lps, ch->n_lps, ch->done, ch->n_tokens};
         memset(&ch->text, 0, sizeof ch->text);
         ch->lps = NULL;
         ch->n_lps = ch->cap_lps = 0;
@@ -530,7 +530,7 @@ static int stream_fill(struct rq *r)
         if (!ch->end_sent && !r->end_sent)
             stream_choice(r, ch, &take[i]);
         ended += ch->end_sent;
-        n_tokens += ch->n_tokens;
+        n_tokens += take[i].n_tokens;
         srv_buf_free(&take[i].text);
         free(take[i].lps);
     }
@@ -666,6 +666,27 @@ static enum MHD_Result answer(struct rq *r)
 
 /* ---- prompts --------------------------------------------------------------------------------- */
 
+/* A copy of messages whose final content ends with SRV_CONTINUE_TAG (continue_final_message:
+ * the parser checked it is a string), or NULL when out of memory. */
+static json_t *continue_messages(const json_t *messages)
+{
+    json_t *copy = json_deep_copy(messages);
+    json_t *last = json_array_get(copy, json_array_size(copy) - 1);
+    json_t *c = json_object_get(last, "content");
+    size_t n = json_string_length(c), tn = sizeof SRV_CONTINUE_TAG - 1;
+    char *t = c ? malloc(n + tn) : NULL;
+    if (t) {
+        memcpy(t, json_string_value(c), n);
+        memcpy(t + n, SRV_CONTINUE_TAG, tn);
+    }
+    if (!t || json_object_set_new(last, "content", json_stringn_nocheck(t, n + tn))) {
+        json_decref(copy);
+        copy = NULL;
+    }
+    free(t);
+    return copy;
+}
+
 /* The chat messages through the model's template, then encoded without added special tokens
  * (the template writes them), as apply_chat_template(tokenize=True). */
 static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
@@ -684,8 +705,10 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
     }
     /* the tools as the format wants them (srv_tools_context): none for the generic format,
      * which describes them in its own system message; Firefunction's "functions" */
-    json_t *ctx = json_pack("{s:O, s:n, s:b}", "messages", q->messages, "documents",
-                            "add_generation_prompt", q->add_generation_prompt);
+    json_t *msgs = q->continue_final ? continue_messages(q->messages) : json_incref(q->messages);
+    json_t *ctx = msgs ? json_pack("{s:o, s:n, s:b}", "messages", msgs, "documents",
+                                   "add_generation_prompt", q->add_generation_prompt)
+                       : NULL;
     if (ctx && srv_tools_context(q, s->lim.tool_format, ctx)) {
         json_decref(ctx);
         ctx = NULL;
@@ -710,6 +733,18 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
         srv_err_set(e, 400, "invalid_request_error", "messages", "chat_template_error",
                     "the chat template refused the messages: %s", err.msg);
         goto out;
+    }
+    if (q->continue_final) {
+        json_t *c = json_object_get(json_array_get(q->messages, json_array_size(q->messages) - 1),
+                                    "content");
+        long cut = srv_continue_cut(text, len, json_string_value(c), json_string_length(c));
+        if (cut < 0) {
+            srv_err_set(e, 400, "invalid_request_error", "continue_final_message",
+                        "chat_template_error", "continue_final_message is set but the final "
+                        "message does not appear in the chat after applying the chat template");
+            goto out;
+        }
+        len = (size_t)cut;
     }
     int st = kwk_tokenizer_encode_alloc(s->tok, text, len, q->add_special_tokens, ids, n);
     if (st < 0) {
@@ -852,6 +887,14 @@ static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struc
     struct kwk_err err = {0};
     int32_t pres[SRV_MAX_PRESERVED + 2]; /* the engine copies them at submit */
     int n_ch = r->req.best_of, i = 0;
+    int room = s->o->engine.max_queue > 0 ? s->o->engine.max_queue : 4096; /* the engine's */
+    if (n_ch > room) { /* the choices are queued together: they never fit, busy or not */
+        const char *key = r->req.best_of > r->req.n ? "best_of" : "n";
+        srv_err_set(e, 400, "invalid_request_error", key, "invalid_value",
+                    "'%s' (%d) is more than this server queues at once (--max-queue %d)", key,
+                    n_ch, room);
+        return -1;
+    }
     if (!(r->ch = calloc((size_t)n_ch, sizeof *r->ch)))
         return srv_err_oom(e);
     gen_params(s, &r->req, max_new, &p, pres);
@@ -1590,7 +1633,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (drop_job)
         atomic_fetch_add_explicit(&s->met.client_aborts, 1, memory_order_relaxed);
     if (n_cancel) {
-        atomic_fetch_add_explicit(&s->met.client_aborts, 1, memory_order_relaxed);
+        /* not when the server ended the reply (a failed choice, a refused one at submit) */
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+            atomic_fetch_add_explicit(&s->met.client_aborts, 1, memory_order_relaxed);
         pthread_mutex_lock(&s->mu);
         for (int i = 0; i < n_cancel && !s->closing; i++)
             kwk_engine_cancel(s->e, cancel[i]);

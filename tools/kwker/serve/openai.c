@@ -361,8 +361,14 @@ static int parse_template_kwargs(struct srv_req *r, json_t *root, struct srv_err
 
 static int parse_messages(struct srv_req *r, json_t *root, struct srv_err *e)
 {
-    if (parse_template_kwargs(r, root, e))
+    if (parse_template_kwargs(r, root, e) ||
+        bool_field(root, "add_generation_prompt", &r->add_generation_prompt, e) ||
+        bool_field(root, "continue_final_message", &r->continue_final, e))
         return -1;
+    /* transformers' and vLLM's refusal: a new assistant turn and the last one continued */
+    if (r->continue_final && r->add_generation_prompt)
+        return bad_value(e, "continue_final_message", "cannot be true while "
+                         "'add_generation_prompt' is true (set it to false)");
     json_t *ms = json_object_get(root, "messages");
     if (!ms || json_is_null(ms)) {
         srv_err_set(e, 400, INVALID, "messages", "missing_required_parameter",
@@ -382,7 +388,74 @@ static int parse_messages(struct srv_req *r, json_t *root, struct srv_err *e)
         if (add_message(r->messages, m, e))
             return -1;
     }
+    /* as given: the parsed message holds "" for a null content, which transformers refuses */
+    json_t *last = json_object_get(json_array_get(ms, json_array_size(ms) - 1), "content");
+    if (r->continue_final && (!last || json_is_null(last)))
+        return bad_value(e, "continue_final_message", "is set but the final message has no "
+                         "content to continue");
     return 0;
+}
+
+/* Python's str.isspace for the code point ending at text[end] (UTF-8): its byte length, or 0. */
+static size_t py_space_before(const char *text, size_t end)
+{
+    const unsigned char *t = (const unsigned char *)text;
+    if (end == 0)
+        return 0;
+    unsigned char c = t[end - 1];
+    if (c < 0x80)
+        return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) ? 1 : 0;
+    size_t k = 1; /* back to the lead byte */
+    while (k < 4 && k < end && (t[end - k] & 0xc0) == 0x80)
+        k++;
+    uint32_t u = 0;
+    const unsigned char *p = t + end - k;
+    if (k == 2 && (p[0] & 0xe0) == 0xc0)
+        u = (uint32_t)(p[0] & 0x1f) << 6 | (p[1] & 0x3f);
+    else if (k == 3 && (p[0] & 0xf0) == 0xe0)
+        u = (uint32_t)(p[0] & 0x0f) << 12 | (uint32_t)(p[1] & 0x3f) << 6 | (p[2] & 0x3f);
+    else
+        return 0;
+    int space = u == 0x85 || u == 0xa0 || u == 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
+                u == 0x2028 || u == 0x2029 || u == 0x202f || u == 0x205f || u == 0x3000;
+    return space ? k : 0;
+}
+
+/* Python's str.isspace for the code point starting at text[i]: its byte length, or 0. */
+static size_t py_space_at(const char *text, size_t len, size_t i)
+{
+    size_t k = 1;
+    while (i + k < len && k < 4 && ((unsigned char)text[i + k] & 0xc0) == 0x80)
+        k++;
+    return py_space_before(text, i + k) == k ? k : 0;
+}
+
+static const char *find_last(const char *hay, size_t n, const char *needle, size_t m)
+{
+    for (size_t i = n >= m ? n - m + 1 : 0; i-- > 0;)
+        if (!memcmp(hay + i, needle, m))
+            return hay + i;
+    return NULL;
+}
+
+long srv_continue_cut(const char *text, size_t len, const char *final, size_t final_len)
+{
+    /* final.strip() must be in the text, and the tag (stripped) after it */
+    size_t a = 0, b = final_len, k;
+    while (a < b && (k = py_space_at(final, final_len, a)))
+        a += k;
+    while (b > a && (k = py_space_before(final, b)))
+        b -= k;
+    static const char tag[] = SRV_CONTINUE_TAG;
+    size_t tn = sizeof tag - 1;
+    if ((b > a && !memmem(text, len, final + a, b - a)) || !(find_last(text, len, tag, tn - 1)))
+        return -1;
+    size_t at = (size_t)(find_last(text, len, tag, tn - 1) - text);
+    if (at + tn <= len && !memcmp(text + at, tag, tn))
+        return (long)at; /* the template kept the message's spacing */
+    while (at > 0 && (k = py_space_before(text, at))) /* it trimmed it: so do we */
+        at -= k;
+    return (long)at;
 }
 
 /* ---- completions prompt ---------------------------------------------------------------------- */
@@ -730,7 +803,7 @@ static int parse_choices(struct srv_req *r, json_t *root, struct srv_err *e)
     r->best_of = r->n;
     if (r->kind != SRV_COMPLETION)
         return 0;
-    if (int_field(root, "best_of", 1, SRV_MAX_CHOICES, &best, &given, e))
+    if (int_field(root, "best_of", 1, SRV_MAX_BEST_OF, &best, &given, e))
         return -1;
     if (!given)
         return 0;
@@ -811,11 +884,8 @@ static int parse_tokenize(struct srv_req *r, json_t *root, const struct srv_limi
         return -1;
     /* the tools too: the prompt a chat request with them would get */
     if (chat)
-        return bool_field(root, "add_generation_prompt", &r->add_generation_prompt, e) ||
-                       parse_messages(r, root, e) ||
-                       srv_tools_parse(r, root, lim->tool_format, e)
-                   ? -1
-                   : 0;
+        return parse_messages(r, root, e) || srv_tools_parse(r, root, lim->tool_format, e) ? -1
+                                                                                        : 0;
     json_t *p = json_object_get(root, "prompt");
     const char *key = "prompt";
     if (!p || json_is_null(p)) {

@@ -49,7 +49,8 @@ enum srv_kind { SRV_CHAT = 1, SRV_COMPLETION = 2, SRV_TOKENIZE = 3, SRV_DETOKENI
 #define SRV_MAX_TOP 20        /* top_logprobs (OpenAI's limit) */
 #define SRV_MAX_TOOLS 128     /* functions in "tools" (OpenAI's limit) */
 #define SRV_TOOL_NAME_MAX 64  /* a function name's bytes (OpenAI's limit) */
-#define SRV_MAX_CHOICES 128   /* "n" and "best_of" (OpenAI's limit) */
+#define SRV_MAX_CHOICES 128   /* "n" (OpenAI's limit) */
+#define SRV_MAX_BEST_OF 20    /* "best_of" (OpenAI's limit; at least n) */
 
 /* How a model writes tool calls (toolcall.c): read off its chat template. */
 enum srv_tool_format {
@@ -138,6 +139,9 @@ struct srv_req {
     /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
     int add_special_tokens;     /* the tokenizer's own BOS etc. (default: text 1, messages 0) */
     int add_generation_prompt;  /* messages: the template's assistant header (default 1) */
+    int continue_final;         /* messages: continue_final_message (transformers', vLLM's):
+                                 * the prompt ends inside the final message, which the reply
+                                 * continues (an assistant's prefill) */
     json_t *template_kwargs;    /* messages: chat_template_kwargs (an object), or NULL */
     int return_token_strs;      /* tokenize: each id's vocabulary string too */
 };
@@ -161,6 +165,14 @@ int srv_grammar_check_start(struct srv_req *r, const char *param, struct srv_err
  * sets none of the variables a request's own fields set (messages, tools, documents,
  * add_generation_prompt). 0, or -1 with e filled (400). Thread-safe. */
 int srv_template_kwargs_check(const json_t *kw, const char *param, struct srv_err *e);
+
+/* continue_final_message as transformers' apply_chat_template does it: the final message is
+ * rendered with SRV_CONTINUE_TAG appended to its content, then srv_continue_cut gives where the
+ * prompt ends: at the tag, or before the whitespace ahead of it when the template trimmed the
+ * message (Python's str.isspace). -1 when the template dropped the message (its stripped
+ * content final[final_len], or the tag, is not in text): a 400. Thread-safe. */
+#define SRV_CONTINUE_TAG "CONTINUE_FINAL_MESSAGE_TAG "
+long srv_continue_cut(const char *text, size_t len, const char *final, size_t final_len);
 
 /* Fill e; msg is printf-formatted. */
 void srv_err_set(struct srv_err *e, int http, const char *type, const char *param,
