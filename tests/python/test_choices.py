@@ -205,6 +205,7 @@ def test_n_stream_client_gone(srv, model_id):
     ("/v1/completions", {"n": 3, "best_of": 2}, "best_of", "invalid_value"),
     ("/v1/completions", {"best_of": 2, "stream": True}, "best_of", "invalid_value"),
     ("/v1/completions", {"best_of": 0}, "best_of", "invalid_value"),
+    ("/v1/completions", {"best_of": 21}, "best_of", "invalid_value"),  # OpenAI's limit
 ])
 def test_bad_choices_400(srv, model_id, path, extra, param, code):
     body = {"model": model_id, "max_tokens": 2}
@@ -213,3 +214,17 @@ def test_bad_choices_400(srv, model_id, path, extra, param, code):
     status, r = request(srv.port, "POST", path, body=dict(body, **extra))
     assert status == 400, (status, r)
     assert r["error"]["param"] == param and r["error"]["code"] == code
+
+
+def test_more_choices_than_the_queue_400():
+    """Choices are queued together: more than --max-queue never fit, so a 400, not a 503."""
+    s = Server("--api-key", KEY, "--max-cache-len", 256, "--max-queue", 2)
+    try:
+        model = request(s.port, "GET", "/v1/models")[1]["data"][0]["id"]
+        body = {"model": model, "prompt": "hi", "max_tokens": 2}
+        status, r = request(s.port, "POST", "/v1/completions", body=dict(body, n=3))
+        assert status == 400 and r["error"]["param"] == "n", r
+        status, r = request(s.port, "POST", "/v1/completions", body=dict(body, n=2))
+        assert status == 200 and len(r["choices"]) == 2, r
+    finally:
+        s.stop()
