@@ -819,9 +819,10 @@ static uint64_t random_seed(void)
     return seed;
 }
 
-/* pres: room for the request's preserved ids (SRV_MAX_PRESERVED + 2), which p points into. */
+/* pres: room for the request's preserved ids (SRV_MAX_PRESERVED + 2), eos for its eos ids
+ * (the model's 8 and SRV_MAX_STOP_IDS), which p points into. */
 static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
-                       struct kwk_gen_params *p, int32_t *pres)
+                       struct kwk_gen_params *p, int32_t *pres, int32_t *eos)
 {
     kwk_gen_params_init(p);
     p->max_new_tokens = max_new;
@@ -835,12 +836,17 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     sp->presence_penalty = q->presence_penalty;
     sp->frequency_penalty = q->frequency_penalty;
     sp->repetition_penalty = q->repetition_penalty;
+    sp->min_new_tokens = q->min_tokens; /* holds back every eos id below: stop_token_ids too */
     sp->seed = q->seed_given ? q->seed : random_seed();
     p->logit_bias_ids = q->bias_ids;
     p->logit_bias = q->bias;
     p->n_logit_bias = q->n_bias;
-    p->eos_ids = s->eos;
-    p->n_eos = s->n_eos;
+    /* the model's eos ids (unless ignore_eos), then stop_token_ids */
+    int n_eos = q->ignore_eos ? 0 : s->n_eos;
+    memcpy(eos, s->eos, sizeof(int32_t) * (size_t)n_eos);
+    memcpy(eos + n_eos, q->stop_ids, sizeof(int32_t) * (size_t)q->n_stop_ids);
+    p->eos_ids = eos;
+    p->n_eos = n_eos + q->n_stop_ids;
     p->stop = (const char *const *)q->stop;
     p->n_stop = q->n_stop;
     p->tok = s->tok;
@@ -886,6 +892,7 @@ static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struc
     struct kwk_gen_params p;
     struct kwk_err err = {0};
     int32_t pres[SRV_MAX_PRESERVED + 2]; /* the engine copies them at submit */
+    int32_t eos[8 + SRV_MAX_STOP_IDS];
     int n_ch = r->req.best_of, i = 0;
     int room = s->o->engine.max_queue > 0 ? s->o->engine.max_queue : 4096; /* the engine's */
     if (n_ch > room) { /* the choices are queued together: they never fit, busy or not */
@@ -897,7 +904,7 @@ static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struc
     }
     if (!(r->ch = calloc((size_t)n_ch, sizeof *r->ch)))
         return srv_err_oom(e);
-    gen_params(s, &r->req, max_new, &p, pres);
+    gen_params(s, &r->req, max_new, &p, pres, eos);
     uint64_t seed = p.sampling.seed;
     pthread_mutex_lock(&r->mu);
     r->refs += n_ch; /* the engine's, one dropped at each DONE */

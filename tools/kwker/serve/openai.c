@@ -549,6 +549,42 @@ static int parse_stop(struct srv_req *r, json_t *root, struct srv_err *e)
     return 0;
 }
 
+/* vLLM's stopping fields: stop_token_ids, min_tokens, ignore_eos; include_stop_str_in_output
+ * only at its default (the reply's text never holds what stopped it). After parse_max_tokens. */
+static int parse_vllm_stops(struct srv_req *r, json_t *root, const struct srv_limits *lim,
+                            struct srv_err *e)
+{
+    json_int_t v = 0;
+    int given = 0, include = 0;
+    if (int_field(root, "min_tokens", 0, lim->max_cache_len, &v, &given, e) ||
+        bool_field(root, "ignore_eos", &r->ignore_eos, e) ||
+        bool_field(root, "include_stop_str_in_output", &include, e))
+        return -1;
+    r->min_tokens = (int)v;
+    if (r->max_tokens > 0 && r->min_tokens > r->max_tokens)
+        return bad_value(e, "min_tokens", "must be at most max_tokens");
+    if (include)
+        return bad_value(e, "include_stop_str_in_output", "is not supported");
+    json_t *ids = json_object_get(root, "stop_token_ids");
+    if (!ids || json_is_null(ids))
+        return 0;
+    if (!json_is_array(ids))
+        return srv_err_type(e, "stop_token_ids", "a list of token ids");
+    if (json_array_size(ids) > SRV_MAX_STOP_IDS)
+        return bad_value(e, "stop_token_ids", "may hold at most 64 ids");
+    size_t i;
+    json_t *id;
+    json_array_foreach(ids, i, id)
+    {
+        if (!json_is_integer(id))
+            return srv_err_type(e, "stop_token_ids", "a list of token ids");
+        if (json_integer_value(id) < 0 || json_integer_value(id) >= lim->n_vocab)
+            return bad_value(e, "stop_token_ids", "has a token id outside the vocabulary");
+        r->stop_ids[r->n_stop_ids++] = (int32_t)json_integer_value(id);
+    }
+    return 0;
+}
+
 /* logit_bias: {"token id": bias in [-100, 100]} */
 static int parse_bias(struct srv_req *r, json_t *root, const struct srv_limits *lim,
                       struct srv_err *e)
@@ -919,7 +955,8 @@ static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *
     if (r->kind == SRV_CHAT ? parse_messages(r, root, e) : parse_prompt(r, root, lim, e))
         return -1;
     if (parse_max_tokens(r, root, lim, e) || parse_sampling(r, root, e) ||
-        parse_stop(r, root, e) || parse_bias(r, root, lim, e) || parse_logprobs(r, root, e) ||
+        parse_stop(r, root, e) || parse_vllm_stops(r, root, lim, e) ||
+        parse_bias(r, root, lim, e) || parse_logprobs(r, root, e) ||
         parse_unsupported(root, r->kind, e) || parse_constraint(r, root, e) ||
         srv_tools_parse(r, root, lim->tool_format, e) || parse_stream(r, root, e) ||
         parse_choices(r, root, e))

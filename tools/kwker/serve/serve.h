@@ -45,6 +45,7 @@ struct srv_opts {
 enum srv_kind { SRV_CHAT = 1, SRV_COMPLETION = 2, SRV_TOKENIZE = 3, SRV_DETOKENIZE = 4 };
 
 #define SRV_MAX_STOP 4
+#define SRV_MAX_STOP_IDS 64   /* vLLM's stop_token_ids of one request */
 #define SRV_MAX_DEPTH 64      /* JSON nesting a request body may have */
 #define SRV_MAX_TOP 20        /* top_logprobs (OpenAI's limit) */
 #define SRV_MAX_TOOLS 128     /* functions in "tools" (OpenAI's limit) */
@@ -118,6 +119,10 @@ struct srv_req {
     uint64_t seed;
     char *stop[SRV_MAX_STOP];
     int n_stop;
+    int32_t stop_ids[SRV_MAX_STOP_IDS]; /* vLLM's stop_token_ids: end the reply as eos does */
+    int n_stop_ids;
+    int min_tokens;             /* vLLM's: eos and stop_token_ids held back until this many */
+    int ignore_eos;             /* vLLM's: the model's eos ids do not end the reply */
     int32_t *bias_ids;          /* [n_bias] */
     float *bias;
     int n_bias;
