@@ -9,7 +9,7 @@
  * see every string the parser lets through; its text is also read as a reply with tool calls
  * in every format (the model's output is untrusted too) and split at a think block
  * (think.c), whole and streamed in steps, whose deltas must add up to the whole reply's
- * reasoning and content. Every body is also parsed as a
+ * reasoning and content, and cut as continue_final_message cuts a render. Every body is also parsed as a
  * /v1/embeddings request (embed.c): its inputs packed by a tokenizer stand-in (a byte a token
  * between [CLS] and [SEP]) and its reply written as floats, some non-finite, and as base64;
  * the reply must be JSON. And as a /v1/rerank request (rerank.c): its pairs packed by a pair
@@ -95,6 +95,10 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
         text = json_string_value(json_object_get(m0, "content"));
         len = json_string_length(json_object_get(m0, "content"));
     }
+    /* continue_final_message's cut of the text as a render, the final message its second
+     * half: a prefix of the text, or refused */
+    if (text && srv_continue_cut(text, len, text + len / 2, len - len / 2) > (long)len)
+        abort();
     if (r->kind == SRV_TOKENIZE || r->kind == SRV_DETOKENIZE) {
         srv_tokens_response(&b, r->prompt_ids, (size_t)r->n_prompt_ids, 2048, NULL);
         srv_text_response(&b, text, len);
