@@ -223,3 +223,40 @@ def test_r1_json_schema_is_content(r1):
     r, content, finish = fields(chat(r1, response_format=rf, max_tokens=40))
     assert r is None and finish == "stop" and json.loads(content)["city"] is not None
     assert streamed(r1, response_format=rf, max_tokens=40)[:3] == (None, content, finish)
+
+
+def test_per_request_reasoning_format(r1, r1_none, tok):
+    """A request's reasoning_format (llama.cpp's field) over the server's --reasoning-format:
+    "none" leaves the block in content on a splitting server, "deepseek" splits on a server
+    started with none; both whole and streamed."""
+    _, ids = hf_ids(tok, R1)
+    raw, raw_finish = raw_reply(r1, ids, max_tokens=60, extra_body={"grammar": OPEN_GRAMMAR})
+    want_r, want_c = split(raw, opened=True)
+    kw = dict(max_tokens=60)
+    off = {"grammar": OPEN_GRAMMAR, "reasoning_format": "none"}
+    on = {"grammar": OPEN_GRAMMAR, "reasoning_format": "deepseek"}
+    assert fields(chat(r1, extra_body=off, **kw)) == (None, raw, raw_finish)
+    assert fields(chat(r1_none, extra_body=on, **kw)) == (want_r, want_c, raw_finish)
+    assert streamed(r1_none, extra_body=on, **kw)[:3] == (want_r, want_c, raw_finish)
+    # the server's own choice when the request names none
+    assert fields(chat(r1_none, extra_body={"grammar": OPEN_GRAMMAR}, **kw))[0] is None
+
+
+def test_include_reasoning_false(r1, tok):
+    """vLLM's include_reasoning false: the block is split off and dropped, whole and streamed."""
+    _, ids = hf_ids(tok, R1)
+    raw, raw_finish = raw_reply(r1, ids, max_tokens=60, extra_body={"grammar": OPEN_GRAMMAR})
+    _, want_c = split(raw, opened=True)
+    body = {"grammar": OPEN_GRAMMAR, "include_reasoning": False}
+    assert fields(chat(r1, extra_body=body, max_tokens=60)) == (None, want_c, raw_finish)
+    r, c, finish, order = streamed(r1, extra_body=body, max_tokens=60)
+    assert (r, c, finish) == (None, want_c, raw_finish) and "r" not in order
+
+
+@pytest.mark.parametrize("extra,param", [({"reasoning_format": "sometimes"}, "reasoning_format"),
+                                         ({"reasoning_format": 1}, "reasoning_format"),
+                                         ({"include_reasoning": "no"}, "include_reasoning")])
+def test_bad_reasoning_fields_400(r1, extra, param):
+    body = {"model": model_of(r1.client()), "messages": MSGS, "max_tokens": 2, **extra}
+    status, r = request(r1.port, "POST", "/v1/chat/completions", body=body)
+    assert status == 400 and r["error"]["param"] == param, r

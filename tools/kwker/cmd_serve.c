@@ -71,18 +71,6 @@ static int parse_size(const char *s, size_t lo, size_t hi, size_t *out)
     return 0;
 }
 
-/* llama.cpp's names (its deepseek-legacy, reasoning kept in content too, is not offered) */
-static int reasoning_format_parse(const char *v)
-{
-    if (!strcmp(v, "auto"))
-        return SRV_REASONING_AUTO;
-    if (!strcmp(v, "deepseek"))
-        return SRV_REASONING_DEEPSEEK;
-    if (!strcmp(v, "none"))
-        return SRV_REASONING_NONE;
-    return -1;
-}
-
 /* One option with its value v; 1 when a is not an option of serve, -1 for a bad value. */
 static int parse_opt(struct srv_opts *o, const char *a, const char *v)
 {
@@ -123,7 +111,7 @@ static int parse_opt(struct srv_opts *o, const char *a, const char *v)
     if (!strcmp(a, "--tool-format"))
         return (o->tool_format = srv_tool_format_parse(v)) < 0 ? -1 : 0;
     if (!strcmp(a, "--reasoning-format"))
-        return (o->reasoning_format = reasoning_format_parse(v)) < 0 ? -1 : 0;
+        return (o->reasoning_format = srv_reasoning_format_parse(v)) < 0 ? -1 : 0;
     if (!strcmp(a, "--pooling"))
         return (o->pooling = cli_parse_pooling(v)) < 0 ? -1 : 0;
     if (!strcmp(a, "--shutdown-timeout"))

@@ -51,7 +51,9 @@ struct srv {
     int n_eos;
     int32_t preserved[SRV_MAX_PRESERVED]; /* the tool format's markers that are special tokens */
     int n_preserved;
-    int think;               /* chat replies' think blocks are split off (--reasoning-format) */
+    int tpl_thinks;          /* the chat template thinks (names <think> / </think>, or R1's) */
+    int think;               /* chat replies' think blocks are split off (--reasoning-format;
+                              * a request's reasoning_format overrides it) */
     int32_t think_ids[2];    /* <think>, </think> where special tokens: kept in split replies */
     int n_think_ids;
     int32_t preserved_all[SRV_MAX_PRESERVED + 2]; /* preserved, then think_ids not among them */
@@ -471,7 +473,9 @@ static void stream_choice(struct rq *r, struct rq_choice *ch, struct rq_take *t)
         stream_reply(r, ch, &t->text, &d, t->done);
         content = d.content;
         content_len = d.content_len;
-        if (d.reasoning_len) /* the logprobs go with the content, if any came */
+        /* the logprobs go with the content, if any came; vLLM's include_reasoning false
+         * drops the reasoning, and with it the logprobs that came with nothing else */
+        if (d.reasoning_len && r->req.include_reasoning)
             srv_sse_reasoning(&r->out, c, d.reasoning, d.reasoning_len,
                               content_len ? NULL : t->lps, content_len ? 0 : n_lps);
         if (d.reasoning_len && !content_len)
@@ -640,6 +644,8 @@ static enum MHD_Result answer(struct rq *r)
             srv_tools_extract(&r->req, text, ch->text.len, call_seed(r, i), &ch->tools);
         else if (r->req.think)
             srv_think_reply(&r->req, text, ch->text.len, &ch->tools);
+        if (!r->req.include_reasoning)
+            ch->tools.reasoning = NULL;
         out[i] = (struct srv_choice){text, ch->text.len, ch->lps, ch->n_lps, ch->finish,
                                      r->req.tools || r->req.think ? &ch->tools : NULL};
         n_tokens += ch->n_tokens;
@@ -753,7 +759,9 @@ static int chat_ids(struct srv *s, struct srv_req *q, int32_t **ids, size_t *n,
     }
     /* whether the reply starts inside the think block is the prompt's to say, per request
      * (Qwen3's enable_thinking=false closes it; R1's opens it) */
-    if (s->think && q->kind == SRV_CHAT) {
+    int split = q->reasoning_format < 0 ? s->think
+                                        : s->tpl_thinks && q->reasoning_format != SRV_REASONING_NONE;
+    if (split && q->kind == SRV_CHAT) {
         /* but a reply held to a JSON schema or a tool call from its first byte writes no
          * thinking (a GBNF grammar may: it is the client's to say) */
         int held = q->grammar && !q->grammar_trigger && !q->grammar_gbnf;
@@ -1869,7 +1877,7 @@ static int load_encoder(struct srv *s, const char *path, const struct kwk_model_
  * think block keeps both; R1's markers hold the tags already). */
 static void preserved_think(struct srv *s)
 {
-    s->n_think_ids = s->think ? srv_think_preserved(s->tok, s->think_ids, 2) : 0;
+    s->n_think_ids = s->tpl_thinks ? srv_think_preserved(s->tok, s->think_ids, 2) : 0;
     memcpy(s->preserved_all, s->preserved, sizeof(int32_t) * (size_t)s->n_preserved);
     s->n_preserved_all = s->n_preserved;
     for (int i = 0; i < s->n_think_ids; i++) {
@@ -1904,8 +1912,8 @@ static int load(struct srv *s, const char *path)
     /* how the model writes tool calls, read off its template */
     s->lim.tool_format = s->o->tool_format >= 0 ? s->o->tool_format : srv_tool_format_detect(src);
     /* whether it thinks, read off it too (R1's tool format always does) */
-    s->think = s->o->reasoning_format != SRV_REASONING_NONE &&
-               (srv_think_template(src) || s->lim.tool_format == SRV_TOOLS_DEEPSEEK_R1);
+    s->tpl_thinks = srv_think_template(src) || s->lim.tool_format == SRV_TOOLS_DEEPSEEK_R1;
+    s->think = s->o->reasoning_format != SRV_REASONING_NONE && s->tpl_thinks;
     kwk_free(src);
     if (s->o->chat_template_kwargs &&
         cli_template_kwargs(s->o->chat_template_kwargs, "serve", &s->tpl_kwargs))

@@ -359,6 +359,33 @@ static int parse_template_kwargs(struct srv_req *r, json_t *root, struct srv_err
     return 0;
 }
 
+int srv_reasoning_format_parse(const char *name)
+{
+    if (!strcmp(name, "auto"))
+        return SRV_REASONING_AUTO;
+    if (!strcmp(name, "deepseek"))
+        return SRV_REASONING_DEEPSEEK;
+    if (!strcmp(name, "none"))
+        return SRV_REASONING_NONE;
+    return -1;
+}
+
+/* A chat request's reasoning_format (llama.cpp's, over the server's option) and include_reasoning
+ * (vLLM's). */
+static int parse_reasoning(struct srv_req *r, json_t *root, struct srv_err *e)
+{
+    r->reasoning_format = -1;
+    r->include_reasoning = 1;
+    json_t *f = json_object_get(root, "reasoning_format");
+    if (f && !json_is_null(f)) {
+        if (!json_is_string(f))
+            return srv_err_type(e, "reasoning_format", "a string");
+        if ((r->reasoning_format = srv_reasoning_format_parse(json_string_value(f))) < 0)
+            return bad_value(e, "reasoning_format", "must be one of 'auto', 'deepseek', 'none'");
+    }
+    return bool_field(root, "include_reasoning", &r->include_reasoning, e);
+}
+
 static int parse_messages(struct srv_req *r, json_t *root, struct srv_err *e)
 {
     if (parse_template_kwargs(r, root, e) ||
@@ -952,7 +979,8 @@ static int parse_root(struct srv_req *r, json_t *root, const struct srv_limits *
     r->add_generation_prompt = 1;
     if (parse_model(r, root, e))
         return -1;
-    if (r->kind == SRV_CHAT ? parse_messages(r, root, e) : parse_prompt(r, root, lim, e))
+    if (r->kind == SRV_CHAT ? parse_messages(r, root, e) || parse_reasoning(r, root, e)
+                            : parse_prompt(r, root, lim, e))
         return -1;
     if (parse_max_tokens(r, root, lim, e) || parse_sampling(r, root, e) ||
         parse_stop(r, root, e) || parse_vllm_stops(r, root, lim, e) ||

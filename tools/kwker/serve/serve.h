@@ -73,6 +73,9 @@ enum srv_tool_choice { SRV_TOOL_NONE = 0, SRV_TOOL_AUTO, SRV_TOOL_REQUIRED, SRV_
 /* --reasoning-format (llama.cpp's names): auto and deepseek split a thinking template's replies
  * into reasoning_content and content; none leaves the think block in content. */
 enum srv_reasoning_format { SRV_REASONING_AUTO = 0, SRV_REASONING_DEEPSEEK, SRV_REASONING_NONE };
+/* llama.cpp's names (its deepseek-legacy, reasoning kept in content too, is not offered); -1
+ * when unknown. Thread-safe. */
+int srv_reasoning_format_parse(const char *name);
 
 /* How a chat reply's think block is read (srv_req.think, set per request from its prompt). */
 enum srv_think_mode {
@@ -141,6 +144,9 @@ struct srv_req {
     int tool_format;            /* enum srv_tool_format the reply is read in (with tools) */
     int think;                  /* enum srv_think_mode: chat on a thinking template (http.c
                                  * sets it from the rendered prompt; the parser leaves 0) */
+    int reasoning_format;       /* chat: enum srv_reasoning_format (llama.cpp's request field),
+                                 * or -1: the server's --reasoning-format */
+    int include_reasoning;      /* chat: vLLM's; 0 drops reasoning_content (default 1) */
     /* tokenize: messages (chat) or prompt (text); detokenize: prompt_ids */
     int add_special_tokens;     /* the tokenizer's own BOS etc. (default: text 1, messages 0) */
     int add_generation_prompt;  /* messages: the template's assistant header (default 1) */
