@@ -434,6 +434,23 @@ static void expect_shared_alone(const kwk_model *m, struct got *g, int i, const 
     T_EQ(same, 1);
 }
 
+/* A fresh engine running requests [first, last) of the shared prompts to the end; its stats. */
+static void run_shared(const kwk_model *m, const struct kwk_engine_params *ep, struct got *g,
+                       struct tag *tags, int first, int last, struct kwk_engine_stats *st)
+{
+    kwk_engine *e = kwk_engine_new(m, ep, NULL);
+    T_EQ(e != NULL, 1);
+    if (!e)
+        return;
+    got_init(g);
+    for (int i = first; i < last; i++)
+        T_EQ(submit_shared(e, tags, g, i) > 0, 1);
+    while (kwk_engine_step(e) > 0)
+        ;
+    kwk_engine_get_stats(e, st);
+    kwk_engine_free(e);
+}
+
 static void test_shared_prompt(const kwk_model *m)
 {
     for (int j = 0; j < 40; j++)
@@ -443,46 +460,32 @@ static void test_shared_prompt(const kwk_model *m)
     ep.max_batch = 6;
     ep.prefill_chunk = 16; /* the 36-token prompt takes three steps */
     ep.max_cache_len = 96;
-    kwk_engine *e = kwk_engine_new(m, &ep, NULL);
-    T_EQ(e != NULL, 1);
-    if (!e)
-        return;
     static struct got g;
-    got_init(&g);
     struct tag tags[N_SHARE];
+    struct kwk_engine_stats st = {0};
     /* three choices of one prompt: read once, copied twice */
-    for (int i = 0; i < 3; i++)
-        T_EQ(submit_shared(e, tags, &g, i) > 0, 1);
-    while (kwk_engine_step(e) > 0)
-        ;
-    struct kwk_engine_stats st;
-    kwk_engine_get_stats(e, &st);
+    run_shared(m, &ep, &g, tags, 0, 3, &st);
     T_EQ((int)st.prompt_tokens, 36 + 1 + 1); /* each copy reads the last token again */
     T_EQ(g.reused[0], 0);
     T_EQ(g.reused[1], 35);
     T_EQ(g.reused[2], 35);
     for (int i = 0; i < 3; i++)
         expect_shared_alone(m, &g, i, "shared prompt");
-    kwk_engine_free(e);
 
     /* a chain: 4 reads 20 tokens, 5 waits on it for 20 of its 30, 6 waits on 5 for 30 of 36 */
-    e = kwk_engine_new(m, &ep, NULL);
-    got_init(&g);
-    for (int i = 3; i < 6; i++)
-        T_EQ(submit_shared(e, tags, &g, i) > 0, 1);
-    while (kwk_engine_step(e) > 0)
-        ;
-    kwk_engine_get_stats(e, &st);
+    run_shared(m, &ep, &g, tags, 3, 6, &st);
     T_EQ((int)st.prompt_tokens, 20 + 10 + 6);
     T_EQ(g.reused[4], 20);
     T_EQ(g.reused[5], 30);
     for (int i = 3; i < 6; i++)
         expect_shared_alone(m, &g, i, "chained shared prompt");
-    kwk_engine_free(e);
 
     /* the reader canceled after its first chunk: the waiting request copies those 16 positions
      * and reads the rest itself */
-    e = kwk_engine_new(m, &ep, NULL);
+    kwk_engine *e = kwk_engine_new(m, &ep, NULL);
+    T_EQ(e != NULL, 1);
+    if (!e)
+        return;
     got_init(&g);
     uint64_t first = submit_shared(e, tags, &g, 0);
     T_EQ(first > 0 && submit_shared(e, tags, &g, 1) > 0, 1);
