@@ -672,9 +672,24 @@ struct kwk_gen_params {
      * the engine; kwk_generate reads them during the call. NULL / 0: none. */
     const int32_t *preserved_ids; /* [n_preserved] */
     int n_preserved;
+    /* A thinking model's block (llama.cpp anchors its triggers after it): with a lazy grammar
+     * and a think_close (not NULL, not ""), the trigger is not looked for inside the reply's
+     * think block, so a call the model drafts while thinking does not set the grammar off.
+     * A reply that opens with think_open (after whitespace) is inside the block until
+     * think_close appears, and the trigger is looked for only in the bytes after it (bytes
+     * after it in the same token count); a reply that does not open with think_open is
+     * searched from its start. While the reply's first bytes are whitespace or a proper prefix
+     * of think_open, the trigger waits (and then sees them, once they turn out to open no
+     * block). think_open NULL or "": the prompt opened the block (the reply starts inside it).
+     * Bytes are the trigger's: a special token adds none unless preserved (so a model whose
+     * "<think>" is a special token needs it preserved). Each at most KWK_THINK_TAG_MAX bytes
+     * (KWK_EARG). Without a lazy grammar they change nothing. Copied by the engine. */
+    const char *think_open;
+    const char *think_close;
 };
 
 #define KWK_GRAMMAR_TRIGGER_MAX 1024
+#define KWK_THINK_TAG_MAX 32
 
 /* Defaults: 16 new tokens, greedy, prompt cache on, lookup 8, no draft. */
 KWK_API void kwk_gen_params_init(struct kwk_gen_params *p);

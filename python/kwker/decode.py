@@ -143,6 +143,8 @@ class _GenParams(ctypes.Structure):
         ("grammar_trigger", ctypes.c_char_p),
         ("preserved_ids", ctypes.POINTER(ctypes.c_int32)),
         ("n_preserved", ctypes.c_int),
+        ("think_open", ctypes.c_char_p),
+        ("think_close", ctypes.c_char_p),
     ]
 
 
@@ -282,9 +284,10 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
                top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                frequency_penalty=0.0, logit_bias=None, seed=None, generator=None, eos=(),
                stop=None, tok=None, prompt_cache=True, lookup=8, top_logprobs=0, grammar=None,
-               grammar_trigger=None, preserved_ids=None):
+               grammar_trigger=None, preserved_ids=None, think_open=None, think_close=None):
     """struct kwk_gen_params for generate()'s arguments (eos: a list of ids; stop: strings, which
-    need tok, a kwker.Tokenizer; preserved_ids: special tokens whose text the reply keeps).
+    need tok, a kwker.Tokenizer; preserved_ids: special tokens whose text the reply keeps;
+    think_open / think_close: a thinking model's block, where grammar_trigger is not looked for).
     Returns (params, buffers the params point into: keep them alive while the params are
     used)."""
     p = _GenParams()
@@ -336,6 +339,11 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
         trig = grammar_trigger.encode("utf-8")
         keep.append(trig)
         p.grammar_trigger = trig
+    for name, tag in (("think_open", think_open), ("think_close", think_close)):
+        if tag is not None:  # the C side checks the length (KWK_THINK_TAG_MAX)
+            b = tag.encode("utf-8")
+            keep.append(b)
+            setattr(p, name, b)
     if preserved_ids is not None:  # a numpy array or tensor has no truth value ([0] is one id)
         pres = np.asarray(preserved_ids, dtype=np.int64).ravel()
         if pres.size and (pres.min() < 0 or pres.max() > 0x7FFFFFFF):
@@ -494,7 +502,8 @@ class KwkDecoder(Closing):
                  generator=None, eos_token_id=None, stop=None, lookup=8, draft=None, n_draft=4,
                  streamer=None, prompt_cache=True, tokenizer=None, logprobs=False,
                  top_logprobs=0, return_dict_in_generate=False, grammar=None,
-                 json_schema=None, grammar_trigger=None, preserved_ids=None):
+                 json_schema=None, grammar_trigger=None, preserved_ids=None, think_open=None,
+                 think_close=None):
         """Generate after input_ids; returns prompt + new tokens in the same kind (list, numpy,
         torch) and shape ([n] or [1, n]) as input_ids. With logprobs=True, top_logprobs=k > 0
         or return_dict_in_generate=True it returns a GenerateOutput instead: .sequences (that
@@ -520,6 +529,9 @@ class KwkDecoder(Closing):
         keeps the reply to that grammar's sentences (constrained decoding; needs the tokenizer).
         grammar_trigger makes the grammar lazy: free text until the reply contains that string,
         then the grammar (whose sentences begin with it) from the string's first byte on.
+        think_close (with think_open, e.g. "<think>" and "</think>"; without it the prompt opened
+        the block) keeps the trigger out of a thinking model's block: a call drafted while
+        thinking does not set the grammar off (kwk_gen_params.think_open).
         preserved_ids: special tokens (a tool call's marker, e.g. [TOOL_CALLS]) whose text the
         reply keeps, which a grammar takes as that text and a trigger sees
         (kwk_gen_params.preserved_ids).
@@ -547,7 +559,7 @@ class KwkDecoder(Closing):
             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
             generator=generator, eos=self._eos_list(eos_token_id), stop=stop, tok=tok,
             prompt_cache=prompt_cache, lookup=lookup, grammar=g, grammar_trigger=grammar_trigger,
-            preserved_ids=preserved_ids)
+            preserved_ids=preserved_ids, think_open=think_open, think_close=think_close)
         if g is not None:
             vocab = self._grammar_vocab(tok)
             keep.append(vocab)  # the cache could drop it during the call (a re-entrant one)

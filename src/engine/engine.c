@@ -117,6 +117,8 @@ static void req_free(struct kwk_req *r)
     kwk_free(r->bias_ids);
     kwk_free(r->bias);
     kwk_free(r->trigger);
+    kwk_free(r->think_open);
+    kwk_free(r->think_close);
     kwk_free(r->preserved);
     if (r->stop)
         for (int i = 0; i < r->p.n_stop; i++)
@@ -165,6 +167,15 @@ void kwk_engine_finish(struct kwk_engine *e, struct kwk_req *r, int status, cons
     req_free(r);
 }
 
+/* A request's own copy of s (in *own, freed with it) that the field of its params points to;
+ * NULL stays NULL. */
+static int req_strdup(const char *s, char **own, const char **field)
+{
+    if (s && !(*field = *own = kwk_strdup(s)))
+        return -ENOMEM;
+    return 0;
+}
+
 /* Copy what the caller gave into r, so that the caller may free it as soon as submit returns. */
 static int req_copy(struct kwk_req *r, const int32_t *ids, int n, const struct kwk_gen_params *p)
 {
@@ -202,8 +213,9 @@ static int req_copy(struct kwk_req *r, const int32_t *ids, int n, const struct k
                 return -ENOMEM;
         r->p.stop = (const char *const *)r->stop;
     }
-    if (p->grammar_trigger &&
-        !(r->p.grammar_trigger = r->trigger = kwk_strdup(p->grammar_trigger)))
+    if (req_strdup(p->grammar_trigger, &r->trigger, &r->p.grammar_trigger) ||
+        req_strdup(p->think_open, &r->think_open, &r->p.think_open) ||
+        req_strdup(p->think_close, &r->think_close, &r->p.think_close))
         return -ENOMEM;
     if (p->n_preserved > 0 && p->preserved_ids) {
         if (!(r->preserved = kwk_malloc((size_t)p->n_preserved * sizeof(int32_t))))

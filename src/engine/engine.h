@@ -37,6 +37,8 @@ struct kwk_req {
     float *bias;
     char **stop;
     char *trigger;            /* p.grammar_trigger, copied */
+    char *think_open;         /* p.think_open, copied */
+    char *think_close;        /* p.think_close, copied */
     int32_t *preserved;       /* [p.n_preserved] p.preserved_ids, copied */
 
     int state;                  /* enum req_state */

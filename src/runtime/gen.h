@@ -7,6 +7,20 @@
 
 #include "kwker.h"
 
+/* Where a lazy grammar's reply stands against a thinking model's block (p->think_close): the
+ * trigger is looked for only outside it. */
+enum kwk_think_state {
+    KWK_THINK_OUT = 0,   /* no block, or after it: the trigger watches every byte */
+    KWK_THINK_UNDECIDED, /* only whitespace and a proper prefix of p->think_open so far */
+    KWK_THINK_IN,        /* inside the block, until p->think_close */
+};
+
+struct kwk_think {
+    int state;                    /* enum kwk_think_state */
+    size_t n_held;                /* UNDECIDED: bytes of think_open matched; IN: of held */
+    char held[KWK_THINK_TAG_MAX]; /* IN: the last bytes read, which may begin think_close */
+};
+
 struct kwk_gen_seq {
     const struct kwk_gen_params *p;
     struct kwk_gen_output *out;
@@ -39,6 +53,8 @@ struct kwk_gen_seq {
     size_t trig_len;
     char *trig_buf;        /* [trig_len + the vocabulary's longest token] the last bytes seen */
     size_t trig_tail;      /* bytes of it kept from earlier tokens (< trig_len) */
+    struct kwk_think think; /* with p->think_close and a trigger, else always KWK_THINK_OUT */
+    size_t n_think_open, n_think_close; /* their lengths */
     int n_vocab;
     int dr_n;              /* draft proposals for the next step: p->n_draft at first, then
                             * transformers' heuristic schedule (+2 after a step that kept them

@@ -318,22 +318,119 @@ static const char *trigger_bytes(const struct kwk_gen_seq *g, int32_t tok, size_
     return v->bytes + v->off[tok];
 }
 
-/* Whether tok sets off the lazy grammar: 0 no (its bytes join the kept tail), 1 yes (the
- * matcher now holds the text from the trigger's first byte through tok), 2 the trigger is
- * there but the grammar refuses what follows it (nothing changed), or a negative code when the
- * matcher could not tell (KWK_ELIMIT, -ENOMEM). */
-static int trigger_check(struct kwk_gen_seq *g, int32_t tok)
+/* The whitespace a reply may open with before its think block (a regex's \s, in ASCII). */
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* Reads the reply's first bytes s[0..n) against think_open while it is undecided. Returns how
+ * many it took: all of them while still undecided, through think_open's last byte once the
+ * block opens (t->state IN), none once the reply turns out to open no block (OUT: every byte
+ * read so far is ordinary text, which the trigger then sees). */
+static size_t think_open_scan(const struct kwk_gen_seq *g, struct kwk_think *t, const char *s,
+                              size_t n)
+{
+    const char *open = g->p->think_open;
+    for (size_t i = 0; i < n; i++) {
+        if (t->n_held == 0 && is_space(s[i]))
+            continue;
+        if (s[i] != open[t->n_held]) {
+            t->state = KWK_THINK_OUT;
+            t->n_held = 0;
+            return 0;
+        }
+        if (++t->n_held == g->n_think_open) {
+            t->state = KWK_THINK_IN;
+            t->n_held = 0;
+            return i + 1;
+        }
+    }
+    return n;
+}
+
+/* Byte i of the block's held bytes followed by s. */
+static char held_byte(const struct kwk_think *t, const char *s, size_t i)
+{
+    return i < t->n_held ? t->held[i] : s[i - t->n_held];
+}
+
+/* Reads s[0..n) inside the think block. Returns how many bytes it took through think_close's
+ * last one (t->state OUT then), or n with the last bytes held, since think_close may be split
+ * across tokens. */
+static size_t think_close_scan(const struct kwk_gen_seq *g, struct kwk_think *t, const char *s,
+                               size_t n)
+{
+    const char *close = g->p->think_close;
+    size_t nc = g->n_think_close, len = t->n_held + n;
+    for (size_t i = 0; i + nc <= len; i++) {
+        size_t k = 0;
+        while (k < nc && held_byte(t, s, i + k) == close[k])
+            k++;
+        if (k == nc) {
+            size_t took = i + nc - t->n_held; /* held < nc: the match ends in s */
+            t->state = KWK_THINK_OUT;
+            t->n_held = 0;
+            return took;
+        }
+    }
+    char last[KWK_THINK_TAG_MAX];
+    size_t keep = KWK_MIN(nc - 1, len);
+    for (size_t k = 0; k < keep; k++)
+        last[k] = held_byte(t, s, len - keep + k);
+    memcpy(t->held, last, keep);
+    t->n_held = keep;
+    return n;
+}
+
+/* What one token's bytes do to the think state, and which of them the trigger sees. Worked out
+ * for a candidate and applied only when it is taken (a refused one changes nothing). */
+struct think_step {
+    struct kwk_think next;
+    size_t from; /* the trigger sees the token's bytes from here on */
+    int fresh;   /* the token went through the block: the kept tail (before it) is dropped */
+    int check;   /* the trigger is looked for (not inside the block, nor while undecided) */
+};
+
+static void think_advance(const struct kwk_gen_seq *g, const char *s, size_t n,
+                          struct think_step *st)
+{
+    struct kwk_think *t = &st->next;
+    size_t at = 0;
+    *t = g->think;
+    st->from = 0;
+    st->fresh = 0;
+    if (t->state == KWK_THINK_UNDECIDED)
+        at = think_open_scan(g, t, s, n);
+    if (t->state == KWK_THINK_IN) {
+        at += think_close_scan(g, t, s + at, n - at);
+        st->from = at;
+        st->fresh = 1;
+    }
+    st->check = t->state == KWK_THINK_OUT;
+}
+
+/* Joins s[0..n) after the kept tail in trig_buf (which stays as it was, for a token that is
+ * refused). Returns the end of the bytes the trigger sees, their start in *start: the tail's,
+ * or s's when fresh. */
+static size_t trigger_window(struct kwk_gen_seq *g, const char *s, size_t n, int fresh,
+                             size_t *start)
+{
+    memcpy(g->trig_buf + g->trig_tail, s, n);
+    *start = fresh ? g->trig_tail : 0;
+    return g->trig_tail + n;
+}
+
+/* Whether trig_buf[start..len) sets off the lazy grammar: 0 no, 1 yes (the matcher now holds
+ * the text from the trigger's first byte on), 2 the trigger is there but the grammar refuses
+ * what follows it (nothing changed), or a negative code when the matcher could not tell
+ * (KWK_ELIMIT, -ENOMEM). */
+static int trigger_check(struct kwk_gen_seq *g, size_t start, size_t len)
 {
     const char *t = g->p->grammar_trigger;
-    size_t n = 0;
-    const char *tb = trigger_bytes(g, tok, &n);
-    if (!tb)
-        return 0;
     char *b = g->trig_buf;
-    memcpy(b + g->trig_tail, tb, n);
-    size_t len = g->trig_tail + n;
-    /* the tail is shorter than the trigger, so a match found here ends in tok's bytes */
-    for (size_t i = 0; i + g->trig_len <= len; i++) {
+    /* the tail is shorter than the trigger, so a match found here ends in the new bytes */
+    for (size_t i = start; i + g->trig_len <= len; i++) {
         if (memcmp(b + i, t, g->trig_len))
             continue;
         kwk_matcher_reset(g->matcher);
@@ -347,18 +444,38 @@ static int trigger_check(struct kwk_gen_seq *g, int32_t tok)
     return 0;
 }
 
-/* The tail a lazy grammar keeps after tok did not set it off: its last trig_len - 1 bytes. */
-static void trigger_keep(struct kwk_gen_seq *g, int32_t tok)
+/* The tail kept after a token that did not set the trigger off: the last trig_len - 1 bytes of
+ * trig_buf[start..len). */
+static void trigger_keep(struct kwk_gen_seq *g, size_t start, size_t len)
 {
-    size_t n = 0;
-    if (!trigger_bytes(g, tok, &n))
-        return;
-    size_t len = g->trig_tail + n, keep = g->trig_len - 1;
-    if (len > keep) {
-        memmove(g->trig_buf, g->trig_buf + len - keep, keep);
-        len = keep;
+    size_t keep = KWK_MIN(len - start, g->trig_len - 1);
+    memmove(g->trig_buf, g->trig_buf + len - keep, keep);
+    g->trig_tail = keep;
+}
+
+/* Whether the lazy grammar lets tok come next, in trigger_check's codes. For 0 (free text) and
+ * 1 (it set the grammar off) tok is taken: think state, kept tail, matcher; for 2 and errors
+ * nothing changes. */
+static int lazy_take(struct kwk_gen_seq *g, int32_t tok)
+{
+    size_t n = 0, start;
+    const char *s = trigger_bytes(g, tok, &n);
+    if (!s)
+        return 0;
+    struct think_step st;
+    think_advance(g, s, n, &st);
+    size_t len = trigger_window(g, s + st.from, n - st.from, st.fresh, &start);
+    int rc = st.check ? trigger_check(g, start, len) : 0;
+    if (rc != 0 && rc != 1)
+        return rc;
+    g->think = st.next;
+    if (rc == 1) {
+        g->lazy = 0;
+        g->triggered = 1;
+    } else {
+        trigger_keep(g, start, len);
     }
-    g->trig_tail = len;
+    return rc;
 }
 
 /* A free choice while the lazy grammar waits for its trigger; a token that would set it off
@@ -377,20 +494,13 @@ static int lazy_choose(struct kwk_gen_seq *g, const float *logits, int32_t *tok,
                                      g->p->top_logprobs);
         if (is_eos(g, *tok))
             return 0;
-        rc = trigger_check(g, *tok);
+        rc = lazy_take(g, *tok);
         if (rc < 0)
             return kwk_err_set(err, rc, "grammar: %s at its trigger",
                                rc == KWK_ELIMIT ? "too ambiguous (the matcher's limit)"
                                                 : kwk_status_str(rc));
-        if (rc == 1) {
-            g->lazy = 0;
-            g->triggered = 1;
+        if (rc != 2)
             return 0;
-        }
-        if (rc == 0) {
-            trigger_keep(g, *tok);
-            return 0;
-        }
         if (tries == TRIGGER_RETRIES)
             return kwk_err_set(err, KWK_ERUNTIME, "grammar: %d tokens in a row set off the "
                                "trigger with text the grammar refuses", TRIGGER_RETRIES + 1);
@@ -502,6 +612,22 @@ static int step(struct gen_call *c, int32_t *pending, struct kwk_err *err)
     return 0;
 }
 
+/* The think state a lazy grammar's reply starts in (p->think_open, p->think_close). */
+static int think_init(struct kwk_gen_seq *g, struct kwk_err *err)
+{
+    const char *open = g->p->think_open, *close = g->p->think_close;
+    g->n_think_open = open ? strlen(open) : 0;
+    g->n_think_close = close ? strlen(close) : 0;
+    if (g->n_think_open > KWK_THINK_TAG_MAX || g->n_think_close > KWK_THINK_TAG_MAX)
+        return kwk_err_set(err, KWK_EARG, "think_open and think_close are at most %d bytes",
+                           KWK_THINK_TAG_MAX);
+    if (g->n_think_close == 0)
+        g->think.state = KWK_THINK_OUT;
+    else /* no think_open: the prompt opened the block */
+        g->think.state = g->n_think_open ? KWK_THINK_UNDECIDED : KWK_THINK_IN;
+    return 0;
+}
+
 int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, int n_prompt,
                      const struct kwk_gen_params *p, struct kwk_gen_output *out,
                      struct kwk_err *err)
@@ -583,6 +709,8 @@ int kwk_gen_seq_init(struct kwk_gen_seq *g, int n_vocab, const int32_t *prompt, 
                                    "bytes", KWK_GRAMMAR_TRIGGER_MAX);
             if (!(g->trig_buf = kwk_malloc(g->trig_len + v->max_len)))
                 return kwk_err_set(err, -ENOMEM, "out of memory");
+            if ((rc = think_init(g, err)) < 0)
+                return rc;
         }
         size_t nw = ((size_t)n_vocab + 31) / 32;
         /* the mask holds the vocabulary's words; a model's padded ids beyond it stay 0 */

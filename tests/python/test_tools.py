@@ -133,6 +133,32 @@ def test_lazy_grammar_equals_reference_loop(dec, tok, vocab):
     assert r.text.startswith("<tool_call>") and reqs[1].tokens == ref
 
 
+def test_trigger_is_not_looked_for_in_a_think_block(dec, tok, vocab):
+    """think_close keeps the trigger out of a thinking model's block: a reply inside a block the
+    prompt opened (think_open None) is the plain greedy reply although it writes the trigger; a
+    reply that opens no block ("<think>" given) is the lazy grammar's as without the fields."""
+    g = Grammar.from_gbnf(CALL_GBNF)
+    eos = dec._eos_list(None)
+    ids = qwen_ids(tok, [{"role": "user", "content": ECHO_CALL}], [WEATHER])
+    free = dec.generate(ids, max_new_tokens=60, return_dict_in_generate=True)
+    assert "<tool_call>" in free.text and "</think>" not in free.text
+    inside = dec.generate(ids, max_new_tokens=60, grammar=g, grammar_trigger="<tool_call>",
+                          think_close="</think>", return_dict_in_generate=True)
+    assert inside.tokens == free.tokens
+    ref, fired = reference_lazy(dec, tok, vocab, g, "<tool_call>", ids, 60, eos)
+    assert fired
+    opened_none = dec.generate(ids, max_new_tokens=60, grammar=g, grammar_trigger="<tool_call>",
+                               think_open="<think>", think_close="</think>",
+                               return_dict_in_generate=True)
+    assert opened_none.tokens == ref
+    # the engine copies the tags with the request
+    eng = dec.engine()
+    q = eng.submit(ids, max_new_tokens=60, grammar=g, grammar_trigger="<tool_call>",
+                   think_close="</think>")
+    q.result()
+    assert q.tokens == free.tokens
+
+
 def test_lazy_grammar_without_its_trigger_is_free_text(dec, tok, vocab):
     """A reply that never brings the trigger is the model's plain greedy reply."""
     g = Grammar.from_gbnf(CALL_GBNF)

@@ -429,7 +429,8 @@ class Engine(Closing):
                temperature=1.0, top_k=50, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
                presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, seed=None,
                generator=None, eos_token_id=None, stop=None, lookup=8, top_logprobs=0,
-               prompt_cache=True, grammar=None, json_schema=None, grammar_trigger=None):
+               prompt_cache=True, grammar=None, json_schema=None, grammar_trigger=None,
+               think_open=None, think_close=None):
         """Queue a generation; the arguments are KwkDecoder.generate's (no draft, no
         streamer: iterate the returned Request instead). Thread-safe. Raises KwkError
         (a prompt plus max_new_tokens beyond max_cache_len, a full queue, bad parameters)."""
@@ -461,7 +462,7 @@ class Engine(Closing):
             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
             generator=generator, eos=eos, stop=stop, tok=self._tokenizer,
             prompt_cache=prompt_cache, lookup=lookup, top_logprobs=top_logprobs, grammar=g,
-            grammar_trigger=grammar_trigger)
+            grammar_trigger=grammar_trigger, think_open=think_open, think_close=think_close)
         req = Request(self, ids.tolist(), self._tokenizer is not None)
         req._grammar = g  # the engine reads it until the request's DONE event
         key = next(self._keys)
