@@ -863,6 +863,13 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     p->grammar = q->grammar;
     p->grammar_vocab = s->gvocab;
     p->grammar_trigger = q->grammar_trigger;
+    /* a reply split at its think block: a call drafted inside the block is thinking, so the
+     * calls' trigger is looked for after it (the block the prompt opened, or one the reply
+     * opens); the tags add their bytes, being preserved below where special */
+    if (q->grammar_trigger && q->think) {
+        p->think_open = q->think == SRV_THINK_OPEN ? NULL : "<think>";
+        p->think_close = "</think>";
+    }
     /* a reply read for calls keeps its format's markers, special tokens or not; one split at
      * its think block keeps the block's tags */
     int tools = q->tools && q->tool_format == s->lim.tool_format;
