@@ -13,6 +13,12 @@ Each measurement runs in a fresh child process. Two figures per run:
 llama.cpp side: one context with n_seq_max = B, every prompt in one llama_batch (one sequence id
 each), then n_gen steps of one llama_batch holding each sequence's next token; greedy argmax of
 each sequence's logits in numpy, as the engine picks its tokens in C.
+
+--shared-prompt: the B requests of a pass share one prompt (the `n` choices of one request, or a
+burst with one system prompt). Kwker submits them with prompt reuse on (the engine reads the
+prompt once and copies its K/V to the others) and, alternated with it, off (each reads its own:
+what the engine did before requests in flight shared a prompt); llama.cpp decodes the prompt
+once in sequence 0 and copies it with llama_memory_seq_cp, as its `batched` example does.
 """
 import argparse
 import json
@@ -46,10 +52,11 @@ def kwker_child(job):
 
     def once():
         base = next(passes) * job["batch"]
+        shared = job.get("shared")
         t0 = time.perf_counter()
-        reqs = [eng.submit(prompt_ids(base + b, job["n_prompt"], n_vocab),
+        reqs = [eng.submit(prompt_ids(base + (0 if shared else b), job["n_prompt"], n_vocab),
                            max_new_tokens=job["n_gen"], lookup=0, eos_token_id=[],
-                           prompt_cache=False) for b in range(job["batch"])]
+                           prompt_cache=bool(job.get("share_on"))) for b in range(job["batch"])]
         eng.run_until_done()
         t_end = time.perf_counter()
         for r in reqs:
@@ -81,6 +88,8 @@ def llama_child(job):
     cp.n_batch = cp.n_ubatch = max(512, B * n_p)
     cp.n_seq_max = B
     cp.n_threads = cp.n_threads_batch = job["threads"]
+    if job.get("shared"):  # sequences share the prompt's cells only in one unified cache
+        cp.kv_unified = True
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         raise SystemExit("llama.cpp could not make a context")
@@ -111,15 +120,19 @@ def llama_child(job):
         L.llama_memory_clear(mem, True)
         t0 = time.perf_counter()
         rows = []
-        for b in range(B):
+        for b in range(1 if job.get("shared") else B):
             ids = prompt_ids(base + b, n_p, n_vocab)
             rows += [(t, i, b, int(i == n_p - 1)) for i, t in enumerate(ids)]
         fill(rows)
         if L.llama_decode(ctx, batch) != 0:
             raise SystemExit("llama_decode failed on the prompts")
+        if job.get("shared"):  # the prompt's cells shared by every sequence
+            for b in range(1, B):
+                L.llama_memory_seq_cp(mem, 0, b, -1, -1)
         # logits of the rows flagged, in order: one per sequence
-        nxt = [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, (b + 1) * n_p - 1),
-                                                   shape=(n_vocab,)))) for b in range(B)]
+        last = [0 if job.get("shared") else b for b in range(B)]
+        nxt = [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, (k + 1) * n_p - 1),
+                                                   shape=(n_vocab,)))) for k in last]
         t_first = time.perf_counter()
         for s in range(1, n_g):
             fill([(nxt[b], n_p + s - 1, b, 1) for b in range(B)])
@@ -159,6 +172,8 @@ def main(argv=None):
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--n-prompt", type=int, default=64)
     ap.add_argument("--n-gen", type=int, default=64)
+    ap.add_argument("--shared-prompt", action="store_true",
+                    help="the B requests of a pass share one prompt (module docstring)")
     ap.add_argument("--models-dir", default=str(REPO / ".cache" / "bench-models"))
     ap.add_argument("--json", help="write every record to this file")
     ap.add_argument("--cache-dir", default=str(REPO / ".cache" / "bench-packs"),
@@ -179,14 +194,16 @@ def main(argv=None):
         for kp, lf in pairs:
             for B in [int(x) for x in a.batches.split(",")]:
                 common = dict(batch=B, n_prompt=a.n_prompt, n_gen=a.n_gen, threads=a.threads,
-                              reps=a.reps)
+                              reps=a.reps, shared=a.shared_prompt)
                 jk = dict(common, side="kwker", model=str(files["kwker"][kp]), precision=kp,
-                          cache_dir=a.cache_dir)
+                          cache_dir=a.cache_dir, share_on=a.shared_prompt)
                 jl = dict(common, side="llama", model=str(files["llama"][lf]))
-                ks, ls = [], []
+                ks, ls, kn = [], [], []
                 for _ in range(a.runs):
                     ks.append(run(jk))
                     ls.append(run(jl))
+                    if a.shared_prompt:  # the same prompts, each read by its own request
+                        kn.append(run(dict(jk, share_on=False)))
                 rec = dict(model=name, kwker=kp, llama=lf, batch=B,
                            kwker_total=statistics.median(r["total_tps"] for r in ks),
                            kwker_decode=statistics.median(r["decode_tps"] for r in ks),
@@ -194,6 +211,12 @@ def main(argv=None):
                            llama_decode=statistics.median(r["decode_tps"] for r in ls))
                 rec["ratio_total"] = rec["kwker_total"] / rec["llama_total"]
                 rec["ratio_decode"] = rec["kwker_decode"] / rec["llama_decode"]
+                if kn:
+                    rec["kwker_unshared_total"] = statistics.median(r["total_tps"] for r in kn)
+                    print("%-14s %-8s B=%d shared prompt read once: total %.1f tok/s, read by "
+                          "each: %.1f (%.2fx)" % (name, kp, B, rec["kwker_total"],
+                                                  rec["kwker_unshared_total"], rec["kwker_total"] /
+                                                  rec["kwker_unshared_total"]), flush=True)
                 recs.append(rec)
                 print("%-14s %-8s vs %-6s B=%d  kwker %7.1f / %7.1f  llama.cpp %7.1f / %7.1f  "
                       "ratio %.2fx / %.2fx  (total / decode tok/s)" % (
