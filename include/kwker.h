@@ -686,6 +686,12 @@ struct kwk_gen_params {
      * (KWK_EARG). Without a lazy grammar they change nothing. Copied by the engine. */
     const char *think_open;
     const char *think_close;
+    /* Prompt logprobs (OpenAI's echo with logprobs, vLLM's prompt_logprobs): 1 asks for each
+     * prompt token's logprob given the tokens before it, with top_logprobs alternatives, as a
+     * KWK_EVENT_PROMPT before the first generated token. The prompt is then read in full (no
+     * reuse of a cached prefix, whose logits are gone). Serving engine only: kwk_generate
+     * refuses it (KWK_EUNSUPPORTED). */
+    int prompt_logprobs;
 };
 
 #define KWK_GRAMMAR_TRIGGER_MAX 1024
@@ -761,6 +767,7 @@ KWK_API void kwk_engine_params_init(struct kwk_engine_params *p);
 enum kwk_event_type {
     KWK_EVENT_TOKEN = 1, /* one generated token */
     KWK_EVENT_DONE = 2,  /* the request ended: the last event of its id */
+    KWK_EVENT_PROMPT = 3, /* the prompt was read (with prompt_logprobs only): its logprobs */
 };
 
 struct kwk_event {
@@ -784,6 +791,10 @@ struct kwk_event {
     double queue_s;       /* submit to the first step that read its prompt */
     double ttft_s;        /* submit to the first token */
     double total_s;       /* submit to done */
+    /* KWK_EVENT_PROMPT: prompt_lps[n_prompt], each prompt token's logprob given those before it
+     * (NaN for the first, which has none), and top_ids / top_lps [n_prompt][n_top] its
+     * alternatives (the first row's ids -1, logprobs NaN) */
+    const float *prompt_lps;
 };
 
 /* Called on the stepping thread; pointers in ev are valid during the call only. */

@@ -145,6 +145,7 @@ class _GenParams(ctypes.Structure):
         ("n_preserved", ctypes.c_int),
         ("think_open", ctypes.c_char_p),
         ("think_close", ctypes.c_char_p),
+        ("prompt_logprobs", ctypes.c_int),
     ]
 
 
@@ -284,10 +285,12 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
                top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                frequency_penalty=0.0, logit_bias=None, seed=None, generator=None, eos=(),
                stop=None, tok=None, prompt_cache=True, lookup=8, top_logprobs=0, grammar=None,
-               grammar_trigger=None, preserved_ids=None, think_open=None, think_close=None):
+               grammar_trigger=None, preserved_ids=None, think_open=None, think_close=None,
+               prompt_logprobs=False):
     """struct kwk_gen_params for generate()'s arguments (eos: a list of ids; stop: strings, which
     need tok, a kwker.Tokenizer; preserved_ids: special tokens whose text the reply keeps;
-    think_open / think_close: a thinking model's block, where grammar_trigger is not looked for).
+    think_open / think_close: a thinking model's block, where grammar_trigger is not looked for;
+    prompt_logprobs: the prompt tokens' logprobs, the serving engine's).
     Returns (params, buffers the params point into: keep them alive while the params are
     used)."""
     p = _GenParams()
@@ -339,6 +342,7 @@ def gen_params(max_new_tokens=16, min_new_tokens=0, do_sample=False, temperature
         trig = grammar_trigger.encode("utf-8")
         keep.append(trig)
         p.grammar_trigger = trig
+    p.prompt_logprobs = int(bool(prompt_logprobs))
     for name, tag in (("think_open", think_open), ("think_close", think_close)):
         if tag is not None:  # the C side checks the length (KWK_THINK_TAG_MAX)
             b = tag.encode("utf-8")

@@ -113,6 +113,9 @@ static void req_free(struct kwk_req *r)
     kwk_free(r->out.top_ids);
     kwk_free(r->out.top_lps);
     kwk_free(r->prompt);
+    kwk_free(r->plp);
+    kwk_free(r->ptop_ids);
+    kwk_free(r->ptop_lps);
     kwk_free(r->eos_ids);
     kwk_free(r->bias_ids);
     kwk_free(r->bias);
@@ -183,6 +186,8 @@ static int req_copy(struct kwk_req *r, const int32_t *ids, int n, const struct k
     r->p.draft = NULL;
     r->p.on_token = NULL;
     r->p.user = NULL;
+    if (p->prompt_logprobs) /* a cached prefix's logits are gone: the prompt is read whole */
+        r->p.prompt_cache = 0;
     r->prompt = kwk_malloc((size_t)n * sizeof(int32_t));
     if (!r->prompt)
         return -ENOMEM;

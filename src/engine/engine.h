@@ -49,6 +49,9 @@ struct kwk_req {
     uint64_t wait_id;           /* REQ_SHARE: that request's id */
     int wait_len;               /* REQ_SHARE: positions it shares with this prompt */
     int32_t pending;
+    float *plp;                 /* p.prompt_logprobs: [n_prompt] each prompt token's logprob */
+    int32_t *ptop_ids;          /* [n_prompt][p.top_logprobs] its alternatives */
+    float *ptop_lps;
     struct kwk_gen_seq g;
     struct kwk_gen_output out;  /* tokens, logprobs, top arrays owned here */
     int seq_ready;              /* g was set up (kwk_gen_seq_free needed) */
@@ -104,6 +107,8 @@ struct kwk_plan {
     int n_cand;      /* decode: candidates after the pending token */
     int32_t cand[KWK_ENGINE_MAX_SPEC];
     int n_prompt;    /* prefill: prompt tokens read this step */
+    int prompt_start; /* prefill: the first of them */
+    int prompt_logit; /* prompt_logprobs: the logits index of the first of them, else -1 */
 };
 
 double kwk_engine_now(void);

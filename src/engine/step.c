@@ -3,6 +3,7 @@
  * chunks in the budget left), run it through the model, and turn the logits into tokens and
  * events. Stepping thread only. */
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 #include "engine/engine.h"
@@ -78,6 +79,19 @@ static int req_start(struct kwk_engine *e, struct kwk_req *r, struct kwk_err *er
     }
     if (!r->out.tokens || !r->out.logprobs || (nt && (!r->out.top_ids || !r->out.top_lps)))
         return kwk_err_set(err, -ENOMEM, "out of memory for a request's output");
+    if (r->p.prompt_logprobs) {
+        size_t np = (size_t)r->n_prompt;
+        r->plp = kwk_malloc(np * sizeof(float));
+        r->ptop_ids = kwk_malloc(np * KWK_MAX(nt, 1) * sizeof(int32_t));
+        r->ptop_lps = kwk_malloc(np * KWK_MAX(nt, 1) * sizeof(float));
+        if (!r->plp || !r->ptop_ids || !r->ptop_lps)
+            return kwk_err_set(err, -ENOMEM, "out of memory for a request's prompt logprobs");
+        r->plp[0] = NAN; /* the first token has no context */
+        for (size_t k = 0; k < nt; k++) {
+            r->ptop_ids[k] = -1;
+            r->ptop_lps[k] = NAN;
+        }
+    }
     r->out.cap = (int)cap;
     r->p.on_token = on_token;
     r->p.user = r;
@@ -230,6 +244,33 @@ static void share_prefixes(struct kwk_engine *e)
     }
 }
 
+/* Request r's prompt rows of this step (plan pl) have their logits: each gives the logprob of
+ * the prompt token after it. When the prompt is read, the KWK_EVENT_PROMPT event. */
+static void prompt_logprobs(struct kwk_engine *e, struct kwk_req *r, const struct kwk_plan *pl)
+{
+    size_t nv = (size_t)e->n_vocab, nt = (size_t)r->p.top_logprobs;
+    for (int j = 0; j < pl->n_prompt; j++) {
+        int next = pl->prompt_start + j + 1;
+        if (next >= r->n_prompt)
+            break; /* the last row's logits choose the first new token (consume) */
+        kwk_sampler_raw_logprobs(r->g.sampler, e->logits + (size_t)(pl->prompt_logit + j) * nv,
+                                 r->prompt[next], &r->plp[next], r->ptop_ids + next * nt,
+                                 r->ptop_lps + next * nt, (int)nt);
+    }
+    if (r->n_read < r->n_prompt)
+        return;
+    struct kwk_event ev = {
+        .type = KWK_EVENT_PROMPT,
+        .id = r->id,
+        .n_prompt = r->n_prompt,
+        .n_top = (int)nt,
+        .top_ids = nt ? r->ptop_ids : NULL,
+        .top_lps = nt ? r->ptop_lps : NULL,
+        .prompt_lps = r->plp,
+    };
+    r->fn(r->user, &ev);
+}
+
 /* A row of the batch: token id at (slot, position). */
 static void add_row(struct kwk_engine *e, int *n, int slot, int pos, int32_t id)
 {
@@ -319,7 +360,7 @@ int kwk_engine_run_step(struct kwk_engine *e)
         n_decode += e->slots[i].req && e->slots[i].req->state == REQ_DECODE;
     for (int i = 0; i < nb; i++) {
         struct kwk_req *r = e->slots[i].req;
-        plans[i].first_logit = -1;
+        plans[i].first_logit = plans[i].prompt_logit = -1;
         plans[i].n_cand = plans[i].n_prompt = 0;
         if (!r || r->state != REQ_DECODE)
             continue;
@@ -348,19 +389,30 @@ int kwk_engine_run_step(struct kwk_engine *e)
         if (!next || budget <= 0)
             break;
         struct kwk_slot *s = &e->slots[next->slot];
+        struct kwk_plan *pl = &plans[next->slot];
         int k = KWK_MIN(budget, next->n_prompt - next->n_read);
+        /* prompt logprobs: every row's logits, as many rows as the logits buffer has room for
+         * (decode rows leave some: spec_allowance keeps them to 8 + a row each) */
+        if (next->p.prompt_logprobs && (k = KWK_MIN(k, e->spec_cap - n_logits)) <= 0)
+            break;
+        pl->prompt_start = next->n_read;
+        if (next->p.prompt_logprobs)
+            pl->prompt_logit = n_logits;
         for (int j = 0; j < k; j++) {
             int pos = next->n_read + j;
             s->tokens[pos] = next->prompt[pos];
             add_row(e, &n_rows, next->slot, pos, next->prompt[pos]);
+            if (next->p.prompt_logprobs)
+                e->logit_rows[n_logits++] = n_rows - 1;
         }
-        plans[next->slot].n_prompt = k;
+        pl->n_prompt = k;
         n_prompt_rows += k;
         next->n_read += k;
         s->len = next->n_read;
         if (next->n_read == next->n_prompt) {
-            plans[next->slot].first_logit = n_logits;
-            e->logit_rows[n_logits++] = n_rows - 1;
+            if (!next->p.prompt_logprobs)
+                e->logit_rows[n_logits++] = n_rows - 1;
+            pl->first_logit = n_logits - 1; /* the last prompt row's */
         }
     }
 
@@ -371,6 +423,8 @@ int kwk_engine_run_step(struct kwk_engine *e)
         double now = kwk_engine_now();
         for (int i = 0; i < nb; i++) {
             struct kwk_req *r = e->slots[i].req;
+            if (r && plans[i].prompt_logit >= 0)
+                prompt_logprobs(e, r, &plans[i]);
             if (r && plans[i].first_logit >= 0)
                 consume(e, r, &plans[i], now);
         }

@@ -569,6 +569,15 @@ static void test_bad_submissions(const kwk_model *m)
     T_EQ(kwk_engine_submit(e, ids, 5, &p, on_event, &tag, &err), 0);
     T_EQ(err.code, KWK_EARG);
     p.draft = NULL;
+    /* prompt logprobs are the engine's: kwk_generate says so */
+    kwk_decoder *d = kwk_decoder_new(m, NULL, NULL);
+    int32_t out_ids[8];
+    struct kwk_gen_output o = {.tokens = out_ids, .cap = 8};
+    p.prompt_logprobs = 1;
+    T_EQ(kwk_generate(d, ids, 5, &p, &o, &err), KWK_EUNSUPPORTED);
+    T_CONTAINS(err.msg, "serving engine");
+    p.prompt_logprobs = 0;
+    kwk_decoder_free(d);
     T_EQ(kwk_engine_submit(e, ids, 5, &p, on_event, &tag, &err) > 0, 1);
     T_EQ(kwk_engine_submit(e, ids, 5, &p, on_event, &tag, &err) > 0, 1);
     T_EQ(kwk_engine_submit(e, ids, 5, &p, on_event, &tag, &err), 0); /* queue of 2 is full */

@@ -314,3 +314,41 @@ def test_stop_strings_smollm2(smol):
         assert r.tokens == ref and r.text == want and r.finish_reason == "stop"
         assert "brown fo" not in r.text
         assert other.finish_reason == "stop" and "the cat" not in other.text
+
+
+def log_softmax(x):
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_prompt_logprobs(tiny, max_batch):
+    """submit(prompt_logprobs=True): each prompt token's logprob given those before it, the
+    log-softmax of KwkDecoder.forward's logits at the position before; read over several steps
+    (a step holds at most max_batch * 9 rows with logits), beside requests without them, whose
+    tokens do not change; the generated tokens are those the request gets without them."""
+    prompts = tiny_prompts(tiny, n=4, seed=11)
+    prompts[0] = prompts[0] * 6  # longer than a step's logits rows
+    with Engine(tiny, max_batch=max_batch, prefill_chunk=64) as eng:
+        plain = [eng.submit(p, max_new_tokens=6, eos_token_id=[]) for p in prompts]
+        eng.run_until_done()
+        reqs = [eng.submit(p, max_new_tokens=6, eos_token_id=[], top_logprobs=3,
+                           prompt_logprobs=i % 2 == 0) for i, p in enumerate(prompts)]
+        eng.run_until_done()
+    for i, (r, a, p) in enumerate(zip(reqs, plain, prompts)):
+        assert r.error is None and r.tokens == a.tokens
+        if i % 2:
+            assert r.prompt_logprobs is None
+            continue
+        want = log_softmax(tiny.forward(p))
+        assert r.prompt_logprobs[0] is None and r.prompt_top_logprobs[0] is None
+        assert len(r.prompt_logprobs) == len(p)
+        got = np.array(r.prompt_logprobs[1:])
+        np.testing.assert_allclose(got, want[np.arange(len(p) - 1), p[1:]], atol=2e-5, rtol=0)
+        for k in range(1, len(p)):
+            top = [t for t, _ in r.prompt_top_logprobs[k]]
+            assert top == np.argsort(-want[k - 1], kind="stable")[:3].tolist()
+        # the prompt is read whole: nothing reused, even where a slot held it
+        assert r.prompt_reused == 0
+

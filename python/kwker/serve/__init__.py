@@ -41,7 +41,7 @@ from ..tokenizer import Tokenizer
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _F32P = ctypes.POINTER(ctypes.c_float)
 
-_EVENT_TOKEN, _EVENT_DONE = 1, 2
+_EVENT_TOKEN, _EVENT_DONE, _EVENT_PROMPT = 1, 2, 3
 
 
 class _EngineParams(ctypes.Structure):
@@ -84,6 +84,7 @@ class _Event(ctypes.Structure):
         ("queue_s", ctypes.c_double),
         ("ttft_s", ctypes.c_double),
         ("total_s", ctypes.c_double),
+        ("prompt_lps", _F32P),
     ]
 
 
@@ -150,7 +151,10 @@ class Request:
     logprobs (floats), top_logprobs (per token a list of (id, logprob), when asked for),
     text (the reply's text with a tokenizer, else None), finish_reason ("stop", "length",
     "canceled", or None while running), done, error (a KwkError when the request failed),
-    prompt_reused, queue_s, ttft_s, total_s.
+    prompt_reused, queue_s, ttft_s, total_s; with submit(prompt_logprobs=True),
+    prompt_logprobs (each prompt token's logprob given those before it; None for the first) and
+    prompt_top_logprobs (per prompt token a list of (id, logprob), when top_logprobs asked; None
+    for the first), set before the first token.
     """
 
     def __init__(self, engine, prompt, has_text):
@@ -162,6 +166,7 @@ class Request:
         self.tokens = []
         self.logprobs = []
         self.top_logprobs = None
+        self.prompt_logprobs = self.prompt_top_logprobs = None
         self._text = [] if has_text else None
         self.done = False
         self.finish_reason = None
@@ -192,6 +197,13 @@ class Request:
                 if self._text is not None and ev.len:
                     self._text.append(ctypes.string_at(ev.text, ev.len).decode("utf-8",
                                                                                "replace"))
+            elif ev.type == _EVENT_PROMPT:
+                n, nt = ev.n_prompt, ev.n_top
+                self.prompt_logprobs = [None] + [float(ev.prompt_lps[i]) for i in range(1, n)]
+                if nt:
+                    self.prompt_top_logprobs = [None] + [
+                        [(int(ev.top_ids[i * nt + k]), float(ev.top_lps[i * nt + k]))
+                         for k in range(nt)] for i in range(1, n)]
             elif ev.type == _EVENT_DONE:
                 self.finish_reason = _FINISH.get(ev.finish_reason)
                 if ev.status < 0:
@@ -430,9 +442,11 @@ class Engine(Closing):
                presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None, seed=None,
                generator=None, eos_token_id=None, stop=None, lookup=8, top_logprobs=0,
                prompt_cache=True, grammar=None, json_schema=None, grammar_trigger=None,
-               think_open=None, think_close=None):
+               think_open=None, think_close=None, prompt_logprobs=False):
         """Queue a generation; the arguments are KwkDecoder.generate's (no draft, no
-        streamer: iterate the returned Request instead). Thread-safe. Raises KwkError
+        streamer: iterate the returned Request instead), and prompt_logprobs (the prompt
+        tokens' logprobs into Request.prompt_logprobs: the prompt is then read in full).
+        Thread-safe. Raises KwkError
         (a prompt plus max_new_tokens beyond max_cache_len, a full queue, bad parameters)."""
         from ..grammar import as_grammar
         g = as_grammar(grammar, json_schema)
@@ -462,7 +476,8 @@ class Engine(Closing):
             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
             generator=generator, eos=eos, stop=stop, tok=self._tokenizer,
             prompt_cache=prompt_cache, lookup=lookup, top_logprobs=top_logprobs, grammar=g,
-            grammar_trigger=grammar_trigger, think_open=think_open, think_close=think_close)
+            grammar_trigger=grammar_trigger, think_open=think_open, think_close=think_close,
+            prompt_logprobs=prompt_logprobs)
         req = Request(self, ids.tolist(), self._tokenizer is not None)
         req._grammar = g  # the engine reads it until the request's DONE event
         key = next(self._keys)

@@ -90,7 +90,7 @@ struct rq_choice {
     struct srv_reply_stream sent; /* how much of it went out as each field */
     struct srv_tool_reply tools; /* with tools or a think block: the reply read whole (calls,
                                   * content, reasoning), once DONE */
-    int role_sent, end_sent;
+    int role_sent, end_sent, echo_sent;
     /* shared with the engine thread, under the request's mu */
     int done;
     struct srv_buf text;      /* settled text not yet sent (stream) or all of it */
@@ -133,6 +133,13 @@ struct rq {
     uint64_t call_seed;       /* the calls' ids */
     int end_sent;
     struct rq_choice *ch;     /* [n_ch]: chat and completions (req.best_of of them) */
+    char *echo_text;          /* completions' echo: the prompt's text, leading every choice */
+    size_t echo_len;
+    int32_t *echo_ids;        /* and its ids (set before submit) */
+    int n_echo_ids;
+    struct srv_lp *plps;      /* echo with logprobs: the prompt's tokens' [n_plps] (under mu:
+                               * set by choice 0's KWK_EVENT_PROMPT, then never changed) */
+    int n_plps;
     /* shared with the engine thread, under mu */
     int n_ch, n_done;         /* choices submitted, and ended */
     int suspended, conn_gone, done; /* done: every choice (or the encoder's job) ended */
@@ -180,6 +187,9 @@ static void rq_free(struct rq *r)
         free(ch->lps);
     }
     free(r->ch);
+    free(r->echo_text);
+    free(r->echo_ids);
+    free(r->plps);
     srv_req_free(&r->req);
     srv_embed_req_free(&r->ereq);
     srv_rerank_req_free(&r->rreq);
@@ -345,6 +355,27 @@ static void add_lp(struct rq_choice *ch, const struct kwk_event *ev)
     }
 }
 
+/* The prompt's logprobs (echo with logprobs) as the completion's logprobs read them: the first
+ * token's NaN becomes null. A failed allocation loses them (the reply then has none). */
+static void on_prompt(struct rq *r, const struct kwk_event *ev)
+{
+    struct srv_lp *l = calloc((size_t)ev->n_prompt, sizeof *l);
+    if (!l)
+        return;
+    int nt = ev->n_top < SRV_MAX_TOP ? ev->n_top : SRV_MAX_TOP;
+    for (int i = 0; i < ev->n_prompt; i++) {
+        l[i].token = i < r->n_echo_ids ? r->echo_ids[i] : 0;
+        l[i].logprob = ev->prompt_lps[i];
+        l[i].n_top = i ? nt : 0;
+        for (int k = 0; k < l[i].n_top; k++) {
+            l[i].top_ids[k] = ev->top_ids[(size_t)i * (size_t)ev->n_top + (size_t)k];
+            l[i].top_lps[k] = ev->top_lps[(size_t)i * (size_t)ev->n_top + (size_t)k];
+        }
+    }
+    r->plps = l;
+    r->n_plps = ev->n_prompt;
+}
+
 /* A choice ended. The prompt counts once a request (at its first choice to end), the time to
  * its first token once (at its last), generated tokens for every choice. */
 static void on_done(struct rq *r, struct rq_choice *ch, const struct kwk_event *ev)
@@ -405,12 +436,14 @@ static void on_event(void *user, const struct kwk_event *ev)
             if (r->req.logprobs)
                 add_lp(ch, ev);
         }
+    } else if (ev->type == KWK_EVENT_PROMPT && !r->plps && !r->conn_gone) {
+        on_prompt(r, ev);
     } else if (ev->type == KWK_EVENT_DONE) {
         on_done(r, ch, ev);
         last = --r->refs == 0;
     }
     /* a non-streaming request waits for every DONE only: no wake-up per token */
-    int ready = r->done || (r->req.stream && (ch->text.len || ch->n_lps || ch->done));
+    int ready = r->done || (r->req.stream && (ch->text.len || ch->n_lps || ch->done || r->plps));
     rq_wake_unlock(r, ready, last);
 }
 
@@ -454,7 +487,16 @@ struct rq_take {
     struct srv_buf text;
     struct srv_lp *lps;
     int n_lps, done, n_tokens;
+    int plps_ready;           /* echo: the prompt's logprobs arrived (r->plps) */
+    int held;                 /* echo with logprobs that have not come: nothing taken yet */
 };
+
+/* Whether choice ch's stream waits for the prompt's logprobs (echo with logprobs: its echo chunk
+ * goes first, and they have not come). Under r->mu. */
+static int echo_held(const struct rq *r, const struct rq_choice *ch)
+{
+    return r->req.echo && r->req.logprobs && !ch->echo_sent && !r->plps && !ch->done;
+}
 
 /* One choice's chunks for what t holds into r->out; at its end its finish chunk (or the
  * stream's error event: then the stream ends, and the other choices are canceled when the
@@ -465,6 +507,14 @@ static void stream_choice(struct rq *r, struct rq_choice *ch, struct rq_take *t)
     if (!ch->role_sent && c->kind == SRV_CHAT)
         srv_sse_role(&r->out, c);
     ch->role_sent = 1;
+    /* completions' echo: the prompt's chunk first (with logprobs, once they came: before any
+     * token of the choice, which the engine reads after the prompt) */
+    if (r->req.echo && !ch->echo_sent) {
+        int lp = r->req.logprobs && t->plps_ready;
+        srv_sse_content(&r->out, c, r->echo_text, r->echo_len, lp ? r->plps : NULL,
+                        lp ? r->n_plps : 0);
+        ch->echo_sent = 1;
+    }
     const char *content = t->text.p;
     size_t content_len = t->text.len;
     int n_lps = t->n_lps;
@@ -509,7 +559,9 @@ static int stream_fill(struct rq *r)
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < n; i++) {
         const struct rq_choice *ch = &r->ch[i];
-        fresh |= !ch->end_sent && (ch->text.len || ch->n_lps || ch->done || !ch->role_sent);
+        fresh |= !ch->end_sent && !echo_held(r, ch) &&
+                 (ch->text.len || ch->n_lps || ch->done || !ch->role_sent ||
+                  (r->req.echo && !ch->echo_sent));
     }
     if (!fresh) {
         r->suspended = 1;
@@ -519,7 +571,10 @@ static int stream_fill(struct rq *r)
     }
     for (int i = 0; i < n; i++) {
         struct rq_choice *ch = &r->ch[i];
-        take[i] = (struct rq_take){ch->text, ch->lps, ch->n_lps, ch->done, ch->n_tokens};
+        if ((take[i].held = echo_held(r, ch)))
+            continue;
+        take[i] = (struct rq_take){ch->text, ch->lps, ch->n_lps, ch->done, ch->n_tokens,
+                                   r->plps != NULL, 0};
         memset(&ch->text, 0, sizeof ch->text);
         ch->lps = NULL;
         ch->n_lps = ch->cap_lps = 0;
@@ -531,6 +586,8 @@ static int stream_fill(struct rq *r)
     int ended = 0, n_tokens = 0;
     for (int i = 0; i < n; i++) {
         struct rq_choice *ch = &r->ch[i];
+        if (take[i].held)
+            continue;
         if (!ch->end_sent && !r->end_sent)
             stream_choice(r, ch, &take[i]);
         ended += ch->end_sent;
@@ -601,6 +658,34 @@ static enum MHD_Result rerank_reply(struct rq *r);
 static enum MHD_Result score_reply(struct rq *r);
 static enum MHD_Result classify_reply(struct rq *r);
 
+/* Completions' echo, once the choice is done: the prompt's text ahead of the choice's, and with
+ * logprobs its tokens' ahead of the choice's. -1 when out of memory. */
+static int echo_join(struct rq *r, struct rq_choice *ch)
+{
+    struct srv_buf t = {0};
+    srv_buf_add(&t, r->echo_text, r->echo_len);
+    srv_buf_add(&t, ch->text.p, ch->text.len);
+    if (t.err) {
+        srv_buf_free(&t);
+        return -1;
+    }
+    srv_buf_free(&ch->text);
+    ch->text = t;
+    if (!r->req.logprobs || !r->plps)
+        return 0;
+    struct srv_lp *l = malloc(sizeof *l * (size_t)(r->n_plps + ch->n_lps));
+    if (!l)
+        return -1;
+    memcpy(l, r->plps, sizeof *l * (size_t)r->n_plps);
+    if (ch->n_lps)
+        memcpy(l + r->n_plps, ch->lps, sizeof *l * (size_t)ch->n_lps);
+    free(ch->lps);
+    ch->lps = l;
+    ch->n_lps += r->n_plps;
+    ch->cap_lps = ch->n_lps;
+    return 0;
+}
+
 /* A best_of candidate's rank: its mean token logprob. */
 static double choice_rank(const struct rq_choice *ch)
 {
@@ -639,6 +724,8 @@ static enum MHD_Result answer(struct rq *r)
     int order[SRV_MAX_CHOICES];
     for (int i = 0; i < n; i++) {
         struct rq_choice *ch = &r->ch[i];
+        if (r->req.echo && echo_join(r, ch))
+            return fail(r, 500, "server_error", NULL, NULL, "out of memory");
         const char *text = ch->text.p ? ch->text.p : "";
         if (r->req.tools)
             srv_tools_extract(&r->req, text, ch->text.len, call_seed(r, i), &ch->tools);
@@ -815,7 +902,7 @@ static int check_length(struct srv *s, struct srv_req *q, size_t n, int *max_new
                     q->max_tokens > 0 ? q->max_tokens : 1);
         return -1;
     }
-    *max_new = q->max_tokens > 0 ? q->max_tokens : (int)(ctx - n);
+    *max_new = q->max_tokens >= 0 ? q->max_tokens : (int)(ctx - n); /* 0: echo alone */
     return 0;
 }
 
@@ -885,6 +972,35 @@ static void gen_params(struct srv *s, const struct srv_req *q, int max_new,
     }
 }
 
+/* Completions' echo: the prompt's text (as given, or its ids decoded) and its ids, kept for the
+ * reply. 0, or -1 with e. */
+static int echo_prompt(struct rq *r, const int32_t *ids, size_t n, struct srv_err *e)
+{
+    const struct srv_req *q = &r->req;
+    if (!(r->echo_ids = malloc(sizeof(int32_t) * n)))
+        return srv_err_oom(e);
+    memcpy(r->echo_ids, ids, sizeof(int32_t) * n);
+    r->n_echo_ids = (int)n;
+    if (q->prompt) {
+        r->echo_text = srv_dup_n(q->prompt, q->prompt_len);
+        r->echo_len = q->prompt_len;
+        return r->echo_text ? 0 : srv_err_oom(e);
+    }
+    /* ids given: their text, special tokens included (the prompt is what was read) */
+    char *text = NULL;
+    size_t len = 0;
+    int st = kwk_tokenizer_decode_alloc(r->s->tok, ids, n, 0, &text, &len);
+    if (st < 0) {
+        srv_err_set(e, 500, "server_error", NULL, NULL, "decoding the prompt: %s",
+                    kwk_status_str(st));
+        return -1;
+    }
+    r->echo_text = srv_dup_n(text, len);
+    r->echo_len = len;
+    kwk_tokenizer_mem_free(text);
+    return r->echo_text ? 0 : srv_err_oom(e);
+}
+
 /* Choice i's seed: choice 0 has the request's own (or a random one), so that one choice is
  * sampled as before; the others one mixed from it (splitmix64), so that a seeded request's
  * choices differ from each other and repeat from call to call. */
@@ -932,6 +1048,9 @@ static int submit(struct rq *r, const int32_t *ids, size_t n, int max_new, struc
         ch->r = r;
         ch->index = i;
         p.sampling.seed = choice_seed(seed, i);
+        /* echo with logprobs: choice 0 reads the prompt whole for its tokens' logprobs, the
+         * others copy it from its slot */
+        p.prompt_logprobs = i == 0 && r->req.echo && r->req.logprobs;
         if (s->closing || atomic_load(&s->met.draining)) {
             err.code = KWK_ECANCELED;
             break;
@@ -1495,7 +1614,7 @@ static enum MHD_Result body_done(struct rq *r)
     if (r->route == R_TOKENIZE || r->route == R_DETOKENIZE)
         return tokenize_answer(r);
     if (prompt_ids(s, &r->req, &ids, &n, &own, &e) || check_length(s, &r->req, n, &max_new, &e) ||
-        submit(r, ids, n, max_new, &e)) {
+        (r->req.echo && echo_prompt(r, ids, n, &e)) || submit(r, ids, n, max_new, &e)) {
         rc = respond_err(r, &e);
         goto out;
     }

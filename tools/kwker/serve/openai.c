@@ -588,7 +588,7 @@ static int parse_vllm_stops(struct srv_req *r, json_t *root, const struct srv_li
         bool_field(root, "include_stop_str_in_output", &include, e))
         return -1;
     r->min_tokens = (int)v;
-    if (r->max_tokens > 0 && r->min_tokens > r->max_tokens)
+    if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
         return bad_value(e, "min_tokens", "must be at most max_tokens");
     if (include)
         return bad_value(e, "include_stop_str_in_output", "is not supported");
@@ -690,7 +690,9 @@ static int parse_max_tokens(struct srv_req *r, json_t *root, const struct srv_li
                           ? "max_completion_tokens"
                           : "max_tokens";
     r->max_tokens = -1;
-    if (int_field(root, key, 1, lim->max_cache_len, &v, &given, e))
+    /* completions' echo: the prompt scored alone (max_tokens 0), as evaluation harnesses ask */
+    if ((r->kind == SRV_COMPLETION && bool_field(root, "echo", &r->echo, e)) ||
+        int_field(root, key, r->echo ? 0 : 1, lim->max_cache_len, &v, &given, e))
         return -1;
     if (given)
         r->max_tokens = (int)v;
@@ -829,12 +831,7 @@ static int parse_constraint(struct srv_req *r, json_t *root, struct srv_err *e)
 /* Fields we accept only at their default value (they ask for things not implemented). */
 static int parse_unsupported(json_t *root, int kind, struct srv_err *e)
 {
-    int echo = 0;
     if (kind == SRV_COMPLETION) {
-        if (bool_field(root, "echo", &echo, e))
-            return -1;
-        if (echo)
-            return bad_value(e, "echo", "is not supported");
         json_t *suffix = json_object_get(root, "suffix");
         if (suffix && !json_is_null(suffix))
             return bad_value(e, "suffix", "is not supported");
@@ -1144,10 +1141,12 @@ static json_t *completion_logprobs(struct srv_ctx *c, const struct srv_lp *lps, 
         if (len >= sizeof buf)
             len = sizeof buf - 1;
         json_array_append_new(toks, json_text(buf, len));
-        json_array_append_new(tlps, json_real(lps[i].logprob));
+        /* an echoed prompt's first token has no logprob: null, as OpenAI answers */
+        int none = isnan(lps[i].logprob);
+        json_array_append_new(tlps, none ? json_null() : json_real(lps[i].logprob));
         json_array_append_new(offs, json_integer((json_int_t)c->text_offset));
         c->text_offset += len;
-        if (c->top_logprobs > 0) {
+        if (c->top_logprobs > 0 && !none) {
             json_t *t = json_object();
             for (int k = 0; k < lps[i].n_top && k < c->top_logprobs; k++) {
                 size_t l2 = token_text(c->tok, lps[i].top_ids[k], buf, sizeof buf);

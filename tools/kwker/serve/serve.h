@@ -112,6 +112,8 @@ struct srv_req {
     int n_prompt_ids;
     int max_tokens;             /* -1: until eos or the context is full */
     int n;                      /* choices in the reply, 1..SRV_MAX_CHOICES */
+    int echo;                   /* completions: the prompt leads each choice's text (and its
+                                 * tokens' logprobs, with logprobs); max_tokens may be 0 */
     int best_of;                /* choices generated (completions' best_of; else n), >= n */
     int sample;                 /* 0: greedy (temperature 0) */
     double temperature, top_p, min_p;
