@@ -83,6 +83,10 @@ static void build_all(struct srv_req *r, const uint8_t *data, size_t size)
             lps[i].top_lps[k] = -(float)k;
         }
     }
+    if (r->echo) { /* an echoed prompt's first token: no logprob, no alternatives (null) */
+        lps[0].logprob = NAN;
+        lps[0].n_top = 0;
+    }
     struct srv_ctx c = {.kind = r->kind, .id = "fuzz-1", .created = 1, .model = r->model,
                         .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
                         .include_usage = r->include_usage};
