@@ -108,7 +108,7 @@ struct kwk_plan {
     int32_t cand[KWK_ENGINE_MAX_SPEC];
     int n_prompt;    /* prefill: prompt tokens read this step */
     int prompt_start; /* prefill: the first of them */
-    int prompt_logit; /* prompt_logprobs: the logits index of the first of them, else -1 */
+    int prompt_row;   /* prompt_logprobs: the batch row of the first of them, else -1 */
 };
 
 double kwk_engine_now(void);

@@ -244,18 +244,29 @@ static void share_prefixes(struct kwk_engine *e)
     }
 }
 
-/* Request r's prompt rows of this step (plan pl) have their logits: each gives the logprob of
- * the prompt token after it. When the prompt is read, the KWK_EVENT_PROMPT event. */
-static void prompt_logprobs(struct kwk_engine *e, struct kwk_req *r, const struct kwk_plan *pl)
+/* Request r's prompt rows of this step (plan pl): each gives the logprob of the prompt token
+ * after it. Their logits are computed in slices into the logits buffer's rows from n_used on
+ * (those before hold this step's other logits until consume), so a prompt chunk is as long as
+ * any other: decode rows (8 at most in all) and finished prompts' rows (one each) leave at least
+ * one row of the max_batch * 9. When the prompt is read, the KWK_EVENT_PROMPT event. */
+static void prompt_logprobs(struct kwk_engine *e, struct kwk_req *r, const struct kwk_plan *pl,
+                            int n_used)
 {
     size_t nv = (size_t)e->n_vocab, nt = (size_t)r->p.top_logprobs;
-    for (int j = 0; j < pl->n_prompt; j++) {
-        int next = pl->prompt_start + j + 1;
-        if (next >= r->n_prompt)
-            break; /* the last row's logits choose the first new token (consume) */
-        kwk_sampler_raw_logprobs(r->g.sampler, e->logits + (size_t)(pl->prompt_logit + j) * nv,
-                                 r->prompt[next], &r->plp[next], r->ptop_ids + next * nt,
-                                 r->ptop_lps + next * nt, (int)nt);
+    int n = KWK_MIN(pl->n_prompt, r->n_prompt - 1 - pl->prompt_start); /* tokens after them */
+    int room = e->spec_cap - n_used, *rows = e->logit_rows + n_used;
+    float *buf = e->logits + (size_t)n_used * nv;
+    for (int j0 = 0; room > 0 && j0 < n; j0 += room) {
+        int k = KWK_MIN(room, n - j0);
+        for (int j = 0; j < k; j++)
+            rows[j] = pl->prompt_row + j0 + j;
+        kwk_logits_rows(e->d, rows, k, buf);
+        for (int j = 0; j < k; j++) {
+            int next = pl->prompt_start + j0 + j + 1;
+            kwk_sampler_raw_logprobs(r->g.sampler, buf + (size_t)j * nv, r->prompt[next],
+                                     &r->plp[next], r->ptop_ids + next * nt,
+                                     r->ptop_lps + next * nt, (int)nt);
+        }
     }
     if (r->n_read < r->n_prompt)
         return;
@@ -360,7 +371,7 @@ int kwk_engine_run_step(struct kwk_engine *e)
         n_decode += e->slots[i].req && e->slots[i].req->state == REQ_DECODE;
     for (int i = 0; i < nb; i++) {
         struct kwk_req *r = e->slots[i].req;
-        plans[i].first_logit = plans[i].prompt_logit = -1;
+        plans[i].first_logit = plans[i].prompt_row = -1;
         plans[i].n_cand = plans[i].n_prompt = 0;
         if (!r || r->state != REQ_DECODE)
             continue;
@@ -391,28 +402,21 @@ int kwk_engine_run_step(struct kwk_engine *e)
         struct kwk_slot *s = &e->slots[next->slot];
         struct kwk_plan *pl = &plans[next->slot];
         int k = KWK_MIN(budget, next->n_prompt - next->n_read);
-        /* prompt logprobs: every row's logits, as many rows as the logits buffer has room for
-         * (decode rows leave some: spec_allowance keeps them to 8 + a row each) */
-        if (next->p.prompt_logprobs && (k = KWK_MIN(k, e->spec_cap - n_logits)) <= 0)
-            break;
         pl->prompt_start = next->n_read;
-        if (next->p.prompt_logprobs)
-            pl->prompt_logit = n_logits;
+        if (next->p.prompt_logprobs) /* every row's logits, after the forward pass */
+            pl->prompt_row = n_rows;
         for (int j = 0; j < k; j++) {
             int pos = next->n_read + j;
             s->tokens[pos] = next->prompt[pos];
             add_row(e, &n_rows, next->slot, pos, next->prompt[pos]);
-            if (next->p.prompt_logprobs)
-                e->logit_rows[n_logits++] = n_rows - 1;
         }
         pl->n_prompt = k;
         n_prompt_rows += k;
         next->n_read += k;
         s->len = next->n_read;
         if (next->n_read == next->n_prompt) {
-            if (!next->p.prompt_logprobs)
-                e->logit_rows[n_logits++] = n_rows - 1;
-            pl->first_logit = n_logits - 1; /* the last prompt row's */
+            plans[next->slot].first_logit = n_logits;
+            e->logit_rows[n_logits++] = n_rows - 1;
         }
     }
 
@@ -423,8 +427,8 @@ int kwk_engine_run_step(struct kwk_engine *e)
         double now = kwk_engine_now();
         for (int i = 0; i < nb; i++) {
             struct kwk_req *r = e->slots[i].req;
-            if (r && plans[i].prompt_logit >= 0)
-                prompt_logprobs(e, r, &plans[i]);
+            if (r && plans[i].prompt_row >= 0)
+                prompt_logprobs(e, r, &plans[i], n_logits);
             if (r && plans[i].first_logit >= 0)
                 consume(e, r, &plans[i], now);
         }
