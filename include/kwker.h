@@ -581,7 +581,7 @@ typedef struct kwk_matcher kwk_matcher;
 KWK_API kwk_matcher *kwk_matcher_new(const kwk_grammar *g, const kwk_grammar_vocab *v,
                                      struct kwk_err *err);
 KWK_API void kwk_matcher_free(kwk_matcher *m);
-/* Back to the start of the grammar. */
+/* Back to the start of the grammar; the tokens kwk_matcher_preserve let in stay preserved. */
 KWK_API void kwk_matcher_reset(kwk_matcher *m);
 /* Let the special tokens ids[n] of the vocabulary (built by kwk_grammar_vocab_new) be matched
  * as their text, as any other token (kwk_gen_params.preserved_ids). Ids that are usable
