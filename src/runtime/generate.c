@@ -752,13 +752,13 @@ int kwk_generate(kwk_decoder *d, const int32_t *prompt, int n_prompt,
         kwk_err_set(err, KWK_EARG, "generate: no decoder or output");
         return KWK_EARG;
     }
-    if ((rc = kwk_gen_seq_init(g, d->c->n_vocab, prompt, n_prompt, p, out, err)) < 0)
-        goto out;
-    if (p->prompt_logprobs) {
+    if (p && p->prompt_logprobs) {
         rc = kwk_err_set(err, KWK_EUNSUPPORTED, "prompt_logprobs is the serving engine's "
                                                 "(kwk_engine_submit)");
         goto out;
     }
+    if ((rc = kwk_gen_seq_init(g, d->c->n_vocab, prompt, n_prompt, p, out, err)) < 0)
+        goto out;
     if (p->draft == d) {
         rc = kwk_err_set(err, KWK_EARG, "the draft must be another decoder (it has its own "
                                         "KV cache)");

@@ -352,3 +352,19 @@ def test_prompt_logprobs(tiny, max_batch):
         # the prompt is read whole: nothing reused, even where a slot held it
         assert r.prompt_reused == 0
 
+
+
+def test_prompt_logprobs_beside_a_short_prompt(tiny):
+    """A scored prompt longer than a step's logits rows and a plain short prompt finishing in the
+    same step (helper-31's case: the short one's logits row must still fit), each equal to its
+    run alone."""
+    long_p = tiny_prompts(tiny, n=1, seed=3)[0] * 12
+    short = tiny_prompts(tiny, n=1, seed=5)[0][:5]
+    alone = tiny.generate(short, max_new_tokens=4, eos_token_id=[], prompt_cache=False)
+    with Engine(tiny, max_batch=2, prefill_chunk=64) as eng:
+        a = eng.submit(long_p, max_new_tokens=4, eos_token_id=[], prompt_logprobs=True)
+        b = eng.submit(short, max_new_tokens=4, eos_token_id=[])
+        eng.run_until_done()
+    assert a.error is None and b.error is None
+    assert len(a.prompt_logprobs) == len(long_p) and None not in a.prompt_logprobs[1:]
+    assert b.tokens == list(alone)[len(short):]  # generate returns prompt + new tokens

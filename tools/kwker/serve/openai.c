@@ -1141,8 +1141,9 @@ static json_t *completion_logprobs(struct srv_ctx *c, const struct srv_lp *lps, 
         if (len >= sizeof buf)
             len = sizeof buf - 1;
         json_array_append_new(toks, json_text(buf, len));
-        /* an echoed prompt's first token has no logprob: null, as OpenAI answers */
-        int none = isnan(lps[i].logprob);
+        /* an echoed prompt's first token has no logprob: null, as OpenAI answers (and a
+         * non-finite one, which JSON cannot hold) */
+        int none = !isfinite(lps[i].logprob);
         json_array_append_new(tlps, none ? json_null() : json_real(lps[i].logprob));
         json_array_append_new(offs, json_integer((json_int_t)c->text_offset));
         c->text_offset += len;
