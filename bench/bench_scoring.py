@@ -17,7 +17,6 @@ the scoring costs.
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,8 +25,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
-def prompt_ids(b, n, n_vocab):
-    return [((b * 1000 + i) * 2654435761) % (1 << 32) % n_vocab for i in range(n)]
+sys.path.insert(0, str(HERE))
+from bench_serving import prompt_ids  # noqa: E402 (the same distinct prompts)
+from bench_serving import run as run_child  # noqa: E402
 
 
 def kwker_child(job):
@@ -113,11 +113,7 @@ def llama_child(job):
 
 
 def run(job):
-    cmd = [sys.executable, __file__, "--child", json.dumps(job)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    if out.returncode != 0:
-        raise SystemExit("child failed: %s\n%s" % (" ".join(cmd[:3]), out.stderr[-3000:]))
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(job, __file__)
 
 
 def main(argv=None):

@@ -153,8 +153,9 @@ def llama_child(job):
 
 # ---- the parent: build models, alternate sides, print --------------------------------------------
 
-def run(job):
-    cmd = [sys.executable, __file__, "--child", json.dumps(job)]
+def run(job, script=__file__):
+    """One measurement: script's --child run of job in a fresh process; its last JSON line."""
+    cmd = [sys.executable, str(script), "--child", json.dumps(job)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise SystemExit("child failed: %s\n%s" % (" ".join(cmd[:3]), out.stderr[-3000:]))
