@@ -18,15 +18,17 @@ static int common_prefix(const struct kwk_slot *s, const int32_t *ids, int n)
     return keep;
 }
 
-/* The free slot for prompt ids[n]: the longest reusable prefix, else the least recently used. */
-static int pick_slot(const struct kwk_engine *e, const int32_t *ids, int n, int *keep)
+/* The free slot for prompt ids[n]: the longest reusable prefix, else the least recently used.
+ * A request that reuses nothing (reuse 0: prompt_cache off) takes the least recently used, so
+ * that the prefix another slot holds stays for the requests that will reuse it. */
+static int pick_slot(const struct kwk_engine *e, const int32_t *ids, int n, int reuse, int *keep)
 {
     int best = -1, best_keep = -1;
     for (int i = 0; i < e->prm.max_batch; i++) {
         const struct kwk_slot *s = &e->slots[i];
         if (s->req)
             continue;
-        int k = common_prefix(s, ids, n);
+        int k = reuse ? common_prefix(s, ids, n) : 0;
         if (k > best_keep || (k == best_keep && s->last_used < e->slots[best].last_used)) {
             best = i;
             best_keep = k;
@@ -111,7 +113,8 @@ static void admit(struct kwk_engine *e, double now)
         int keep = 0, slot = -1;
         int cancel = atomic_load(&r->cancel);
         /* no free slot: this request and every later one wait (canceled ones still leave) */
-        if (!cancel && (full || (slot = pick_slot(e, r->prompt, r->n_prompt, &keep)) < 0)) {
+        if (!cancel && (full || (slot = pick_slot(e, r->prompt, r->n_prompt, r->p.prompt_cache,
+                                                  &keep)) < 0)) {
             full = 1;
             prev = r;
             link = &r->next;

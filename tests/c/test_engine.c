@@ -499,6 +499,35 @@ static void test_shared_prompt(const kwk_model *m)
     T_EQ((int)st.prompt_tokens, 16 + 20);
     expect_shared_alone(m, &g, 1, "shared prompt, reader canceled");
     kwk_engine_free(e);
+
+    /* a request that reuses nothing (prompt_cache 0) takes the least recently used slot, not
+     * the one holding a prefix of its prompt, which stays for the next request that reuses */
+    ep.max_batch = 2;
+    e = kwk_engine_new(m, &ep, NULL);
+    T_EQ(e != NULL, 1);
+    if (!e)
+        return;
+    got_init(&g);
+    T_EQ(submit_shared(e, tags, &g, 0) > 0, 1); /* 36 tokens into one slot */
+    while (kwk_engine_step(e) > 0)
+        ;
+    struct kwk_gen_params p;
+    gen_params(&p, 0, 0);
+    p.prompt_cache = 0;
+    int32_t other[36];
+    memcpy(other, shared, sizeof other);
+    other[20] = (other[20] + 1) % N_VOCAB; /* the same first 20 tokens, then its own */
+    tags[1] = (struct tag){&g, 1};
+    T_EQ(kwk_engine_submit(e, other, 36, &p, on_event, &tags[1], NULL) > 0, 1);
+    while (kwk_engine_step(e) > 0)
+        ;
+    T_EQ(g.reused[1], 0);
+    g.done[0] = 0, g.n[0] = 0;
+    T_EQ(submit_shared(e, tags, &g, 0) > 0, 1);
+    while (kwk_engine_step(e) > 0)
+        ;
+    T_EQ(g.reused[0], 35); /* the first slot still held all of it */
+    kwk_engine_free(e);
 }
 
 /* act_bits reaches the engine's decoder: only 0, 8 and 16, and 8 only for quantized weights. */
