@@ -417,7 +417,7 @@ def test_bad_completions_400(srv, model_id):
     cases = [({"prompt": 5}, "prompt"), ({"prompt": [1, "a"]}, "prompt"),
              ({"prompt": [-1]}, "prompt"), ({"prompt": [10 ** 9]}, "prompt"),
              ({"prompt": ["a", "b"]}, "prompt"), ({}, "prompt"),
-             ({"prompt": "x", "echo": True}, "echo"),
+             ({"prompt": "x", "max_tokens": 0}, "max_tokens"),  # 0 only with echo
              ({"prompt": "x", "logprobs": True}, "logprobs"),
              ({"prompt": "x", "n": 2, "best_of": 1}, "best_of"),
              ({"prompt": "x", "suffix": "y"}, "suffix")]
