@@ -225,17 +225,17 @@ static void share_prefixes(struct kwk_engine *e)
         }
         if (!r)
             return;
-        /* the reader's slot, or another that holds more (the reader was canceled early) */
-        int from = r->wait_slot, k = common_prefix(&e->slots[from], r->prompt, r->n_prompt);
+        /* the slot holding most of the prompt: the reader's, or another one when the reader
+         * was canceled early */
+        int from = -1, k = r->n_read;
         for (int i = 0; i < e->prm.max_batch; i++) {
             int ki = i == r->slot ? 0 : common_prefix(&e->slots[i], r->prompt, r->n_prompt);
             if (ki > k)
                 from = i, k = ki;
         }
-        const struct kwk_slot *src = &e->slots[from];
-        if (k > r->n_read) {
+        if (from >= 0) {
             kwk_kv_copy(e->d, r->slot, from, k);
-            memcpy(e->slots[r->slot].tokens, src->tokens, sizeof(int32_t) * (size_t)k);
+            memcpy(e->slots[r->slot].tokens, e->slots[from].tokens, sizeof(int32_t) * (size_t)k);
             pthread_mutex_lock(&e->mu);
             e->st.prompt_reused += (uint64_t)(k - r->n_read);
             pthread_mutex_unlock(&e->mu);
